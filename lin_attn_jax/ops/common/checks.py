@@ -1,0 +1,122 @@
+"""Input validation shared by every op.
+
+Every public form validates its arguments with these helpers, so that a bad
+call fails with a ``ValueError`` that names the argument and the shapes seen,
+before any tracing error from deep inside an einsum.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def shape_of(x) -> tuple[int, ...]:
+  return tuple(np.shape(x))
+
+
+def check_float(name: str, x) -> None:
+  """Raises unless ``x`` has a floating dtype."""
+  dtype = jnp.result_type(x)
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise ValueError(f"{name} must have a floating dtype, got {dtype} "
+                     f"(shape {shape_of(x)})")
+
+
+def check_rank(name: str, x, rank: int, layout: str) -> None:
+  """Raises unless ``x`` has ``rank`` dimensions; ``layout`` names them."""
+  if np.ndim(x) != rank:
+    raise ValueError(f"{name} must have rank {rank} ({layout}), got shape "
+                     f"{shape_of(x)}")
+
+
+def check_shape(name: str, x, expected: Sequence[int], layout: str) -> None:
+  """Raises unless ``x`` has exactly the shape ``expected``."""
+  if shape_of(x) != tuple(expected):
+    raise ValueError(f"{name} must have shape {tuple(expected)} ({layout}), "
+                     f"got {shape_of(x)}")
+
+
+def check_qkv(q, k, v, *, names=("q", "k", "v")):
+  """Validates ``[B, T, H, K]`` queries/keys and ``[B, T, H, V]`` values.
+
+  Returns:
+    ``(B, T, H, K, V)``.
+  """
+  nq, nk, nv = names
+  for name, x in zip(names, (q, k, v)):
+    check_rank(name, x, 4, "[B, T, H, K]" if name != nv else "[B, T, H, V]")
+    check_float(name, x)
+  b, t, h, dk = shape_of(q)
+  if shape_of(k) != (b, t, h, dk):
+    raise ValueError(f"{nk} must have the shape of {nq} [B, T, H, K] = "
+                     f"{shape_of(q)}, got {shape_of(k)}")
+  if shape_of(v)[:3] != (b, t, h):
+    raise ValueError(f"{nv} must agree with {nq} on [B, T, H] = {(b, t, h)}, "
+                     f"got {nv} of shape {shape_of(v)}")
+  return b, t, h, dk, shape_of(v)[3]
+
+
+def check_qkv_step(q, k, v, *, names=("q", "k", "v")):
+  """Validates one decoding step: ``[B, H, K]`` q/k and ``[B, H, V]`` v.
+
+  Returns:
+    ``(B, H, K, V)``.
+  """
+  nq, nk, nv = names
+  for name, x in zip(names, (q, k, v)):
+    check_rank(name, x, 3, "[B, H, K]" if name != nv else "[B, H, V]")
+    check_float(name, x)
+  b, h, dk = shape_of(q)
+  if shape_of(k) != (b, h, dk):
+    raise ValueError(f"{nk} must have the shape of {nq} [B, H, K] = "
+                     f"{shape_of(q)}, got {shape_of(k)}")
+  if shape_of(v)[:2] != (b, h):
+    raise ValueError(f"{nv} must agree with {nq} on [B, H] = {(b, h)}, got "
+                     f"{nv} of shape {shape_of(v)}")
+  return b, h, dk, shape_of(v)[2]
+
+
+def check_state(name: str, state, expected: Sequence[int], layout: str):
+  """Validates an optional recurrent state of a known shape."""
+  if state is None:
+    return
+  check_float(name, state)
+  check_shape(name, state, expected, layout)
+
+
+def check_segment_ids(segment_ids, batch: int, length: int) -> None:
+  """Validates optional ``[B, T]`` integer segment ids."""
+  if segment_ids is None:
+    return
+  dtype = jnp.result_type(segment_ids)
+  if not jnp.issubdtype(dtype, jnp.integer):
+    raise ValueError(f"segment_ids must have an integer dtype, got {dtype}")
+  check_shape("segment_ids", segment_ids, (batch, length), "[B, T]")
+
+
+def check_reset(reset, batch: int) -> None:
+  """Validates an optional ``[B]`` boolean reset flag of a decoding step."""
+  if reset is None:
+    return
+  check_shape("reset", reset, (batch,), "[B]")
+
+
+def check_nonpositive(name: str, x) -> None:
+  """Raises if a concrete log-decay has a positive entry.
+
+  Traced values cannot be inspected; the check runs only on concrete arrays.
+  """
+  if isinstance(x, jax.core.Tracer):
+    return
+  if bool(jnp.any(jnp.asarray(x) > 0)):
+    raise ValueError(f"{name} holds log-decays, which must be <= 0; got a "
+                     f"maximum of {float(jnp.max(x))} (shape {shape_of(x)})")
+
+
+def check_chunk_size(chunk_size: int, name: str = "chunk_size") -> None:
+  if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+    raise ValueError(f"{name} must be a positive integer, got {chunk_size!r}")
