@@ -1,0 +1,106 @@
+"""Helpers to check a fast form against the naive form.
+
+``assert_forms_match`` compares outputs, final states and the gradients of a
+random linear functional of both (random cotangents) for every
+differentiable input, each with a relative RMS error against the reference.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def rel_rms(actual, expected, floor: float = 1e-12) -> float:
+  """``rms(actual - expected) / max(rms(expected), floor)`` in float64."""
+  a = np.asarray(jnp.asarray(actual, jnp.float32), np.float64)
+  e = np.asarray(jnp.asarray(expected, jnp.float32), np.float64)
+  if a.shape != e.shape:
+    raise AssertionError(f"shape {a.shape} != reference shape {e.shape}")
+  err = np.sqrt(np.mean((a - e) ** 2)) if a.size else 0.0
+  ref = np.sqrt(np.mean(e ** 2)) if e.size else 0.0
+  return float(err / max(ref, floor))
+
+
+def _cast(inputs, dtype, keep_f32):
+  out = {}
+  for name, x in inputs.items():
+    if (x is not None and name not in keep_f32 and hasattr(x, "dtype")
+        and jnp.issubdtype(x.dtype, jnp.floating)):
+      x = x.astype(dtype)
+    out[name] = x
+  return out
+
+
+def _outputs_and_grads(fn, inputs, grad_args, cotangent_seed):
+  def run(diff):
+    o, state = fn(**{**inputs, **diff})
+    return o, state
+
+  diff = {name: inputs[name] for name in grad_args if inputs.get(name) is not None}
+  (o, state), vjp = jax.vjp(run, diff)
+  key_o, key_s = jax.random.split(jax.random.PRNGKey(cotangent_seed))
+  co = jax.random.normal(key_o, o.shape, jnp.float32).astype(o.dtype)
+  cs = (None if state is None
+        else jax.random.normal(key_s, state.shape, jnp.float32).astype(state.dtype))
+  (grads,) = vjp((co, cs))
+  return o, state, grads
+
+
+def errors_against_reference(form: Callable, reference: Callable,
+                             inputs: Mapping[str, object], *,
+                             grad_args: Sequence[str],
+                             dtype=jnp.float32,
+                             keep_f32: Sequence[str] = ("initial_state",),
+                             cotangent_seed: int = 0) -> dict[str, float]:
+  """Relative RMS errors of ``form`` against ``reference``.
+
+  Both are called as ``fn(**inputs)`` and return ``(o, final_state)``. The
+  form gets the floating inputs cast to ``dtype`` (except ``keep_f32``); the
+  reference gets the same values in float32, so a low-precision run measures
+  the form's arithmetic, not the rounding of its inputs.
+
+  Returns:
+    ``{"o": err, "state": err, "d<name>": err, ...}``.
+  """
+  low = _cast(dict(inputs), dtype, keep_f32)
+  ref_inputs = _cast(low, jnp.float32, ())
+  o, s, grads = _outputs_and_grads(form, low, grad_args, cotangent_seed)
+  ro, rs, rgrads = _outputs_and_grads(reference, ref_inputs, grad_args,
+                                      cotangent_seed)
+  if o.dtype != low[_value_name(inputs)].dtype:
+    raise AssertionError(f"output dtype {o.dtype} != value dtype "
+                         f"{low[_value_name(inputs)].dtype}")
+  errors = {"o": rel_rms(o, ro)}
+  if rs is not None or s is not None:
+    if s is None or rs is None:
+      raise AssertionError("one form returned a final state, the other not")
+    if s.dtype != jnp.float32:
+      raise AssertionError(f"final state dtype {s.dtype} != float32")
+    errors["state"] = rel_rms(s, rs)
+  for name in rgrads:
+    if not np.all(np.isfinite(np.asarray(grads[name], np.float32))):
+      errors["d" + name] = float("inf")
+    else:
+      errors["d" + name] = rel_rms(grads[name], rgrads[name])
+  return errors
+
+
+def _value_name(inputs):
+  for name in ("v", "x", "u"):
+    if name in inputs:
+      return name
+  return next(iter(inputs))
+
+
+def assert_close_errors(errors: Mapping[str, float], tol: float,
+                        grad_tol: float | None = None, label: str = ""):
+  grad_tol = tol if grad_tol is None else grad_tol
+  bad = {name: err for name, err in errors.items()
+         if not err <= (grad_tol if name.startswith("d") else tol)}
+  if bad:
+    raise AssertionError(f"{label}: errors over tolerance "
+                         f"(out {tol:g}, grad {grad_tol:g}): {bad}; all: {errors}")
