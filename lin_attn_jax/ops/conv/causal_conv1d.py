@@ -83,6 +83,22 @@ def naive_recurrent_causal_conv1d(x, weight, bias=None, *, activation=None,
   return y.astype(x.dtype), (window if output_final_state else None)
 
 
+def shifted_sum_conv(x, weight, window, doc, output_final_state):
+  """Float32 core of the parallel form: ``(y [B, T, D], final or None)``.
+
+  Args:
+    x: ``[B, T, D]``; weight: ``[D, W]``; window: ``[B, W - 1, D]``;
+    doc: ``[B, T]`` document indices (the window belongs to document 0).
+  """
+  taps = weight.shape[1]
+  padded = jnp.concatenate([window, x], axis=1)                 # [B, W-1+T, D]
+  doc_padded = jnp.pad(doc, ((0, 0), (taps - 1, 0)))
+  y = _shifted_sum(padded, doc_padded, weight, x.shape[1])
+  final = (_final_window(padded, doc_padded, taps) if output_final_state
+           else None)
+  return y, final
+
+
 def parallel_causal_conv1d(x, weight, bias=None, *, activation=None,
                            initial_state=None, output_final_state=False,
                            segment_ids=None):
@@ -92,15 +108,11 @@ def parallel_causal_conv1d(x, weight, bias=None, *, activation=None,
   """
   batch, length, channels, taps = validate(x, weight, bias, activation,
                                            initial_state, segment_ids)
-  padded = jnp.concatenate([_window(initial_state, batch, taps, channels),
-                            jnp.asarray(x, _F32)], axis=1)      # [B, W-1+T, D]
-  doc = document_index(segment_ids, batch, length)
-  doc_padded = jnp.pad(doc, ((0, 0), (taps - 1, 0)))            # state: doc 0
-  y = _shifted_sum(padded, doc_padded, jnp.asarray(weight, _F32), length)
-  y = finish(y, bias, activation)
-  final = (_final_window(padded, doc_padded, taps) if output_final_state
-           else None)
-  return y.astype(x.dtype), final
+  y, final = shifted_sum_conv(jnp.asarray(x, _F32), jnp.asarray(weight, _F32),
+                              _window(initial_state, batch, taps, channels),
+                              document_index(segment_ids, batch, length),
+                              output_final_state)
+  return finish(y, bias, activation).astype(x.dtype), final
 
 
 def chunk_causal_conv1d(x, weight, bias=None, *, activation=None,
@@ -137,12 +149,21 @@ def chunk_causal_conv1d(x, weight, bias=None, *, activation=None,
   batch, length, channels, taps = validate(x, weight, bias, activation,
                                            initial_state, segment_ids)
   checks.check_chunk_size(chunk_size)
+  y, final = chunked_conv(jnp.asarray(x, _F32), jnp.asarray(weight, _F32),
+                          _window(initial_state, batch, taps, channels),
+                          document_index(segment_ids, batch, length),
+                          chunk_size, output_final_state)
+  return finish(y, bias, activation).astype(x.dtype), final
+
+
+def chunked_conv(x, weight, window, doc, chunk_size, output_final_state):
+  """Float32 core of the chunk form; arguments as in ``shifted_sum_conv``."""
+  batch, length, channels = x.shape
+  taps = weight.shape[1]
   chunk = min(chunk_size, length)
-  weight_f = jnp.asarray(weight, _F32)
-  doc = document_index(segment_ids, batch, length)
-  # Padding at the end joins a fresh document, so it never reaches the real
-  # tokens' outputs and the final window is read before it.
-  x_c = split_chunks(pad_time(jnp.asarray(x, _F32), chunk), chunk)
+  # Padding at the end comes after every real token, so no real output reads
+  # it; the final window is read from the unpadded sequence.
+  x_c = split_chunks(pad_time(x, chunk), chunk)                 # [B, N, C, D]
   doc_c = split_chunks(jnp.pad(doc, ((0, 0), (0, x_c.shape[1] * chunk - length)),
                                constant_values=-1), chunk)      # [B, N, C]
 
@@ -151,23 +172,20 @@ def chunk_causal_conv1d(x, weight, bias=None, *, activation=None,
     x_n, doc_n = inputs                        # [B, C, D], [B, C]
     padded = jnp.concatenate([window, x_n], axis=1)
     doc_padded = jnp.concatenate([window_doc, doc_n], axis=1)
-    y = _shifted_sum(padded, doc_padded, weight_f, chunk)
+    y = _shifted_sum(padded, doc_padded, weight, chunk)
     return (padded[:, chunk:], doc_padded[:, chunk:]), y
 
-  carry0 = (_window(initial_state, batch, taps, channels),
-            jnp.zeros((batch, taps - 1), doc.dtype))
+  carry0 = (window, jnp.zeros((batch, taps - 1), doc.dtype))
   _, y = jax.lax.scan(one_chunk, carry0,
                       (jnp.moveaxis(x_c, 1, 0), jnp.moveaxis(doc_c, 1, 0)))
   y = jnp.moveaxis(y, 0, 1).reshape(batch, -1, channels)[:, :length]
-  y = finish(y, bias, activation)
   final = None
   if output_final_state:
-    # The last W - 1 inputs come from the unpadded sequence and the state.
-    padded = jnp.concatenate([_window(initial_state, batch, taps, channels),
-                              jnp.asarray(x, _F32)], axis=1)
+    padded = jnp.concatenate([window, x[:, max(0, length - taps + 1):]], axis=1)
     doc_padded = jnp.pad(doc, ((0, 0), (taps - 1, 0)))
-    final = _final_window(padded[:, length:], doc_padded[:, length:], taps)
-  return y.astype(x.dtype), final
+    doc_padded = doc_padded[:, doc_padded.shape[1] - padded.shape[1]:]
+    final = _final_window(padded, doc_padded, taps)
+  return y, final
 
 
 def causal_conv1d_step(x, weight, bias=None, state=None, *, activation=None,
@@ -183,13 +201,17 @@ def causal_conv1d_step(x, weight, bias=None, state=None, *, activation=None,
   """
   batch, channels, taps = validate_step(x, weight, bias, activation, state,
                                         reset)
-  window = _window(state, batch, taps, channels)
+  y, window = conv_step(jnp.asarray(x, _F32), jnp.asarray(weight, _F32),
+                        _window(state, batch, taps, channels), reset)
+  return finish(y, bias, activation).astype(x.dtype), window
+
+
+def conv_step(x, weight, window, reset):
+  """Float32 core of the step: ``(y [B, D], new window [B, W - 1, D])``."""
   if reset is not None:
     window = jnp.where(jnp.asarray(reset)[:, None, None], 0.0, window)
-  full = jnp.concatenate([window, jnp.asarray(x, _F32)[:, None]], axis=1)
-  y = jnp.einsum("bwd,dw->bd", full, jnp.asarray(weight, _F32))
-  y = finish(y, bias, activation)
-  return y.astype(x.dtype), full[:, 1:]
+  full = jnp.concatenate([window, x[:, None]], axis=1)          # [B, W, D]
+  return jnp.einsum("bwd,dw->bd", full, weight), full[:, 1:]
 
 
 def recurrent_causal_conv1d(x, weight, bias=None, *, activation=None,

@@ -19,17 +19,18 @@ ACTIVATIONS = {
 }
 
 
-def check_weight(weight, width_channels):
+def check_weight(weight, width_channels, name="weight", layout="[D, W]"):
   """``weight: [D, W]`` with ``1 <= W <= MAX_WIDTH``; returns ``W``."""
-  checks.check_rank("weight", weight, 2, "[D, W]")
-  checks.check_float("weight", weight)
+  checks.check_rank(name, weight, 2, layout)
+  checks.check_float(name, weight)
   channels, taps = checks.shape_of(weight)
   if channels != width_channels:
-    raise ValueError(f"weight must have shape [D, W] with D = {width_channels} "
-                     f"(the channels of x), got {checks.shape_of(weight)}")
+    raise ValueError(f"{name} must have shape {layout} with D = "
+                     f"{width_channels} (the channels of the input), got "
+                     f"{checks.shape_of(weight)}")
   if not 1 <= taps <= MAX_WIDTH:
-    raise ValueError(f"weight has W = {taps} taps; a causal_conv1d must have "
-                     f"1 <= W <= {MAX_WIDTH} (shape {checks.shape_of(weight)})")
+    raise ValueError(f"{name} has {taps} taps; the direct convolution forms "
+                     f"take 1 to {MAX_WIDTH} (shape {checks.shape_of(weight)})")
   return taps
 
 
