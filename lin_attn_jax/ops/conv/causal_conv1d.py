@@ -220,6 +220,10 @@ def recurrent_causal_conv1d(x, weight, bias=None, *, activation=None,
   """``causal_conv1d_step`` scanned over time. Shapes as in the chunk form."""
   batch, length, channels, taps = validate(x, weight, bias, activation,
                                            initial_state, segment_ids)
+  # Parameters read at every step are cast once, outside the scan, so their
+  # gradients are summed over time in float32 whatever their dtype.
+  weight = jnp.asarray(weight, _F32)
+  bias = None if bias is None else jnp.asarray(bias, _F32)
 
   def step(window, inputs):
     x_t, reset_t = inputs

@@ -1,4 +1,4 @@
-"""The linear scan chunk by chunk: parallel inside chunks, a scan between."""
+"""The linear scan chunk by chunk: all chunks at once inside, a scan between."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ def chunk_linear_scan(a, b, *, initial_state=None, output_final_state=False,
                       segment_ids=None, chunk_size=64):
   """``h_t = a_t * h_{t-1} + b_t`` over ``[B, T, D]``, returning every ``h_t``.
 
-  Each chunk of ``chunk_size`` tokens is scanned in parallel (associative
-  scan, all chunks at once); a ``lax.scan`` over chunk ends then carries the
-  state into every chunk.
+  Every chunk of ``chunk_size`` tokens is scanned from a zero state, all
+  chunks side by side; a ``lax.scan`` over chunk ends then carries the state
+  into every chunk (see ``scan.chunked_linear_scan``).
 
   Args:
     a: ``[B, T, D]`` decay (any real value; a decay needs ``|a| <= 1``).

@@ -53,31 +53,46 @@ def associative_linear_scan(a, b, initial_state=None):
 def chunked_linear_scan(a, b, initial_state, chunk_size: int):
   """All states, chunk by chunk: ``(h [B, T, ...], h_T [B, ...])``.
 
-  1. Inside every chunk (all chunks at once): an associative scan from a zero
-     state gives the local states and the products of ``a`` from the chunk
-     start.
-  2. Between chunks: a ``lax.scan`` over the chunk ends carries the state
-     entering each chunk.
+  1. Inside every chunk, all chunks at once: a ``lax.scan`` over the ``C``
+     positions of a chunk, from a zero state, gives the local states and the
+     products of ``a`` since the chunk start (each step works on one token
+     of every chunk, ``[B, T / C, ...]``).
+  2. Between chunks: a ``lax.scan`` over the ``T / C`` chunk ends carries
+     the state entering each chunk.
   3. ``h = local + product * entering``.
 
-  The padding at the end has ``a = 1, b = 0``, so the last state is h_T.
+  ``T / C + C`` sequential steps instead of ``T``, and one pass over the
+  data per stage (an associative scan makes ``O(log C)`` passes, which on
+  CPU costs more than it saves). The padding at the end has ``a = 1, b = 0``,
+  so the last state is ``h_T``.
   """
   length = a.shape[1]
   chunk = min(chunk_size, length)
   pad = (-length) % chunk
-  a = jnp.concatenate([a, jnp.ones((a.shape[0], pad) + a.shape[2:], a.dtype)],
-                      axis=1) if pad else a
+  if pad:
+    a = jnp.concatenate([a, jnp.ones((a.shape[0], pad) + a.shape[2:], a.dtype)],
+                        axis=1)
   b = pad_time(b, chunk)
-  a_c, b_c = split_chunks(a, chunk), split_chunks(b, chunk)    # [B, N, C, ...]
-  prod, local = jax.lax.associative_scan(combine, (a_c, b_c), axis=2)
+  # Position in the chunk first: [C, B, N, ...].
+  a_c = jnp.moveaxis(split_chunks(a, chunk), 2, 0)
+  b_c = jnp.moveaxis(split_chunks(b, chunk), 2, 0)
 
-  def carry(state, ends):
+  def within(carry, ab):
+    prod, local = carry
+    a_t, b_t = ab
+    prod, local = a_t * prod, a_t * local + b_t
+    return (prod, local), (prod, local)
+
+  zeros = jnp.zeros_like(b_c[0])
+  _, (prod, local) = jax.lax.scan(within, (jnp.ones_like(a_c[0]), zeros),
+                                  (a_c, b_c))                  # [C, B, N, ...]
+
+  def across(state, ends):
     prod_end, local_end = ends                                 # [B, ...]
     return prod_end * state + local_end, state
 
   final, entering = jax.lax.scan(
-      carry, initial_state,
-      (jnp.moveaxis(prod[:, :, -1], 1, 0), jnp.moveaxis(local[:, :, -1], 1, 0)))
-  entering = jnp.moveaxis(entering, 0, 1)                      # [B, N, ...]
-  h = local + prod * entering[:, :, None]                      # [B, N, C, ...]
-  return merge_chunks(h)[:, :length], final
+      across, initial_state,
+      (jnp.moveaxis(prod[-1], 1, 0), jnp.moveaxis(local[-1], 1, 0)))
+  h = local + prod * jnp.moveaxis(entering, 0, 1)[None]         # [C, B, N, ...]
+  return merge_chunks(jnp.moveaxis(h, 0, 2))[:, :length], final

@@ -237,6 +237,11 @@ def recurrent_s4d(u, log_dt, A_real, A_imag, B, C, *, D=None,
       u, log_dt, A_real, A_imag, B, C, D, initial_state, segment_ids)
   state = (jnp.zeros((batch, channels, n_modes, 2), _F32)
            if initial_state is None else jnp.asarray(initial_state, _F32))
+  # Parameters read at every step are cast once, outside the scan, so their
+  # gradients are summed over time in float32 whatever their dtype.
+  log_dt, A_real, A_imag, B, C, D = (
+      None if p is None else jnp.asarray(p, _F32)
+      for p in (log_dt, A_real, A_imag, B, C, D))
 
   def step(state, inputs):
     u_t, reset_t = inputs

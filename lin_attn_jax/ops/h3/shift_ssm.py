@@ -181,6 +181,10 @@ def recurrent_shift_ssm(u, C, *, D=None, initial_state=None,
   """``shift_ssm_step`` scanned over time. Shapes as in the chunk form."""
   batch, length, channels, n_state = _validate(u, C, D, initial_state,
                                                segment_ids)
+  # Parameters read at every step are cast once, outside the scan, so their
+  # gradients are summed over time in float32 whatever their dtype.
+  C = jnp.asarray(C, _F32)
+  D = None if D is None else jnp.asarray(D, _F32)
 
   def step(window, inputs):
     u_t, reset_t = inputs

@@ -49,6 +49,10 @@ def recurrent_selective_scan(u, delta, A, B, C, *, D=None, z=None,
                   segment_ids)
   batch, length = u.shape[:2]
   state = initial(initial_state, (batch, dims.width, dims.state))
+  # Parameters read at every step are cast once, outside the scan, so their
+  # gradients are summed over time in float32 whatever their dtype.
+  A, D, delta_bias = (None if p is None else jnp.asarray(p, jnp.float32)
+                      for p in (A, D, delta_bias))
 
   def step(h, inputs):
     u_t, delta_t, b_t, c_t, z_t, reset_t = inputs

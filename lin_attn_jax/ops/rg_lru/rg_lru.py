@@ -162,6 +162,9 @@ def recurrent_rg_lru(x, a_gate, x_gate, a_param, *, c=8.0, initial_state=None,
   """``rg_lru_step`` scanned over time. Shapes as in ``chunk_rg_lru``."""
   batch, width = _validate(x, a_gate, x_gate, a_param, initial_state,
                            segment_ids, step=False)
+  # Parameters read at every step are cast once, outside the scan, so their
+  # gradients are summed over time in float32 whatever their dtype.
+  a_param = jnp.asarray(a_param, _F32)
 
   def step(h, inputs):
     x_t, a_gate_t, x_gate_t, reset_t = inputs

@@ -53,6 +53,10 @@ def recurrent_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=False,
   batch, length, n_heads, head_dim, _, n_state = validate(
       x, dt, A, B, C, D, dt_bias, dt_softplus, initial_state, segment_ids)
   state = initial(initial_state, (batch, n_heads, n_state, head_dim))
+  # Parameters read at every step are cast once, outside the scan, so their
+  # gradients are summed over time in float32 whatever their dtype.
+  A, D, dt_bias = (None if p is None else jnp.asarray(p, jnp.float32)
+                   for p in (A, D, dt_bias))
 
   def step(h, inputs):
     x_t, dt_t, b_t, c_t, reset_t = inputs
