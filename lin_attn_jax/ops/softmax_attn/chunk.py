@@ -57,6 +57,40 @@ def gather_rows(x, positions: np.ndarray):
   return jnp.where(keep, x[:, take], 0)
 
 
+def sequence_block_pairs(length: int, block: int, glob_pos: np.ndarray, *,
+                         causal: bool, window_size):
+  """Pairs of the pass over all queries: the key blocks of the window (rule
+  BASE), then the gathered global-key blocks after the ``N`` sequence blocks
+  (rule GLOBAL_KEY)."""
+  n = -(-length // block)
+  ng = glob_pos.size // block
+  q_blocks, k_blocks, rule_ids = [], [], []
+  for qn in range(n):
+    keys = list(window_key_blocks(qn, n, block, causal=causal,
+                                  window_size=window_size))
+    last_q = min(length, (qn + 1) * block) - 1
+    globals_ = [n + gn for gn in range(ng)
+                if not causal or glob_pos[gn * block] <= last_q]
+    q_blocks += [qn] * (len(keys) + len(globals_))
+    k_blocks += keys + globals_
+    rule_ids += [masks.BASE] * len(keys) + [masks.GLOBAL_KEY] * len(globals_)
+  return q_blocks, k_blocks, rule_ids
+
+
+def global_query_block_pairs(length: int, block: int, glob_pos: np.ndarray, *,
+                             causal: bool):
+  """Pairs of the pass over gathered global queries: every key block at or
+  before the block's last global position (rule GLOBAL_QUERY)."""
+  n = -(-length // block)
+  q_blocks, k_blocks = [], []
+  for gn in range(glob_pos.size // block):
+    last_global = glob_pos[gn * block:(gn + 1) * block].max()
+    keys = range(last_global // block + 1 if causal else n)
+    q_blocks += [gn] * len(keys)
+    k_blocks += list(keys)
+  return q_blocks, k_blocks, [masks.GLOBAL_QUERY] * len(q_blocks)
+
+
 def chunk_softmax_attn(q, k, v, *, scale=None, causal=True, window_size=None,
                        segment_ids=None, global_positions=None,
                        block_size=128):
@@ -75,7 +109,6 @@ def chunk_softmax_attn(q, k, v, *, scale=None, causal=True, window_size=None,
   check_block_size(block_size)
   scale = default_scale(scale, dk)
   c = min(block_size, t)
-  n = -(-t // c)
   if window_size is None:
     glob = glob[:0]                     # the full pattern already has them
   flags = masks.global_flags_table(glob, t)
@@ -89,19 +122,6 @@ def chunk_softmax_attn(q, k, v, *, scale=None, causal=True, window_size=None,
          else pad_time(document_index(segment_ids, b, t), c, mode="edge"))
   qp, kp, vp = (pad_time(jnp.asarray(x, jnp.float32), c) for x in (q, k, v))
 
-  q_blocks, k_blocks, rule_ids = [], [], []
-  for qn in range(n):
-    keys = list(window_key_blocks(qn, n, c, causal=causal,
-                                  window_size=window_size))
-    q_blocks += [qn] * len(keys)
-    k_blocks += keys
-    rule_ids += [masks.BASE] * len(keys)
-    for gn in range(ng):
-      first_global = glob_pos[gn * c]
-      if not causal or first_global <= min(t - 1, (qn + 1) * c - 1):
-        q_blocks.append(qn)
-        k_blocks.append(n + gn)
-        rule_ids.append(masks.GLOBAL_KEY)
   k_pos = np.concatenate([seq_pos, glob_pos])
   k_all = jnp.concatenate([kp, gather_rows(k, glob_pos)], axis=1)
   v_all = jnp.concatenate([vp, gather_rows(v, glob_pos)], axis=1)
@@ -109,22 +129,17 @@ def chunk_softmax_attn(q, k, v, *, scale=None, causal=True, window_size=None,
            else jnp.concatenate([doc, gather_rows(doc, glob_pos)], axis=1))
   o, lse = blocksparse_attention(
       qp, k_all, v_all, doc, doc_k, q_pos=seq_pos, k_pos=k_pos,
-      pairs=(q_blocks, k_blocks, rule_ids), rule=rule, block_size=c,
-      scale=scale)
+      pairs=sequence_block_pairs(t, c, glob_pos, causal=causal,
+                                 window_size=window_size),
+      rule=rule, block_size=c, scale=scale)
   parts = [(o, lse, seq_pos)]
 
   if ng:
-    q_blocks, k_blocks = [], []
-    for gn in range(ng):
-      last_global = glob_pos[gn * c:(gn + 1) * c].max()
-      for kn in range(n if not causal else last_global // c + 1):
-        q_blocks.append(gn)
-        k_blocks.append(kn)
     o_g, lse_g = blocksparse_attention(
         gather_rows(q, glob_pos), kp, vp,
         None if doc is None else gather_rows(doc, glob_pos), doc,
         q_pos=glob_pos, k_pos=seq_pos,
-        pairs=(q_blocks, k_blocks, [masks.GLOBAL_QUERY] * len(q_blocks)),
+        pairs=global_query_block_pairs(t, c, glob_pos, causal=causal),
         rule=rule, block_size=c, scale=scale)
     parts.append((o_g, lse_g, glob_pos))
   return merge_passes(parts, t).astype(v.dtype)

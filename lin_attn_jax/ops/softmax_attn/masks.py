@@ -1,6 +1,6 @@
 """Which key position ``j`` a query at position ``i`` may attend to.
 
-Every function takes integer position arrays that broadcast against each
+Every function takes integer position arrays (numpy or jax) that broadcast against each
 other (``i [..., Tq, 1]`` and ``j [..., 1, Tk]`` for a dense mask, blocks of
 positions in the blockwise forms) and returns a boolean array. Positions are
 sequence positions, so one rule serves the dense form, the blockwise form and
@@ -27,19 +27,24 @@ GLOBAL_QUERY = 2   # a copy of a global query, keys outside its window that
                    # are not global (those are counted by GLOBAL_KEY)
 
 
+def _everything(i, j):
+  """All True; a numpy constant, so numpy positions give a numpy mask."""
+  return np.ones(np.broadcast_shapes(np.shape(i), np.shape(j)), bool)
+
+
 def causal_mask(i, j, causal: bool):
   if causal:
     return j <= i
-  return jnp.ones(jnp.broadcast_shapes(jnp.shape(i), jnp.shape(j)), bool)
+  return _everything(i, j)
 
 
 def window_mask(i, j, window_size, causal: bool):
   """``j`` inside the window of ``i`` (all True without a window)."""
   if window_size is None:
-    return jnp.ones(jnp.broadcast_shapes(jnp.shape(i), jnp.shape(j)), bool)
+    return _everything(i, j)
   if causal:
     return i - j < window_size
-  return jnp.abs(i - j) < window_size
+  return abs(i - j) < window_size
 
 
 def is_global(j, global_flags: np.ndarray):

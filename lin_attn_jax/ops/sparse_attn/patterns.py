@@ -63,10 +63,9 @@ def sparse_attn_mask(length: int, *, pattern: str, stride: int,
                      summary_size: int = 1, causal: bool = True) -> np.ndarray:
   """The dense ``[T, T]`` bool mask of a pattern (for references and plots)."""
   check_pattern(pattern, stride, summary_size)
-  pos = jnp.arange(length)
-  return np.asarray(pattern_mask(pos[:, None], pos[None, :], pattern=pattern,
-                                 stride=stride, summary_size=summary_size,
-                                 causal=causal))
+  pos = np.arange(length)
+  return pattern_mask(pos[:, None], pos[None, :], pattern=pattern,
+                      stride=stride, summary_size=summary_size, causal=causal)
 
 
 class SparseRule:
