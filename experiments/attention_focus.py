@@ -46,7 +46,10 @@ from typing import Sequence
 
 from absl import app
 from absl import flags
+import jax.numpy as jnp
 import numpy as np
+
+from lin_attn_jax import feature_maps
 
 KINDS = ("softmax", "linear", "relu2", "elu1", "decayed")
 LABELS = {
@@ -77,8 +80,9 @@ def row_sparsity(a) -> np.ndarray:
     return np.mean(np.abs(a), axis=-1) / rms
 
 
-def elu_plus_one(x):
-  return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
+def _feature_map(name: str, x) -> np.ndarray:
+  """The library's feature map, on numpy arrays."""
+  return np.asarray(getattr(feature_maps, name)(jnp.asarray(x)), np.float64)
 
 
 def attention_rows(setting: Setting, rows: int, dim: int,
@@ -91,7 +95,8 @@ def attention_rows(setting: Setting, rows: int, dim: int,
   if setting.kind == "elu1":
     q_even = math.sqrt(dim / setting.gamma) * q                  # sqrt(gamma d) u
     k_even = math.sqrt(setting.gamma) * k
-    return np.einsum("rd,rnd->rn", elu_plus_one(q_even), elu_plus_one(k_even))
+    return np.einsum("rd,rnd->rn", _feature_map("elu_plus_one", q_even),
+                     _feature_map("elu_plus_one", k_even))
   s = np.einsum("rd,rnd->rn", q, k)                              # [R, n]
   if setting.kind == "softmax":
     a = np.exp(s - s.max(axis=-1, keepdims=True))
@@ -99,7 +104,7 @@ def attention_rows(setting: Setting, rows: int, dim: int,
   if setting.kind == "linear":
     return s + setting.score_mean
   if setting.kind == "relu2":
-    return np.maximum(s + setting.bias, 0.0) ** 2
+    return _feature_map("relu_squared", s + setting.bias)
   if setting.kind == "decayed":
     age = np.arange(setting.length)[::-1]                        # n - j
     return setting.decay ** age * s
