@@ -226,6 +226,11 @@ def test_cache_bad_input():
     init_kv_cache(1, 2, 8, 8, window_size=0)
   with pytest.raises(ValueError, match="max_length"):
     init_kv_cache(1, 2, 8, 8)
+  full = init_kv_cache(1, 2, 8, 8, max_length=1)
+  q, kv = jnp.ones((1, 4, 8)), jnp.ones((1, 2, 8))
+  _, full = softmax_attn_step(q, kv, kv, full)
+  with pytest.raises(ValueError, match="cache is full"):
+    softmax_attn_step(q, kv, kv, full)
 
 
 @pytest.mark.parametrize("form", [parallel_softmax_attn, chunk_softmax_attn])

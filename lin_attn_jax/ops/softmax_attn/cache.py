@@ -51,8 +51,10 @@ def init_kv_cache(batch: int, heads_kv: int, dim_k: int, dim_v: int, *,
 
   Args:
     batch, heads_kv, dim_k, dim_v: ``B``, ``Hkv``, ``K``, ``V``.
-    max_length: capacity of a full-attention cache (tokens past it are not
-      stored); ignored with a window.
+    max_length: capacity of a full-attention cache; a step past it raises
+      ``ValueError`` when called outside ``jit`` (under ``jit`` the length
+      cannot be inspected and such a token is not stored); ignored with a
+      window.
     window_size: ``w`` for sliding-window attention: a ring buffer of ``w``
       entries.
     dtype: dtype of the stored keys and values.
@@ -86,6 +88,11 @@ def _check_step(q, k, v, cache: KVCache, reset):
   checks.check_shape("v", v, (b, hkv, dv), "[B, Hkv, V] of the cache")
   check_heads(h, hkv, checks.shape_of(q), checks.shape_of(k))
   checks.check_reset(reset, b)
+  if (cache.window_size is None
+      and not isinstance(cache.length, jax.core.Tracer)
+      and int(jnp.max(cache.length)) >= size):
+    raise ValueError(f"cache is full: it holds max_length = {size} tokens "
+                     f"and has seen {int(jnp.max(cache.length))}")
   return b, h, hkv, dk, size
 
 
