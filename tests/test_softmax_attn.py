@@ -252,3 +252,13 @@ def test_bad_input(form):
     form(q, kv, jnp.ones((1, 9, 2, 8)))
   with pytest.raises(ValueError, match="k must have"):
     form(q, jnp.ones((1, 10, 2, 4)), kv)
+
+
+def test_chunk_never_forms_the_score_matrix():
+  """Forward and backward together stay well below one [T, T] float32
+  matrix (the dense form needs several)."""
+  t = 2048
+  q = jnp.ones((1, t, 1, 16))
+  loss = lambda q: jnp.sum(chunk_softmax_attn(q, q, q, block_size=64))
+  compiled = jax.jit(jax.grad(loss)).lower(q).compile()
+  assert compiled.memory_analysis().temp_size_in_bytes < 0.25 * t * t * 4
