@@ -315,18 +315,23 @@ def sweep_mean(rhos, length):
 
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out_dir", "docs", "Where the markdown and PNGs go.")
-flags.DEFINE_integer("rows", 64, "Rows per Monte Carlo value.")
-flags.DEFINE_integer("dim", 64, "Head dimension d of q and k.")
-flags.DEFINE_integer("length", 4096, "n for the sweep over gamma.")
-flags.DEFINE_list("lengths", ["16", "64", "256", "1024", "4096", "16384"],
-                  "n values for the sweep over the sequence length.")
-flags.DEFINE_float("gamma", 1.0, "gamma of the sweep over the length.")
-flags.DEFINE_float("bias", -1.0, "b of relu^2 (GAU).")
-flags.DEFINE_float("decay", 0.99, "lambda of the sweep over gamma.")
-flags.DEFINE_list("decays", ["0.9", "0.99"], "lambdas of the length sweep.")
-flags.DEFINE_integer("seed", 0, "Random seed.")
-flags.DEFINE_bool("plots", True, "Write PNGs (needs matplotlib).")
+
+
+def define_flags():
+  """Flags of the entry point (defined on demand: the tests import this
+  module next to others that define flags of the same names)."""
+  flags.DEFINE_string("out_dir", "docs", "Where the markdown and PNGs go.")
+  flags.DEFINE_integer("rows", 64, "Rows per Monte Carlo value.")
+  flags.DEFINE_integer("dim", 64, "Head dimension d of q and k.")
+  flags.DEFINE_integer("length", 4096, "n for the sweep over gamma.")
+  flags.DEFINE_list("lengths", ["16", "64", "256", "1024", "4096", "16384"],
+                    "n values for the sweep over the sequence length.")
+  flags.DEFINE_float("gamma", 1.0, "gamma of the sweep over the length.")
+  flags.DEFINE_float("bias", -1.0, "b of relu^2 (GAU).")
+  flags.DEFINE_float("decay", 0.99, "lambda of the sweep over gamma.")
+  flags.DEFINE_list("decays", ["0.9", "0.99"], "lambdas of the length sweep.")
+  flags.DEFINE_integer("seed", 0, "Random seed.")
+  flags.DEFINE_bool("plots", True, "Write PNGs (needs matplotlib).")
 
 
 def _label(setting: Setting) -> str:
@@ -540,4 +545,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
