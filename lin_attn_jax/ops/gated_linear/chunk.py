@@ -23,6 +23,8 @@ log-decay and ``L_i`` its part since the start of i's sub-chunk:
    has decay 1 and no gate (so no equal-and-opposite gradients cancel
    there). Memory and work are ``O(c)`` passes over ``[T, H, K]``; no
    ``[c, c, K]`` tensor is formed.
+   With a scalar decay per head (or none), steps 3 and 4 are instead one
+   ``[C, C]`` decay matrix per head and matmuls (``scalar_decay.py``).
 
 Segment ids enter as masks: a pair ``(i, j)`` counts only inside one
 document, an entering state reaches ``i`` only if no document started
@@ -51,6 +53,7 @@ from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunk
 from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
+from lin_attn_jax.ops.gated_linear.scalar_decay import scalar_decay_outputs
 
 _F32 = jnp.float32
 # Tokens whose intra-chunk factors are alive at once (memory, not results).
@@ -277,8 +280,14 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
       (jnp.moveaxis(chunk_decay, 1, 0), jnp.moveaxis(own_state, 1, 0)))
   entering = jnp.moveaxis(entering, 0, 1)                       # [B,N,H,K,V]
 
-  o = _grouped_over_chunks(
-      functools.partial(_chunk_outputs, sub=c, packed=segment_ids is not None),
-      per_chunk + (entering,), group)
+  packed = segment_ids is not None
+  if g.shape[-1] == 1:
+    # A scalar decay per head needs no secondary chunking and no grouping:
+    # one [C, C] decay matrix per head, T * C * H numbers in all.
+    o = scalar_decay_outputs(*per_chunk, entering, packed=packed)
+  else:
+    o = _grouped_over_chunks(
+        functools.partial(_chunk_outputs, sub=c, packed=packed),
+        per_chunk + (entering,), group)
   o = merge_chunks(o)[:, :t]
   return o.astype(out_dtype), (final_state if output_final_state else None)

@@ -141,7 +141,7 @@ _scan.defvjp(_scan_fwd, _scan_bwd)
 def chunk_selective_scan(u, delta, A, B, C, *, D=None, z=None,
                          delta_bias=None, delta_softplus=False,
                          initial_state=None, output_final_state=False,
-                         segment_ids=None, chunk_size=64):
+                         segment_ids=None, chunk_size=128):
   """Mamba's selective scan (S6) in the ``[B, T, D]`` layout; training path.
 
   Args:
@@ -157,7 +157,8 @@ def chunk_selective_scan(u, delta, A, B, C, *, D=None, z=None,
     initial_state: ``[B, D, N]`` float32, or None for zeros.
     output_final_state: also return the state after the last token.
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
-    chunk_size: tokens between saved states (speed and memory only).
+    chunk_size: tokens between saved states (speed and memory only; 64 to
+      512 measure alike on CPU, see ``benchmarks/RESULTS_diagonal_ssm.md``).
   Returns:
     ``(y [B, T, D] in u's dtype, final_state [B, D, N] float32 or None)``.
 
