@@ -89,6 +89,8 @@ class BlockSizes:
     if backend == "tpu":
       return cls("tpu", sub_chunk=sub_chunk, chunk=128 if per_channel else 256)
     if backend == "gpu":
+      # The backward programs hold the whole [V, K] float32 state in
+      # registers: 8 warps keep it at 64 registers per thread for 128 x 128.
       return cls("gpu", sub_chunk=sub_chunk, chunk=sub_chunk, block_v=64,
-                 num_warps=4, num_stages=2)
+                 num_warps=8, num_stages=2)
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

@@ -157,9 +157,10 @@ def _check(q, k, v, g, initial_state, segment_ids):
   if np.ndim(v) != 4 or np.shape(v)[:3] != (b, t, h):
     raise ValueError(f"v must be [B, T, H, V] with [B, T, H] = {(b, t, h)}, "
                      f"got {np.shape(v)}")
-  if g is not None and np.shape(g) not in ((b, t, h), (b, t, h, dk)):
-    raise ValueError(f"g must be [B, T, H] = {(b, t, h)} or [B, T, H, K] = "
-                     f"{(b, t, h, dk)}, got {np.shape(g)}")
+  if g is not None and np.shape(g) not in ((b, t, h), (b, t, h, 1),
+                                           (b, t, h, dk)):
+    raise ValueError(f"g must be [B, T, H] = {(b, t, h)} (or [B, T, H, 1]) "
+                     f"or [B, T, H, K] = {(b, t, h, dk)}, got {np.shape(g)}")
   state_shape = (b, h, dk, np.shape(v)[3])
   if initial_state is not None and np.shape(initial_state) != state_shape:
     raise ValueError(f"initial_state must be [B, H, K, V] = {state_shape}, "
@@ -199,8 +200,8 @@ def chunk_gated_linear_attention(
   Args:
     q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; float32 or bfloat16 (other
       float dtypes are computed in float32).
-    g: natural-log decay ``<= 0``: ``[B, T, H]`` (scalar per head),
-      ``[B, T, H, K]`` (per key channel), or None (no decay).
+    g: natural-log decay ``<= 0``: ``[B, T, H]`` or ``[B, T, H, 1]``
+      (scalar per head), ``[B, T, H, K]`` (per key channel), or None (no decay).
     scale: query scale, ``K ** -0.5`` when None.
     initial_state: ``[B, H, K, V]`` or None (zeros); float32.
     output_final_state: also return the state after the last token.
