@@ -21,9 +21,9 @@ class BlockSizes:
   backend: str                  # "tpu" (Mosaic) or "gpu" (Triton)
   sub_chunk: int                # c: tokens per state update and per exact
                                 # [c, c] block of intra-chunk scores
-  chunk: int                    # tokens per grid step on TPU, a multiple of
-                                # sub_chunk; the GPU kernels loop over the
-                                # whole sequence in one program and ignore it
+  chunk: int                    # a multiple of sub_chunk: tokens per grid
+                                # step on TPU, and on both backends between
+                                # the state checkpoints of the backward pass
   block_v: int | None = None    # value columns per program in the forward
                                 # pass (None: all); the backward takes all
   num_warps: int | None = None  # GPU only: warps per program
@@ -91,6 +91,6 @@ class BlockSizes:
     if backend == "gpu":
       # The backward programs hold the whole [V, K] float32 state in
       # registers: 8 warps keep it at 64 registers per thread for 128 x 128.
-      return cls("gpu", sub_chunk=sub_chunk, chunk=sub_chunk, block_v=64,
+      return cls("gpu", sub_chunk=sub_chunk, chunk=64, block_v=64,
                  num_warps=8, num_stages=2)
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

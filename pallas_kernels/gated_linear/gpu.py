@@ -1,15 +1,19 @@
 """Triton (GPU) kernels of the chunked gated-linear recurrence.
 
-Triton programs run independently, with no scratch memory that outlives a
-program, so each program owns one (batch, head) pair, and for the forward
-pass one block of value columns, for the whole sequence: it walks the
-sub-chunks in a ``fori_loop`` with the ``[V, K]`` float32 state in registers
-as the loop carry. Tiles have power-of-two sizes (``K``, ``V`` padded to a
+Triton programs run independently and have no scratch memory, so each
+program owns one (batch, head) pair, and for the forward pass one block of
+value columns, for the whole sequence: it walks the sub-chunks in a
+``fori_loop`` with the ``[V, K]`` float32 state in registers as the loop
+carry. Tiles have power-of-two sizes (``K``, ``V`` padded to a
 power of two >= 16, sub-chunks of 16 rows or more for ``tl.dot``).
 
 - ``forward``: outputs and the final state; grid ``(B, H, V blocks)``.
-- ``dq``: the forward sweep of the backward pass (recomputes the states).
-- ``dkv``: the reverse sweep.
+- ``dq``: the forward sweep of the backward pass (recomputes the states and,
+  with a decay, writes the state entering each chunk as a checkpoint).
+- ``dkv``: the reverse sweep, one chunk per loop step, its sub-chunks
+  unrolled. With a decay it recomputes the state leaving each sub-chunk from
+  the chunk's checkpoint, for the log-decays' gradient: ``s + 1`` state
+  updates for sub-chunk ``s``, since registers hold one state at a time.
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ def _in_specs(names, arrays, lay: Layout, block_v: int):
     elif name == "doc_row":
       spec = pl.BlockSpec((None, n_sub, 1, lay.sub_chunk),
                           lambda b, h, *vb: (b, 0, 0, 0))
+    elif name == "checkpoints":
+      spec = pl.BlockSpec((None, None, lay.t_pad // lay.chunk, lay.v_pad,
+                           lay.k_pad), lambda b, h, *vb: (b, h, 0, 0, 0))
     elif name in ("initial_state", "d_final"):
       spec = pl.BlockSpec((None, None, block_v, lay.k_pad),
                           lambda b, h, *vb: (b, h, _v_block(vb), 0))
@@ -111,11 +118,16 @@ def forward(arrays, spec, lay: Layout, blocks: BlockSizes, *, out_dtype,
   return outs[0], (outs[1] if final_state else None)
 
 
-def _dq_kernel(*refs, names, spec, n_sub, shape):
+def _dq_kernel(*refs, names, spec, n_sub, subs, shape):
   r = dict(zip(names, refs))
   c = spec.sub_chunk
 
   def body(i, state):
+    if "checkpoints" in r:
+      @pl.when(lax.rem(i, subs) == 0)
+      def _():
+        r["checkpoints"][lax.div(i, subs)] = state              # [V, K]
+
     start = pl.multiple_of(i * c, c)
     dq, state = sub_chunk.dq_step(r, spec, start, i, state)
     r["dq"][pl.ds(start, c), :] = dq
@@ -126,35 +138,59 @@ def _dq_kernel(*refs, names, spec, n_sub, shape):
 
 def dq(arrays, spec, lay: Layout, blocks: BlockSizes, *,
        interpret: bool = False):
-  """``dq: [B, H, T_pad, K_pad]`` float32 (the query scale included)."""
+  """``(dq [B, H, T_pad, K_pad] float32 (the query scale included),
+  checkpoints [B, H, N, V_pad, K_pad] or None)``.
+
+  ``checkpoints`` holds the state entering each chunk (only with a decay:
+  the reverse sweep needs the states for the log-decays' gradient).
+  """
   names = list(arrays)
-  b, h = lay.batch, lay.heads
-  kernel = functools.partial(_dq_kernel, names=names + ["dq"], spec=spec,
+  b, h, n_chunks = lay.batch, lay.heads, lay.t_pad // lay.chunk
+  out_shape = [jax.ShapeDtypeStruct((b, h, lay.t_pad, lay.k_pad), _F32)]
+  out_specs = [pl.BlockSpec((None, None, lay.t_pad, lay.k_pad),
+                            lambda b, h: (b, h, 0, 0))]
+  out_names = ["dq"]
+  if spec.gate != "none":
+    out_shape.append(jax.ShapeDtypeStruct(
+        (b, h, n_chunks, lay.v_pad, lay.k_pad), _F32))
+    out_specs.append(pl.BlockSpec((None, None, n_chunks, lay.v_pad,
+                                   lay.k_pad), lambda b, h: (b, h, 0, 0, 0)))
+    out_names.append("checkpoints")
+  kernel = functools.partial(_dq_kernel, names=names + out_names, spec=spec,
                              n_sub=lay.t_pad // lay.sub_chunk,
+                             subs=lay.chunk // lay.sub_chunk,
                              shape=(lay.v_pad, lay.k_pad))
-  return pl.pallas_call(
-      kernel,
-      out_shape=jax.ShapeDtypeStruct((b, h, lay.t_pad, lay.k_pad), _F32),
-      grid=(b, h), in_specs=_in_specs(names, arrays, lay, lay.v_pad),
-      out_specs=pl.BlockSpec((None, None, lay.t_pad, lay.k_pad),
-                             lambda b, h: (b, h, 0, 0)),
+  outs = pl.pallas_call(
+      kernel, out_shape=out_shape, grid=(b, h),
+      in_specs=_in_specs(names, arrays, lay, lay.v_pad), out_specs=out_specs,
       compiler_params=_params(blocks), interpret=interpret,
       name="gated_linear_dq")(*arrays.values())
+  return outs[0], (outs[1] if spec.gate != "none" else None)
 
 
-def _dkv_kernel(*refs, names, spec, n_sub, shape):
+def _dkv_kernel(*refs, names, spec, n_chunks, subs, shape):
   r = dict(zip(names, refs))
   c = spec.sub_chunk
 
   def body(i, d_state):
-    index = n_sub - 1 - i
-    start = pl.multiple_of(index * c, c)
-    dk, dv, d_state = sub_chunk.dkv_step(r, spec, start, index, d_state)
-    r["dk"][pl.ds(start, c), :] = dk
-    r["dv"][pl.ds(start, c), :] = dv
+    n = n_chunks - 1 - i
+    for s in reversed(range(subs)):
+      index = n * subs + s
+      if "checkpoints" in r:
+        # The state leaving sub-chunk s, recomputed from the chunk's entry
+        # (registers hold one state at a time, so each s starts over).
+        state = r["checkpoints"][n]                             # [V, K]
+        for t in range(s + 1):
+          state = sub_chunk.advance_from(
+              r, spec, pl.multiple_of((n * subs + t) * c, c), state)
+        r["exit_grad"][index] = sub_chunk.exit_gate_grad(state, d_state)
+      start = pl.multiple_of(index * c, c)
+      dk, dv, d_state = sub_chunk.dkv_step(r, spec, start, index, d_state)
+      r["dk"][pl.ds(start, c), :] = dk
+      r["dv"][pl.ds(start, c), :] = dv
     return d_state
 
-  d_state = lax.fori_loop(0, n_sub, body, _initial(r, "d_final", shape))
+  d_state = lax.fori_loop(0, n_chunks, body, _initial(r, "d_final", shape))
   if "d_initial" in r:
     r["d_initial"][...] = d_state
 
@@ -162,27 +198,40 @@ def _dkv_kernel(*refs, names, spec, n_sub, shape):
 def dkv(arrays, spec, lay: Layout, blocks: BlockSizes, *, d_initial: bool,
         interpret: bool = False):
   """``(dk [B, H, T_pad, K_pad], dv [B, H, T_pad, V_pad], d_initial
-  [B, H, V_pad, K_pad] or None)``, float32; walks the sequence backwards."""
+  [B, H, V_pad, K_pad] or None, exit_grad [B, H, T_pad / c, 1, K_pad] or
+  None)``, float32; walks the sequence backwards.
+
+  With a decay, ``arrays`` holds the ``checkpoints`` of ``dq`` and
+  ``exit_grad`` is ``sum_v S' dS'`` per sub-chunk.
+  """
   names = list(arrays)
   b, h = lay.batch, lay.heads
+  full = lambda b, h: (b, h, 0, 0)  # noqa: E731
   out_shape = [jax.ShapeDtypeStruct((b, h, lay.t_pad, lay.k_pad), _F32),
                jax.ShapeDtypeStruct((b, h, lay.t_pad, lay.v_pad), _F32)]
-  out_specs = [pl.BlockSpec((None, None, lay.t_pad, lay.k_pad),
-                            lambda b, h: (b, h, 0, 0)),
-               pl.BlockSpec((None, None, lay.t_pad, lay.v_pad),
-                            lambda b, h: (b, h, 0, 0))]
+  out_specs = [pl.BlockSpec((None, None, lay.t_pad, lay.k_pad), full),
+               pl.BlockSpec((None, None, lay.t_pad, lay.v_pad), full)]
   out_names = ["dk", "dv"]
   if d_initial:
     out_shape.append(jax.ShapeDtypeStruct((b, h, lay.v_pad, lay.k_pad), _F32))
-    out_specs.append(pl.BlockSpec((None, None, lay.v_pad, lay.k_pad),
-                                  lambda b, h: (b, h, 0, 0)))
+    out_specs.append(pl.BlockSpec((None, None, lay.v_pad, lay.k_pad), full))
     out_names.append("d_initial")
+  with_gate = "checkpoints" in arrays
+  n_sub = lay.t_pad // lay.sub_chunk
+  if with_gate:
+    out_shape.append(jax.ShapeDtypeStruct((b, h, n_sub, 1, lay.k_pad), _F32))
+    out_specs.append(pl.BlockSpec((None, None, n_sub, 1, lay.k_pad),
+                                  lambda b, h: (b, h, 0, 0, 0)))
+    out_names.append("exit_grad")
   kernel = functools.partial(_dkv_kernel, names=names + out_names, spec=spec,
-                             n_sub=lay.t_pad // lay.sub_chunk,
+                             n_chunks=lay.t_pad // lay.chunk,
+                             subs=lay.chunk // lay.sub_chunk,
                              shape=(lay.v_pad, lay.k_pad))
-  outs = pl.pallas_call(
+  outs = list(pl.pallas_call(
       kernel, out_shape=out_shape, grid=(b, h),
       in_specs=_in_specs(names, arrays, lay, lay.v_pad), out_specs=out_specs,
       compiler_params=_params(blocks), interpret=interpret,
-      name="gated_linear_dkv")(*arrays.values())
-  return outs[0], outs[1], (outs[2] if d_initial else None)
+      name="gated_linear_dkv")(*arrays.values()))
+  dk, dv = outs.pop(0), outs.pop(0)
+  ds0 = outs.pop(0) if d_initial else None
+  return dk, dv, ds0, (outs.pop(0) if with_gate else None)

@@ -53,7 +53,7 @@ class Layout:
   t_pad: int       # T rounded up to whole chunks
   k_pad: int       # K padded to the backend's tiles
   v_pad: int       # V padded to the backend's tiles
-  chunk: int       # tokens per grid step (TPU); equal to sub_chunk on GPU
+  chunk: int       # tokens per grid step (TPU) and between checkpoints
   sub_chunk: int   # c
   block_v: int     # value columns per forward program
 
@@ -62,7 +62,7 @@ def make_layout(b: int, t: int, h: int, dk: int, dv: int,
                 blocks: BlockSizes) -> Layout:
   c = blocks.sub_chunk
   # A sequence shorter than a chunk needs only enough whole sub-chunks.
-  chunk = min(blocks.chunk, round_up(t, c)) if blocks.backend == "tpu" else c
+  chunk = min(blocks.chunk, round_up(t, c))
   k_pad = padded_features(dk, blocks.backend)
   v_pad = padded_features(dv, blocks.backend)
   block_v = v_pad if blocks.block_v is None else min(blocks.block_v, v_pad)

@@ -4,10 +4,12 @@
 
 - Forward: one kernel, outputs and the final state.
 - Backward (``jax.custom_vjp``): two kernels that recompute the states
-  instead of storing them; a forward sweep for ``dq`` and a reverse sweep for
-  ``dk``, ``dv`` and the initial state's gradient. The log-decays' gradient
-  follows from those (see ``gate_gradient``) with a reverse cumulative sum
-  in plain XLA: elementwise work over ``[B, T, H, K]``, no kernel.
+  instead of storing them: a forward sweep for ``dq`` (which also writes the
+  state entering each chunk, with a decay) and a reverse sweep for ``dk``,
+  ``dv``, the initial state's gradient and one term of the log-decays'
+  gradient per sub-chunk. The rest of that gradient (``gate_gradient``) is a
+  cumulative sum inside each sub-chunk in plain XLA: elementwise work over
+  ``[B, T, H, K]``, no kernel.
 
 The kernel is picked by ``backend`` or, when it is None, by the platform the
 call is lowered for (``jax.lax.platform_dependent``): ``tpu`` -> Mosaic,
@@ -54,7 +56,8 @@ def _prepare(cfg: _Config, backend, q, k, v, g, doc):
   b, t, h, dk = q.shape
   lay = layout.make_layout(b, t, h, dk, v.shape[-1], blocks)
   bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
-  spec = KernelSpec(gate=_gate_kind(g), segments=doc is not None,
+  spec = KernelSpec(backend=backend, gate=_gate_kind(g),
+                    segments=doc is not None,
                     scale=cfg.scale, sub_chunk=lay.sub_chunk, bf16_dots=bf16)
   return blocks, lay, spec, bf16
 
@@ -81,21 +84,49 @@ def _backward(cfg: _Config, backend: str, interpret: bool, q, k, v, g, s0,
   blocks, lay, spec, bf16 = _prepare(cfg, backend, q, k, v, g, doc)
   arrays = layout.kernel_arrays(q, k, v, g, s0, doc, lay, bf16_dots=bf16,
                                 do=do)
-  with_final = dict(arrays)
-  if d_final is not None:
-    with_final["d_final"] = layout.state_to_kernel(d_final, lay)
   if backend == "tpu":
-    dq = tpu.dq(arrays, spec, lay, interpret=interpret)
-    dk, dv, ds0 = tpu.dkv(with_final, spec, lay, d_initial=s0 is not None,
-                          interpret=interpret)
+    dq, checkpoints = tpu.dq(arrays, spec, lay, interpret=interpret)
   else:
-    dq = gpu.dq(arrays, spec, lay, blocks, interpret=interpret)
-    dk, dv, ds0 = gpu.dkv(with_final, spec, lay, blocks,
-                          d_initial=s0 is not None, interpret=interpret)
-  return (layout.from_kernel(dq, lay, lay.dim_k),
-          layout.from_kernel(dk, lay, lay.dim_k),
-          layout.from_kernel(dv, lay, lay.dim_v),
+    dq, checkpoints = gpu.dq(arrays, spec, lay, blocks, interpret=interpret)
+  if d_final is not None:
+    arrays["d_final"] = layout.state_to_kernel(d_final, lay)
+  if checkpoints is not None:
+    arrays["checkpoints"] = checkpoints
+  if backend == "tpu":
+    dk, dv, ds0, exit_grad = tpu.dkv(arrays, spec, lay,
+                                     d_initial=s0 is not None,
+                                     interpret=interpret)
+  else:
+    dk, dv, ds0, exit_grad = gpu.dkv(arrays, spec, lay, blocks,
+                                     d_initial=s0 is not None,
+                                     interpret=interpret)
+  dq = layout.from_kernel(dq, lay, lay.dim_k)
+  dk = layout.from_kernel(dk, lay, lay.dim_k)
+  dg = None
+  if g is not None:
+    dg = gate_gradient(q, k, dq, dk, exit_grad[:, :, :, 0, :lay.dim_k], lay,
+                       g.shape[-1])
+  return (dq, dk, layout.from_kernel(dv, lay, lay.dim_v), dg,
           None if ds0 is None else layout.state_from_kernel(ds0, lay))
+
+
+def gate_gradient(q, k, dq, dk, exit_grad, lay: layout.Layout, width: int):
+  """Gradient of the log-decays, ``[B, T, H, width]``.
+
+  ``dg_m = sum_{i >= m in m's sub-chunk} (q_i dq_i - k_i dk_i) + sum_v S' dS'``
+  (see ``sub_chunk.py``); ``exit_grad: [B, H, T_pad / c, K]`` is the last
+  term of every sub-chunk, from the reverse sweep.
+  """
+  b, t, h, dk_ = q.shape
+  c = lay.sub_chunk
+  local = (jnp.asarray(q, _F32) * dq
+           - jnp.asarray(k, _F32) * dk)                         # [B,T,H,K]
+  local = jnp.pad(local, ((0, 0), (0, lay.t_pad - t), (0, 0), (0, 0)))
+  local = local.reshape(b, lay.t_pad // c, c, h, dk_)           # [B,N,c,H,K]
+  dg = (jax.lax.cumsum(local, axis=2, reverse=True)
+        + jnp.transpose(exit_grad, (0, 2, 1, 3))[:, :, None])
+  dg = dg.reshape(b, lay.t_pad, h, dk_)[:, :t]
+  return jnp.sum(dg, axis=-1, keepdims=True) if width == 1 else dg
 
 
 def _dispatch(cfg: _Config, fn, *args):
@@ -107,41 +138,21 @@ def _dispatch(cfg: _Config, fn, *args):
       default=functools.partial(fn, cfg, "tpu", True))
 
 
-def gate_gradient(q, k, dq, dk, final, d_final, width: int):
-  """Gradient of the log-decays ``[B, T, H, width]`` from those of q and k.
-
-  With ``G_t = sum_{m <= t} g_m``, every term of the outputs and of the
-  final state depends on ``G`` through ``exp(G_i - G_j)`` times ``q_i``
-  and ``k_j`` (``j = 0`` for the initial state's terms, ``i = T`` for the
-  final state's), so ``dL/dG_t = q_t dq_t - k_t dk_t``, plus
-  ``sum_v S_T dS_T`` at the last token; then ``dg_m = sum_{t >= m} dL/dG_t``.
-  Masked terms (other documents) are zero on both sides of the identity.
-  """
-  d_cum = (jnp.asarray(q, _F32) * dq
-           - jnp.asarray(k, _F32) * dk)                         # [B,T,H,K]
-  if final is not None and d_final is not None:
-    d_cum = d_cum.at[:, -1].add(jnp.sum(final * d_final, axis=-1))
-  dg = jax.lax.cumsum(d_cum, axis=1, reverse=True)
-  return jnp.sum(dg, axis=-1, keepdims=True) if width == 1 else dg
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attention(cfg: _Config, q, k, v, g, s0, doc):
   return _dispatch(cfg, _forward, q, k, v, g, s0, doc)
 
 
 def _attention_fwd(cfg: _Config, q, k, v, g, s0, doc):
-  o, final = _dispatch(cfg, _forward, q, k, v, g, s0, doc)
-  return (o, final), (q, k, v, g, s0, doc, final)
+  # Only the inputs are kept: the backward kernels recompute the states.
+  return _attention(cfg, q, k, v, g, s0, doc), (q, k, v, g, s0, doc)
 
 
 def _attention_bwd(cfg: _Config, residuals, cotangents):
-  q, k, v, g, s0, doc, final = residuals
+  q, k, v, g, s0, doc = residuals
   do, d_final = cotangents
-  dq, dk, dv, ds0 = _dispatch(cfg, _backward, q, k, v, g, s0, doc, do,
-                              d_final)
-  dg = (None if g is None
-        else gate_gradient(q, k, dq, dk, final, d_final, g.shape[-1]))
+  dq, dk, dv, dg, ds0 = _dispatch(cfg, _backward, q, k, v, g, s0, doc, do,
+                                  d_final)
   return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg,
           ds0, None)
 
@@ -171,9 +182,15 @@ def _check(q, k, v, g, initial_state, segment_ids):
 
 
 def _blocks_by_backend(block_sizes, per_channel: bool):
-  given = ([] if block_sizes is None
-           else [block_sizes] if isinstance(block_sizes, BlockSizes)
-           else list(block_sizes))
+  if block_sizes is None:
+    given = []
+  elif isinstance(block_sizes, BlockSizes):
+    given = [block_sizes]
+  elif isinstance(block_sizes, (list, tuple)):
+    given = list(block_sizes)
+  else:
+    raise ValueError(f"block_sizes must be BlockSizes or a sequence of them, "
+                     f"got {block_sizes!r}")
   chosen = {backend: BlockSizes.default(backend, per_channel=per_channel)
             for backend in BACKENDS}
   for blocks in given:

@@ -24,6 +24,21 @@ none; a decay per key channel sums ``D`` inside, one key row at a time):
     dk   = exp(L_c - L) [...] (v dS) + s (dA * D)^T q
     dS  <- exp(L_c) [...] dS + do^T q~                    (gradient of S)
 
+The log-decays' gradient needs no kernel of its own. Every term depends on
+``L`` through ``exp(L_i)`` on the query side, ``exp(-L_j)`` on the key side
+and, for ``L_c``, through the state leaving the sub-chunk, so
+
+    dL_i = q_i dq_i - k_i dk_i + [i = c] sum_v S'_vk dS'_vk
+    dg_m = sum_{i >= m in the sub-chunk} dL_i
+
+with ``S'`` the state leaving the sub-chunk and ``dS'`` its gradient. The
+reverse sweep returns ``sum_v S' dS'`` per sub-chunk (``exit_gate_grad``),
+recomputing ``S'`` from checkpoints of the state that the forward sweep
+writes once per chunk; the sums of at most ``c`` terms are left to XLA. A
+sum over the whole sequence (``dg_m = sum_{t >= m} (q dq - k dk)_t``) would
+be exact too, but it adds up the rounding errors of every later token's
+``dq`` and ``dk``, which bfloat16 matmuls make too large.
+
 Numerics: every exponent is a sum of at most ``c`` log-decays, and the one
 of ``A`` is set to -inf above the diagonal before ``exp``, so every factor
 is a decay ``<= 1``: strong gates underflow to 0, never overflow. The state,
@@ -54,6 +69,8 @@ GATES = ("none", "scalar", "channel")
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
   """What a kernel body is specialised for (all static)."""
+  backend: str       # "tpu" or "gpu": how key rows are read
+                     # (see _over_key_rows)
   gate: str          # "none", "scalar" (one log-decay per head) or "channel"
   segments: bool     # document indices are given
   scale: float       # query scale s
@@ -127,15 +144,32 @@ def load(refs, spec: KernelSpec, start, index) -> SubChunk:
                   log_decay)
 
 
-def _key_rows(refs, spec: KernelSpec, start, sub: SubChunk):
-  """Yields ``(j, k_j [1, K], E_j [c, K])``, ``E_j[i] = exp(L_i - L_j)``
-  for ``i >= j`` and 0 above (the exponent is -inf there before exp)."""
+def _over_key_rows(refs, spec: KernelSpec, start, sub: SubChunk, body, init):
+  """Folds ``body(j, k_j [1, K], E_j [c, K], carry)`` over the key rows j.
+
+  ``E_j[i] = exp(L_i - L_j)`` for ``i >= j`` and 0 above: the exponent is
+  set to -inf there before exp. On TPU the loop is unrolled and rows are
+  static slices of the loaded values (no dynamic sublane offsets); on GPU it
+  is a ``fori_loop`` reading rows from the refs (Triton cannot slice values).
+  """
   below = lax.broadcasted_iota(jnp.int32, sub.log_decay.shape, 0)
-  for j in range(spec.sub_chunk):
+
+  def decay_from(l_j, j):
+    return jnp.exp(jnp.where(below >= j, sub.log_decay - l_j, -jnp.inf))
+
+  if spec.backend == "tpu":
+    carry = init
+    for j in range(spec.sub_chunk):
+      l_j = sub.log_decay[j:j + 1, :]                           # [1, K]
+      carry = body(j, sub.k[j:j + 1, :], decay_from(l_j, j), carry)
+    return carry
+
+  def step(j, carry):
     k_j = _row(refs["k"], start + j).astype(_F32)               # [1, K]
     l_j = _row(refs["log_decay"], start + j)                    # [1, K]
-    yield j, k_j, jnp.exp(jnp.where(below >= j, sub.log_decay - l_j,
-                                    -jnp.inf))
+    return body(j, k_j, decay_from(l_j, j), carry)
+
+  return lax.fori_loop(0, spec.sub_chunk, step, init)
 
 
 def _column(x, j):
@@ -159,10 +193,11 @@ def scores(refs, spec: KernelSpec, start, sub: SubChunk):
   if spec.gate != "channel":
     a = dot(sub.q, sub.k, NT, spec)
     return jnp.where(sub.mask, a if sub.decay is None else a * sub.decay, 0.0)
+  def column(j, k_j, e_j, a):
+    return _put_column(a, j, jnp.sum(sub.q * k_j * e_j, axis=1, keepdims=True))
+
   c = spec.sub_chunk
-  a = jnp.zeros((c, c), _F32)
-  for j, k_j, e_j in _key_rows(refs, spec, start, sub):
-    a = _put_column(a, j, jnp.sum(sub.q * k_j * e_j, axis=1, keepdims=True))
+  a = _over_key_rows(refs, spec, start, sub, column, jnp.zeros((c, c), _F32))
   return jnp.where(sub.mask, a, 0.0)
 
 
@@ -172,9 +207,35 @@ def _score_grads(refs, spec: KernelSpec, start, sub: SubChunk, do):
   return d_scores if sub.decay is None else d_scores * sub.decay
 
 
+def advance_from(refs, spec: KernelSpec, start, state):
+  """The state leaving the sub-chunk at row ``start`` (reads only what the
+  state update needs: keys, values, log-decays and documents)."""
+  c = spec.sub_chunk
+  rows = pl.ds(start, c)
+  k = refs["k"][rows, :].astype(_F32)                           # [c, K]
+  keep, passes = jnp.ones((c, 1), _F32), jnp.ones((1, 1), _F32)
+  if spec.segments:
+    doc = refs["doc"][rows, :]                                  # [c, 1]
+    last = _row(refs["doc"], start + c - 1)                     # [1, 1]
+    keep = (doc == last).astype(_F32)
+    passes = (last == _row(refs["doc_prev"], start)).astype(_F32)
+  if spec.gate != "none":
+    local = refs["log_decay"][rows, :]                          # [c, g]
+    total = _row(refs["log_decay"], start + c - 1)              # [1, g]
+    keep = jnp.exp(total - local) * keep
+    passes = jnp.exp(total) * passes
+  return state * passes + dot(refs["v"][rows, :], k * keep, TN, spec)
+
+
 def advance(state, sub: SubChunk, spec: KernelSpec):
   """``S' = exp(L_c) [...] S + v^T k~``, state ``[V, K]`` float32."""
   return state * sub.state_decay + dot(sub.v, sub.k * sub.k_factor, TN, spec)
+
+
+def exit_gate_grad(state_out, d_state):
+  """``sum_v S' dS'``: ``[1, K]``, the gradient of ``L_c`` through the state
+  leaving the sub-chunk (``state_out``, ``d_state``: ``[V, K]``)."""
+  return jnp.sum(state_out * d_state, axis=0, keepdims=True)
 
 
 def forward_step(refs, spec: KernelSpec, start, index, state):
@@ -195,8 +256,9 @@ def dq_step(refs, spec: KernelSpec, start, index, state):
   if spec.gate != "channel":
     dq = dq + dot(d_scores, sub.k, NN, spec)
   else:
-    for j, k_j, e_j in _key_rows(refs, spec, start, sub):
-      dq = dq + _column(d_scores, j) * k_j * e_j
+    dq = _over_key_rows(
+        refs, spec, start, sub,
+        lambda j, k_j, e_j, acc: acc + _column(d_scores, j) * k_j * e_j, dq)
   return dq * spec.scale, advance(state, sub, spec)
 
 
@@ -210,13 +272,17 @@ def dkv_step(refs, spec: KernelSpec, start, index, d_state):
     a = scores(refs, spec, start, sub)
     dk = dot(d_scores, sub.q, TN, spec)                         # [c, K]
   else:
-    c = spec.sub_chunk
-    a = jnp.zeros((c, c), _F32)
-    dk = jnp.zeros(sub.k.shape, _F32)
-    for j, k_j, e_j in _key_rows(refs, spec, start, sub):
+    def column_and_row(j, k_j, e_j, carry):
+      a, dk = carry
       a = _put_column(a, j, jnp.sum(sub.q * k_j * e_j, axis=1, keepdims=True))
-      dk = _put_row(dk, j, jnp.sum(_column(d_scores, j) * sub.q * e_j, axis=0,
-                                   keepdims=True))
+      dk = _put_row(dk, j, jnp.sum(_column(d_scores, j) * sub.q * e_j,
+                                   axis=0, keepdims=True))
+      return a, dk
+
+    c = spec.sub_chunk
+    a, dk = _over_key_rows(
+        refs, spec, start, sub, column_and_row,
+        (jnp.zeros((c, c), _F32), jnp.zeros(sub.k.shape, _F32)))
     a = jnp.where(sub.mask, a, 0.0)
   dv = dot(a, do, TN, spec) + dot(sub.k * sub.k_factor, d_state, NT, spec)
   dk = dk + dot(sub.v, d_state, NN, spec) * sub.k_factor

@@ -8,9 +8,12 @@ its steps. Each step holds one chunk (``(C, K)`` tiles: ``C`` a multiple of
 unrolled loop (static offsets, no dynamic sublane slicing).
 
 - ``forward``: outputs and the final state.
-- ``dq``: the forward sweep of the backward pass (recomputes the states).
+- ``dq``: the forward sweep of the backward pass (recomputes the states and,
+  with a decay, writes the state entering each chunk as a checkpoint).
 - ``dkv``: the reverse sweep; the chunk axis is walked backwards by the
-  index maps (chunk ``N - 1 - n`` at step ``n``).
+  index maps (chunk ``N - 1 - n`` at step ``n``). With a decay it recomputes
+  the state leaving each sub-chunk from the chunk's checkpoint into a VMEM
+  scratch buffer, for the log-decays' gradient.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ def _in_specs(names, arrays, lay: Layout, chunk_of, v_block_of):
     elif name == "initial_state":
       spec = pl.BlockSpec((None, None, lay.block_v, lay.k_pad),
                           lambda b, h, *g: (b, h, v_block_of(*g), 0))
+    elif name == "checkpoints":
+      spec = pl.BlockSpec((None, None, None, lay.v_pad, lay.k_pad),
+                          lambda b, h, *g: (b, h, chunk_of(*g), 0, 0))
     elif name == "d_final":
       spec = pl.BlockSpec((None, None, lay.v_pad, lay.k_pad),
                           lambda b, h, *g: (b, h, 0, 0))
@@ -128,7 +134,9 @@ def _dq_kernel(*refs, names, spec, subs):
       r["state"][...] = jnp.zeros(r["state"].shape, _F32)
 
   c = spec.sub_chunk
-  state = r["state"][...]
+  state = r["state"][...]                                       # [V, K]
+  if "checkpoints" in r:
+    r["checkpoints"][...] = state
   for s in range(subs):
     dq, state = sub_chunk.dq_step(r, spec, s * c, s, state)
     r["dq"][pl.ds(s * c, c), :] = dq
@@ -136,22 +144,35 @@ def _dq_kernel(*refs, names, spec, subs):
 
 
 def dq(arrays, spec, lay: Layout, *, interpret: bool = False):
-  """``dq: [B, H, T_pad, K_pad]`` float32 (the query scale included)."""
+  """``(dq [B, H, T_pad, K_pad] float32 (the query scale included),
+  checkpoints [B, H, N, V_pad, K_pad] or None)``.
+
+  ``checkpoints`` holds the state entering each chunk (only with a decay:
+  the reverse sweep needs the states for the log-decays' gradient).
+  """
   names = list(arrays)
   b, h, n_chunks = lay.batch, lay.heads, lay.t_pad // lay.chunk
   full = dataclasses.replace(lay, block_v=lay.v_pad)
-  kernel = functools.partial(_dq_kernel, names=names + ["dq", "state"],
+  out_shape = [jax.ShapeDtypeStruct((b, h, lay.t_pad, lay.k_pad), _F32)]
+  out_specs = [pl.BlockSpec((None, None, lay.chunk, lay.k_pad),
+                            lambda b, h, n: (b, h, n, 0))]
+  out_names = ["dq"]
+  if spec.gate != "none":
+    out_shape.append(jax.ShapeDtypeStruct(
+        (b, h, n_chunks, lay.v_pad, lay.k_pad), _F32))
+    out_specs.append(pl.BlockSpec((None, None, None, lay.v_pad, lay.k_pad),
+                                  lambda b, h, n: (b, h, n, 0, 0)))
+    out_names.append("checkpoints")
+  kernel = functools.partial(_dq_kernel, names=names + out_names + ["state"],
                              spec=spec, subs=lay.chunk // lay.sub_chunk)
-  return pl.pallas_call(
-      kernel,
-      out_shape=jax.ShapeDtypeStruct((b, h, lay.t_pad, lay.k_pad), _F32),
-      grid=(b, h, n_chunks),
+  outs = pl.pallas_call(
+      kernel, out_shape=out_shape, grid=(b, h, n_chunks),
       in_specs=_in_specs(names, arrays, full, lambda n: n, lambda n: 0),
-      out_specs=pl.BlockSpec((None, None, lay.chunk, lay.k_pad),
-                             lambda b, h, n: (b, h, n, 0)),
+      out_specs=out_specs,
       scratch_shapes=[pltpu.VMEM((lay.v_pad, lay.k_pad), _F32)],
       compiler_params=_params(2), interpret=interpret,
       name="gated_linear_dq")(*arrays.values())
+  return outs[0], (outs[1] if spec.gate != "none" else None)
 
 
 def _dkv_kernel(*refs, names, spec, subs, last_step):
@@ -166,8 +187,17 @@ def _dkv_kernel(*refs, names, spec, subs, last_step):
       r["d_state"][...] = jnp.zeros(r["d_state"].shape, _F32)
 
   c = spec.sub_chunk
+  if "checkpoints" in r:
+    # The state leaving each sub-chunk, recomputed from the chunk's entry.
+    state = r["checkpoints"][...]                               # [V, K]
+    for s in range(subs):
+      state = sub_chunk.advance_from(r, spec, s * c, state)
+      r["exit_states"][s] = state
   d_state = r["d_state"][...]                                   # [V, K]
   for s in reversed(range(subs)):
+    if "checkpoints" in r:
+      r["exit_grad"][s] = sub_chunk.exit_gate_grad(r["exit_states"][s],
+                                                   d_state)
     dk, dv, d_state = sub_chunk.dkv_step(r, spec, s * c, s, d_state)
     r["dk"][pl.ds(s * c, c), :] = dk
     r["dv"][pl.ds(s * c, c), :] = dv
@@ -181,9 +211,15 @@ def _dkv_kernel(*refs, names, spec, subs, last_step):
 def dkv(arrays, spec, lay: Layout, *, d_initial: bool,
         interpret: bool = False):
   """``(dk [B, H, T_pad, K_pad], dv [B, H, T_pad, V_pad], d_initial
-  [B, H, V_pad, K_pad] or None)``, float32; walks the chunks backwards."""
+  [B, H, V_pad, K_pad] or None, exit_grad [B, H, T_pad / c, 1, K_pad] or
+  None)``, float32; walks the chunks backwards.
+
+  With a decay, ``arrays`` holds the ``checkpoints`` of ``dq`` and
+  ``exit_grad`` is ``sum_v S' dS'`` per sub-chunk.
+  """
   names = list(arrays)
   b, h, n_chunks = lay.batch, lay.heads, lay.t_pad // lay.chunk
+  subs = lay.chunk // lay.sub_chunk
   full = dataclasses.replace(lay, block_v=lay.v_pad)
   backwards = lambda n: n_chunks - 1 - n  # noqa: E731
   out_shape = [jax.ShapeDtypeStruct((b, h, lay.t_pad, lay.k_pad), _F32),
@@ -198,14 +234,27 @@ def dkv(arrays, spec, lay: Layout, *, d_initial: bool,
     out_specs.append(pl.BlockSpec((None, None, lay.v_pad, lay.k_pad),
                                   lambda b, h, n: (b, h, 0, 0)))
     out_names.append("d_initial")
+  scratch = [pltpu.VMEM((lay.v_pad, lay.k_pad), _F32)]
+  scratch_names = ["d_state"]
+  with_gate = "checkpoints" in arrays
+  if with_gate:
+    out_shape.append(jax.ShapeDtypeStruct(
+        (b, h, lay.t_pad // lay.sub_chunk, 1, lay.k_pad), _F32))
+    out_specs.append(pl.BlockSpec((None, None, subs, 1, lay.k_pad),
+                                  lambda b, h, n: (b, h, backwards(n), 0, 0)))
+    out_names.append("exit_grad")
+    scratch.append(pltpu.VMEM((subs, lay.v_pad, lay.k_pad), _F32))
+    scratch_names.append("exit_states")
   kernel = functools.partial(
-      _dkv_kernel, names=names + out_names + ["d_state"], spec=spec,
-      subs=lay.chunk // lay.sub_chunk, last_step=n_chunks - 1)
+      _dkv_kernel, names=names + out_names + scratch_names, spec=spec,
+      subs=subs, last_step=n_chunks - 1)
   outs = pl.pallas_call(
       kernel, out_shape=out_shape, grid=(b, h, n_chunks),
       in_specs=_in_specs(names, arrays, full, backwards, lambda n: 0),
-      out_specs=out_specs,
-      scratch_shapes=[pltpu.VMEM((lay.v_pad, lay.k_pad), _F32)],
+      out_specs=out_specs, scratch_shapes=scratch,
       compiler_params=_params(2), interpret=interpret,
       name="gated_linear_dkv")(*arrays.values())
-  return outs[0], outs[1], (outs[2] if d_initial else None)
+  outs = list(outs)
+  dk, dv = outs.pop(0), outs.pop(0)
+  ds0 = outs.pop(0) if d_initial else None
+  return dk, dv, ds0, (outs.pop(0) if with_gate else None)
