@@ -198,7 +198,7 @@ def test_reference_matches_naive():
   errors = form_errors(
       functools.partial(chunk_gated_linear_attention_reference,
                         output_final_state=True),
-      make_inputs(gate="channel", t=20))
+      make_inputs(gate="channel", t=20, b=1))
   assert_close_errors(errors, 1e-5, label="reference")
 
 
