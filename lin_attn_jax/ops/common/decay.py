@@ -9,6 +9,7 @@ sub-chunk.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 
@@ -55,3 +56,22 @@ def reverse_exclusive_cumsum(x, axis: int):
   widths = [(0, 0)] * x.ndim
   widths[axis] = (0, 1)
   return jnp.pad(shifted, widths)
+
+
+def pairwise_sums(x, axis: int):
+  """``out[..., i, j, ...] = sum_{j < m <= i} x[..., m, ...]`` for ``j <= i``.
+
+  For a short axis (a sub-chunk): one matmul with a constant 0/1 tensor, so
+  each entry is a sum of its own terms (exact relative to the result, unlike
+  ``cumsum[i] - cumsum[j]``) and the gradient reaches ``x_m`` only through
+  the pairs that span m. Entries with ``j > i`` are 0: mask them before any
+  ``exp``. The new axes ``i, j`` replace ``axis``.
+  """
+  n = x.shape[axis]
+  idx = jnp.arange(n)
+  spans = ((idx[None, None, :] > idx[None, :, None])
+           & (idx[None, None, :] <= idx[:, None, None])).astype(x.dtype)
+  x = jnp.moveaxis(x, axis, -1)                                 # [..., m]
+  out = jnp.einsum("...m,ijm->...ij", x, spans,
+                   precision=jax.lax.Precision.HIGHEST)
+  return jnp.moveaxis(out, (-2, -1), (axis, axis + 1))

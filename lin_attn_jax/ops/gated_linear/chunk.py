@@ -7,11 +7,15 @@ of ``c`` tokens (secondary chunking). Four steps, one einsum each:
    each sub-chunk, and sums over whole sub-chunks between two sub-chunks.
    No long prefix sum is ever subtracted from another.
 2. Scores inside a chunk, ``A[i, j] = q_i . (exp(G_i - G_j) * k_j)``:
-   - same sub-chunk: the ``[c, c, K]`` factor ``exp(L_i - L_j)`` with the
-     exponent set to -inf above the diagonal before ``exp``;
+   - same sub-chunk: the ``[c, c, K]`` factor ``exp(sum_{j<m<=i} g_m)``,
+     each exponent summed from its own gates (``pairwise_sums``; a
+     difference ``L_i - L_j`` of two prefix sums near -1e3 would keep only
+     ~1e-4 of a weak gate), set to -inf above the diagonal before ``exp``,
+     and 1 on the diagonal;
    - sub-chunk s after sub-chunk r: ``exp(G_i - G_j)`` factors into
      ``exp(L_i)`` (start of s to i), ``exp(sum of sub-chunks strictly
-     between)`` and ``exp(L_end(r) - L_j)`` (j to the end of r). Every factor
+     between)`` and the decay from j to the end of r, a reverse sum of the
+     gates after j (not a difference of prefix sums). Every factor
      is a decay <= 1, so strong gates underflow to 0 where the true value is
      negligible, and never overflow.
 3. Chunk states: each chunk's own contribution ``sum_j exp(G_end - G_j) k_j
@@ -37,7 +41,8 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks, dispatch
 from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunks
-from lin_attn_jax.ops.common.decay import (reverse_exclusive_cumsum,
+from lin_attn_jax.ops.common.decay import (pairwise_sums,
+                                           reverse_exclusive_cumsum,
                                            sum_strictly_between)
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
@@ -50,20 +55,24 @@ def _mm(subscripts, *operands):
   return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
 
 
-def _intra_chunk_scores(q, k, local, sub_total):
+def _intra_chunk_scores(q, k, g, local, local_to_end, sub_total):
   """Step 2: causal scores inside each chunk, ``[B, N, H, C, C]``.
 
   Args:
     q, k: ``[B, N, S, c, H, K]`` float32 (q already scaled).
+    g: ``[B, N, S, c, H, G]`` per-token log-decays.
     local: ``[B, N, S, c, H, G]`` log-decay from the sub-chunk start to i.
+    local_to_end: ``[B, N, S, c, H, G]`` log-decay from j to the sub-chunk end.
     sub_total: ``[B, N, S, H, G]`` log-decay over each whole sub-chunk.
   """
   b, n, subs, c, h, dk = q.shape
   per_channel = local.shape[-1] != 1
-  # Same sub-chunk: exp(L_i - L_j), -inf above the diagonal before exp.
-  lower = jnp.tril(jnp.ones((c, c), dtype=bool))[:, :, None, None]
-  diff = local[:, :, :, :, None] - local[:, :, :, None, :]      # [B,N,S,i,j,H,G]
-  decay = jnp.exp(jnp.where(lower, diff, -jnp.inf))
+  # Same sub-chunk: exp(sum_{j<m<=i} g_m) below the diagonal (-inf above it
+  # before exp), and exactly 1 on it, where no gate enters.
+  strict = jnp.tril(jnp.ones((c, c), dtype=bool), -1)[:, :, None, None]
+  diff = pairwise_sums(g, axis=3)                               # [B,N,S,i,j,H,G]
+  decay = (jnp.exp(jnp.where(strict, diff, -jnp.inf))
+           + jnp.eye(c, dtype=_F32)[:, :, None, None])
   if per_channel:
     diag = jnp.einsum("bnsihk,bnsjhk,bnsijhk->bnhsij", q, k, decay)
   else:
@@ -72,7 +81,7 @@ def _intra_chunk_scores(q, k, local, sub_total):
   # Sub-chunk s after r: q_i exp(L_i), k_j exp(L_end(r) - L_j), and the decay
   # of the sub-chunks strictly between, -inf unless s > r.
   q_from_start = q * jnp.exp(local)                             # [B,N,S,c,H,K]
-  k_to_end = k * jnp.exp(sub_total[:, :, :, None] - local)      # [B,N,S,c,H,K]
+  k_to_end = k * jnp.exp(local_to_end)                          # [B,N,S,c,H,K]
   between = sum_strictly_between(sub_total, axis=2)             # [B,N,s,r,H,G]
   later = (jnp.arange(subs)[:, None] > jnp.arange(subs)[None, :])
   between = jnp.exp(jnp.where(later[:, :, None, None], between, -jnp.inf))
@@ -161,6 +170,7 @@ def _chunk_xla(q, k, v, g, *, scale, initial_state, output_final_state,
 
   # Step 1: log-decays local to sub-chunks and over whole sub-chunks.
   local = jnp.cumsum(g_s, axis=3)                               # [B,N,S,c,H,G]
+  local_to_end = reverse_exclusive_cumsum(g_s, axis=3)          # [B,N,S,c,H,G]
   sub_total = local[:, :, :, -1]                                # [B,N,S,H,G]
   before_sub = jnp.concatenate(
       [jnp.zeros_like(sub_total[:, :, :1]),
@@ -170,7 +180,8 @@ def _chunk_xla(q, k, v, g, *, scale, initial_state, output_final_state,
 
   # Step 2: scores inside each chunk, masked to one document.
   doc_c = split_chunks(doc, chunk)                              # [B, N, C]
-  scores = _intra_chunk_scores(q_s, k_s, local, sub_total)      # [B,N,H,C,C]
+  scores = _intra_chunk_scores(q_s, k_s, g_s, local, local_to_end,
+                               sub_total)                       # [B,N,H,C,C]
   scores = jnp.where((doc_c[..., :, None] == doc_c[..., None, :])[:, :, None],
                      scores, 0.0)
 
@@ -178,7 +189,7 @@ def _chunk_xla(q, k, v, g, *, scale, initial_state, output_final_state,
   doc_before = jnp.concatenate([jnp.zeros((b, 1), doc.dtype), doc[:, :-1]],
                                axis=1)[:, ::chunk]              # [B, N]
   doc_last = doc_c[:, :, -1]                                    # [B, N]
-  to_end = sub_total[:, :, :, None] - local + after_sub[:, :, :, None]
+  to_end = local_to_end + after_sub[:, :, :, None]              # [B,N,S,c,H,G]
   in_last_doc = (doc_c == doc_last[..., None])[..., None, None]  # [B,N,C,1,1]
   k_to_end = jnp.where(in_last_doc, merge_chunks(k_s * jnp.exp(to_end), axis=2),
                        0.0)                                     # [B,N,C,H,K]
