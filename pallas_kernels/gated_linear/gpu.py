@@ -11,8 +11,8 @@ power of two >= 16, sub-chunks of 16 rows or more for ``tl.dot``).
 - ``dq``: the forward sweep of the backward pass (recomputes the states and,
   with a decay, writes the state entering each chunk as a checkpoint).
 - ``dkv``: the reverse sweep, one chunk per loop step, its sub-chunks
-  unrolled. With a decay it recomputes the state leaving each sub-chunk from
-  the chunk's checkpoint, for the log-decays' gradient: ``s + 1`` state
+  unrolled. With a decay it recomputes the state entering each sub-chunk
+  from the chunk's checkpoint, for the log-decays' gradient: ``s`` state
   updates for sub-chunk ``s``, since registers hold one state at a time.
 """
 
@@ -43,13 +43,13 @@ def _in_specs(names, arrays, lay: Layout, block_v: int):
   out = []
   for name in names:
     shape = arrays[name].shape
-    if name in ("q", "k", "log_decay", "do"):
+    if name in ("q", "k", "gate", "do"):
       spec = pl.BlockSpec((None, None, lay.t_pad, shape[-1]),
                           lambda b, h, *vb: (b, h, 0, 0))
     elif name == "v":
       spec = pl.BlockSpec((None, None, lay.t_pad, block_v),
                           lambda b, h, *vb: (b, h, 0, _v_block(vb)))
-    elif name == "log_decay_row":
+    elif name == "gate_row":
       spec = pl.BlockSpec((None, None, n_sub, 1, lay.sub_chunk),
                           lambda b, h, *vb: (b, h, 0, 0, 0))
     elif name in ("doc", "doc_prev"):
@@ -67,6 +67,10 @@ def _in_specs(names, arrays, lay: Layout, block_v: int):
       raise ValueError(f"unknown kernel input {name!r}")
     out.append(spec)
   return out
+
+
+def _gate_width(spec, lay: Layout) -> int:
+  return 1 if spec.gate == "scalar" else lay.k_pad
 
 
 def _params(blocks: BlockSizes):
@@ -129,8 +133,10 @@ def _dq_kernel(*refs, names, spec, n_sub, subs, shape):
         r["checkpoints"][lax.div(i, subs)] = state              # [V, K]
 
     start = pl.multiple_of(i * c, c)
-    dq, state = sub_chunk.dq_step(r, spec, start, i, state)
+    dq, gate_q, state = sub_chunk.dq_step(r, spec, start, i, state)
     r["dq"][pl.ds(start, c), :] = dq
+    if "gate_q" in r:
+      r["gate_q"][pl.ds(start, c), :] = gate_q
     return state
 
   lax.fori_loop(0, n_sub, body, _initial(r, "initial_state", shape))
@@ -139,10 +145,11 @@ def _dq_kernel(*refs, names, spec, n_sub, subs, shape):
 def dq(arrays, spec, lay: Layout, blocks: BlockSizes, *,
        interpret: bool = False):
   """``(dq [B, H, T_pad, K_pad] float32 (the query scale included),
-  checkpoints [B, H, N, V_pad, K_pad] or None)``.
+  gate_q [B, H, T_pad, G] or None, checkpoints [B, H, N, V_pad, K_pad] or
+  None)``.
 
-  ``checkpoints`` holds the state entering each chunk (only with a decay:
-  the reverse sweep needs the states for the log-decays' gradient).
+  With a decay: ``gate_q`` is ``q dq'`` (see ``sub_chunk.py``) and
+  ``checkpoints`` the state entering each chunk, for the reverse sweep.
   """
   names = list(arrays)
   b, h, n_chunks = lay.batch, lay.heads, lay.t_pad // lay.chunk
@@ -151,11 +158,15 @@ def dq(arrays, spec, lay: Layout, blocks: BlockSizes, *,
                             lambda b, h: (b, h, 0, 0))]
   out_names = ["dq"]
   if spec.gate != "none":
-    out_shape.append(jax.ShapeDtypeStruct(
-        (b, h, n_chunks, lay.v_pad, lay.k_pad), _F32))
-    out_specs.append(pl.BlockSpec((None, None, n_chunks, lay.v_pad,
-                                   lay.k_pad), lambda b, h: (b, h, 0, 0, 0)))
-    out_names.append("checkpoints")
+    width = _gate_width(spec, lay)
+    out_shape += [
+        jax.ShapeDtypeStruct((b, h, lay.t_pad, width), _F32),
+        jax.ShapeDtypeStruct((b, h, n_chunks, lay.v_pad, lay.k_pad), _F32)]
+    out_specs += [
+        pl.BlockSpec((None, None, lay.t_pad, width), lambda b, h: (b, h, 0, 0)),
+        pl.BlockSpec((None, None, n_chunks, lay.v_pad, lay.k_pad),
+                     lambda b, h: (b, h, 0, 0, 0))]
+    out_names += ["gate_q", "checkpoints"]
   kernel = functools.partial(_dq_kernel, names=names + out_names, spec=spec,
                              n_sub=lay.t_pad // lay.sub_chunk,
                              subs=lay.chunk // lay.sub_chunk,
@@ -165,7 +176,9 @@ def dq(arrays, spec, lay: Layout, blocks: BlockSizes, *,
       in_specs=_in_specs(names, arrays, lay, lay.v_pad), out_specs=out_specs,
       compiler_params=_params(blocks), interpret=interpret,
       name="gated_linear_dq")(*arrays.values())
-  return outs[0], (outs[1] if spec.gate != "none" else None)
+  if spec.gate == "none":
+    return outs[0], None, None
+  return tuple(outs)
 
 
 def _dkv_kernel(*refs, names, spec, n_chunks, subs, shape):
@@ -176,18 +189,22 @@ def _dkv_kernel(*refs, names, spec, n_chunks, subs, shape):
     n = n_chunks - 1 - i
     for s in reversed(range(subs)):
       index = n * subs + s
+      state_in = None
       if "checkpoints" in r:
-        # The state leaving sub-chunk s, recomputed from the chunk's entry
+        # The state entering sub-chunk s, recomputed from the chunk's entry
         # (registers hold one state at a time, so each s starts over).
-        state = r["checkpoints"][n]                             # [V, K]
-        for t in range(s + 1):
-          state = sub_chunk.advance_from(
-              r, spec, pl.multiple_of((n * subs + t) * c, c), state)
-        r["exit_grad"][index] = sub_chunk.exit_gate_grad(state, d_state)
+        state_in = r["checkpoints"][n]                          # [V, K]
+        for t in range(s):
+          state_in = sub_chunk.advance_from(
+              r, spec, pl.multiple_of((n * subs + t) * c, c), n * subs + t,
+              state_in)
       start = pl.multiple_of(index * c, c)
-      dk, dv, d_state = sub_chunk.dkv_step(r, spec, start, index, d_state)
+      dk, dv, d_state, terms = sub_chunk.dkv_step(r, spec, start, index,
+                                                  d_state, state_in)
       r["dk"][pl.ds(start, c), :] = dk
       r["dv"][pl.ds(start, c), :] = dv
+      if terms is not None:
+        sub_chunk.store_gate_terms(r, terms, start, index, spec)
     return d_state
 
   d_state = lax.fori_loop(0, n_chunks, body, _initial(r, "d_final", shape))
@@ -198,11 +215,11 @@ def _dkv_kernel(*refs, names, spec, n_chunks, subs, shape):
 def dkv(arrays, spec, lay: Layout, blocks: BlockSizes, *, d_initial: bool,
         interpret: bool = False):
   """``(dk [B, H, T_pad, K_pad], dv [B, H, T_pad, V_pad], d_initial
-  [B, H, V_pad, K_pad] or None, exit_grad [B, H, T_pad / c, 1, K_pad] or
-  None)``, float32; walks the sequence backwards.
+  [B, H, V_pad, K_pad] or None, gate terms {name: array})``, float32; walks
+  the sequence backwards.
 
-  With a decay, ``arrays`` holds the ``checkpoints`` of ``dq`` and
-  ``exit_grad`` is ``sum_v S' dS'`` per sub-chunk.
+  With a decay, ``arrays`` holds the ``checkpoints`` of ``dq`` and the gate
+  terms are those of ``sub_chunk.gate_term_outputs``; else they are empty.
   """
   names = list(arrays)
   b, h = lay.batch, lay.heads
@@ -216,13 +233,17 @@ def dkv(arrays, spec, lay: Layout, blocks: BlockSizes, *, d_initial: bool,
     out_shape.append(jax.ShapeDtypeStruct((b, h, lay.v_pad, lay.k_pad), _F32))
     out_specs.append(pl.BlockSpec((None, None, lay.v_pad, lay.k_pad), full))
     out_names.append("d_initial")
-  with_gate = "checkpoints" in arrays
   n_sub = lay.t_pad // lay.sub_chunk
-  if with_gate:
-    out_shape.append(jax.ShapeDtypeStruct((b, h, n_sub, 1, lay.k_pad), _F32))
-    out_specs.append(pl.BlockSpec((None, None, n_sub, 1, lay.k_pad),
-                                  lambda b, h: (b, h, 0, 0, 0)))
-    out_names.append("exit_grad")
+  gate_terms = sub_chunk.gate_term_outputs(spec, lay.k_pad)
+  for name, per_token, width in gate_terms:
+    if per_token:
+      out_shape.append(jax.ShapeDtypeStruct((b, h, lay.t_pad, width), _F32))
+      out_specs.append(pl.BlockSpec((None, None, lay.t_pad, width), full))
+    else:
+      out_shape.append(jax.ShapeDtypeStruct((b, h, n_sub, 1, width), _F32))
+      out_specs.append(pl.BlockSpec((None, None, n_sub, 1, width),
+                                    lambda b, h: (b, h, 0, 0, 0)))
+    out_names.append(name)
   kernel = functools.partial(_dkv_kernel, names=names + out_names, spec=spec,
                              n_chunks=lay.t_pad // lay.chunk,
                              subs=lay.chunk // lay.sub_chunk,
@@ -234,4 +255,5 @@ def dkv(arrays, spec, lay: Layout, blocks: BlockSizes, *, d_initial: bool,
       name="gated_linear_dkv")(*arrays.values()))
   dk, dv = outs.pop(0), outs.pop(0)
   ds0 = outs.pop(0) if d_initial else None
-  return dk, dv, ds0, (outs.pop(0) if with_gate else None)
+  return dk, dv, ds0, dict(zip(out_names[-len(gate_terms):], outs)
+                           if gate_terms else {})

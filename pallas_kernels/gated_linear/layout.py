@@ -12,9 +12,9 @@ The kernels walk one (batch, head) pair along time, so the public layout
 - the state kept transposed, ``[B, H, V, K]``, so that a decay per key
   channel scales its columns (a row vector, which broadcasts on both
   backends) rather than its rows;
-- per-token scalars that a kernel compares across two tokens (document
-  index, scalar log-decay) given twice: as a column ``[.., T, 1]`` and as
-  rows ``[.., T / c, 1, c]``, one row per sub-chunk, so no kernel transposes.
+- per-token scalars that a kernel compares across two tokens given as rows
+  ``[.., T / c, 1, c]``, one row per sub-chunk, so no kernel transposes: the
+  document index (also as a column ``[.., T, 1]``) and a scalar log-decay.
 
 Letters: b batch, t time, h head, f feature (k key channel, v value
 channel, g gate width: 1 or K), c tokens per sub-chunk.
@@ -86,20 +86,6 @@ def from_kernel(x, lay: Layout, f: int):
   return jnp.transpose(x[:, :, :lay.length, :f], (0, 2, 1, 3))
 
 
-def local_log_decay(g, lay: Layout):
-  """Log-decays summed from each sub-chunk's start, ``[B, H, T_pad, G_pad]``.
-
-  ``g: [B, T, H, G]`` float32. Only sums of at most ``c`` terms are formed;
-  the kernels never subtract two long prefix sums.
-  """
-  g_pad = 1 if g.shape[-1] == 1 else lay.k_pad
-  local = to_kernel(g, lay, g_pad, _F32)                        # [B, H, T, G]
-  b, h, t, width = local.shape
-  c = lay.sub_chunk
-  local = jnp.cumsum(local.reshape(b, h, t // c, c, width), axis=3)
-  return local.reshape(b, h, t, width)
-
-
 def rows(column, c: int):
   """``[..., T_pad, 1] -> [..., T_pad / c, 1, c]``: one row per sub-chunk."""
   *lead, t, _ = column.shape
@@ -145,10 +131,10 @@ def kernel_arrays(q, k, v, g, initial_state, doc, lay: Layout, *,
   arrays = {"q": to_kernel(q, lay, lay.k_pad, dtype),
             "k": to_kernel(k, lay, lay.k_pad, dtype),
             "v": to_kernel(v, lay, lay.v_pad, dtype)}
-  if g is not None:
-    arrays["log_decay"] = local_log_decay(g, lay)               # [B, H, T, G]
-    if g.shape[-1] == 1:
-      arrays["log_decay_row"] = rows(arrays["log_decay"], lay.sub_chunk)
+  if g is not None and g.shape[-1] == 1:
+    arrays["gate_row"] = rows(to_kernel(g, lay, 1, _F32), lay.sub_chunk)
+  elif g is not None:
+    arrays["gate"] = to_kernel(g, lay, lay.k_pad, _F32)         # [B, H, T, K]
   if doc is not None:
     arrays["doc"], arrays["doc_prev"] = document_columns(doc, lay)
     arrays["doc_row"] = rows(arrays["doc"], lay.sub_chunk)

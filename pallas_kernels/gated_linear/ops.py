@@ -85,48 +85,60 @@ def _backward(cfg: _Config, backend: str, interpret: bool, q, k, v, g, s0,
   arrays = layout.kernel_arrays(q, k, v, g, s0, doc, lay, bf16_dots=bf16,
                                 do=do)
   if backend == "tpu":
-    dq, checkpoints = tpu.dq(arrays, spec, lay, interpret=interpret)
+    dq, gate_q, checkpoints = tpu.dq(arrays, spec, lay, interpret=interpret)
   else:
-    dq, checkpoints = gpu.dq(arrays, spec, lay, blocks, interpret=interpret)
+    dq, gate_q, checkpoints = gpu.dq(arrays, spec, lay, blocks,
+                                     interpret=interpret)
   if d_final is not None:
     arrays["d_final"] = layout.state_to_kernel(d_final, lay)
   if checkpoints is not None:
     arrays["checkpoints"] = checkpoints
   if backend == "tpu":
-    dk, dv, ds0, exit_grad = tpu.dkv(arrays, spec, lay,
-                                     d_initial=s0 is not None,
-                                     interpret=interpret)
+    dk, dv, ds0, gate_terms = tpu.dkv(arrays, spec, lay,
+                                      d_initial=s0 is not None,
+                                      interpret=interpret)
   else:
-    dk, dv, ds0, exit_grad = gpu.dkv(arrays, spec, lay, blocks,
-                                     d_initial=s0 is not None,
-                                     interpret=interpret)
-  dq = layout.from_kernel(dq, lay, lay.dim_k)
-  dk = layout.from_kernel(dk, lay, lay.dim_k)
+    dk, dv, ds0, gate_terms = gpu.dkv(arrays, spec, lay, blocks,
+                                      d_initial=s0 is not None,
+                                      interpret=interpret)
   dg = None
   if g is not None:
-    dg = gate_gradient(q, k, dq, dk, exit_grad[:, :, :, 0, :lay.dim_k], lay,
-                       g.shape[-1])
-  return (dq, dk, layout.from_kernel(dv, lay, lay.dim_v), dg,
+    dg = gate_gradient(gate_q, gate_terms, lay, g.shape[-1])
+  return (layout.from_kernel(dq, lay, lay.dim_k),
+          layout.from_kernel(dk, lay, lay.dim_k),
+          layout.from_kernel(dv, lay, lay.dim_v), dg,
           None if ds0 is None else layout.state_from_kernel(ds0, lay))
 
 
-def gate_gradient(q, k, dq, dk, exit_grad, lay: layout.Layout, width: int):
-  """Gradient of the log-decays, ``[B, T, H, width]``.
+def gate_gradient(gate_q, terms, lay: layout.Layout, width: int):
+  """Gradient of the log-decays, ``[B, T, H, width]``, from the sweeps'
+  terms (see ``sub_chunk.py``): for ``m`` in a sub-chunk,
 
-  ``dg_m = sum_{i >= m in m's sub-chunk} (q_i dq_i - k_i dk_i) + sum_v S' dS'``
-  (see ``sub_chunk.py``); ``exit_grad: [B, H, T_pad / c, K]`` is the last
-  term of every sub-chunk, from the reverse sweep.
+      dg_m = sum_{i >= m} gate_q_i + sum_{j < m} gate_k_inter_j + entry_grad
+             + (scalar decay) gate_pairs_m
+             - (per key channel) sum_{j >= m} gate_k_intra_j
+
+  with sums inside the sub-chunk. ``gate_q``, ``gate_k_*``: ``[B, H, T_pad,
+  G]``; ``entry_grad``: ``[B, H, T_pad / c, 1, G]``; ``gate_pairs``:
+  ``[B, H, T_pad / c, 1, c]``.
   """
-  b, t, h, dk_ = q.shape
+  b, h, t_pad, g_pad = gate_q.shape
   c = lay.sub_chunk
-  local = (jnp.asarray(q, _F32) * dq
-           - jnp.asarray(k, _F32) * dk)                         # [B,T,H,K]
-  local = jnp.pad(local, ((0, 0), (0, lay.t_pad - t), (0, 0), (0, 0)))
-  local = local.reshape(b, lay.t_pad // c, c, h, dk_)           # [B,N,c,H,K]
-  dg = (jax.lax.cumsum(local, axis=2, reverse=True)
-        + jnp.transpose(exit_grad, (0, 2, 1, 3))[:, :, None])
-  dg = dg.reshape(b, lay.t_pad, h, dk_)[:, :t]
-  return jnp.sum(dg, axis=-1, keepdims=True) if width == 1 else dg
+
+  def sub_chunks(x):                                            # [B,H,N,c,G]
+    return x.reshape(b, h, t_pad // c, c, g_pad)
+
+  # Exclusive sum over j < m: the terms shifted down one row, then summed.
+  k_before = jnp.pad(sub_chunks(terms["gate_k_inter"]),
+                     ((0, 0), (0, 0), (0, 0), (1, 0), (0, 0)))[:, :, :, :-1]
+  dg = (jax.lax.cumsum(sub_chunks(gate_q), axis=3, reverse=True)
+        + jax.lax.cumsum(k_before, axis=3) + terms["entry_grad"])
+  if "gate_pairs" in terms:
+    dg = dg + jnp.swapaxes(terms["gate_pairs"], 3, 4)
+  if "gate_k_intra" in terms:
+    dg = dg - jax.lax.cumsum(sub_chunks(terms["gate_k_intra"]), axis=3,
+                             reverse=True)
+  return layout.from_kernel(dg.reshape(b, h, t_pad, g_pad), lay, width)
 
 
 def _dispatch(cfg: _Config, fn, *args):

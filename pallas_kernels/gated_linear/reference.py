@@ -48,24 +48,32 @@ def chunk_gated_linear_attention_reference(
   qs, k, v, g = (_sub_chunks(jnp.pad(jnp.asarray(x, _F32), widths), c)
                  for x in (scale * jnp.asarray(q, _F32), k, v, g))
   doc, prev = _sub_chunks(doc, c), _sub_chunks(prev, c)         # [N, B, c]
+  # Every log-decay summed from its own gates, never a difference of sums.
   local = jnp.cumsum(g, axis=2)                                 # [N,B,c,H,G]
+  after = jax.lax.cumsum(g, axis=2, reverse=True)               # m >= j
+  to_end = jnp.pad(after[:, :, 1:], ((0, 0), (0, 0), (0, 1), (0, 0),
+                                     (0, 0)))                   # m > j
+  idx = jnp.arange(c)
+  spans = ((idx[None, None, :] > idx[None, :, None])
+           & (idx[None, None, :] <= idx[:, None, None])).astype(_F32)
   causal = jnp.tril(jnp.ones((c, c), dtype=bool))
 
   def step(state, xs):
-    q_n, k_n, v_n, local_n, doc_n, prev_n = xs
-    total = local_n[:, -1]                                      # [B, H, G]
+    q_n, k_n, v_n, g_n, local_n, to_end_n, doc_n, prev_n = xs
+    total = jnp.sum(g_n, axis=1)                                # [B, H, G]
     first, last = prev_n[:, :1], doc_n[:, -1:]                  # [B, 1]
     reach = (doc_n == first)[..., None, None]                   # [B,c,1,1]
     keep = (doc_n == last)[..., None, None]                     # [B,c,1,1]
     passes = (last == first)[..., None, None]                   # [B,1,1,1]
     mask = causal & (doc_n[:, :, None] == doc_n[:, None, :])    # [B, i, j]
-    pair = local_n[:, :, None] - local_n[:, None, :]            # [B,i,j,H,G]
+    pair = jnp.einsum("ijm,bmhg->bijhg", spans, g_n,
+                      precision=_HIGHEST)                       # [B,i,j,H,G]
     decay = jnp.exp(jnp.where(mask[..., None, None], pair, -jnp.inf))
     decay = jnp.broadcast_to(decay, decay.shape[:-1] + (dk,))   # [B,i,j,H,K]
     scores = jnp.einsum("bihk,bjhk,bijhk->bhij", q_n, k_n, decay,
                         precision=_HIGHEST)
     q_in = q_n * jnp.exp(local_n) * reach                       # [B,c,H,K]
-    k_out = k_n * jnp.exp(total[:, None] - local_n) * keep      # [B,c,H,K]
+    k_out = k_n * jnp.exp(to_end_n) * keep                      # [B,c,H,K]
     o = (jnp.einsum("bihk,bhkv->bihv", q_in, state, precision=_HIGHEST)
          + jnp.einsum("bhij,bjhv->bihv", scores, v_n, precision=_HIGHEST))
     state = (jnp.where(passes, jnp.exp(total)[..., None], 0.0) * state
@@ -74,6 +82,7 @@ def chunk_gated_linear_attention_reference(
 
   state = (jnp.zeros((b, h, dk, dv), _F32) if initial_state is None
            else jnp.asarray(initial_state, _F32))
-  state, o = jax.lax.scan(step, state, (qs, k, v, local, doc, prev))
+  state, o = jax.lax.scan(step, state,
+                          (qs, k, v, g, local, to_end, doc, prev))
   o = jnp.moveaxis(o, 0, 1).reshape(b, -1, h, dv)[:, :t]
   return o.astype(out_dtype), (state if output_final_state else None)

@@ -38,13 +38,13 @@ def _in_specs(names, arrays, lay: Layout, chunk_of, v_block_of):
   out = []
   for name in names:
     shape = arrays[name].shape
-    if name in ("q", "k", "log_decay", "do"):
+    if name in ("q", "k", "gate", "do"):
       spec = pl.BlockSpec((None, None, big, shape[-1]),
                           lambda b, h, *g: (b, h, chunk_of(*g), 0))
     elif name == "v":
       spec = pl.BlockSpec((None, None, big, lay.block_v),
                           lambda b, h, *g: (b, h, chunk_of(*g), v_block_of(*g)))
-    elif name == "log_decay_row":
+    elif name == "gate_row":
       spec = pl.BlockSpec((None, None, subs, 1, lay.sub_chunk),
                           lambda b, h, *g: (b, h, chunk_of(*g), 0, 0))
     elif name in ("doc", "doc_prev"):
@@ -65,6 +65,10 @@ def _in_specs(names, arrays, lay: Layout, chunk_of, v_block_of):
       raise ValueError(f"unknown kernel input {name!r}")
     out.append(spec)
   return out
+
+
+def _gate_width(spec, lay: Layout) -> int:
+  return 1 if spec.gate == "scalar" else lay.k_pad
 
 
 def _params(parallel_axes: int):
@@ -138,17 +142,20 @@ def _dq_kernel(*refs, names, spec, subs):
   if "checkpoints" in r:
     r["checkpoints"][...] = state
   for s in range(subs):
-    dq, state = sub_chunk.dq_step(r, spec, s * c, s, state)
+    dq, gate_q, state = sub_chunk.dq_step(r, spec, s * c, s, state)
     r["dq"][pl.ds(s * c, c), :] = dq
+    if "gate_q" in r:
+      r["gate_q"][pl.ds(s * c, c), :] = gate_q
   r["state"][...] = state
 
 
 def dq(arrays, spec, lay: Layout, *, interpret: bool = False):
   """``(dq [B, H, T_pad, K_pad] float32 (the query scale included),
-  checkpoints [B, H, N, V_pad, K_pad] or None)``.
+  gate_q [B, H, T_pad, G] or None, checkpoints [B, H, N, V_pad, K_pad] or
+  None)``.
 
-  ``checkpoints`` holds the state entering each chunk (only with a decay:
-  the reverse sweep needs the states for the log-decays' gradient).
+  With a decay: ``gate_q`` is ``q dq'`` (see ``sub_chunk.py``) and
+  ``checkpoints`` the state entering each chunk, for the reverse sweep.
   """
   names = list(arrays)
   b, h, n_chunks = lay.batch, lay.heads, lay.t_pad // lay.chunk
@@ -158,11 +165,16 @@ def dq(arrays, spec, lay: Layout, *, interpret: bool = False):
                             lambda b, h, n: (b, h, n, 0))]
   out_names = ["dq"]
   if spec.gate != "none":
-    out_shape.append(jax.ShapeDtypeStruct(
-        (b, h, n_chunks, lay.v_pad, lay.k_pad), _F32))
-    out_specs.append(pl.BlockSpec((None, None, None, lay.v_pad, lay.k_pad),
-                                  lambda b, h, n: (b, h, n, 0, 0)))
-    out_names.append("checkpoints")
+    width = _gate_width(spec, lay)
+    out_shape += [
+        jax.ShapeDtypeStruct((b, h, lay.t_pad, width), _F32),
+        jax.ShapeDtypeStruct((b, h, n_chunks, lay.v_pad, lay.k_pad), _F32)]
+    out_specs += [
+        pl.BlockSpec((None, None, lay.chunk, width),
+                     lambda b, h, n: (b, h, n, 0)),
+        pl.BlockSpec((None, None, None, lay.v_pad, lay.k_pad),
+                     lambda b, h, n: (b, h, n, 0, 0))]
+    out_names += ["gate_q", "checkpoints"]
   kernel = functools.partial(_dq_kernel, names=names + out_names + ["state"],
                              spec=spec, subs=lay.chunk // lay.sub_chunk)
   outs = pl.pallas_call(
@@ -172,7 +184,9 @@ def dq(arrays, spec, lay: Layout, *, interpret: bool = False):
       scratch_shapes=[pltpu.VMEM((lay.v_pad, lay.k_pad), _F32)],
       compiler_params=_params(2), interpret=interpret,
       name="gated_linear_dq")(*arrays.values())
-  return outs[0], (outs[1] if spec.gate != "none" else None)
+  if spec.gate == "none":
+    return outs[0], None, None
+  return tuple(outs)
 
 
 def _dkv_kernel(*refs, names, spec, subs, last_step):
@@ -188,19 +202,20 @@ def _dkv_kernel(*refs, names, spec, subs, last_step):
 
   c = spec.sub_chunk
   if "checkpoints" in r:
-    # The state leaving each sub-chunk, recomputed from the chunk's entry.
+    # The state entering each sub-chunk, recomputed from the chunk's entry.
     state = r["checkpoints"][...]                               # [V, K]
     for s in range(subs):
-      state = sub_chunk.advance_from(r, spec, s * c, state)
-      r["exit_states"][s] = state
+      r["entry_states"][s] = state
+      state = sub_chunk.advance_from(r, spec, s * c, s, state)
   d_state = r["d_state"][...]                                   # [V, K]
   for s in reversed(range(subs)):
-    if "checkpoints" in r:
-      r["exit_grad"][s] = sub_chunk.exit_gate_grad(r["exit_states"][s],
-                                                   d_state)
-    dk, dv, d_state = sub_chunk.dkv_step(r, spec, s * c, s, d_state)
+    state_in = r["entry_states"][s] if "checkpoints" in r else None
+    dk, dv, d_state, terms = sub_chunk.dkv_step(r, spec, s * c, s, d_state,
+                                                state_in)
     r["dk"][pl.ds(s * c, c), :] = dk
     r["dv"][pl.ds(s * c, c), :] = dv
+    if terms is not None:
+      sub_chunk.store_gate_terms(r, terms, s * c, s, spec)
   r["d_state"][...] = d_state
   if "d_initial" in r:
     @pl.when(n == last_step)
@@ -211,11 +226,11 @@ def _dkv_kernel(*refs, names, spec, subs, last_step):
 def dkv(arrays, spec, lay: Layout, *, d_initial: bool,
         interpret: bool = False):
   """``(dk [B, H, T_pad, K_pad], dv [B, H, T_pad, V_pad], d_initial
-  [B, H, V_pad, K_pad] or None, exit_grad [B, H, T_pad / c, 1, K_pad] or
-  None)``, float32; walks the chunks backwards.
+  [B, H, V_pad, K_pad] or None, gate terms {name: array})``, float32; walks
+  the chunks backwards.
 
-  With a decay, ``arrays`` holds the ``checkpoints`` of ``dq`` and
-  ``exit_grad`` is ``sum_v S' dS'`` per sub-chunk.
+  With a decay, ``arrays`` holds the ``checkpoints`` of ``dq`` and the gate
+  terms are those of ``sub_chunk.gate_term_outputs``; else they are empty.
   """
   names = list(arrays)
   b, h, n_chunks = lay.batch, lay.heads, lay.t_pad // lay.chunk
@@ -236,25 +251,32 @@ def dkv(arrays, spec, lay: Layout, *, d_initial: bool,
     out_names.append("d_initial")
   scratch = [pltpu.VMEM((lay.v_pad, lay.k_pad), _F32)]
   scratch_names = ["d_state"]
-  with_gate = "checkpoints" in arrays
-  if with_gate:
-    out_shape.append(jax.ShapeDtypeStruct(
-        (b, h, lay.t_pad // lay.sub_chunk, 1, lay.k_pad), _F32))
-    out_specs.append(pl.BlockSpec((None, None, subs, 1, lay.k_pad),
-                                  lambda b, h, n: (b, h, backwards(n), 0, 0)))
-    out_names.append("exit_grad")
+  gate_terms = sub_chunk.gate_term_outputs(spec, lay.k_pad)
+  for name, per_token, width in gate_terms:
+    if per_token:
+      out_shape.append(jax.ShapeDtypeStruct((b, h, lay.t_pad, width), _F32))
+      out_specs.append(pl.BlockSpec((None, None, lay.chunk, width),
+                                    lambda b, h, n: (b, h, backwards(n), 0)))
+    else:
+      out_shape.append(jax.ShapeDtypeStruct(
+          (b, h, lay.t_pad // lay.sub_chunk, 1, width), _F32))
+      out_specs.append(pl.BlockSpec(
+          (None, None, subs, 1, width),
+          lambda b, h, n: (b, h, backwards(n), 0, 0)))
+    out_names.append(name)
+  if gate_terms:
     scratch.append(pltpu.VMEM((subs, lay.v_pad, lay.k_pad), _F32))
-    scratch_names.append("exit_states")
+    scratch_names.append("entry_states")
   kernel = functools.partial(
       _dkv_kernel, names=names + out_names + scratch_names, spec=spec,
       subs=subs, last_step=n_chunks - 1)
-  outs = pl.pallas_call(
+  outs = list(pl.pallas_call(
       kernel, out_shape=out_shape, grid=(b, h, n_chunks),
       in_specs=_in_specs(names, arrays, full, backwards, lambda n: 0),
       out_specs=out_specs, scratch_shapes=scratch,
       compiler_params=_params(2), interpret=interpret,
-      name="gated_linear_dkv")(*arrays.values())
-  outs = list(outs)
+      name="gated_linear_dkv")(*arrays.values()))
   dk, dv = outs.pop(0), outs.pop(0)
   ds0 = outs.pop(0) if d_initial else None
-  return dk, dv, ds0, (outs.pop(0) if with_gate else None)
+  return dk, dv, ds0, dict(zip(out_names[-len(gate_terms):], outs)
+                           if gate_terms else {})
