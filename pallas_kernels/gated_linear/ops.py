@@ -6,10 +6,10 @@
 - Backward (``jax.custom_vjp``): two kernels that recompute the states
   instead of storing them: a forward sweep for ``dq`` (which also writes the
   state entering each chunk, with a decay) and a reverse sweep for ``dk``,
-  ``dv``, the initial state's gradient and one term of the log-decays'
-  gradient per sub-chunk. The rest of that gradient (``gate_gradient``) is a
-  cumulative sum inside each sub-chunk in plain XLA: elementwise work over
-  ``[B, T, H, K]``, no kernel.
+  ``dv`` and the initial state's gradient. Both also return terms of the
+  log-decays' gradient, which ``gate_gradient`` adds up with cumulative sums
+  inside each sub-chunk in plain XLA: elementwise work over ``[B, T, H,
+  G]``, no kernel.
 
 The kernel is picked by ``backend`` or, when it is None, by the platform the
 call is lowered for (``jax.lax.platform_dependent``): ``tpu`` -> Mosaic,
