@@ -27,7 +27,6 @@ Run:
 
 from __future__ import annotations
 
-import functools
 import itertools
 import statistics
 import time

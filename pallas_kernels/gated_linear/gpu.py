@@ -69,10 +69,6 @@ def _in_specs(names, arrays, lay: Layout, block_v: int):
   return out
 
 
-def _gate_width(spec, lay: Layout) -> int:
-  return 1 if spec.gate == "scalar" else lay.k_pad
-
-
 def _params(blocks: BlockSizes):
   return pltriton.CompilerParams(num_warps=blocks.num_warps,
                                  num_stages=blocks.num_stages)
@@ -148,8 +144,9 @@ def dq(arrays, spec, lay: Layout, blocks: BlockSizes, *,
   gate_q [B, H, T_pad, G] or None, checkpoints [B, H, N, V_pad, K_pad] or
   None)``.
 
-  With a decay: ``gate_q`` is ``q dq'`` (see ``sub_chunk.py``) and
-  ``checkpoints`` the state entering each chunk, for the reverse sweep.
+  With a decay: ``gate_q`` holds the forward sweep's terms of the
+  log-decays' gradient (``sub_chunk.dq_step``) and ``checkpoints`` the state
+  entering each chunk, for the reverse sweep.
   """
   names = list(arrays)
   b, h, n_chunks = lay.batch, lay.heads, lay.t_pad // lay.chunk
@@ -158,7 +155,7 @@ def dq(arrays, spec, lay: Layout, blocks: BlockSizes, *,
                             lambda b, h: (b, h, 0, 0))]
   out_names = ["dq"]
   if spec.gate != "none":
-    width = _gate_width(spec, lay)
+    width = sub_chunk.gate_width(spec, lay.k_pad)
     out_shape += [
         jax.ShapeDtypeStruct((b, h, lay.t_pad, width), _F32),
         jax.ShapeDtypeStruct((b, h, n_chunks, lay.v_pad, lay.k_pad), _F32)]

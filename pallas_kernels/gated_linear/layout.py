@@ -12,9 +12,10 @@ The kernels walk one (batch, head) pair along time, so the public layout
 - the state kept transposed, ``[B, H, V, K]``, so that a decay per key
   channel scales its columns (a row vector, which broadcasts on both
   backends) rather than its rows;
-- per-token scalars that a kernel compares across two tokens given as rows
-  ``[.., T / c, 1, c]``, one row per sub-chunk, so no kernel transposes: the
-  document index (also as a column ``[.., T, 1]``) and a scalar log-decay.
+- per-token scalars that a kernel needs along lanes given as rows
+  ``[.., T / c, 1, c]`` (one row per sub-chunk), so that no kernel
+  transposes: the document index (also given as a column ``[.., T, 1]``) and
+  a scalar log-decay.
 
 Letters: b batch, t time, h head, f feature (k key channel, v value
 channel, g gate width: 1 or K), c tokens per sub-chunk.

@@ -157,7 +157,8 @@ def _attention(cfg: _Config, q, k, v, g, s0, doc):
 
 def _attention_fwd(cfg: _Config, q, k, v, g, s0, doc):
   # Only the inputs are kept: the backward kernels recompute the states.
-  return _attention(cfg, q, k, v, g, s0, doc), (q, k, v, g, s0, doc)
+  return (_dispatch(cfg, _forward, q, k, v, g, s0, doc),
+          (q, k, v, g, s0, doc))
 
 
 def _attention_bwd(cfg: _Config, residuals, cotangents):
@@ -231,7 +232,7 @@ def chunk_gated_linear_attention(
       float dtypes are computed in float32).
     g: natural-log decay ``<= 0``: ``[B, T, H]`` or ``[B, T, H, 1]``
       (scalar per head), ``[B, T, H, K]`` (per key channel), or None (no decay).
-    scale: query scale, ``K ** -0.5`` when None.
+    scale: query scale (a Python float), ``K ** -0.5`` when None.
     initial_state: ``[B, H, K, V]`` or None (zeros); float32.
     output_final_state: also return the state after the last token.
     segment_ids: ``[B, T]`` int; the state resets where the id changes.

@@ -77,8 +77,6 @@ NN = (((1,), (0,)), ((), ()))  # a @ b
 NT = (((1,), (1,)), ((), ()))  # a @ b.T
 TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
-GATES = ("none", "scalar", "channel")
-
 
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
@@ -294,11 +292,16 @@ class GateTerms(NamedTuple):
   entry: jax.Array             # [1, g] sum_v exp(L_c) [...] S dS'
 
 
+def gate_width(spec: KernelSpec, k_pad: int) -> int:
+  """``g`` of the gate-gradient outputs: 1 for a scalar decay, else K."""
+  return 1 if spec.gate == "scalar" else k_pad
+
+
 def gate_term_outputs(spec: KernelSpec, k_pad: int):
   """``(name, per_token, width)`` of the reverse sweep's ``GateTerms``
   outputs: per token ``[T, width]``, else per sub-chunk ``[T / c, 1,
   width]``."""
-  width = 1 if spec.gate == "scalar" else k_pad
+  width = gate_width(spec, k_pad)
   if spec.gate == "none":
     return []
   middle = (("gate_pairs", False, spec.sub_chunk) if spec.gate == "scalar"

@@ -12,7 +12,7 @@ unrolled loop (static offsets, no dynamic sublane slicing).
   with a decay, writes the state entering each chunk as a checkpoint).
 - ``dkv``: the reverse sweep; the chunk axis is walked backwards by the
   index maps (chunk ``N - 1 - n`` at step ``n``). With a decay it recomputes
-  the state leaving each sub-chunk from the chunk's checkpoint into a VMEM
+  the state entering each sub-chunk from the chunk's checkpoint into a VMEM
   scratch buffer, for the log-decays' gradient.
 """
 
@@ -65,10 +65,6 @@ def _in_specs(names, arrays, lay: Layout, chunk_of, v_block_of):
       raise ValueError(f"unknown kernel input {name!r}")
     out.append(spec)
   return out
-
-
-def _gate_width(spec, lay: Layout) -> int:
-  return 1 if spec.gate == "scalar" else lay.k_pad
 
 
 def _params(parallel_axes: int):
@@ -154,8 +150,9 @@ def dq(arrays, spec, lay: Layout, *, interpret: bool = False):
   gate_q [B, H, T_pad, G] or None, checkpoints [B, H, N, V_pad, K_pad] or
   None)``.
 
-  With a decay: ``gate_q`` is ``q dq'`` (see ``sub_chunk.py``) and
-  ``checkpoints`` the state entering each chunk, for the reverse sweep.
+  With a decay: ``gate_q`` holds the forward sweep's terms of the
+  log-decays' gradient (``sub_chunk.dq_step``) and ``checkpoints`` the state
+  entering each chunk, for the reverse sweep.
   """
   names = list(arrays)
   b, h, n_chunks = lay.batch, lay.heads, lay.t_pad // lay.chunk
@@ -165,7 +162,7 @@ def dq(arrays, spec, lay: Layout, *, interpret: bool = False):
                             lambda b, h, n: (b, h, n, 0))]
   out_names = ["dq"]
   if spec.gate != "none":
-    width = _gate_width(spec, lay)
+    width = sub_chunk.gate_width(spec, lay.k_pad)
     out_shape += [
         jax.ShapeDtypeStruct((b, h, lay.t_pad, width), _F32),
         jax.ShapeDtypeStruct((b, h, n_chunks, lay.v_pad, lay.k_pad), _F32)]
