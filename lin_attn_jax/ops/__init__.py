@@ -29,3 +29,15 @@ from lin_attn_jax.ops.simple_gla import (chunk_simple_gla,
                                          naive_recurrent_simple_gla,
                                          parallel_simple_gla,
                                          recurrent_simple_gla, simple_gla_step)
+
+# Softmax family: full, sliding window, global tokens, Sparse Transformer,
+# Linformer, KV-cache decoding. These return ``o`` only (decoding returns
+# ``(o, cache)``).
+from lin_attn_jax.ops.linformer import linformer_attn, linformer_attn_step
+from lin_attn_jax.ops.softmax_attn import (KVCache, chunk_softmax_attn,
+                                           init_kv_cache,
+                                           parallel_softmax_attn,
+                                           softmax_attn_step)
+from lin_attn_jax.ops.sparse_attn import (parallel_sparse_attn,
+                                          sparse_attn_mask,
+                                          sparse_attn_reference)

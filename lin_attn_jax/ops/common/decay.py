@@ -9,7 +9,6 @@ sub-chunk.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 
@@ -33,22 +32,6 @@ def segsum(x, axis: int = -1):
   return jnp.where(lower, sums, -jnp.inf)
 
 
-def sum_strictly_between(x, axis: int):
-  """``out[..., s, r, ...] = sum_{r < m < s} x[..., m, ...]`` over ``axis``.
-
-  For a short axis (sub-chunks of one chunk): an explicit masked sum, so each
-  entry is summed from its own terms only. The new axes ``s, r`` replace
-  ``axis``.
-  """
-  x = jnp.moveaxis(x, axis, -1)  # [..., M]
-  n = x.shape[-1]
-  idx = jnp.arange(n)
-  between = ((idx[None, None, :] > idx[None, :, None])
-             & (idx[None, None, :] < idx[:, None, None]))  # [s, r, m]
-  out = jnp.sum(jnp.where(between, x[..., None, None, :], 0.0), axis=-1)
-  return jnp.moveaxis(out, (-2, -1), (axis, axis + 1))
-
-
 def reverse_exclusive_cumsum(x, axis: int):
   """``out[m] = sum_{m' > m} x[m']`` along ``axis``."""
   inclusive = jnp.flip(jnp.cumsum(jnp.flip(x, axis), axis=axis), axis)
@@ -59,19 +42,19 @@ def reverse_exclusive_cumsum(x, axis: int):
 
 
 def pairwise_sums(x, axis: int):
-  """``out[..., i, j, ...] = sum_{j < m <= i} x[..., m, ...]`` for ``j <= i``.
+  """``out[..., i, j, ...] = sum_{j < m <= i} x[..., m, ...]`` for ``j < i``.
 
-  For a short axis (a sub-chunk): one matmul with a constant 0/1 tensor, so
-  each entry is a sum of its own terms (exact relative to the result, unlike
-  ``cumsum[i] - cumsum[j]``) and the gradient reaches ``x_m`` only through
-  the pairs that span m. Entries with ``j > i`` are 0: mask them before any
-  ``exp``. The new axes ``i, j`` replace ``axis``.
+  For a short axis (a sub-chunk). Row i is row i-1 plus ``x_i``, so each
+  entry is a sum of its own terms (exact relative to the result, unlike
+  ``cumsum[i] - cumsum[j]``), and the gradient reaches ``x_m`` only through
+  the pairs that span m. Entries with ``j >= i`` are 0: mask them before any
+  ``exp``. The new axes ``i, j`` replace ``axis`` (i first).
   """
-  n = x.shape[axis]
-  idx = jnp.arange(n)
-  spans = ((idx[None, None, :] > idx[None, :, None])
-           & (idx[None, None, :] <= idx[:, None, None])).astype(x.dtype)
-  x = jnp.moveaxis(x, axis, -1)                                 # [..., m]
-  out = jnp.einsum("...m,ijm->...ij", x, spans,
-                   precision=jax.lax.Precision.HIGHEST)
-  return jnp.moveaxis(out, (-2, -1), (axis, axis + 1))
+  x = jnp.moveaxis(x, axis, 0)                                  # [m, ...]
+  n = x.shape[0]
+  idx = jnp.arange(n).reshape((n,) + (1,) * (x.ndim - 1))
+  rows = [jnp.zeros_like(x)]
+  for i in range(1, n):
+    rows.append(jnp.where(idx < i, rows[-1] + x[i], 0.0))      # [j, ...]
+  out = jnp.stack(rows)                                         # [i, j, ...]
+  return jnp.moveaxis(out, (0, 1), (axis, axis + 1))
