@@ -83,16 +83,26 @@ def _diagonal_outputs(q_s, k_s, v_s, g_s, doc_s):
   g_s: ``[B, N, S, c, H, G]``; doc_s: ``[B, N, S, c]`` or None (one
   document). Returns ``[B, N, S, c, H, V]``.
   """
+  c = q_s.shape[3]
   decay = jnp.exp(g_s)                                          # [B,N,S,c,H,G]
-  span = jnp.ones_like(decay)
-  o = jnp.sum(q_s * k_s, -1)[..., None] * v_s
-  for d in range(1, q_s.shape[3]):
-    span = span * _shift(decay, d - 1)                          # i-d+1 .. i
-    score = jnp.sum(q_s * _shift(k_s, d) * span, -1)            # [B,N,S,c,H]
+  position = jnp.arange(c)
+
+  def shifted(x, d):                                            # x_{i-d}, 0 for i < d
+    keep = (position >= d).reshape((1, 1, 1, c) + (1,) * (x.ndim - 4))
+    return jnp.where(keep, jnp.roll(x, d, axis=3), 0)
+
+  def offset_step(carry, d):
+    span, o = carry
+    span = span * shifted(decay, d - 1)                         # i-d+1 .. i
+    score = jnp.sum(q_s * shifted(k_s, d) * span, -1)           # [B,N,S,c,H]
     if doc_s is not None:
-      same_doc = (doc_s == _shift(doc_s, d))[..., None]         # [B,N,S,c,1]
+      same_doc = (doc_s == shifted(doc_s, d))[..., None]        # [B,N,S,c,1]
       score = jnp.where(same_doc, score, 0.0)
-    o = o + score[..., None] * _shift(v_s, d)
+    return (span, o + score[..., None] * shifted(v_s, d)), None
+
+  o = jnp.sum(q_s * k_s, -1)[..., None] * v_s
+  (_, o), _ = jax.lax.scan(offset_step, (jnp.ones_like(decay), o),
+                           jnp.arange(1, c))
   return o
 
 
@@ -154,22 +164,24 @@ def _chunk_outputs(q_c, k_c, v_c, g_c, doc_c, doc_before, entering, *, sub,
   o = _diagonal_outputs(q_s, k_s, v_s, g_s,
                         doc_s if packed else None)              # [B,N,S,c,H,V]
 
-  state, doc_prev, from_state = entering, doc_before, []
-  for s in range(q_s.shape[2]):
-    doc_here = doc_s[:, :, s]                                   # [B, N, c]
+  def sub_chunk_step(carry, xs):
+    state, doc_prev = carry                    # [B,N,H,K,V], [B,N]
+    q_i, k_j, v_j, local_i, to_end_j, total, doc_here = xs
     reached = (doc_here == doc_prev[..., None])[..., None, None]
-    q_read = jnp.where(reached, q_s[:, :, s] * jnp.exp(local[:, :, s]), 0.0)
-    from_state.append(_mm("bnihk,bnhkv->bnihv", q_read, state))
+    q_read = jnp.where(reached, q_i * jnp.exp(local_i), 0.0)    # [B,N,c,H,K]
+    out = _mm("bnihk,bnhkv->bnihv", q_read, state)
     doc_last = doc_here[:, :, -1]                               # [B, N]
     in_last = (doc_here == doc_last[..., None])[..., None, None]
-    k_write = jnp.where(in_last, k_s[:, :, s] * jnp.exp(local_to_end[:, :, s]),
-                        0.0)                                    # [B,N,c,H,K]
+    k_write = jnp.where(in_last, k_j * jnp.exp(to_end_j), 0.0)  # [B,N,c,H,K]
     passes = (doc_last == doc_prev)[..., None, None]            # [B,N,1,1]
-    decay = jnp.where(passes, jnp.exp(sub_total[:, :, s]), 0.0)  # [B,N,H,G]
-    state = (decay[..., None] * state
-             + _mm("bnjhk,bnjhv->bnhkv", k_write, v_s[:, :, s]))
-    doc_prev = doc_last
-  o = o + jnp.stack(from_state, axis=2)
+    decay = jnp.where(passes, jnp.exp(total), 0.0)              # [B,N,H,G]
+    state = decay[..., None] * state + _mm("bnjhk,bnjhv->bnhkv", k_write, v_j)
+    return (state, doc_last), out
+
+  sub_major = (q_s, k_s, v_s, local, local_to_end, sub_total, doc_s)
+  _, from_state = jax.lax.scan(sub_chunk_step, (entering, doc_before),
+                               tuple(jnp.moveaxis(x, 2, 0) for x in sub_major))
+  o = o + jnp.moveaxis(from_state, 0, 2)                        # [B,N,S,c,H,V]
   return merge_chunks(o, axis=2)
 
 
