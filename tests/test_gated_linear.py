@@ -38,8 +38,8 @@ def _case_id(case):
 # Variants without a data-dependent gate run the same core code paths as
 # the gated ones; they get a smaller covering set of their own.
 CASES_BY_OP = {
-    "gla": CASES,
-    "simple_gla": CASES,
+    "gla": CASES[:4] + CASES[5:6],
+    "simple_gla": CASES[:4] + CASES[5:6],
     "linear_attn": [CASES[1], CASES[4], CASES[5]],
     "retention": [CASES[0], CASES[3], CASES[6]],
     "linear_attn_normalized": [CASES[1], CASES[6]],
@@ -103,7 +103,8 @@ def test_long_strong_gates_stay_finite(op):
 def test_chunk_size_does_not_change_results():
   spec = SPEC_BY_NAME["gla"]
   inputs = spec.make_inputs(jax.random.PRNGKey(3), Dims(length=150), True)
-  outs = [spec.forms["chunk"](**inputs, chunk_size=c, output_final_state=True)
+  outs = [jax.jit(functools.partial(spec.forms["chunk"], chunk_size=c,
+                                    output_final_state=True))(**inputs)
           for c in (16, 32, 128)]
   for o, s in outs[1:]:
     np.testing.assert_allclose(o, outs[0][0], rtol=2e-5, atol=2e-5)
@@ -135,8 +136,9 @@ def test_step_continues_a_prefix():
   full, _ = ops.chunk_gla(q, k, v, g)
   _, state = ops.chunk_gla(q[:, :30], k[:, :30], v[:, :30], g[:, :30],
                            output_final_state=True)
+  step = jax.jit(ops.gla_step)
   for t in range(30, 40):
-    o_t, state = ops.gla_step(q[:, t], k[:, t], v[:, t], g[:, t], state)
+    o_t, state = step(q[:, t], k[:, t], v[:, t], g[:, t], state)
     np.testing.assert_allclose(o_t, full[:, t], rtol=1e-5, atol=1e-5)
 
 

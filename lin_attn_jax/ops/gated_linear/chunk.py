@@ -48,12 +48,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common import checks, dispatch
 from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunks
 from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
 from lin_attn_jax.ops.gated_linear.scalar_decay import scalar_decay_outputs
+from pallas_kernels.gated_linear import chunk_gated_linear_attention
 
 _F32 = jnp.float32
 # Tokens whose intra-chunk factors are alive at once (memory, not results).
@@ -215,7 +216,7 @@ def _grouped_over_chunks(fn, operands, group):
 
 def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
                        output_final_state=False, segment_ids=None,
-                       chunk_size=64, sub_chunk_size=8):
+                       chunk_size=64, sub_chunk_size=8, impl="auto"):
   """Gated linear attention, chunkwise; the training path on every backend.
 
   Args:
@@ -228,6 +229,11 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
     chunk_size: tokens per chunk ``C`` (speed only, not results).
     sub_chunk_size: tokens per sub-chunk ``c``; must divide ``chunk_size``.
+      Both are tile sizes of the XLA form; the Pallas kernels take theirs
+      from ``pallas_kernels.gated_linear.BlockSizes.default``.
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"`` (see
+      ``lin_attn_jax.ops.common.dispatch``): the Pallas kernel on TPU and
+      GPU, or this chunk form in XLA.
   Returns:
     ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32 or
     None)``.
@@ -245,7 +251,24 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
   if chunk_size % min(sub_chunk_size, chunk_size):
     raise ValueError(f"sub_chunk_size ({sub_chunk_size}) must divide "
                      f"chunk_size ({chunk_size})")
+  dispatch.check_impl(impl)
   scale = default_scale(scale, dk)
+  xla = functools.partial(
+      _chunk_xla, q, k, v, g, scale=scale, initial_state=initial_state,
+      output_final_state=output_final_state, segment_ids=segment_ids,
+      chunk_size=chunk_size, sub_chunk_size=sub_chunk_size)
+  pallas = functools.partial(
+      chunk_gated_linear_attention, q, k, v, g, scale=scale,
+      initial_state=initial_state, output_final_state=output_final_state,
+      segment_ids=segment_ids)
+  return dispatch.run(impl, xla, pallas)
+
+
+def _chunk_xla(q, k, v, g, *, scale, initial_state, output_final_state,
+               segment_ids, chunk_size, sub_chunk_size):
+  """The chunk form in XLA; ``g`` validated (``[B, T, H, G]`` or None)."""
+  b, t, h, dk = q.shape
+  dv = v.shape[-1]
   c = min(sub_chunk_size, chunk_size)
   # A sequence shorter than a chunk only needs enough whole sub-chunks.
   chunk = min(chunk_size, -(-t // c) * c)
