@@ -21,7 +21,7 @@ from lin_attn_jax.ops.ssd.inputs import add_skip, to_gated_linear, validate
 
 def chunk_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=False,
               initial_state=None, output_final_state=False, segment_ids=None,
-              chunk_size=64, sub_chunk_size=16):
+              chunk_size=64, sub_chunk_size=8, impl="auto"):
   """Mamba-2's state-space dual, chunkwise: ``chunk_gated_linear`` with
 
       q = C, k = B, v = x * dt, g = dt * A (a scalar per head), scale = 1,
@@ -41,7 +41,8 @@ def chunk_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=False,
     initial_state: ``[B, H, N, P]`` float32, or None for zeros.
     output_final_state: also return the state after the last token.
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
-    chunk_size, sub_chunk_size: as in ``chunk_gated_linear`` (speed only).
+    chunk_size, sub_chunk_size, impl: as in ``chunk_gated_linear`` (speed
+      only; ``impl="auto"`` runs the Pallas kernel on TPU and GPU).
   Returns:
     ``(y [B, T, H, P] in x's dtype, final_state [B, H, N, P] float32 or
     None)``.
@@ -59,7 +60,7 @@ def chunk_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=False,
                                 initial_state=initial_state,
                                 output_final_state=output_final_state,
                                 segment_ids=segment_ids, chunk_size=chunk_size,
-                                sub_chunk_size=sub_chunk_size)
+                                sub_chunk_size=sub_chunk_size, impl=impl)
   return add_skip(o, x, D).astype(x.dtype), final
 
 
