@@ -87,7 +87,8 @@ def _ssd_inputs(key, dims, strong):
        else -jnp.exp(_normal(keys[2], (h,), 0.5)))
   return dict(x=_normal(keys[0], (b, t, h, p)),
               dt=_normal(keys[1], (b, t, h), shift=-1.0), A=a,
-              B=_normal(keys[3], (b, t, g, n)), C=_normal(keys[4], (b, t, g, n)),
+              B=_normal(keys[3], (b, t, g, n)),
+              C=_normal(keys[4], (b, t, g, n)),
               D=_normal(keys[5], (h,)), dt_bias=_normal(keys[6], (h,), 0.5),
               initial_state=_normal(keys[7], (b, h, n, p)),
               segment_ids=_segments(keys[8], b, t))
@@ -100,7 +101,8 @@ def _conv_inputs(key, dims, strong):
   del strong
   kx, kw, kb, ks, kseg = jax.random.split(key, 5)
   b, t, d = dims.batch, dims.length, dims.dim_v
-  return dict(x=_normal(kx, (b, t, d)), weight=_normal(kw, (d, CONV_WIDTH), 0.5),
+  return dict(x=_normal(kx, (b, t, d)),
+              weight=_normal(kw, (d, CONV_WIDTH), 0.5),
               bias=_normal(kb, (d,)),
               initial_state=_normal(ks, (b, CONV_WIDTH - 1, d)),
               segment_ids=_segments(kseg, b, t))
@@ -169,7 +171,8 @@ SPECS = [
            _conv_inputs, ("x", "weight", "bias", "initial_state")),
     OpSpec("shift_ssm", _forms("shift_ssm"), _shift_ssm_inputs,
            ("u", "C", "D", "initial_state")),
-    OpSpec("shift_ssm_fft", _forms("shift_ssm", ("naive_recurrent", "fft_conv")),
+    OpSpec("shift_ssm_fft",
+           _forms("shift_ssm", ("naive_recurrent", "fft_conv")),
            functools.partial(_shift_ssm_inputs, segments=False),
            ("u", "C", "D", "initial_state"), chunked=()),
     OpSpec("s4d", _forms("s4d", ("naive_recurrent", "parallel", "recurrent")),

@@ -25,7 +25,8 @@ from lin_attn_jax.ops.conv.inputs import finish, validate, validate_step
 _F32 = jnp.float32
 
 
-def _window(initial_state, batch, taps, channels):
+def initial_window(initial_state, batch, taps, channels):
+  """The float32 ``[B, W - 1, D]`` window to start from (zeros when None)."""
   if initial_state is None:
     return jnp.zeros((batch, taps - 1, channels), _F32)
   return jnp.asarray(initial_state, _F32)
@@ -67,7 +68,7 @@ def naive_recurrent_causal_conv1d(x, weight, bias=None, *, activation=None,
   batch, length, channels, taps = validate(x, weight, bias, activation,
                                            initial_state, segment_ids)
   weight_f = jnp.asarray(weight, _F32)
-  window = _window(initial_state, batch, taps, channels)        # [B, W-1, D]
+  window = initial_window(initial_state, batch, taps, channels)  # [B,W-1,D]
   reset = reset_flags(segment_ids, batch, length)
 
   def step(window, inputs):
@@ -109,7 +110,8 @@ def parallel_causal_conv1d(x, weight, bias=None, *, activation=None,
   batch, length, channels, taps = validate(x, weight, bias, activation,
                                            initial_state, segment_ids)
   y, final = shifted_sum_conv(jnp.asarray(x, _F32), jnp.asarray(weight, _F32),
-                              _window(initial_state, batch, taps, channels),
+                              initial_window(initial_state, batch, taps,
+                                             channels),
                               document_index(segment_ids, batch, length),
                               output_final_state)
   return finish(y, bias, activation).astype(x.dtype), final
@@ -150,7 +152,7 @@ def chunk_causal_conv1d(x, weight, bias=None, *, activation=None,
                                            initial_state, segment_ids)
   checks.check_chunk_size(chunk_size)
   y, final = chunked_conv(jnp.asarray(x, _F32), jnp.asarray(weight, _F32),
-                          _window(initial_state, batch, taps, channels),
+                          initial_window(initial_state, batch, taps, channels),
                           document_index(segment_ids, batch, length),
                           chunk_size, output_final_state)
   return finish(y, bias, activation).astype(x.dtype), final
@@ -164,8 +166,9 @@ def chunked_conv(x, weight, window, doc, chunk_size, output_final_state):
   # Padding at the end comes after every real token, so no real output reads
   # it; the final window is read from the unpadded sequence.
   x_c = split_chunks(pad_time(x, chunk), chunk)                 # [B, N, C, D]
-  doc_c = split_chunks(jnp.pad(doc, ((0, 0), (0, x_c.shape[1] * chunk - length)),
-                               constant_values=-1), chunk)      # [B, N, C]
+  doc_c = jnp.pad(doc, ((0, 0), (0, x_c.shape[1] * chunk - length)),
+                  constant_values=-1)
+  doc_c = split_chunks(doc_c, chunk)                            # [B, N, C]
 
   def one_chunk(carry, inputs):
     window, window_doc = carry                 # [B, W-1, D], [B, W-1]
@@ -202,7 +205,7 @@ def causal_conv1d_step(x, weight, bias=None, state=None, *, activation=None,
   batch, channels, taps = validate_step(x, weight, bias, activation, state,
                                         reset)
   y, window = conv_step(jnp.asarray(x, _F32), jnp.asarray(weight, _F32),
-                        _window(state, batch, taps, channels), reset)
+                        initial_window(state, batch, taps, channels), reset)
   return finish(y, bias, activation).astype(x.dtype), window
 
 
@@ -232,6 +235,6 @@ def recurrent_causal_conv1d(x, weight, bias=None, *, activation=None,
     return window, y_t
 
   window, y = jax.lax.scan(
-      step, _window(initial_state, batch, taps, channels),
+      step, initial_window(initial_state, batch, taps, channels),
       (jnp.moveaxis(x, 1, 0), reset_flags(segment_ids, batch, length).T))
   return jnp.moveaxis(y, 0, 1), (window if output_final_state else None)

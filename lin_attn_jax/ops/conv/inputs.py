@@ -36,8 +36,8 @@ def check_weight(weight, width_channels, name="weight", layout="[D, W]"):
 
 def check_activation(activation):
   if activation not in ACTIVATIONS:
-    raise ValueError(f"activation must be one of {sorted(map(str, ACTIVATIONS))}"
-                     f", got {activation!r}")
+    names = sorted(map(str, ACTIVATIONS))
+    raise ValueError(f"activation must be one of {names}, got {activation!r}")
 
 
 def validate(x, weight, bias, activation, initial_state, segment_ids):

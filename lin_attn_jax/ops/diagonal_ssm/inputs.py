@@ -16,7 +16,7 @@ def check_same_shape(name: str, x, ref_name: str, ref) -> None:
 
 
 def check_sequence(names, arrays, layout: str = "[B, T, D]"):
-  """Validates float ``[B, T, D]`` arrays of one shape; returns ``(B, T, D)``."""
+  """Validates float ``[B, T, D]`` arrays of one shape; returns the shape."""
   for name, x in zip(names, arrays):
     checks.check_rank(name, x, 3, layout)
     checks.check_float(name, x)

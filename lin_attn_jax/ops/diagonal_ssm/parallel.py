@@ -22,7 +22,8 @@ def parallel_linear_scan(a, b, *, initial_state=None, output_final_state=False,
   Shapes as in ``chunk_linear_scan``.
   """
   batch, length, _ = validate(a, b, initial_state, segment_ids)
-  h0 = None if initial_state is None else jnp.asarray(initial_state, jnp.float32)
+  h0 = (None if initial_state is None
+        else jnp.asarray(initial_state, jnp.float32))
   h, final = parallel_scan_f32(jnp.asarray(a, jnp.float32),
                                jnp.asarray(b, jnp.float32),
                                keep_flags(segment_ids, batch, length), h0)

@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common.segments import reset_flags
-from lin_attn_jax.ops.diagonal_ssm.inputs import initial, validate, validate_step
+from lin_attn_jax.ops.diagonal_ssm.inputs import (initial, validate,
+                                                  validate_step)
 
 
 def linear_scan_step(a, b, state=None, *, reset=None):

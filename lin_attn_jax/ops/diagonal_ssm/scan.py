@@ -14,7 +14,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common.chunking import pad_time, split_chunks, merge_chunks
+from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
+                                              split_chunks)
 from lin_attn_jax.ops.common.segments import reset_flags
 
 
@@ -29,7 +30,7 @@ def expand_like(flags, x):
 
 
 def combine(earlier, later):
-  """Composes two affine maps ``h -> a h + b``: first ``earlier``, then ``later``."""
+  """Composes two affine maps ``h -> a h + b``: ``earlier``, then ``later``."""
   a1, b1 = earlier
   a2, b2 = later
   return a1 * a2, a2 * b1 + b2

@@ -7,7 +7,8 @@ the key channel, so the scores inside a chunk are a plain matmul times a
 (https://arxiv.org/abs/2405.21060, section 7):
 
     o_i = sum_{j <= i, same document} (q_i . k_j) exp(sum_{j < m <= i} g_m) v_j
-          + [no document starts in the chunk up to i] exp(sum_{m <= i} g_m) q_i . S
+          + [no document starts in the chunk up to i]
+            exp(sum_{m <= i} g_m) q_i . S
 
 The pairwise sums are exact sums of their own terms (a constant 0/1 matrix
 times the gates: no difference of prefix sums, and the gradient reaches

@@ -115,7 +115,7 @@ def _read_out(x, C, u, D):
 def naive_recurrent_s4d(u, log_dt, A_real, A_imag, B, C, *, D=None,
                         initial_state=None, output_final_state=False,
                         segment_ids=None):
-  """Reference recurrence in complex arithmetic. Shapes as in ``fft_conv_s4d``."""
+  """Reference recurrence, complex arithmetic. Shapes as in ``fft_conv_s4d``."""
   batch, length, channels, n_modes = _validate(
       u, log_dt, A_real, A_imag, B, C, D, initial_state, segment_ids)
   dt_a, b_bar = discretize(log_dt, A_real, A_imag, B)

@@ -2,7 +2,7 @@
 
 Fu et al. 2023 (H3), https://arxiv.org/abs/2212.14052, section 3.1:
 
-    x_t = S x_{t-1} + e_1 u_t     (S shifts down by one: x_t = [u_t, ..., u_{t-N+1}])
+    x_t = S x_{t-1} + e_1 u_t      (S shifts down: x_t = [u_t, ..., u_{t-N+1}])
     y_t = C . x_t + D u_t          per channel, C: [D, N]
 
 so ``y_t = sum_{l < N} C[:, l] u_{t-l} + D u_t``: a causal convolution of
@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.common.segments import document_index, reset_flags
 from lin_attn_jax.ops.conv.causal_conv1d import (chunked_conv, conv_step,
+                                                 initial_window,
                                                  shifted_sum_conv)
 from lin_attn_jax.ops.conv.inputs import check_weight
 from lin_attn_jax.ops.diagonal_ssm.inputs import check_vector
@@ -56,18 +57,13 @@ def _validate(u, C, D, initial_state, segment_ids, *, direct=True):
   return batch, length, channels, n_state
 
 
-def _window(state, batch, n_state, channels):
-  if state is None:
-    return jnp.zeros((batch, n_state - 1, channels), _F32)
-  return jnp.asarray(state, _F32)
-
-
 def _skip(y, u, D):
   return y if D is None else y + jnp.asarray(D, _F32) * jnp.asarray(u, _F32)
 
 
 def _taps_oldest_first(C):
-  """``C[:, l]`` multiplies ``u_{t-l}``; ``causal_conv1d`` wants oldest first."""
+  """``C[:, l]`` multiplies ``u_{t-l}``; ``causal_conv1d`` wants the oldest
+  tap first."""
   return jnp.flip(jnp.asarray(C, _F32), axis=1)
 
 
@@ -76,11 +72,12 @@ def naive_recurrent_shift_ssm(u, C, *, D=None, initial_state=None,
   """Reference: the shift register ``x_t = [u_t, x_{t-1}[:-1]]``."""
   batch, length, channels, n_state = _validate(u, C, D, initial_state,
                                                segment_ids, direct=False)
+  window0 = initial_window(initial_state, batch, n_state, channels)
   C = jnp.asarray(C, _F32)
   # The register x_{t-1}, newest first: [B, N, D] with x[:, 0] = u_{t-1}; its
   # oldest entry is not part of the state (it is shifted out before a read).
   register = jnp.concatenate(
-      [jnp.flip(_window(initial_state, batch, n_state, channels), axis=1),
+      [jnp.flip(window0, axis=1),
        jnp.zeros((batch, 1, channels), _F32)], axis=1)
   reset = reset_flags(segment_ids, batch, length)
 
@@ -102,8 +99,9 @@ def parallel_shift_ssm(u, C, *, D=None, initial_state=None,
   """``parallel_causal_conv1d`` with the taps of ``C``. Shapes as below."""
   batch, length, channels, n_state = _validate(u, C, D, initial_state,
                                                segment_ids)
+  window0 = initial_window(initial_state, batch, n_state, channels)
   y, final = shifted_sum_conv(jnp.asarray(u, _F32), _taps_oldest_first(C),
-                              _window(initial_state, batch, n_state, channels),
+                              window0,
                               document_index(segment_ids, batch, length),
                               output_final_state)
   return _skip(y, u, D).astype(u.dtype), final
@@ -134,9 +132,10 @@ def chunk_shift_ssm(u, C, *, D=None, initial_state=None,
   """
   batch, length, channels, n_state = _validate(u, C, D, initial_state,
                                                segment_ids)
+  window0 = initial_window(initial_state, batch, n_state, channels)
   checks.check_chunk_size(chunk_size)
   y, final = chunked_conv(jnp.asarray(u, _F32), _taps_oldest_first(C),
-                          _window(initial_state, batch, n_state, channels),
+                          window0,
                           document_index(segment_ids, batch, length),
                           chunk_size, output_final_state)
   return _skip(y, u, D).astype(u.dtype), final
@@ -151,7 +150,8 @@ def fft_conv_shift_ssm(u, C, *, D=None, initial_state=None,
                      "chunk_shift_ssm")
   batch, length, channels, n_state = _validate(u, C, D, initial_state, None,
                                                direct=False)
-  padded = jnp.concatenate([_window(initial_state, batch, n_state, channels),
+  window0 = initial_window(initial_state, batch, n_state, channels)
+  padded = jnp.concatenate([window0,
                             jnp.asarray(u, _F32)], axis=1)      # [B, N-1+T, D]
   y = causal_fft_conv(padded, jnp.asarray(C, _F32))[:, n_state - 1:]
   final = padded[:, length:] if output_final_state else None
@@ -172,7 +172,7 @@ def shift_ssm_step(u, C, state=None, *, D=None, reset=None):
                      "[B, N - 1, D]")
   checks.check_reset(reset, batch)
   y, window = conv_step(jnp.asarray(u, _F32), _taps_oldest_first(C),
-                        _window(state, batch, n_state, channels), reset)
+                        initial_window(state, batch, n_state, channels), reset)
   return _skip(y, u, D).astype(u.dtype), window
 
 
@@ -181,6 +181,7 @@ def recurrent_shift_ssm(u, C, *, D=None, initial_state=None,
   """``shift_ssm_step`` scanned over time. Shapes as in the chunk form."""
   batch, length, channels, n_state = _validate(u, C, D, initial_state,
                                                segment_ids)
+  window0 = initial_window(initial_state, batch, n_state, channels)
   # Parameters read at every step are cast once, outside the scan, so their
   # gradients are summed over time in float32 whatever their dtype.
   C = jnp.asarray(C, _F32)
@@ -192,6 +193,6 @@ def recurrent_shift_ssm(u, C, *, D=None, initial_state=None,
     return window, y_t
 
   window, y = jax.lax.scan(
-      step, _window(initial_state, batch, n_state, channels),
+      step, window0,
       (jnp.moveaxis(u, 1, 0), reset_flags(segment_ids, batch, length).T))
   return jnp.moveaxis(y, 0, 1), (window if output_final_state else None)

@@ -14,7 +14,7 @@ This is the schedule of Mamba's fused selective-scan kernel. Inside a chunk
 the scan is sequential: on CPU one pass over a cache-sized block is cheaper
 than the ``O(log C)`` passes of an associative scan, and the backward pass
 costs about three forward passes instead of the many full-size residuals of
-differentiating a ``lax.scan`` (numbers in ``benchmarks/RESULTS_diagonal_ssm.md``).
+differentiating a ``lax.scan`` (see ``benchmarks/RESULTS_diagonal_ssm.md``).
 
 Gradients of the exponent: with ``a = exp(dt A)`` and ``h_t = a (k h_{t-1})
 + dt u B`` (``k`` = 0 at a document start), ``dL/d(dt A) = g_t * a * k

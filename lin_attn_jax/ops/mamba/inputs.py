@@ -106,10 +106,11 @@ def grouped(x, groups):
   return x.reshape(x.shape[:-1] + (groups, x.shape[-1] // groups))
 
 
-def grouped_projection(x, groups_ndim_lead):
-  """``B``/``C`` -> ``[..., G, N]`` float32 (``G = 1`` when not grouped)."""
+def grouped_projection(x, lead_ndim):
+  """``B``/``C`` with ``lead_ndim`` leading axes -> ``[..., G, N]`` float32
+  (``G = 1`` when not grouped)."""
   x = jnp.asarray(x, _F32)
-  if x.ndim == groups_ndim_lead + 1:
+  if x.ndim == lead_ndim + 1:
     x = x[..., None, :]
   return x
 

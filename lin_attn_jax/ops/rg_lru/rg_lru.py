@@ -66,7 +66,7 @@ def _validate(x, a_gate, x_gate, a_param, state, boundaries, *, step):
 
 
 def rg_lru_coefficients(x, a_gate, x_gate, a_param, c=8.0):
-  """The linear scan's ``(a, b)`` (float32), for any leading shape ``[..., D]``."""
+  """The linear scan's float32 ``(a, b)``, for any shape ``[..., D]``."""
   log_a = (-c * jax.nn.sigmoid(jnp.asarray(a_gate, _F32))
            * jax.nn.softplus(jnp.asarray(a_param, _F32)))
   multiplier = sqrt_bounded_derivative(-jnp.expm1(2.0 * log_a))

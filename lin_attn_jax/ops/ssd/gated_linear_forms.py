@@ -12,8 +12,6 @@ so the forms here are the GLA core's own, not a second implementation.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from lin_attn_jax.ops.gated_linear import (chunk_gated_linear,
                                            parallel_gated_linear)
 from lin_attn_jax.ops.ssd.inputs import add_skip, to_gated_linear, validate

@@ -53,7 +53,8 @@ def _check_dt(dt, dt_bias, lead, lead_layout, dt_softplus):
   step = time_step(dt, dt_bias, False)
   if bool(jnp.any(step < 0)):
     raise ValueError("dt (+ dt_bias) must be >= 0 without dt_softplus (dt * A "
-                     f"is a log-decay); got a minimum of {float(jnp.min(step))}")
+                     "is a log-decay); got a minimum of "
+                     f"{float(jnp.min(step))}")
 
 
 def validate(x, dt, A, B, C, D, dt_bias, dt_softplus, initial_state,

@@ -1,6 +1,6 @@
 """The definition of Mamba-2's SSD, one token at a time.
 
-    dt_t = softplus(dt_t + dt_bias)                  (bias and softplus optional)
+    dt_t = softplus(dt_t + dt_bias)                (bias, softplus optional)
     h_t  = exp(dt_t A) h_{t-1} + B_t (dt_t x_t)^T     h: [N, P] per head
     y_t  = h_t^T C_t + D x_t
 
