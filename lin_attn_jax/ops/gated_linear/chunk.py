@@ -18,6 +18,11 @@ of ``c`` tokens (secondary chunking). Four steps, one einsum each:
    v_j^T``, then a ``lax.scan`` over chunks for the state entering each chunk.
 4. Outputs: intra-chunk ``A v`` plus ``(q_i * exp(G_i)) . S_in``.
 
+With ``strictly_causal=True`` (RWKV-6) the output at i reads the state
+before token i: every query-side log-decay is the exclusive sum (up to
+i - 1), the diagonal of each sub-chunk is masked out with the upper triangle,
+and the rest is unchanged.
+
 Segment ids enter as masks: a pair ``(i, j)`` counts only inside one
 document, the entering state reaches ``i`` only if no document started in
 the chunk before ``i``, and a token reaches the chunk's end state only if it
@@ -47,19 +52,49 @@ def _mm(subscripts, *operands):
   return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
 
 
-def _intra_chunk_scores(q, k, local, sub_total):
+def _exclusive_local(local):
+  """Log-decay from the sub-chunk start to i - 1: ``local`` shifted by one."""
+  return jnp.concatenate([jnp.zeros_like(local[:, :, :, :1]),
+                          local[:, :, :, :-1]], axis=3)
+
+
+def _sub_chunk_log_decays(g_s):
+  """Step 1 for ``g_s: [B, N, S, c, H, G]``.
+
+  Returns:
+    ``(local [B,N,S,c,H,G], sub_total, before_sub, after_sub [B,N,S,H,G],
+    chunk_total [B,N,H,G])``: the cumulative sum inside each sub-chunk, the
+    total of each sub-chunk, the sums of the whole sub-chunks before and
+    after it in its chunk, and the total of each chunk.
+  """
+  local = jnp.cumsum(g_s, axis=3)                               # [B,N,S,c,H,G]
+  sub_total = local[:, :, :, -1]                                # [B,N,S,H,G]
+  before_sub = jnp.concatenate(
+      [jnp.zeros_like(sub_total[:, :, :1]),
+       jnp.cumsum(sub_total, axis=2)[:, :, :-1]], axis=2)    # [B,N,S,H,G]
+  after_sub = reverse_exclusive_cumsum(sub_total, axis=2)       # [B,N,S,H,G]
+  chunk_total = jnp.sum(sub_total, axis=2)                      # [B,N,H,G]
+  return local, sub_total, before_sub, after_sub, chunk_total
+
+
+def _intra_chunk_scores(q, k, local, sub_total, strict=False):
   """Step 2: causal scores inside each chunk, ``[B, N, H, C, C]``.
 
   Args:
     q, k: ``[B, N, S, c, H, K]`` float32 (q already scaled).
     local: ``[B, N, S, c, H, G]`` log-decay from the sub-chunk start to i.
     sub_total: ``[B, N, S, H, G]`` log-decay over each whole sub-chunk.
+    strict: q_i reads the state before token i: ``A[i, j] = q_i .
+      (exp(G_{i-1} - G_j) * k_j)`` for ``j < i`` and 0 on the diagonal.
   """
   b, n, subs, c, h, dk = q.shape
   per_channel = local.shape[-1] != 1
-  # Same sub-chunk: exp(L_i - L_j), -inf above the diagonal before exp.
-  lower = jnp.tril(jnp.ones((c, c), dtype=bool))[:, :, None, None]
-  diff = local[:, :, :, :, None] - local[:, :, :, None, :]      # [B,N,S,i,j,H,G]
+  q_local = _exclusive_local(local) if strict else local
+  # Same sub-chunk: exp(Lq_i - L_j), -inf above the diagonal (and on it when
+  # strict, where the exponent would be -g_i >= 0) before exp.
+  lower = jnp.tril(jnp.ones((c, c), dtype=bool),
+                   -1 if strict else 0)[:, :, None, None]
+  diff = q_local[:, :, :, :, None] - local[:, :, :, None, :]    # [B,N,S,i,j,H,G]
   decay = jnp.exp(jnp.where(lower, diff, -jnp.inf))
   if per_channel:
     diag = jnp.einsum("bnsihk,bnsjhk,bnsijhk->bnhsij", q, k, decay)
@@ -68,7 +103,7 @@ def _intra_chunk_scores(q, k, local, sub_total):
                                                            -1, 2)
   # Sub-chunk s after r: q_i exp(L_i), k_j exp(L_end(r) - L_j), and the decay
   # of the sub-chunks strictly between, -inf unless s > r.
-  q_from_start = q * jnp.exp(local)                             # [B,N,S,c,H,K]
+  q_from_start = q * jnp.exp(q_local)                           # [B,N,S,c,H,K]
   k_to_end = k * jnp.exp(sub_total[:, :, :, None] - local)      # [B,N,S,c,H,K]
   between = sum_strictly_between(sub_total, axis=2)             # [B,N,s,r,H,G]
   later = (jnp.arange(subs)[:, None] > jnp.arange(subs)[None, :])
@@ -85,7 +120,8 @@ def _intra_chunk_scores(q, k, local, sub_total):
 
 def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
                        output_final_state=False, segment_ids=None,
-                       chunk_size=64, sub_chunk_size=16):
+                       chunk_size=64, sub_chunk_size=16,
+                       strictly_causal=False):
   """Gated linear attention, chunkwise; the training path on every backend.
 
   Args:
@@ -98,6 +134,8 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
     chunk_size: tokens per chunk ``C`` (speed only, not results).
     sub_chunk_size: tokens per sub-chunk ``c``; must divide ``chunk_size``.
+    strictly_causal: ``o_t = S_{t-1}^T q_t``, the state before token t
+      (RWKV-6), instead of ``S_t^T q_t``. The final state is the same.
   Returns:
     ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32 or
     None)``.
@@ -135,17 +173,13 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
   q_s, k_s, g_s = sub_chunks(scale * q), sub_chunks(k), sub_chunks(g)
 
   # Step 1: log-decays local to sub-chunks and over whole sub-chunks.
-  local = jnp.cumsum(g_s, axis=3)                               # [B,N,S,c,H,G]
-  sub_total = local[:, :, :, -1]                                # [B,N,S,H,G]
-  before_sub = jnp.concatenate(
-      [jnp.zeros_like(sub_total[:, :, :1]),
-       jnp.cumsum(sub_total, axis=2)[:, :, :-1]], axis=2)    # [B,N,S,H,G]
-  after_sub = reverse_exclusive_cumsum(sub_total, axis=2)       # [B,N,S,H,G]
-  chunk_total = jnp.sum(sub_total, axis=2)                      # [B,N,H,G]
+  local, sub_total, before_sub, after_sub, chunk_total = _sub_chunk_log_decays(
+      g_s)
 
   # Step 2: scores inside each chunk, masked to one document.
   doc_c = split_chunks(doc, chunk)                              # [B, N, C]
-  scores = _intra_chunk_scores(q_s, k_s, local, sub_total)      # [B,N,H,C,C]
+  scores = _intra_chunk_scores(q_s, k_s, local, sub_total,
+                               strict=strictly_causal)          # [B,N,H,C,C]
   scores = jnp.where((doc_c[..., :, None] == doc_c[..., None, :])[:, :, None],
                      scores, 0.0)
 
@@ -174,7 +208,8 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
   entering = jnp.moveaxis(entering, 0, 1)                       # [B,N,H,K,V]
 
   # Step 4: outputs.
-  from_start = local + before_sub[:, :, :, None]                # [B,N,S,c,H,G]
+  q_local = _exclusive_local(local) if strictly_causal else local
+  from_start = q_local + before_sub[:, :, :, None]              # [B,N,S,c,H,G]
   reached = (doc_c == doc_before[..., None])[..., None, None]   # [B,N,C,1,1]
   q_from_start = jnp.where(
       reached, merge_chunks(q_s * jnp.exp(from_start), axis=2), 0.0)
