@@ -5,41 +5,24 @@
     (I + A) [W | U] = diag(beta) [exp(G) * K | V]   (W only for S_0)
     o = (exp(G) * Q) S_0 + P (U - W S_0)
 
-The decay-weighted scores come from the GLA core's parallel stages
-(``segsum`` for a scalar decay, row blocks for a decay per key channel), so
-``G_i - G_j`` is always a sum of the gates between j and i. Memory and the
-triangular solve are quadratic in T: this form is for checking and for short
-sequences.
+The decay-weighted scores come from ``gated_linear.scores`` (the chunk
+form's intra-chunk stage over the whole sequence), so ``G_i - G_j`` is always
+a sum of the gates between j and i. Memory and the triangular solve are quadratic in T: this
+form is for checking and for short sequences.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum, segsum
+from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
 from lin_attn_jax.ops.common.segments import document_index, same_document_mask
 from lin_attn_jax.ops.delta_rule.chunk import solve_unit_lower
 from lin_attn_jax.ops.delta_rule.inputs import (default_scale,
                                                 expand_query_key, validate)
-from lin_attn_jax.ops.gated_linear.parallel import _channel_decay_scores
+from lin_attn_jax.ops.gated_linear.scores import decay_scores
 
 _F32 = jnp.float32
-
-
-def decay_scores(x, y, g, mask):
-  """``x_i . (exp(G_i - G_j) * y_j)`` where ``mask``, else 0.
-
-  Args:
-    x, y: ``[B, T, H, K]`` float32; g: ``[B, T, H, G]`` log-decay;
-    mask: ``[B, 1 or H, T, T]`` bool, False at least above the diagonal.
-  Returns:
-    ``[B, H, T, T]``.
-  """
-  b, t, h, _ = x.shape
-  if g.shape[-1] == 1:
-    log_decay = jnp.where(mask, segsum(g[..., 0], axis=1), -jnp.inf)
-    return jnp.einsum("bihk,bjhk->bhij", x, y) * jnp.exp(log_decay)
-  return _channel_decay_scores(x, y, g, jnp.broadcast_to(mask, (b, h, t, t)))
 
 
 def parallel_delta_rule(q, k, v, beta, g=None, *, scale=None,
