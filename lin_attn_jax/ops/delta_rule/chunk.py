@@ -160,18 +160,18 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
   q_s, k_s, g_s = sub_chunks(scale * q), sub_chunks(k), sub_chunks(g)
 
   # Step 1: log-decays from the chunk start to i and from j to the chunk end.
-  local, sub_total, before_sub, after_sub, chunk_total = _sub_chunk_log_decays(
-      g_s)
-  from_start = merge_chunks(local + before_sub[:, :, :, None], axis=2)
-  to_end = merge_chunks(sub_total[:, :, :, None] - local
-                        + after_sub[:, :, :, None], axis=2)     # [B,N,C,H,G]
+  decays = _sub_chunk_log_decays(g_s)
+  from_start = merge_chunks(decays.local + decays.before_sub[:, :, :, None],
+                            axis=2)                             # [B,N,C,H,G]
+  to_end = merge_chunks(decays.to_sub_end + decays.after_sub[:, :, :, None],
+                        axis=2)                                 # [B,N,C,H,G]
 
   # Step 2: intra-chunk scores.
   strictly_lower = jnp.tril(jnp.ones((chunk, chunk), dtype=bool), -1)
   beta_c = jnp.moveaxis(split_chunks(beta, chunk), -1, 2)       # [B,N,H,C]
-  kk = _intra_chunk_scores(k_s, k_s, local, sub_total)          # [B,N,H,C,C]
+  kk = _intra_chunk_scores(k_s, k_s, decays)                    # [B,N,H,C,C]
   a = jnp.where(strictly_lower & same_doc, kk, 0.0) * beta_c[..., None]
-  qk = jnp.where(same_doc, _intra_chunk_scores(q_s, k_s, local, sub_total),
+  qk = jnp.where(same_doc, _intra_chunk_scores(q_s, k_s, decays),
                  0.0)                                           # [B,N,H,C,C]
 
   # Step 3: W and U from one triangular solve per chunk.
@@ -183,7 +183,7 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
 
   # Step 4: chunk transitions, then the state entering every chunk.
   k_to_end = jnp.where(in_last_doc, k_c * jnp.exp(to_end), 0.0)  # [B,N,C,H,K]
-  decay = jnp.where(passes, jnp.exp(chunk_total), 0.0)          # [B,N,H,G]
+  decay = jnp.where(passes, jnp.exp(decays.chunk_total), 0.0)   # [B,N,H,G]
   transition = (decay[..., :, None] * jnp.eye(dk, dtype=_F32)
                 - _mm("bnjhk,bnhjl->bnhkl", k_to_end, w))       # [B,N,H,K,K]
   own = _mm("bnjhk,bnhjv->bnhkv", k_to_end, u)                  # [B,N,H,K,V]

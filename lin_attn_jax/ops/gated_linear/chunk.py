@@ -3,16 +3,17 @@
 The sequence is cut into chunks of ``C`` tokens, each chunk into sub-chunks
 of ``c`` tokens (secondary chunking). Four steps, one einsum each:
 
-1. Log-decays: cumulative sums local to each sub-chunk (``L``), the total of
-   each sub-chunk, and sums over whole sub-chunks between two sub-chunks.
-   No long prefix sum is ever subtracted from another.
+1. Log-decays: cumulative sums local to each sub-chunk (``L``), the sums
+   from each token to its sub-chunk's end, the total of each sub-chunk, and
+   sums over whole sub-chunks between two sub-chunks. Each is summed from
+   its own gates: no sum is ever subtracted from another.
 2. Scores inside a chunk, ``A[i, j] = q_i . (exp(G_i - G_j) * k_j)``:
-   - same sub-chunk: the ``[c, c, K]`` factor ``exp(L_i - L_j)`` with the
-     exponent set to -inf above the diagonal before ``exp``;
+   - same sub-chunk: the ``[c, c, K]`` factor ``exp(sum_{j < m <= i} g_m)``
+     with the exponent set to -inf above the diagonal before ``exp``;
    - sub-chunk s after sub-chunk r: ``exp(G_i - G_j)`` factors into
      ``exp(L_i)`` (start of s to i), ``exp(sum of sub-chunks strictly
-     between)`` and ``exp(L_end(r) - L_j)`` (j to the end of r). Every factor
-     is a decay <= 1, so strong gates underflow to 0 where the true value is
+     between)`` and ``exp(sum after j to the end of r)``. Every factor is a
+     decay <= 1, so strong gates underflow to 0 where the true value is
      negligible, and never overflow.
 3. Chunk states: each chunk's own contribution ``sum_j exp(G_end - G_j) k_j
    v_j^T``, then a ``lax.scan`` over chunks for the state entering each chunk.
@@ -35,12 +36,14 @@ sub-chunk (or chunk), h head, k key channel, v value channel, g gate width
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunks
-from lin_attn_jax.ops.common.decay import (reverse_exclusive_cumsum,
+from lin_attn_jax.ops.common.decay import (reverse_exclusive_cumsum, segsum,
                                            sum_strictly_between)
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
@@ -58,54 +61,68 @@ def _exclusive_local(local):
                           local[:, :, :, :-1]], axis=3)
 
 
-def _sub_chunk_log_decays(g_s):
-  """Step 1 for ``g_s: [B, N, S, c, H, G]``.
+class SubChunkDecays(NamedTuple):
+  """Step 1: log-decays of gates ``g_s: [B, N, S, c, H, G]``.
 
-  Returns:
-    ``(local [B,N,S,c,H,G], sub_total, before_sub, after_sub [B,N,S,H,G],
-    chunk_total [B,N,H,G])``: the cumulative sum inside each sub-chunk, the
-    total of each sub-chunk, the sums of the whole sub-chunks before and
-    after it in its chunk, and the total of each chunk.
+  Every field is a sum of gates taken directly, never the difference of two
+  sums: such a difference is exactly 0 where it should be (the diagonal, the
+  last token of a sub-chunk) but its gradient is two large terms that cancel
+  only up to rounding, which swamps the small gradients of strong gates.
   """
+  gates: jax.Array        # [B,N,S,c,H,G] g itself
+  local: jax.Array        # [B,N,S,c,H,G] sub-chunk start to i, inclusive
+  to_sub_end: jax.Array   # [B,N,S,c,H,G] after i to the sub-chunk end
+  sub_total: jax.Array    # [B,N,S,H,G]   each whole sub-chunk
+  before_sub: jax.Array   # [B,N,S,H,G]   whole sub-chunks before s in its chunk
+  after_sub: jax.Array    # [B,N,S,H,G]   whole sub-chunks after s
+  chunk_total: jax.Array  # [B,N,H,G]
+
+
+def _sub_chunk_log_decays(g_s) -> SubChunkDecays:
+  """Step 1 for ``g_s: [B, N, S, c, H, G]``."""
   local = jnp.cumsum(g_s, axis=3)                               # [B,N,S,c,H,G]
-  sub_total = local[:, :, :, -1]                                # [B,N,S,H,G]
+  sub_total = jnp.sum(g_s, axis=3)                              # [B,N,S,H,G]
   before_sub = jnp.concatenate(
       [jnp.zeros_like(sub_total[:, :, :1]),
        jnp.cumsum(sub_total, axis=2)[:, :, :-1]], axis=2)    # [B,N,S,H,G]
-  after_sub = reverse_exclusive_cumsum(sub_total, axis=2)       # [B,N,S,H,G]
-  chunk_total = jnp.sum(sub_total, axis=2)                      # [B,N,H,G]
-  return local, sub_total, before_sub, after_sub, chunk_total
+  return SubChunkDecays(
+      gates=g_s, local=local,
+      to_sub_end=reverse_exclusive_cumsum(g_s, axis=3),
+      sub_total=sub_total, before_sub=before_sub,
+      after_sub=reverse_exclusive_cumsum(sub_total, axis=2),
+      chunk_total=jnp.sum(sub_total, axis=2))
 
 
-def _intra_chunk_scores(q, k, local, sub_total, strict=False):
+def _intra_chunk_scores(q, k, decays: SubChunkDecays, strict=False):
   """Step 2: causal scores inside each chunk, ``[B, N, H, C, C]``.
 
   Args:
     q, k: ``[B, N, S, c, H, K]`` float32 (q already scaled).
-    local: ``[B, N, S, c, H, G]`` log-decay from the sub-chunk start to i.
-    sub_total: ``[B, N, S, H, G]`` log-decay over each whole sub-chunk.
+    decays: step 1's log-decays.
     strict: q_i reads the state before token i: ``A[i, j] = q_i .
       (exp(G_{i-1} - G_j) * k_j)`` for ``j < i`` and 0 on the diagonal.
   """
   b, n, subs, c, h, dk = q.shape
-  per_channel = local.shape[-1] != 1
-  q_local = _exclusive_local(local) if strict else local
-  # Same sub-chunk: exp(Lq_i - L_j), -inf above the diagonal (and on it when
-  # strict, where the exponent would be -g_i >= 0) before exp.
-  lower = jnp.tril(jnp.ones((c, c), dtype=bool),
-                   -1 if strict else 0)[:, :, None, None]
-  diff = q_local[:, :, :, :, None] - local[:, :, :, None, :]    # [B,N,S,i,j,H,G]
-  decay = jnp.exp(jnp.where(lower, diff, -jnp.inf))
+  per_channel = decays.local.shape[-1] != 1
+  q_local = _exclusive_local(decays.local) if strict else decays.local
+  # Same sub-chunk: sum_{j < m <= i} g_m, -inf above the diagonal before exp;
+  # when strict, row i takes row i - 1 (sum up to i - 1, -inf on the
+  # diagonal, where the exponent would otherwise be -g_i >= 0).
+  pair = segsum(decays.gates, axis=3)                           # [B,N,S,H,G,i,j]
+  if strict:
+    pair = jnp.concatenate([jnp.full_like(pair[..., :1, :], -jnp.inf),
+                            pair[..., :-1, :]], axis=-2)
+  decay = jnp.exp(pair)
   if per_channel:
-    diag = jnp.einsum("bnsihk,bnsjhk,bnsijhk->bnhsij", q, k, decay)
+    diag = jnp.einsum("bnsihk,bnsjhk,bnshkij->bnhsij", q, k, decay)
   else:
-    diag = _mm("bnsihk,bnsjhk->bnhsij", q, k) * jnp.moveaxis(decay[..., 0],
-                                                           -1, 2)
-  # Sub-chunk s after r: q_i exp(L_i), k_j exp(L_end(r) - L_j), and the decay
-  # of the sub-chunks strictly between, -inf unless s > r.
+    diag = _mm("bnsihk,bnsjhk->bnhsij", q, k) * jnp.moveaxis(decay[..., 0, :, :],
+                                                           3, 2)
+  # Sub-chunk s after r: q_i exp(L_i), k_j exp(sum after j to the end of r),
+  # and the decay of the sub-chunks strictly between, -inf unless s > r.
   q_from_start = q * jnp.exp(q_local)                           # [B,N,S,c,H,K]
-  k_to_end = k * jnp.exp(sub_total[:, :, :, None] - local)      # [B,N,S,c,H,K]
-  between = sum_strictly_between(sub_total, axis=2)             # [B,N,s,r,H,G]
+  k_to_end = k * jnp.exp(decays.to_sub_end)                     # [B,N,S,c,H,K]
+  between = sum_strictly_between(decays.sub_total, axis=2)      # [B,N,s,r,H,G]
   later = (jnp.arange(subs)[:, None] > jnp.arange(subs)[None, :])
   between = jnp.exp(jnp.where(later[:, :, None, None], between, -jnp.inf))
   if per_channel:
@@ -173,12 +190,11 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
   q_s, k_s, g_s = sub_chunks(scale * q), sub_chunks(k), sub_chunks(g)
 
   # Step 1: log-decays local to sub-chunks and over whole sub-chunks.
-  local, sub_total, before_sub, after_sub, chunk_total = _sub_chunk_log_decays(
-      g_s)
+  decays = _sub_chunk_log_decays(g_s)
 
   # Step 2: scores inside each chunk, masked to one document.
   doc_c = split_chunks(doc, chunk)                              # [B, N, C]
-  scores = _intra_chunk_scores(q_s, k_s, local, sub_total,
+  scores = _intra_chunk_scores(q_s, k_s, decays,
                                strict=strictly_causal)          # [B,N,H,C,C]
   scores = jnp.where((doc_c[..., :, None] == doc_c[..., None, :])[:, :, None],
                      scores, 0.0)
@@ -187,14 +203,14 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
   doc_before = jnp.concatenate([jnp.zeros((b, 1), doc.dtype), doc[:, :-1]],
                                axis=1)[:, ::chunk]              # [B, N]
   doc_last = doc_c[:, :, -1]                                    # [B, N]
-  to_end = sub_total[:, :, :, None] - local + after_sub[:, :, :, None]
+  to_end = decays.to_sub_end + decays.after_sub[:, :, :, None]
   in_last_doc = (doc_c == doc_last[..., None])[..., None, None]  # [B,N,C,1,1]
   k_to_end = jnp.where(in_last_doc, merge_chunks(k_s * jnp.exp(to_end), axis=2),
                        0.0)                                     # [B,N,C,H,K]
   v_c = split_chunks(v, chunk)                                  # [B,N,C,H,V]
   own_state = _mm("bnjhk,bnjhv->bnhkv", k_to_end, v_c)          # [B,N,H,K,V]
   passes = (doc_last == doc_before)[..., None, None]            # [B, N, 1, 1]
-  chunk_decay = jnp.where(passes, jnp.exp(chunk_total), 0.0)    # [B,N,H,G]
+  chunk_decay = jnp.where(passes, jnp.exp(decays.chunk_total), 0.0)  # [B,N,H,G]
 
   def carry_state(state, inputs):
     decay, own = inputs                                         # [B,H,G], [B,H,K,V]
@@ -208,8 +224,9 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
   entering = jnp.moveaxis(entering, 0, 1)                       # [B,N,H,K,V]
 
   # Step 4: outputs.
-  q_local = _exclusive_local(local) if strictly_causal else local
-  from_start = q_local + before_sub[:, :, :, None]              # [B,N,S,c,H,G]
+  q_local = (_exclusive_local(decays.local) if strictly_causal
+             else decays.local)
+  from_start = q_local + decays.before_sub[:, :, :, None]       # [B,N,S,c,H,G]
   reached = (doc_c == doc_before[..., None])[..., None, None]   # [B,N,C,1,1]
   q_from_start = jnp.where(
       reached, merge_chunks(q_s * jnp.exp(from_start), axis=2), 0.0)

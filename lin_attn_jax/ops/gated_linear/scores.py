@@ -6,8 +6,7 @@ the state after its own token; with ``strict=True`` it is ``x_i .
 token (RWKV-6's output, RWKV-7's state read). The whole sequence is treated
 as one chunk of the chunk form's intra-chunk stage (``chunk.py``, steps 1
 and 2): log-decays are summed inside sub-chunks and over whole sub-chunks,
-never as differences of long prefix sums, and every ``exp`` is of a sum of
-gates <= 0. That keeps per-channel decays accurate near the diagonal with
+never as differences of sums, and every ``exp`` is of a sum of gates <= 0. That keeps per-channel decays accurate near the diagonal with
 strong gates, where a difference of two long prefix sums would lose digits.
 """
 
@@ -38,7 +37,7 @@ def decay_scores(x, y, g, mask, *, strict=False, sub_chunk_size=16):
   def one_chunk(z):                                             # [B,1,S,c,...]
     return split_chunks(split_chunks(pad_time(z, c), padded), c, axis=2)
 
-  local, sub_total = _sub_chunk_log_decays(one_chunk(g))[:2]
-  scores = _intra_chunk_scores(one_chunk(x), one_chunk(y), local, sub_total,
+  decays = _sub_chunk_log_decays(one_chunk(g))
+  scores = _intra_chunk_scores(one_chunk(x), one_chunk(y), decays,
                                strict=strict)                   # [B,1,H,Tp,Tp]
   return jnp.where(mask, scores[:, 0, :, :t, :t], 0.0)

@@ -87,17 +87,16 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
 
   # Step 1: log-decays from the chunk start to i (and to i - 1), and from j
   # to the chunk end.
-  local, sub_total, before_sub, after_sub, chunk_total = _sub_chunk_log_decays(
-      w_s)
-  from_start = merge_chunks(local + before_sub[:, :, :, None], axis=2)
-  before = merge_chunks(_exclusive_local(local) + before_sub[:, :, :, None],
-                        axis=2)                                 # [B,N,C,H,K]
-  to_end = merge_chunks(sub_total[:, :, :, None] - local
-                        + after_sub[:, :, :, None], axis=2)
+  decays = _sub_chunk_log_decays(w_s)
+  before_sub = decays.before_sub[:, :, :, None]                 # [B,N,S,1,H,K]
+  from_start = merge_chunks(decays.local + before_sub, axis=2)  # [B,N,C,H,K]
+  before = merge_chunks(_exclusive_local(decays.local) + before_sub, axis=2)
+  to_end = merge_chunks(decays.to_sub_end + decays.after_sub[:, :, :, None],
+                        axis=2)
 
   # Step 2: intra-chunk scores, [B, N, H, C, C] each.
   def scores(x, y, strict):
-    return jnp.where(same_doc, _intra_chunk_scores(x, y, local, sub_total,
+    return jnp.where(same_doc, _intra_chunk_scores(x, y, decays,
                                                    strict=strict), 0.0)
 
   a_b, a_k = scores(a_s, b_s, True), scores(a_s, k_s, True)
@@ -114,7 +113,7 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   # Step 4: chunk transitions, then the state entering every chunk.
   decay_to_end = jnp.where(in_last_doc, jnp.exp(to_end), 0.0)   # [B,N,C,H,K]
   b_to_end, k_to_end = b_c * decay_to_end, k_c * decay_to_end
-  decay = jnp.where(passes, jnp.exp(chunk_total), 0.0)          # [B,N,H,K]
+  decay = jnp.where(passes, jnp.exp(decays.chunk_total), 0.0)   # [B,N,H,K]
   transition = (decay[..., :, None] * jnp.eye(dk, dtype=_F32)
                 + _mm("bnjhk,bnhjl->bnhkl", b_to_end, w_))      # [B,N,H,K,K]
   own = (_mm("bnjhk,bnhjv->bnhkv", b_to_end, u)
