@@ -31,3 +31,40 @@ class OpSpec:
   tol: float = 1e-5                           # float32 relative RMS, outputs
   grad_tol: float = 1e-5                      # float32 relative RMS, gradients
   low_precision_tol: float = 1e-2             # bfloat16 inputs, all quantities
+
+
+def scan_steps(step, sequence_inputs, *, initial_state=None, segment_ids=None,
+               output_final_state=False, **static):
+  """Runs a decoding step over a whole sequence, as a sequence form.
+
+  Args:
+    step: ``step(**token_inputs, state=..., reset=..., **static) -> (o_t,
+      state)``.
+    sequence_inputs: name -> ``[B, T, ...]`` array (or None, passed as is).
+  Returns:
+    ``(o [B, T, ...], final_state or None)``.
+  """
+  import jax
+  import jax.numpy as jnp
+
+  from lin_attn_jax.ops.common.segments import reset_flags
+
+  names = list(sequence_inputs)
+  first = next(x for x in sequence_inputs.values() if x is not None)
+  batch, length = first.shape[:2]
+  reset = reset_flags(segment_ids, batch, length)
+
+  def body(state, xs):
+    token, reset_t = xs
+    o_t, state = step(**token, state=state, reset=reset_t, **static)
+    return state, o_t
+
+  token_major = {n: (None if x is None else jnp.moveaxis(x, 1, 0))
+                 for n, x in sequence_inputs.items() if n in names}
+  if initial_state is None:
+    # Let the step build its zero state from the first token.
+    tok0 = {n: (None if x is None else x[0]) for n, x in token_major.items()}
+    _, initial_state = step(**tok0, state=None, reset=None, **static)
+    initial_state = jax.tree.map(jnp.zeros_like, initial_state)
+  state, o = jax.lax.scan(body, initial_state, (token_major, reset.T))
+  return jnp.moveaxis(o, 0, 1), (state if output_final_state else None)

@@ -32,22 +32,6 @@ def segsum(x, axis: int = -1):
   return jnp.where(lower, sums, -jnp.inf)
 
 
-def sum_strictly_between(x, axis: int):
-  """``out[..., s, r, ...] = sum_{r < m < s} x[..., m, ...]`` over ``axis``.
-
-  For a short axis (sub-chunks of one chunk): an explicit masked sum, so each
-  entry is summed from its own terms only. The new axes ``s, r`` replace
-  ``axis``.
-  """
-  x = jnp.moveaxis(x, axis, -1)  # [..., M]
-  n = x.shape[-1]
-  idx = jnp.arange(n)
-  between = ((idx[None, None, :] > idx[None, :, None])
-             & (idx[None, None, :] < idx[:, None, None]))  # [s, r, m]
-  out = jnp.sum(jnp.where(between, x[..., None, None, :], 0.0), axis=-1)
-  return jnp.moveaxis(out, (-2, -1), (axis, axis + 1))
-
-
 def reverse_exclusive_cumsum(x, axis: int):
   """``out[m] = sum_{m' > m} x[m']`` along ``axis``."""
   inclusive = jnp.flip(jnp.cumsum(jnp.flip(x, axis), axis=axis), axis)
@@ -55,3 +39,22 @@ def reverse_exclusive_cumsum(x, axis: int):
   widths = [(0, 0)] * x.ndim
   widths[axis] = (0, 1)
   return jnp.pad(shifted, widths)
+
+
+def pairwise_sums(x, axis: int):
+  """``out[..., i, j, ...] = sum_{j < m <= i} x[..., m, ...]`` for ``j < i``.
+
+  For a short axis (a sub-chunk). Row i is row i-1 plus ``x_i``, so each
+  entry is a sum of its own terms (exact relative to the result, unlike
+  ``cumsum[i] - cumsum[j]``), and the gradient reaches ``x_m`` only through
+  the pairs that span m. Entries with ``j >= i`` are 0: mask them before any
+  ``exp``. The new axes ``i, j`` replace ``axis`` (i first).
+  """
+  x = jnp.moveaxis(x, axis, 0)                                  # [m, ...]
+  n = x.shape[0]
+  idx = jnp.arange(n).reshape((n,) + (1,) * (x.ndim - 1))
+  rows = [jnp.zeros_like(x)]
+  for i in range(1, n):
+    rows.append(jnp.where(idx < i, rows[-1] + x[i], 0.0))      # [j, ...]
+  out = jnp.stack(rows)                                         # [i, j, ...]
+  return jnp.moveaxis(out, (0, 1), (axis, axis + 1))

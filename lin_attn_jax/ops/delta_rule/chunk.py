@@ -5,9 +5,9 @@ Inside a chunk the delta rule is written as plain linear attention on
 per chunk; everything else is matmuls. The derivation is in this folder's
 README.md. Five steps:
 
-1. Log-decays local to sub-chunks (the GLA core's step 1): every decay factor
-   below is ``exp`` of a sum of gates, <= 1.
-2. Intra-chunk scores, from the GLA core's stage: ``A[i, j] = beta_i k_i .
+1. Log-decays local to sub-chunks (``common.chunk_scores``): every decay
+   factor below is ``exp`` of a sum of gates, <= 1.
+2. Intra-chunk score matrices (``common.chunk_scores``): ``A[i, j] = beta_i k_i .
    (exp(G_i - G_j) * k_j)`` for ``j < i`` and ``P[i, j] = q_i . (exp(G_i -
    G_j) * k_j)`` for ``j <= i``, both masked to one document.
 3. WY: ``(I + A) [W | U] = diag(beta) [exp(G) * K | V]`` (one triangular
@@ -31,8 +31,8 @@ from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunk
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.delta_rule.inputs import (default_scale,
                                                 expand_query_key, validate)
-from lin_attn_jax.ops.gated_linear.chunk import (_intra_chunk_scores,
-                                                 _sub_chunk_log_decays)
+from lin_attn_jax.ops.common.chunk_scores import (intra_chunk_scores,
+                                                  sub_chunk_log_decays)
 
 _F32 = jnp.float32
 
@@ -160,7 +160,7 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
   q_s, k_s, g_s = sub_chunks(scale * q), sub_chunks(k), sub_chunks(g)
 
   # Step 1: log-decays from the chunk start to i and from j to the chunk end.
-  decays = _sub_chunk_log_decays(g_s)
+  decays = sub_chunk_log_decays(g_s)
   from_start = merge_chunks(decays.local + decays.before_sub[:, :, :, None],
                             axis=2)                             # [B,N,C,H,G]
   to_end = merge_chunks(decays.to_sub_end + decays.after_sub[:, :, :, None],
@@ -169,9 +169,9 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
   # Step 2: intra-chunk scores.
   strictly_lower = jnp.tril(jnp.ones((chunk, chunk), dtype=bool), -1)
   beta_c = jnp.moveaxis(split_chunks(beta, chunk), -1, 2)       # [B,N,H,C]
-  kk = _intra_chunk_scores(k_s, k_s, decays)                    # [B,N,H,C,C]
+  kk = intra_chunk_scores(k_s, k_s, decays)                     # [B,N,H,C,C]
   a = jnp.where(strictly_lower & same_doc, kk, 0.0) * beta_c[..., None]
-  qk = jnp.where(same_doc, _intra_chunk_scores(q_s, k_s, decays),
+  qk = jnp.where(same_doc, intra_chunk_scores(q_s, k_s, decays),
                  0.0)                                           # [B,N,H,C,C]
 
   # Step 3: W and U from one triangular solve per chunk.

@@ -5,8 +5,8 @@
     (I + A) [W | U] = diag(beta) [exp(G) * K | V]   (W only for S_0)
     o = (exp(G) * Q) S_0 + P (U - W S_0)
 
-The decay-weighted scores come from ``gated_linear.scores`` (the chunk
-form's intra-chunk stage over the whole sequence), so ``G_i - G_j`` is always
+The decay-weighted scores are ``common.chunk_scores.sequence_scores`` (the
+chunk form's score stage over the whole sequence), so ``G_i - G_j`` is always
 a sum of the gates between j and i. Memory and the triangular solve are quadratic in T: this
 form is for checking and for short sequences.
 """
@@ -20,7 +20,7 @@ from lin_attn_jax.ops.common.segments import document_index, same_document_mask
 from lin_attn_jax.ops.delta_rule.chunk import solve_unit_lower
 from lin_attn_jax.ops.delta_rule.inputs import (default_scale,
                                                 expand_query_key, validate)
-from lin_attn_jax.ops.gated_linear.scores import decay_scores
+from lin_attn_jax.ops.common.chunk_scores import sequence_scores
 
 _F32 = jnp.float32
 
@@ -42,8 +42,8 @@ def parallel_delta_rule(q, k, v, beta, g=None, *, scale=None,
   mask = (jnp.tril(jnp.ones((t, t), dtype=bool))
           & same_document_mask(doc, doc)[:, None])              # [B, 1, T, T]
   strict = mask & ~jnp.eye(t, dtype=bool)
-  scores = decay_scores(qf, k, g, mask)                         # [B, HV, T, T]
-  a = decay_scores(k, k, g, strict) * beta_t[..., None]         # [B, HV, T, T]
+  scores = sequence_scores(qf, k, g, mask)                      # [B, HV, T, T]
+  a = sequence_scores(k, k, g, strict) * beta_t[..., None]      # [B, HV, T, T]
 
   first_doc = (doc == 0)[:, :, None, None]                      # [B, T, 1, 1]
   from_start = jnp.exp(jnp.cumsum(g, axis=1))                   # [B, T, HV, G]

@@ -1,143 +1,216 @@
 """Chunkwise form: exact scores inside a chunk, states passed between chunks.
 
 The sequence is cut into chunks of ``C`` tokens, each chunk into sub-chunks
-of ``c`` tokens (secondary chunking). Four steps, one einsum each:
+of ``c`` tokens (secondary chunking). Letting ``G_i`` be the cumulative
+log-decay and ``L_i`` its part since the start of i's sub-chunk:
 
-1. Log-decays: cumulative sums local to each sub-chunk (``L``), the sums
-   from each token to its sub-chunk's end, the total of each sub-chunk, and
-   sums over whole sub-chunks between two sub-chunks. Each is summed from
-   its own gates: no sum is ever subtracted from another.
-2. Scores inside a chunk, ``A[i, j] = q_i . (exp(G_i - G_j) * k_j)``:
-   - same sub-chunk: the ``[c, c, K]`` factor ``exp(sum_{j < m <= i} g_m)``
-     with the exponent set to -inf above the diagonal before ``exp``;
-   - sub-chunk s after sub-chunk r: ``exp(G_i - G_j)`` factors into
-     ``exp(L_i)`` (start of s to i), ``exp(sum of sub-chunks strictly
-     between)`` and ``exp(sum after j to the end of r)``. Every factor is a
-     decay <= 1, so strong gates underflow to 0 where the true value is
-     negligible, and never overflow.
-3. Chunk states: each chunk's own contribution ``sum_j exp(G_end - G_j) k_j
-   v_j^T``, then a ``lax.scan`` over chunks for the state entering each chunk.
-4. Outputs: intra-chunk ``A v`` plus ``(q_i * exp(G_i)) . S_in``.
+1. Log-decays local to each sub-chunk: ``L`` (sub-chunk start to i), the
+   reverse sums (j to sub-chunk end), sub-chunk totals, and their sums over
+   whole sub-chunks. No long prefix sum is subtracted from another, and
+   every ``exp`` below is of a sum of gates, so a decay ``<= 1``: strong
+   gates underflow to 0 where the true value is negligible and never
+   overflow.
+2. Chunk states: each chunk's own contribution ``sum_j exp(G_end - G_j) k_j
+   v_j^T`` and total decay, then a ``lax.scan`` over chunks for the state
+   entering each chunk.
+3. Inside a chunk, sub-chunk by sub-chunk (vectorised over all chunks):
+   the output reads the state entering the sub-chunk, ``(q_i exp(L_i)) .
+   S``, and the state moves on by ``exp(total) S + sum_j (k_j exp(L_end -
+   L_j)) v_j^T``: matmuls only.
+4. Within one sub-chunk, exactly, offset by offset ``d = i - j``:
+   ``o_i += (sum_k q_ik k_jk exp(sum_{j<m<=i} g_mk)) v_j`` with the decay
+   carried as a running product of ``exp(g) <= 1``; the diagonal ``d = 0``
+   has decay 1 and no gate (so no equal-and-opposite gradients cancel
+   there). Memory and work are ``O(c)`` passes over ``[T, H, K]``; no
+   ``[c, c, K]`` tensor is formed.
 
 With ``strictly_causal=True`` (RWKV-6) the output at i reads the state
-before token i: every query-side log-decay is the exclusive sum (up to
-i - 1), the diagonal of each sub-chunk is masked out with the upper triangle,
-and the rest is unchanged.
+before token i: step 3 reads with the decay up to i - 1 (``L`` shifted by
+one), and step 4 drops the diagonal and the first gate of every offset, so
+offset ``d`` carries ``exp(sum_{j<m<i} g_m)``.
 
 Segment ids enter as masks: a pair ``(i, j)`` counts only inside one
-document, the entering state reaches ``i`` only if no document started in
-the chunk before ``i``, and a token reaches the chunk's end state only if it
-is in the chunk's last document.
+document, an entering state reaches ``i`` only if no document started
+before ``i`` in the chunk (or sub-chunk), and a token reaches an end state
+only if it is in the last document.
 
-Letters: b batch, n chunk, s and r sub-chunk, i and j position in a
-sub-chunk (or chunk), h head, k key channel, v value channel, g gate width
-(1 for a scalar decay per head, K for a decay per key channel).
+Steps 1-2 and 1, 3, 4 run as two passes over groups of chunks (``lax.map``,
+rematerialised in the backward pass): only the chunk states ``[B, N, H, K,
+V]`` are stored between them, never a ``[c, c, K]`` factor for the whole
+sequence.
+
+Letters: b batch, n chunk, s sub-chunk, i and j position in a sub-chunk
+(or chunk), h head, k key channel, v value channel, g gate width (1 for a
+scalar decay per head, K for a decay per key channel).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunks
-from lin_attn_jax.ops.common.decay import (reverse_exclusive_cumsum, segsum,
-                                           sum_strictly_between)
+from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
 
 _F32 = jnp.float32
+# Tokens whose intra-chunk factors are alive at once (memory, not results).
+_TOKENS_PER_GROUP = 512
 
 
 def _mm(subscripts, *operands):
   return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
 
 
-def _exclusive_local(local):
-  """Log-decay from the sub-chunk start to i - 1: ``local`` shifted by one."""
-  return jnp.concatenate([jnp.zeros_like(local[:, :, :, :1]),
-                          local[:, :, :, :-1]], axis=3)
+def _shift(x, d):
+  """``out[:, :, :, i] = x[:, :, :, i - d]`` within each sub-chunk, 0 for i < d."""
+  if d == 0:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[3] = (d, 0)
+  return jnp.pad(x[:, :, :, :x.shape[3] - d], widths)
 
 
-class SubChunkDecays(NamedTuple):
-  """Step 1: log-decays of gates ``g_s: [B, N, S, c, H, G]``.
+def _diagonal_outputs(q_s, k_s, v_s, g_s, doc_s, strict=False):
+  """Step 4: the part of each output from its own sub-chunk, exactly.
 
-  Every field is a sum of gates taken directly, never the difference of two
-  sums: such a difference is exactly 0 where it should be (the diagonal, the
-  last token of a sub-chunk) but its gradient is two large terms that cancel
-  only up to rounding, which swamps the small gradients of strong gates.
+  Offset by offset (``d = i - j``), the decay ``exp(sum_{j<m<=i} g_m)`` is
+  carried as a running product of per-token decays ``exp(g) <= 1`` (exact
+  relative to the result, no ``exp`` of a difference, zero above the
+  diagonal by construction); ``d = 0`` has decay 1 and no gate.
+
+  q_s, k_s: ``[B, N, S, c, H, K]`` (q scaled); v_s: ``[B, N, S, c, H, V]``;
+  g_s: ``[B, N, S, c, H, G]``; doc_s: ``[B, N, S, c]`` or None (one
+  document); strict: i reads the state before its token (no ``d = 0``, and
+  offset d decays over ``j < m < i``). Returns ``[B, N, S, c, H, V]``.
   """
-  gates: jax.Array        # [B,N,S,c,H,G] g itself
-  local: jax.Array        # [B,N,S,c,H,G] sub-chunk start to i, inclusive
-  to_sub_end: jax.Array   # [B,N,S,c,H,G] after i to the sub-chunk end
-  sub_total: jax.Array    # [B,N,S,H,G]   each whole sub-chunk
-  before_sub: jax.Array   # [B,N,S,H,G]   whole sub-chunks before s in its chunk
-  after_sub: jax.Array    # [B,N,S,H,G]   whole sub-chunks after s
-  chunk_total: jax.Array  # [B,N,H,G]
+  decay = jnp.exp(g_s)                                          # [B,N,S,c,H,G]
+  span = jnp.ones_like(decay)
+  o = (jnp.zeros_like(v_s) if strict
+       else jnp.sum(q_s * k_s, -1)[..., None] * v_s)
+  for d in range(1, q_s.shape[3]):
+    if d > 1 or not strict:
+      span = span * _shift(decay, d - 1)                        # i-d+1 .. i
+    score = jnp.sum(q_s * _shift(k_s, d) * span, -1)            # [B,N,S,c,H]
+    if doc_s is not None:
+      same_doc = (doc_s == _shift(doc_s, d))[..., None]         # [B,N,S,c,1]
+      score = jnp.where(same_doc, score, 0.0)
+    o = o + score[..., None] * _shift(v_s, d)
+  return o
 
 
-def _sub_chunk_log_decays(g_s) -> SubChunkDecays:
-  """Step 1 for ``g_s: [B, N, S, c, H, G]``."""
-  local = jnp.cumsum(g_s, axis=3)                               # [B,N,S,c,H,G]
-  sub_total = jnp.sum(g_s, axis=3)                              # [B,N,S,H,G]
+def _decays(g_c, sub):
+  """Step 1 for chunks ``g_c: [B, N, C, H, G]`` cut into sub-chunks of ``sub``.
+
+  Returns (all ``[B, N, S, ...]``): ``g_s`` per-token gates, ``local``
+  (sub-chunk start to i), ``local_to_end`` (j to sub-chunk end),
+  ``sub_total``, ``before_sub`` (chunk start to sub-chunk start),
+  ``after_sub`` (sub-chunk end to chunk end) and ``chunk_total [B, N, H, G]``.
+  """
+  g_s = split_chunks(g_c, sub, axis=2)                          # [B,N,S,c,H,G]
+  local = jnp.cumsum(g_s, axis=3)
+  local_to_end = reverse_exclusive_cumsum(g_s, axis=3)
+  sub_total = local[:, :, :, -1]                                # [B,N,S,H,G]
   before_sub = jnp.concatenate(
       [jnp.zeros_like(sub_total[:, :, :1]),
-       jnp.cumsum(sub_total, axis=2)[:, :, :-1]], axis=2)    # [B,N,S,H,G]
-  return SubChunkDecays(
-      gates=g_s, local=local,
-      to_sub_end=reverse_exclusive_cumsum(g_s, axis=3),
-      sub_total=sub_total, before_sub=before_sub,
-      after_sub=reverse_exclusive_cumsum(sub_total, axis=2),
-      chunk_total=jnp.sum(sub_total, axis=2))
+       jnp.cumsum(sub_total, axis=2)[:, :, :-1]], axis=2)
+  after_sub = reverse_exclusive_cumsum(sub_total, axis=2)
+  chunk_total = jnp.sum(sub_total, axis=2)                      # [B,N,H,G]
+  return (g_s, local, local_to_end, sub_total, before_sub, after_sub,
+          chunk_total)
 
 
-def _intra_chunk_scores(q, k, decays: SubChunkDecays, strict=False):
-  """Step 2: causal scores inside each chunk, ``[B, N, H, C, C]``.
+def _chunk_states(q_c, k_c, v_c, g_c, doc_c, doc_before, *, sub):
+  """Step 2: each chunk's own end state and its total decay.
 
   Args:
-    q, k: ``[B, N, S, c, H, K]`` float32 (q already scaled).
-    decays: step 1's log-decays.
-    strict: q_i reads the state before token i: ``A[i, j] = q_i .
-      (exp(G_{i-1} - G_j) * k_j)`` for ``j < i`` and 0 on the diagonal.
+    q_c, k_c: ``[B, N, C, H, K]``; v_c: ``[B, N, C, H, V]``;
+    g_c: ``[B, N, C, H, G]``; doc_c: ``[B, N, C]`` document index;
+    doc_before: ``[B, N]`` document of the token before each chunk.
+  Returns:
+    ``own [B, N, H, K, V]`` (the chunk's tokens decayed to its end, last
+    document only) and ``decay [B, N, H, G]`` (0 where a document starts
+    inside the chunk, so the entering state does not pass).
   """
-  b, n, subs, c, h, dk = q.shape
-  per_channel = decays.local.shape[-1] != 1
-  q_local = _exclusive_local(decays.local) if strict else decays.local
-  # Same sub-chunk: sum_{j < m <= i} g_m, -inf above the diagonal before exp;
-  # when strict, row i takes row i - 1 (sum up to i - 1, -inf on the
-  # diagonal, where the exponent would otherwise be -g_i >= 0).
-  pair = segsum(decays.gates, axis=3)                           # [B,N,S,H,G,i,j]
-  if strict:
-    pair = jnp.concatenate([jnp.full_like(pair[..., :1, :], -jnp.inf),
-                            pair[..., :-1, :]], axis=-2)
-  decay = jnp.exp(pair)
-  if per_channel:
-    diag = jnp.einsum("bnsihk,bnsjhk,bnshkij->bnhsij", q, k, decay)
-  else:
-    diag = _mm("bnsihk,bnsjhk->bnhsij", q, k) * jnp.moveaxis(decay[..., 0, :, :],
-                                                           3, 2)
-  # Sub-chunk s after r: q_i exp(L_i), k_j exp(sum after j to the end of r),
-  # and the decay of the sub-chunks strictly between, -inf unless s > r.
-  q_from_start = q * jnp.exp(q_local)                           # [B,N,S,c,H,K]
-  k_to_end = k * jnp.exp(decays.to_sub_end)                     # [B,N,S,c,H,K]
-  between = sum_strictly_between(decays.sub_total, axis=2)      # [B,N,s,r,H,G]
-  later = (jnp.arange(subs)[:, None] > jnp.arange(subs)[None, :])
-  between = jnp.exp(jnp.where(later[:, :, None, None], between, -jnp.inf))
-  if per_channel:
-    off = _mm("bnsihk,bnsrhk,bnrjhk->bnhsirj", q_from_start, between, k_to_end)
-  else:
-    off = _mm("bnsihk,bnrjhk->bnhsirj", q_from_start, k_to_end)
-    off = off * jnp.moveaxis(between[..., 0], -1, 2)[:, :, :, :, None, :, None]
-  eye = jnp.eye(subs, dtype=_F32)[:, None, :, None]             # [s, i, r, j]
-  scores = off + diag[:, :, :, :, :, None, :] * eye             # [B,N,H,s,i,r,j]
-  return scores.reshape(b, n, h, subs * c, subs * c)
+  del q_c
+  _, _, local_to_end, _, _, after_sub, chunk_total = _decays(g_c, sub)
+  to_end = merge_chunks(local_to_end + after_sub[:, :, :, None], axis=2)
+  doc_last = doc_c[:, :, -1]                                    # [B, N]
+  in_last_doc = (doc_c == doc_last[..., None])[..., None, None]
+  k_to_end = jnp.where(in_last_doc, k_c * jnp.exp(to_end), 0.0)  # [B,N,C,H,K]
+  own = _mm("bnjhk,bnjhv->bnhkv", k_to_end, v_c)                # [B,N,H,K,V]
+  passes = (doc_last == doc_before)[..., None, None]            # [B, N, 1, 1]
+  return own, jnp.where(passes, jnp.exp(chunk_total), 0.0)
+
+
+def _chunk_outputs(q_c, k_c, v_c, g_c, doc_c, doc_before, entering, *, sub,
+                   packed, strict=False):
+  """Steps 3 and 4: outputs of every chunk given the state entering it.
+
+  Shapes as in ``_chunk_states``; ``entering: [B, N, H, K, V]``; ``packed``
+  says whether there are several documents; ``strict``: outputs read the
+  state before their token. Returns ``o [B, N, C, H, V]`` float32.
+  """
+  g_s, local, local_to_end, sub_total, _, _, _ = _decays(g_c, sub)
+  q_s, k_s, v_s = (split_chunks(x, sub, axis=2) for x in (q_c, k_c, v_c))
+  doc_s = split_chunks(doc_c, sub, axis=2)                      # [B,N,S,c]
+  o = _diagonal_outputs(q_s, k_s, v_s, g_s, doc_s if packed else None,
+                        strict=strict)                          # [B,N,S,c,H,V]
+  read_decay = _shift(local, 1) if strict else local            # to i or i - 1
+
+  state, doc_prev, from_state = entering, doc_before, []
+  for s in range(q_s.shape[2]):
+    doc_here = doc_s[:, :, s]                                   # [B, N, c]
+    reached = (doc_here == doc_prev[..., None])[..., None, None]
+    q_read = jnp.where(reached, q_s[:, :, s] * jnp.exp(read_decay[:, :, s]),
+                       0.0)
+    from_state.append(_mm("bnihk,bnhkv->bnihv", q_read, state))
+    doc_last = doc_here[:, :, -1]                               # [B, N]
+    in_last = (doc_here == doc_last[..., None])[..., None, None]
+    k_write = jnp.where(in_last, k_s[:, :, s] * jnp.exp(local_to_end[:, :, s]),
+                        0.0)                                    # [B,N,c,H,K]
+    passes = (doc_last == doc_prev)[..., None, None]            # [B,N,1,1]
+    decay = jnp.where(passes, jnp.exp(sub_total[:, :, s]), 0.0)  # [B,N,H,G]
+    state = (decay[..., None] * state
+             + _mm("bnjhk,bnjhv->bnhkv", k_write, v_s[:, :, s]))
+    doc_prev = doc_last
+  o = o + jnp.stack(from_state, axis=2)
+  return merge_chunks(o, axis=2)
+
+
+def _grouped_over_chunks(fn, operands, group):
+  """``fn`` over groups of ``group`` chunks (axis 1), rematerialised.
+
+  The intra-chunk factors are ``[c, c, K]`` per token; mapping over groups
+  and recomputing them in the backward pass keeps only one group's worth
+  alive, and only the chunk states ``[B, N, H, K, V]`` are stored.
+  """
+  n = operands[0].shape[1]
+  if n <= group:
+    return fn(*operands)
+  steps = -(-n // group)
+
+  def to_groups(x):
+    x = jnp.pad(x, [(0, 0), (0, steps * group - n)] + [(0, 0)] * (x.ndim - 2))
+    x = x.reshape((x.shape[0], steps, group) + x.shape[2:])
+    return jnp.moveaxis(x, 1, 0)
+
+  def from_groups(y):
+    y = jnp.moveaxis(y, 0, 1)
+    return y.reshape((y.shape[0], steps * group) + y.shape[3:])[:, :n]
+
+  out = jax.lax.map(jax.checkpoint(lambda xs: fn(*xs)),
+                    tuple(to_groups(x) for x in operands))
+  return jax.tree.map(from_groups, out)
 
 
 def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
                        output_final_state=False, segment_ids=None,
-                       chunk_size=64, sub_chunk_size=16,
+                       chunk_size=64, sub_chunk_size=8,
                        strictly_causal=False):
   """Gated linear attention, chunkwise; the training path on every backend.
 
@@ -183,34 +256,16 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
   q, k, g, v = (pad_time(jnp.asarray(x, _F32), chunk) for x in (q, k, g, v))
   doc = pad_time(doc, chunk, mode="edge")
   n = q.shape[1] // chunk
-
-  def sub_chunks(x):                                            # [B,N,S,c,...]
-    return split_chunks(split_chunks(x, chunk), c, axis=2)
-
-  q_s, k_s, g_s = sub_chunks(scale * q), sub_chunks(k), sub_chunks(g)
-
-  # Step 1: log-decays local to sub-chunks and over whole sub-chunks.
-  decays = _sub_chunk_log_decays(g_s)
-
-  # Step 2: scores inside each chunk, masked to one document.
   doc_c = split_chunks(doc, chunk)                              # [B, N, C]
-  scores = _intra_chunk_scores(q_s, k_s, decays,
-                               strict=strictly_causal)          # [B,N,H,C,C]
-  scores = jnp.where((doc_c[..., :, None] == doc_c[..., None, :])[:, :, None],
-                     scores, 0.0)
-
-  # Step 3: each chunk's own state, then the state entering every chunk.
   doc_before = jnp.concatenate([jnp.zeros((b, 1), doc.dtype), doc[:, :-1]],
                                axis=1)[:, ::chunk]              # [B, N]
-  doc_last = doc_c[:, :, -1]                                    # [B, N]
-  to_end = decays.to_sub_end + decays.after_sub[:, :, :, None]
-  in_last_doc = (doc_c == doc_last[..., None])[..., None, None]  # [B,N,C,1,1]
-  k_to_end = jnp.where(in_last_doc, merge_chunks(k_s * jnp.exp(to_end), axis=2),
-                       0.0)                                     # [B,N,C,H,K]
-  v_c = split_chunks(v, chunk)                                  # [B,N,C,H,V]
-  own_state = _mm("bnjhk,bnjhv->bnhkv", k_to_end, v_c)          # [B,N,H,K,V]
-  passes = (doc_last == doc_before)[..., None, None]            # [B, N, 1, 1]
-  chunk_decay = jnp.where(passes, jnp.exp(decays.chunk_total), 0.0)  # [B,N,H,G]
+  per_chunk = (split_chunks(scale * q, chunk), split_chunks(k, chunk),
+               split_chunks(v, chunk), split_chunks(g, chunk), doc_c,
+               doc_before)
+  group = max(1, _TOKENS_PER_GROUP // chunk)
+
+  own_state, chunk_decay = _grouped_over_chunks(
+      functools.partial(_chunk_states, sub=c), per_chunk, group)
 
   def carry_state(state, inputs):
     decay, own = inputs                                         # [B,H,G], [B,H,K,V]
@@ -223,14 +278,9 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
       (jnp.moveaxis(chunk_decay, 1, 0), jnp.moveaxis(own_state, 1, 0)))
   entering = jnp.moveaxis(entering, 0, 1)                       # [B,N,H,K,V]
 
-  # Step 4: outputs.
-  q_local = (_exclusive_local(decays.local) if strictly_causal
-             else decays.local)
-  from_start = q_local + decays.before_sub[:, :, :, None]       # [B,N,S,c,H,G]
-  reached = (doc_c == doc_before[..., None])[..., None, None]   # [B,N,C,1,1]
-  q_from_start = jnp.where(
-      reached, merge_chunks(q_s * jnp.exp(from_start), axis=2), 0.0)
-  o = (_mm("bnhij,bnjhv->bnihv", scores, v_c)
-       + _mm("bnihk,bnhkv->bnihv", q_from_start, entering))     # [B,N,C,H,V]
+  o = _grouped_over_chunks(
+      functools.partial(_chunk_outputs, sub=c, packed=segment_ids is not None,
+                        strict=strictly_causal),
+      per_chunk + (entering,), group)
   o = merge_chunks(o)[:, :t]
   return o.astype(out_dtype), (final_state if output_final_state else None)

@@ -5,8 +5,8 @@
 
 with ``G_i - G_j = sum_{m=j+1}^{i} g_m`` summed exactly (``segsum``), never as
 a difference of two long prefix sums. With a decay per key channel the scores
-need a ``[T, T, K]`` factor; it is built one block of query rows at a time
-(rematerialised in the backward pass) so memory stays ``O(T^2 + R T K)``.
+are built one block of query rows at a time (rematerialised in the backward
+pass), so memory stays ``O(T^2 + r^2 K)``.
 """
 
 from __future__ import annotations
@@ -14,48 +14,55 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common.chunking import pad_time, split_chunks
-from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum, segsum
+from lin_attn_jax.ops.common.chunking import pad_time
+from lin_attn_jax.ops.common.decay import (pairwise_sums,
+                                           reverse_exclusive_cumsum, segsum)
 from lin_attn_jax.ops.common.segments import document_index, same_document_mask
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
 
-_ROW_BLOCK = 64
+_ROW_BLOCK = 32
 
 
 def _channel_decay_scores(q, k, g, mask):
   """Scores ``[B, H, T, T]`` for a per-channel log-decay ``g: [B, T, H, K]``.
 
-  Query rows are taken in blocks of ``_ROW_BLOCK``; for each block the
-  pairwise log-decays are rebased on the block's first row so that the
-  entries near the diagonal are sums of few terms.
+  Query rows are taken in blocks of ``_ROW_BLOCK`` starting at ``s``. For a
+  key j before the block the decay factors into ``exp(L_i)`` (gates from s
+  to i) times ``exp(R_j)`` (gates strictly between j and s), both <= 1, so
+  those scores are one matmul; keys inside the block use ``exp(sum_{j<m<=i} g_m)``
+  (``pairwise_sums``, ``[r, r, K]``), 1 on the diagonal.
   """
   b, t, h, dk = q.shape
   rows = _ROW_BLOCK
-  q_blocks = split_chunks(pad_time(q, rows), rows)            # [B, R, r, H, K]
-  mask_blocks = split_chunks(pad_time(jnp.moveaxis(mask, -2, 1), rows), rows)
-  positions = jnp.arange(t)
+  padded = -(-t // rows) * rows
+  q_p, k_p, g_p = (pad_time(x, rows) for x in (q, k, g))
+  mask_p = jnp.pad(mask, ((0, 0), (0, 0), (0, padded - t), (0, padded - t)))
+  positions = jnp.arange(padded)
+  strict = jnp.tril(jnp.ones((rows, rows), dtype=bool), -1)[:, :, None, None]
 
   @jax.checkpoint
-  def block_scores(args):
-    q_r, mask_r, start = args                     # [B, r, H, K], [B, r, H, T]
-    # Log-decay from the block start to every position m, as a signed sum of
-    # the gates strictly between them: P_i - P_j = sum_{j < m <= i} g_m.
-    after = jnp.cumsum(jnp.where((positions > start)[None, :, None, None], g,
-                                 0.0), axis=1)
-    before = jnp.where((positions <= start)[None, :, None, None], g, 0.0)
-    rebased = after - reverse_exclusive_cumsum(before, axis=1)  # [B, T, H, K]
-    p_i = jax.lax.dynamic_slice_in_dim(
-        jnp.pad(rebased, ((0, 0), (0, rows), (0, 0), (0, 0))), start, rows, 1)
-    diff = p_i[:, :, None] - rebased[:, None, :]               # [B, r, T, H, K]
-    diff = jnp.where(jnp.moveaxis(mask_r, -1, 2)[..., None], diff, -jnp.inf)
-    return jnp.einsum("bihk,bjhk,bijhk->bhij", q_r, k, jnp.exp(diff))
+  def block_scores(start):
+    take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, rows, 1)
+    q_r, k_r, g_r = take(q_p), take(k_p), take(g_p)            # [B, r, H, K]
+    local = jnp.cumsum(g_r, axis=1)                            # [B, r, H, K]
+    before = jnp.where((positions < start)[None, :, None, None], g_p, 0.0)
+    to_start = reverse_exclusive_cumsum(before, axis=1)        # [B, T, H, K]
+    earlier = jnp.where((positions < start)[None, :, None, None],
+                        k_p * jnp.exp(to_start), 0.0)
+    scores = jnp.einsum("bihk,bjhk->bhij", q_r * jnp.exp(local), earlier)
+    diff = pairwise_sums(g_r, axis=1)                          # [B, r, r, H, K]
+    decay = (jnp.exp(jnp.where(strict, diff, -jnp.inf))
+             + jnp.eye(rows, dtype=jnp.float32)[:, :, None, None])
+    inside = jnp.einsum("bihk,bjhk,bijhk->bhij", q_r, k_r, decay)
+    scores = jax.lax.dynamic_update_slice_in_dim(
+        scores, inside + jax.lax.dynamic_slice_in_dim(scores, start, rows, 3),
+        start, 3)
+    return scores                                              # [B, H, r, T]
 
-  starts = jnp.arange(q_blocks.shape[1]) * rows
-  scores = jax.lax.map(
-      block_scores,
-      (jnp.moveaxis(q_blocks, 1, 0), jnp.moveaxis(mask_blocks, 1, 0), starts))
-  scores = jnp.moveaxis(scores, 0, 2)                          # [B, H, R, r, T]
-  return scores.reshape(b, h, -1, t)[:, :, :t]
+  starts = jnp.arange(padded // rows) * rows
+  scores = jax.lax.map(block_scores, starts)                   # [R, B, H, r, T]
+  scores = jnp.moveaxis(scores, 0, 2).reshape(b, h, padded, padded)
+  return jnp.where(mask_p, scores, 0.0)[:, :, :t, :t]
 
 
 def parallel_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,

@@ -10,7 +10,7 @@ from lin_attn_jax.ops.rwkv6.inputs import bonus, default_scale, validate
 
 def chunk_rwkv6(r, k, v, w, u, *, scale=None, initial_state=None,
                 output_final_state=False, segment_ids=None, chunk_size=64,
-                sub_chunk_size=16):
+                sub_chunk_size=8):
   """RWKV-6 (Finch), chunkwise; the training path.
 
   ``o_t = (S_{t-1} + diag(u) k_t v_t^T)^T (scale * r_t)``, ``S_t =

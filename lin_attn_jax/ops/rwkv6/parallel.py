@@ -4,8 +4,8 @@
           + (r_i . (u * k_i)) v_i
           + [no reset in 1..i] (r_i * exp(G_{i-1})) . S_0
 
-The scores are the GLA core's strictly causal ``decay_scores``; the final
-state is that of gated linear attention.
+The scores are the strictly causal ``sequence_scores``; the final state is
+that of gated linear attention.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
 from lin_attn_jax.ops.common.segments import document_index, same_document_mask
-from lin_attn_jax.ops.gated_linear.scores import decay_scores
+from lin_attn_jax.ops.common.chunk_scores import sequence_scores
 from lin_attn_jax.ops.rwkv6.inputs import bonus, default_scale, validate
 
 _F32 = jnp.float32
@@ -30,7 +30,7 @@ def parallel_rwkv6(r, k, v, w, u, *, scale=None, initial_state=None,
   doc = document_index(segment_ids, b, t)                       # [B, T]
   strict = (jnp.tril(jnp.ones((t, t), dtype=bool), -1)
             & same_document_mask(doc, doc)[:, None])            # [B, 1, T, T]
-  scores = decay_scores(rf, kf, wf, strict, strict=True)        # [B, H, T, T]
+  scores = sequence_scores(rf, kf, wf, strict, strict=True)     # [B, H, T, T]
   o = jnp.einsum("bhij,bjhv->bihv", scores, vf) + bonus(r, k, v, u, scale)
   first_doc = (doc == 0)[:, :, None, None]                      # [B, T, 1, 1]
   if initial_state is not None:

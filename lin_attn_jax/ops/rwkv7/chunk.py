@@ -3,8 +3,8 @@
 Inside a chunk, with ``x_i = S_{i-1}^T a_i`` the value that the rank-one term
 reads and ``S_in`` the entering state (derivation in README.md):
 
-1. Log-decays local to sub-chunks (the GLA core's step 1).
-2. Intra-chunk scores from the GLA core's stage: strictly causal (reading
+1. Log-decays local to sub-chunks (``common.chunk_scores``).
+2. Intra-chunk score matrices (``common.chunk_scores``): strictly causal (reading
    the state before i) ``A_ab``, ``A_ak`` with a as the query, causal
    ``P_rb``, ``P_rk`` with r as the query; all masked to one document.
 3. WY: ``(I - A_ab) [W | U] = [exp(G_{i-1}) * A | A_ak V]`` (one triangular
@@ -25,9 +25,9 @@ from lin_attn_jax.ops.delta_rule.chunk import (check_chunk_sizes, chunk_layout,
                                                document_masks,
                                                scan_chunk_states,
                                                solve_unit_lower)
-from lin_attn_jax.ops.gated_linear.chunk import (_exclusive_local,
-                                                 _intra_chunk_scores,
-                                                 _sub_chunk_log_decays)
+from lin_attn_jax.ops.common.chunk_scores import (exclusive_local,
+                                                  intra_chunk_scores,
+                                                  sub_chunk_log_decays)
 from lin_attn_jax.ops.rwkv7.inputs import default_scale, validate
 
 _F32 = jnp.float32
@@ -87,17 +87,17 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
 
   # Step 1: log-decays from the chunk start to i (and to i - 1), and from j
   # to the chunk end.
-  decays = _sub_chunk_log_decays(w_s)
+  decays = sub_chunk_log_decays(w_s)
   before_sub = decays.before_sub[:, :, :, None]                 # [B,N,S,1,H,K]
   from_start = merge_chunks(decays.local + before_sub, axis=2)  # [B,N,C,H,K]
-  before = merge_chunks(_exclusive_local(decays.local) + before_sub, axis=2)
+  before = merge_chunks(exclusive_local(decays.local) + before_sub, axis=2)
   to_end = merge_chunks(decays.to_sub_end + decays.after_sub[:, :, :, None],
                         axis=2)
 
   # Step 2: intra-chunk scores, [B, N, H, C, C] each.
   def scores(x, y, strict):
-    return jnp.where(same_doc, _intra_chunk_scores(x, y, decays,
-                                                   strict=strict), 0.0)
+    return jnp.where(same_doc, intra_chunk_scores(x, y, decays,
+                                                  strict=strict), 0.0)
 
   a_b, a_k = scores(a_s, b_s, True), scores(a_s, k_s, True)
   r_b, r_k = scores(r_s, b_s, False), scores(r_s, k_s, False)

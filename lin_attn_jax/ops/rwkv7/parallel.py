@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
 from lin_attn_jax.ops.common.segments import document_index, same_document_mask
 from lin_attn_jax.ops.delta_rule.chunk import solve_unit_lower
-from lin_attn_jax.ops.gated_linear.scores import decay_scores
+from lin_attn_jax.ops.common.chunk_scores import sequence_scores
 from lin_attn_jax.ops.rwkv7.inputs import default_scale, validate
 
 _F32 = jnp.float32
@@ -38,10 +38,10 @@ def parallel_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   mask = (jnp.tril(jnp.ones((t, t), dtype=bool))
           & same_document_mask(doc, doc)[:, None])              # [B, 1, T, T]
   strict = mask & ~jnp.eye(t, dtype=bool)
-  a_b = decay_scores(af, bf, wf, strict, strict=True)           # [B, H, T, T]
-  a_k = decay_scores(af, kf, wf, strict, strict=True)
-  r_b = decay_scores(rf, bf, wf, mask)
-  r_k = decay_scores(rf, kf, wf, mask)
+  a_b = sequence_scores(af, bf, wf, strict, strict=True)        # [B, H, T, T]
+  a_k = sequence_scores(af, kf, wf, strict, strict=True)
+  r_b = sequence_scores(rf, bf, wf, mask)
+  r_k = sequence_scores(rf, kf, wf, mask)
 
   first_doc = (doc == 0)[:, :, None, None]                      # [B, T, 1, 1]
   log_from_start = jnp.cumsum(wf, axis=1)                       # [B, T, H, K]

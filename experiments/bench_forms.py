@@ -1,0 +1,138 @@
+"""Times the parallel, chunk and recurrent forms side by side.
+
+For each op and length: forward and forward+backward wall time (median of
+``--repeats`` runs after a warm-up, all forms of one length measured
+back-to-back) and the compiled temp memory from
+``jax.jit(f).lower(...).compile().memory_analysis()`` (exact, repeatable).
+Writes a markdown table to stdout and, with ``--out``, into a section of
+that file (replacing an earlier section for the same ops and shapes).
+
+  python experiments/bench_forms.py --ops=gla --lengths=1024,2048,4096,8192 \
+      --out=benchmarks/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from experiments.specs import all_specs  # noqa: E402
+from experiments.specs.base import Dims  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("ops", ["gla"], "Ops to time.")
+flags.DEFINE_list("forms", ["parallel", "chunk", "recurrent"], "Forms to time.")
+flags.DEFINE_list("lengths", ["1024", "2048", "4096", "8192", "16384", "32768"],
+                  "Sequence lengths T.")
+flags.DEFINE_integer("batch", 1, "B.")
+flags.DEFINE_integer("heads", 4, "H.")
+flags.DEFINE_integer("dim_k", 64, "K.")
+flags.DEFINE_integer("dim_v", 64, "V.")
+flags.DEFINE_integer("chunk_size", 64, "Chunk size of the chunk forms.")
+flags.DEFINE_integer("max_parallel_length", 8192,
+                     "Longest T for the parallel form (its memory is O(T^2)).")
+flags.DEFINE_integer("repeats", 3, "Timed runs per measurement.")
+flags.DEFINE_string("out", "", "Markdown file to write the table into.")
+
+
+def _timed(fn, args, repeats):
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def measure(spec, form_name, inputs, chunk_size, repeats):
+  """Returns (fwd s, fwd+bwd s, fwd temp bytes, fwd+bwd temp bytes)."""
+  form = spec.forms[form_name]
+  kwargs = {"chunk_size": chunk_size} if form_name in spec.chunked else {}
+  diff_names = [n for n in spec.grad_args if inputs.get(n) is not None]
+  fixed = {n: x for n, x in inputs.items() if n not in diff_names}
+
+  def forward(*diff):
+    o, state = form(**fixed, **dict(zip(diff_names, diff)),
+                    output_final_state=True, **kwargs)
+    return o, state
+
+  def loss(*diff):
+    o, state = forward(*diff)
+    return jnp.sum(o.astype(jnp.float32)) + jnp.sum(state)
+
+  grad = jax.grad(loss, argnums=tuple(range(len(diff_names))))
+  args = [inputs[n] for n in diff_names]
+  fwd = jax.jit(forward)
+  bwd = jax.jit(grad)
+  mem_f = fwd.lower(*args).compile().memory_analysis().temp_size_in_bytes
+  mem_b = bwd.lower(*args).compile().memory_analysis().temp_size_in_bytes
+  return (_timed(fwd, args, repeats), _timed(bwd, args, repeats), mem_f, mem_b)
+
+
+def _mib(n):
+  return f"{n / 2 ** 20:.1f}"
+
+
+def main(argv):
+  del argv
+  specs = all_specs()
+  command = "python experiments/bench_forms.py " + " ".join(sys.argv[1:])
+  lines = [f"Command: `{command}`", "",
+           f"Device: {jax.devices()[0].device_kind}, {os.cpu_count()} cores; "
+           f"B={FLAGS.batch}, H={FLAGS.heads}, K={FLAGS.dim_k}, "
+           f"V={FLAGS.dim_v}, float32, chunk_size={FLAGS.chunk_size}.", "",
+           "| op | T | form | fwd ms | fwd+bwd ms | fwd temp MiB | "
+           "fwd+bwd temp MiB | fwd+bwd time / chunk | fwd+bwd temp / chunk |",
+           "|---|---|---|---|---|---|---|---|---|"]
+  print("\n".join(lines), flush=True)
+  for name in FLAGS.ops:
+    spec = specs[name]
+    for length in map(int, FLAGS.lengths):
+      dims = Dims(FLAGS.batch, length, FLAGS.heads, FLAGS.dim_k, FLAGS.dim_v)
+      inputs = spec.make_inputs(jax.random.PRNGKey(0), dims, False)
+      inputs["segment_ids"] = None
+      results = {}
+      for form in FLAGS.forms:
+        if form == "parallel" and length > FLAGS.max_parallel_length:
+          continue
+        results[form] = measure(spec, form, inputs, FLAGS.chunk_size,
+                                FLAGS.repeats)
+      base = results.get("chunk")
+      for form, (tf, tb, mf, mb) in results.items():
+        rel_t = f"{tb / base[1]:.2f}x" if base else "-"
+        rel_m = f"{mb / max(base[3], 1):.2f}x" if base else "-"
+        row = (f"| {name} | {length} | {form} | {tf * 1e3:.1f} | "
+               f"{tb * 1e3:.1f} | {_mib(mf)} | {_mib(mb)} | {rel_t} | {rel_m} |")
+        lines.append(row)
+        print(row, flush=True)
+  if FLAGS.out:
+    _write_section(FLAGS.out, lines)
+
+
+def _write_section(path, lines):
+  key = (f"bench_forms ops={','.join(FLAGS.ops)} B={FLAGS.batch} "
+         f"H={FLAGS.heads} K={FLAGS.dim_k} V={FLAGS.dim_v}")
+  begin, end = f"<!-- begin {key} -->", f"<!-- end {key} -->"
+  section = "\n".join([begin, *lines, end])
+  text = open(path).read() if os.path.exists(path) else "# Results\n"
+  pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+  if pattern.search(text):
+    text = pattern.sub(lambda _: section, text)
+  else:
+    text = text.rstrip("\n") + "\n\n" + section + "\n"
+  with open(path, "w") as f:
+    f.write(text)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,78 @@
+"""Based's linear attention (Arora et al. 2024, https://arxiv.org/abs/2402.18668):
+normalized linear attention with the second-order Taylor feature map,
+``phi(q) . phi(k) = 1 + s q.k + (s q.k)^2 / 2`` with ``s = scale``.
+
+q and k have a small feature dimension ``K`` (16 in the paper); the state is
+``[B, H, 1 + K + K^2, V + 1]`` (the last value column is the normalizer).
+The sliding-window softmax half of a Based block lives in the layer.
+"""
+
+from __future__ import annotations
+
+from lin_attn_jax import feature_maps
+from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.linear_attn import (chunk_linear_attn, linear_attn_step,
+                                          naive_recurrent_linear_attn,
+                                          parallel_linear_attn,
+                                          recurrent_linear_attn)
+
+
+def based_features(q, k, scale=None):
+  """Taylor features of q and k (``[..., K] -> [..., 1 + K + K^2]``)."""
+  checks.check_float("q", q)
+  checks.check_float("k", k)
+  return feature_maps.taylor(q, scale), feature_maps.taylor(k, scale)
+
+
+def _call(form, q, k, v, scale, **kwargs):
+  fq, fk = based_features(q, k, scale)
+  return form(fq, fk, v, scale=1.0, normalize=True, **kwargs)
+
+
+def naive_recurrent_based(q, k, v, *, scale=None, initial_state=None,
+                          output_final_state=False, segment_ids=None):
+  """Reference recurrence; arguments as in ``chunk_based``."""
+  return _call(naive_recurrent_linear_attn, q, k, v, scale,
+               initial_state=initial_state,
+               output_final_state=output_final_state, segment_ids=segment_ids)
+
+
+def parallel_based(q, k, v, *, scale=None, initial_state=None,
+                   output_final_state=False, segment_ids=None):
+  """Quadratic masked form; arguments as in ``chunk_based``."""
+  return _call(parallel_linear_attn, q, k, v, scale,
+               initial_state=initial_state,
+               output_final_state=output_final_state, segment_ids=segment_ids)
+
+
+def chunk_based(q, k, v, *, scale=None, initial_state=None,
+                output_final_state=False, segment_ids=None, chunk_size=64):
+  """Chunkwise Based linear attention.
+
+  Args:
+    q, k: ``[B, T, H, K]`` (raw, before the Taylor map); v: ``[B, T, H, V]``.
+    scale: ``s`` in the Taylor kernel, ``K ** -0.5`` when None.
+    initial_state: ``[B, H, 1 + K + K^2, V + 1]`` float32.
+    output_final_state, segment_ids ``[B, T]``, chunk_size: as in
+      ``chunk_linear_attn``.
+  Returns:
+    ``(o [B, T, H, V], final_state or None)``.
+  """
+  return _call(chunk_linear_attn, q, k, v, scale, initial_state=initial_state,
+               output_final_state=output_final_state, segment_ids=segment_ids,
+               chunk_size=chunk_size)
+
+
+def recurrent_based(q, k, v, *, scale=None, initial_state=None,
+                    output_final_state=False, segment_ids=None):
+  """Token-by-token scan; arguments as in ``chunk_based``."""
+  return _call(recurrent_linear_attn, q, k, v, scale,
+               initial_state=initial_state,
+               output_final_state=output_final_state, segment_ids=segment_ids)
+
+
+def based_step(q, k, v, state=None, *, scale=None, reset=None):
+  """One decoding step: q, k ``[B, H, K]``, v ``[B, H, V]``."""
+  fq, fk = based_features(q, k, scale)
+  return linear_attn_step(fq, fk, v, state, scale=1.0, normalize=True,
+                          reset=reset)

@@ -1,0 +1,89 @@
+"""Linformer: softmax attention over keys and values projected along T.
+
+Wang et al. 2020, "Linformer: Self-Attention with Linear Complexity"
+(https://arxiv.org/abs/2006.04768). With ``E, F: [P, T]``:
+
+    K' = E K  [P, K],   V' = F V  [P, V],   o_i = softmax(scale * q_i K'^T) V'
+
+Cost ``O(T P)`` instead of ``O(T^2)``. Every projected key ``K'_p = sum_t
+E_pt k_t`` mixes all ``T`` positions, the future ones included, so no mask on
+the ``[T, P]`` scores can make it causal, and decoding one token at a time
+would need the whole sequence in advance: there is no causal form and no KV
+cache. Both requests raise ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.softmax_attn.inputs import check_grouped_qkv, default_scale
+
+_F32 = jnp.float32
+
+_NOT_CAUSAL = (
+    "Linformer has no causal form: every projected key E k and value F v is "
+    "a mix of all T positions, the future ones included, so masking the "
+    "[T, P] scores cannot hide the future. Use causal=False (encoder-style "
+    "attention), or a causal op such as chunk_softmax_attn.")
+
+
+def linformer_attn(q, k, v, e, f, *, scale=None, causal=False):
+  """Linformer attention (non-causal by construction).
+
+  Args:
+    q: ``[B, T, H, K]``; k: ``[B, T, Hkv, K]``; v: ``[B, T, Hkv, V]``, with
+      ``H`` a multiple of ``Hkv``.
+    e, f: ``[P, T]`` projections of the keys and of the values along T.
+    scale: score scale, ``K ** -0.5`` when None.
+    causal: must be False; True raises ``ValueError`` (see the module
+      docstring).
+  Returns:
+    ``o [B, T, H, V]`` in v's dtype.
+
+  Example:
+    >>> q = k = v = jnp.ones((1, 64, 2, 8)); e = f = jnp.ones((16, 64)) / 64
+    >>> linformer_attn(q, k, v, e, f).shape
+    (1, 64, 2, 8)
+  """
+  if causal:
+    raise ValueError(_NOT_CAUSAL)
+  b, t, h, hkv, dk, dv = check_grouped_qkv(q, k, v)
+  for name, x in (("e", e), ("f", f)):
+    checks.check_rank(name, x, 2, "[P, T]")
+    checks.check_float(name, x)
+    if checks.shape_of(x)[1] != t:
+      raise ValueError(f"{name} must have shape [P, T] with T = {t} (the "
+                       f"length of q {checks.shape_of(q)}), got "
+                       f"{checks.shape_of(x)}")
+  if checks.shape_of(e) != checks.shape_of(f):
+    raise ValueError(f"e and f must have the same shape [P, T], got "
+                     f"{checks.shape_of(e)} and {checks.shape_of(f)}")
+  scale = default_scale(scale, dk)
+  k_proj = jnp.einsum("pt,bthk->bphk", e, k,
+                      preferred_element_type=_F32)              # [B, P, h, K]
+  v_proj = jnp.einsum("pt,bthv->bphv", f, v,
+                      preferred_element_type=_F32)              # [B, P, h, V]
+  qg = jnp.asarray(q, _F32).reshape(b, t, hkv, h // hkv, dk)    # [B,T,h,g,K]
+  s = scale * jnp.einsum("bthgk,bphk->bhgtp", qg, k_proj,
+                         preferred_element_type=_F32)           # [B,h,g,T,P]
+  p = jax.nn.softmax(s, axis=-1)
+  o = jnp.einsum("bhgtp,bphv->bthgv", p, v_proj,
+                 preferred_element_type=_F32)                   # [B,T,h,g,V]
+  return o.reshape(b, t, h, dv).astype(v.dtype)
+
+
+def linformer_attn_step(*args, **kwargs):
+  """Not available: Linformer cannot decode with a cache.
+
+  Raises:
+    ValueError, always: the projected keys and values of step ``t`` would
+    need the tokens after ``t``.
+  """
+  del args, kwargs
+  raise ValueError(
+      "Linformer has no decoding step or KV cache: its projected keys E K "
+      "and values F V are sums over all T positions, so they are not known "
+      "until the whole sequence is; a token-by-token cache would need the "
+      "future tokens. " + _NOT_CAUSAL.split(": ", 1)[0] + " either.")
