@@ -10,9 +10,11 @@ these stages build the matrices
 
 (the strict kind reads the state before token i: RWKV-6's output, RWKV-7's
 state read) for a log-decay ``g`` that is a scalar per head or one per key
-channel. Each chunk is cut into sub-chunks of ``c`` tokens:
+channel. A scalar decay gives the ``[C, C]`` factor ``exp(sum_{j < m <= i}
+g_m)`` directly (``segsum``). A decay per key channel would need a ``[C, C,
+K]`` factor, so each chunk is cut into sub-chunks of ``c`` tokens:
 
-- same sub-chunk: the ``[c, c, G]`` factor ``exp(sum_{j < m <= i} g_m)``,
+- same sub-chunk: the ``[c, c, K]`` factor ``exp(sum_{j < m <= i} g_m)``,
   each exponent summed from its own gates (``segsum``) and -inf above the
   diagonal before ``exp``; the diagonal (the sub-diagonal when strict) is an
   empty sum, exactly 0 with no gradient;
@@ -37,7 +39,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common.chunking import pad_time, split_chunks
+from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
+                                             split_chunks)
 from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum, segsum
 
 _F32 = jnp.float32
@@ -92,6 +95,28 @@ def _sum_strictly_between(x, axis: int):
   return jnp.moveaxis(out, (-2, -1), (axis, axis + 1))
 
 
+def _pair_sums(g, axis, strict):
+  """``sum_{j < m <= i} g_m`` (``j < m < i`` when strict) over ``axis``.
+
+  Returns the ``[..., i, j]`` sums (``axis`` moved before them) with -inf
+  where the sum is empty of pairs (above the diagonal, and on it when
+  strict); the diagonal (sub-diagonal when strict) is an empty sum, 0
+  without a gradient.
+  """
+  pair = segsum(g, axis=axis)
+  if strict:
+    pair = jnp.concatenate([jnp.full_like(pair[..., :1, :], -jnp.inf),
+                            pair[..., :-1, :]], axis=-2)
+  return pair
+
+
+def _scalar_decay_scores(x, y, g_s, strict):
+  """A scalar decay per head needs no sub-chunks: ``(x y^T) * exp(pairs)``."""
+  x, y, g = (merge_chunks(z, axis=2) for z in (x, y, g_s))      # [B,N,C,H,*]
+  decay = jnp.exp(_pair_sums(g[..., 0], 2, strict))             # [B,N,H,C,C]
+  return _mm("bnihk,bnjhk->bnhij", x, y) * decay
+
+
 def intra_chunk_scores(x, y, decays: SubChunkDecays, strict=False):
   """Causal decay-weighted scores inside each chunk, ``[B, N, H, C, C]``.
 
@@ -101,30 +126,19 @@ def intra_chunk_scores(x, y, decays: SubChunkDecays, strict=False):
     strict: row i reads the state before token i (0 on the diagonal).
   """
   b, n, subs, c, h, _ = x.shape
-  per_channel = decays.local.shape[-1] != 1
+  if decays.local.shape[-1] == 1:
+    return _scalar_decay_scores(x, y, decays.gates, strict)
   x_local = exclusive_local(decays.local) if strict else decays.local
   # Same sub-chunk; when strict, row i takes row i - 1.
-  pair = segsum(decays.gates, axis=3)                           # [B,N,S,H,G,i,j]
-  if strict:
-    pair = jnp.concatenate([jnp.full_like(pair[..., :1, :], -jnp.inf),
-                            pair[..., :-1, :]], axis=-2)
-  decay = jnp.exp(pair)
-  if per_channel:
-    diag = jnp.einsum("bnsihk,bnsjhk,bnshkij->bnhsij", x, y, decay)
-  else:
-    diag = _mm("bnsihk,bnsjhk->bnhsij", x, y) * jnp.moveaxis(
-        decay[..., 0, :, :], 3, 2)
+  decay = jnp.exp(_pair_sums(decays.gates, 3, strict))          # [B,N,S,H,K,i,j]
+  diag = jnp.einsum("bnsihk,bnsjhk,bnshkij->bnhsij", x, y, decay)
   # Sub-chunk s after r.
   x_from_start = x * jnp.exp(x_local)                           # [B,N,S,c,H,K]
   y_to_end = y * jnp.exp(decays.to_sub_end)                     # [B,N,S,c,H,K]
   between = _sum_strictly_between(decays.sub_total, axis=2)     # [B,N,s,r,H,G]
   later = (jnp.arange(subs)[:, None] > jnp.arange(subs)[None, :])
   between = jnp.exp(jnp.where(later[:, :, None, None], between, -jnp.inf))
-  if per_channel:
-    off = _mm("bnsihk,bnsrhk,bnrjhk->bnhsirj", x_from_start, between, y_to_end)
-  else:
-    off = _mm("bnsihk,bnrjhk->bnhsirj", x_from_start, y_to_end)
-    off = off * jnp.moveaxis(between[..., 0], -1, 2)[:, :, :, :, None, :, None]
+  off = _mm("bnsihk,bnsrhk,bnrjhk->bnhsirj", x_from_start, between, y_to_end)
   eye = jnp.eye(subs, dtype=_F32)[:, None, :, None]             # [s, i, r, j]
   scores = off + diag[:, :, :, :, :, None, :] * eye             # [B,N,H,s,i,r,j]
   return scores.reshape(b, n, h, subs * c, subs * c)
