@@ -130,7 +130,7 @@ def intra_chunk_scores(x, y, decays: SubChunkDecays, strict=False):
     return _scalar_decay_scores(x, y, decays.gates, strict)
   x_local = exclusive_local(decays.local) if strict else decays.local
   # Same sub-chunk; when strict, row i takes row i - 1.
-  decay = jnp.exp(_pair_sums(decays.gates, 3, strict))          # [B,N,S,H,K,i,j]
+  decay = jnp.exp(_pair_sums(decays.gates, 3, strict))  # [B,N,S,H,K,i,j]
   diag = jnp.einsum("bnsihk,bnsjhk,bnshkij->bnhsij", x, y, decay)
   # Sub-chunk s after r.
   x_from_start = x * jnp.exp(x_local)                           # [B,N,S,c,H,K]
@@ -140,7 +140,7 @@ def intra_chunk_scores(x, y, decays: SubChunkDecays, strict=False):
   between = jnp.exp(jnp.where(later[:, :, None, None], between, -jnp.inf))
   off = _mm("bnsihk,bnsrhk,bnrjhk->bnhsirj", x_from_start, between, y_to_end)
   eye = jnp.eye(subs, dtype=_F32)[:, None, :, None]             # [s, i, r, j]
-  scores = off + diag[:, :, :, :, :, None, :] * eye             # [B,N,H,s,i,r,j]
+  scores = off + diag[:, :, :, :, :, None, :] * eye     # [B,N,H,s,i,r,j]
   return scores.reshape(b, n, h, subs * c, subs * c)
 
 

@@ -1,4 +1,6 @@
-"""The delta-rule core: ``S_t = (I - b_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + b_t k_t v_t^T``.
+"""The delta-rule core.
+
+``S_t = (I - b_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + b_t k_t v_t^T``.
 
 DeltaNet (``g=None``), Gated DeltaNet (``lin_attn_jax.ops.gated_delta_rule``,
 scalar ``g``) and KDA (``lin_attn_jax.ops.kda``, ``g`` per key channel) are

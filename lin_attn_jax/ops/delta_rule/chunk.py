@@ -7,8 +7,8 @@ README.md. Five steps:
 
 1. Log-decays local to sub-chunks (``common.chunk_scores``): every decay
    factor below is ``exp`` of a sum of gates, <= 1.
-2. Intra-chunk score matrices (``common.chunk_scores``): ``A[i, j] = beta_i k_i .
-   (exp(G_i - G_j) * k_j)`` for ``j < i`` and ``P[i, j] = q_i . (exp(G_i -
+2. Intra-chunk score matrices (``common.chunk_scores``):
+   ``A[i, j] = beta_i k_i . (exp(G_i - G_j) * k_j)`` for ``j < i`` and ``P[i, j] = q_i . (exp(G_i -
    G_j) * k_j)`` for ``j <= i``, both masked to one document.
 3. WY: ``[W | U] = (I + A)^{-1} diag(beta) [exp(G) * K | V]``: one small
    unit-lower-triangular inverse per chunk (``invert_unit_lower``, recursive
@@ -28,12 +28,13 @@ import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
-from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunks
+from lin_attn_jax.ops.common.chunk_scores import (intra_chunk_scores,
+                                                  sub_chunk_log_decays)
+from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
+                                             split_chunks)
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.delta_rule.inputs import (default_scale,
                                                 expand_query_key, validate)
-from lin_attn_jax.ops.common.chunk_scores import (intra_chunk_scores,
-                                                  sub_chunk_log_decays)
 
 _F32 = jnp.float32
 
@@ -58,23 +59,26 @@ def chunk_layout(t, chunk_size, sub_chunk_size):
 
 
 def document_masks(segment_ids, b, t, chunk):
-  """Masks of the chunk forms, from ``[B, T]`` segment ids.
+  """Masks of the chunk forms (head-major layout), from ``[B, T]`` segment ids.
 
   Returns:
-    ``(same_doc [B, N, 1, C, C], reached [B, N, C, 1, 1], in_last_doc
-    [B, N, C, 1, 1], passes [B, N, 1, 1])``: pairs inside one document,
+    ``(same_doc [B, N, 1, C, C], reached [B, N, 1, C, 1], in_last_doc
+    [B, N, 1, C, 1], passes [B, N, 1, 1])``: pairs inside one document,
     tokens that the entering state reaches (no document started in the chunk
     at or before them), tokens that reach the chunk's end state, and chunks
-    whose entering state survives to their end.
+    whose entering state survives to their end. All True (no masking work)
+    without segment ids.
   """
+  if segment_ids is None:
+    return (True,) * 4
   doc = pad_time(document_index(segment_ids, b, t), chunk, mode="edge")
   doc_c = split_chunks(doc, chunk)                              # [B, N, C]
   doc_before = jnp.concatenate([jnp.zeros((b, 1), doc.dtype), doc[:, :-1]],
                                axis=1)[:, ::chunk]              # [B, N]
   doc_last = doc_c[:, :, -1]                                    # [B, N]
   same_doc = (doc_c[..., :, None] == doc_c[..., None, :])[:, :, None]
-  reached = (doc_c == doc_before[..., None])[..., None, None]
-  in_last_doc = (doc_c == doc_last[..., None])[..., None, None]
+  reached = (doc_c == doc_before[..., None])[:, :, None, :, None]
+  in_last_doc = (doc_c == doc_last[..., None])[:, :, None, :, None]
   passes = (doc_last == doc_before)[..., None, None]
   return same_doc, reached, in_last_doc, passes
 
@@ -89,7 +93,7 @@ def scan_chunk_states(transition, own, state0):
     ``(final state [B, H, K, V], entering states [B, N, H, K, V])``.
   """
   def carry_state(state, inputs):
-    m, o = inputs                                               # [B,H,K,K], [B,H,K,V]
+    m, o = inputs                             # [B,H,K,K], [B,H,K,V]
     return _mm("bhkl,bhlv->bhkv", m, state) + o, state
 
   final, entering = jax.lax.scan(
@@ -124,7 +128,7 @@ def invert_unit_lower(a):
   if p != c:
     a = jnp.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, p - c), (0, p - c)])
   lead = a.shape[:-2]
-  inverse = jnp.ones(lead + (p, 1, 1), a.dtype)                 # [..., nb, m, m]
+  inverse = jnp.ones(lead + (p, 1, 1), a.dtype)          # [..., p/m, m, m]
   m = 1
   while m < p:
     pairs = p // (2 * m)
@@ -133,7 +137,7 @@ def invert_unit_lower(a):
     inv = inverse.reshape(lead + (pairs, 2, m, m))
     inv11, inv22 = inv[..., 0, :, :], inv[..., 1, :, :]
     lower = -_mm("...ij,...jk,...kl->...il", inv22, blocks[..., m:, :m],
-                 inv11)                                         # [..., pairs, m, m]
+                 inv11)                                 # [..., pairs, m, m]
     inverse = jnp.concatenate(
         [jnp.concatenate([inv11, jnp.zeros_like(inv11)], axis=-1),
          jnp.concatenate([lower, inv22], axis=-1)], axis=-2)
@@ -188,9 +192,8 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
   q, k = expand_query_key(q, k, hv, use_qk_l2norm)              # [B,T,HV,K]
   q, k, v, beta, g = (pad_time(jnp.asarray(x, _F32), chunk)
                       for x in (q, k, v, beta, g))
-  masks = document_masks(segment_ids, b, t, chunk)
-  same_doc, reached, in_last_doc, passes = (
-      masks if segment_ids is not None else (True,) * 4)
+  same_doc, reached, in_last_doc, passes = document_masks(segment_ids, b, t,
+                                                          chunk)
 
   def sub_chunks(x):                                            # [B,N,S,c,...]
     return split_chunks(split_chunks(x, chunk), c, axis=2)
@@ -208,9 +211,6 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
       decays.local + decays.before_sub[:, :, :, None], axis=2), 3, 2)
   to_end = jnp.moveaxis(merge_chunks(
       decays.to_sub_end + decays.after_sub[:, :, :, None], axis=2), 3, 2)
-  reached_h = jnp.swapaxes(reached, 2, 3) if segment_ids is not None else True
-  last_h = (jnp.swapaxes(in_last_doc, 2, 3) if segment_ids is not None
-            else True)                                          # [B,N,1,C,1]
 
   # Step 2: intra-chunk scores.
   strictly_lower = jnp.tril(jnp.ones((chunk, chunk), dtype=bool), -1)
@@ -220,13 +220,13 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
                  0.0)                                           # [B,N,H,C,C]
 
   # Step 3: W and U from one triangular inverse per chunk.
-  k_from_start = jnp.where(reached_h, k_h * jnp.exp(from_start), 0.0)
+  k_from_start = jnp.where(reached, k_h * jnp.exp(from_start), 0.0)
   rhs = beta_h[..., None] * jnp.concatenate([k_from_start, v_h], axis=-1)
   wu = _mm("bnhij,bnhjx->bnhix", invert_unit_lower(a), rhs)     # [B,N,H,C,K+V]
   w, u = wu[..., :dk], wu[..., dk:]
 
   # Step 4: chunk transitions, then the state entering every chunk.
-  k_to_end = jnp.where(last_h, k_h * jnp.exp(to_end), 0.0)      # [B,N,H,C,K]
+  k_to_end = jnp.where(in_last_doc, k_h * jnp.exp(to_end), 0.0)  # [B,N,H,C,K]
   decay = jnp.where(passes, jnp.exp(decays.chunk_total), 0.0)   # [B,N,H,G]
   transition = (decay[..., :, None] * jnp.eye(dk, dtype=_F32)
                 - _mm("bnhjk,bnhjl->bnhkl", k_to_end, w))       # [B,N,H,K,K]
@@ -237,7 +237,7 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
 
   # Step 5: outputs from the entering state and the true pseudo-values.
   u = u - _mm("bnhjk,bnhkv->bnhjv", w, entering)                # [B,N,H,C,V]
-  q_from_start = jnp.where(reached_h, q_h * jnp.exp(from_start), 0.0)
+  q_from_start = jnp.where(reached, q_h * jnp.exp(from_start), 0.0)
   o = (_mm("bnhij,bnhjv->bnihv", qk, u)
        + _mm("bnhik,bnhkv->bnihv", q_from_start, entering))     # [B,N,C,H,V]
   o = merge_chunks(o)[:, :t]

@@ -7,20 +7,20 @@
 
 The decay-weighted scores are ``common.chunk_scores.sequence_scores`` (the
 chunk form's score stage over the whole sequence), so ``G_i - G_j`` is always
-a sum of the gates between j and i. Memory and the triangular solve are quadratic in T: this
-form is for checking and for short sequences.
+a sum of the gates between j and i. Memory and the triangular solve are
+quadratic in T: this form is for checking and for short sequences.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
+from lin_attn_jax.ops.common.chunk_scores import sequence_scores
 from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
 from lin_attn_jax.ops.common.segments import document_index, same_document_mask
 from lin_attn_jax.ops.delta_rule.chunk import solve_unit_lower
 from lin_attn_jax.ops.delta_rule.inputs import (default_scale,
                                                 expand_query_key, validate)
-from lin_attn_jax.ops.common.chunk_scores import sequence_scores
 
 _F32 = jnp.float32
 

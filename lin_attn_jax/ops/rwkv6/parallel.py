@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from lin_attn_jax.ops.common.chunk_scores import sequence_scores
 from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
 from lin_attn_jax.ops.common.segments import document_index, same_document_mask
-from lin_attn_jax.ops.common.chunk_scores import sequence_scores
 from lin_attn_jax.ops.rwkv6.inputs import bonus, default_scale, validate
 
 _F32 = jnp.float32
@@ -36,7 +36,8 @@ def parallel_rwkv6(r, k, v, w, u, *, scale=None, initial_state=None,
   if initial_state is not None:
     s0 = jnp.asarray(initial_state, _F32)
     before = jnp.concatenate([jnp.zeros_like(wf[:, :1]),
-                              jnp.cumsum(wf, axis=1)[:, :-1]], axis=1)  # [B,T,H,K]
+                              jnp.cumsum(wf, axis=1)[:, :-1]],
+                             axis=1)                            # [B, T, H, K]
     r_from_start = jnp.where(first_doc, rf * jnp.exp(before), 0.0)
     o = o + jnp.einsum("bihk,bhkv->bihv", r_from_start, s0)
   final_state = None

@@ -4,11 +4,13 @@ Inside a chunk, with ``x_i = S_{i-1}^T a_i`` the value that the rank-one term
 reads and ``S_in`` the entering state (derivation in README.md):
 
 1. Log-decays local to sub-chunks (``common.chunk_scores``).
-2. Intra-chunk score matrices (``common.chunk_scores``): strictly causal (reading
-   the state before i) ``A_ab``, ``A_ak`` with a as the query, causal
-   ``P_rb``, ``P_rk`` with r as the query; all masked to one document.
-3. WY: ``(I - A_ab) [W | U] = [exp(G_{i-1}) * A | A_ak V]`` (one triangular
-   solve); then ``X = W S_in + U``.
+2. Intra-chunk score matrices (``common.chunk_scores``): strictly causal
+   (reading the state before i) ``A_ab``, ``A_ak`` with a as the query,
+   causal ``P_rb``, ``P_rk`` with r as the query; all masked to one
+   document.
+3. WY: ``[W | U] = (I - A_ab)^{-1} [exp(G_{i-1}) * A | A_ak V]`` (one small
+   unit-lower-triangular inverse per chunk, ``invert_unit_lower``); then
+   ``X = W S_in + U``.
 4. Chunk transitions ``S_out = (D + B_end^T W) S_in + B_end^T U + K_end^T V``
    and a ``lax.scan`` over chunks.
 5. Outputs ``o = (exp(G) * R) S_in + P_rb X + P_rk V``.
@@ -20,14 +22,15 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunks
-from lin_attn_jax.ops.delta_rule.chunk import (check_chunk_sizes, chunk_layout,
-                                               document_masks,
-                                               scan_chunk_states,
-                                               solve_unit_lower)
 from lin_attn_jax.ops.common.chunk_scores import (exclusive_local,
                                                   intra_chunk_scores,
                                                   sub_chunk_log_decays)
+from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
+                                             split_chunks)
+from lin_attn_jax.ops.delta_rule.chunk import (check_chunk_sizes, chunk_layout,
+                                               document_masks,
+                                               invert_unit_lower,
+                                               scan_chunk_states)
 from lin_attn_jax.ops.rwkv7.inputs import default_scale, validate
 
 _F32 = jnp.float32
@@ -83,16 +86,23 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   def sub_chunks(x):                                            # [B,N,S,c,...]
     return split_chunks(split_chunks(x, chunk), c, axis=2)
 
+  def head_major(x):                                            # [B,N,H,C,...]
+    return jnp.moveaxis(split_chunks(x, chunk), 3, 2)
+
   r_s, w_s, k_s, a_s, b_s = (sub_chunks(x) for x in (scale * r, w, k, a, b))
+  r_h, k_h, v_h, a_h, b_h = (head_major(x) for x in (scale * r, k, v, a, b))
 
   # Step 1: log-decays from the chunk start to i (and to i - 1), and from j
-  # to the chunk end.
+  # to the chunk end, [B, N, H, C, K].
   decays = sub_chunk_log_decays(w_s)
   before_sub = decays.before_sub[:, :, :, None]                 # [B,N,S,1,H,K]
-  from_start = merge_chunks(decays.local + before_sub, axis=2)  # [B,N,C,H,K]
-  before = merge_chunks(exclusive_local(decays.local) + before_sub, axis=2)
-  to_end = merge_chunks(decays.to_sub_end + decays.after_sub[:, :, :, None],
-                        axis=2)
+
+  def merged(x):
+    return jnp.moveaxis(merge_chunks(x, axis=2), 3, 2)
+
+  from_start = merged(decays.local + before_sub)
+  before = merged(exclusive_local(decays.local) + before_sub)
+  to_end = merged(decays.to_sub_end + decays.after_sub[:, :, :, None])
 
   # Step 2: intra-chunk scores, [B, N, H, C, C] each.
   def scores(x, y, strict):
@@ -102,32 +112,30 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   a_b, a_k = scores(a_s, b_s, True), scores(a_s, k_s, True)
   r_b, r_k = scores(r_s, b_s, False), scores(r_s, k_s, False)
 
-  # Step 3: W and U from one triangular solve per chunk.
-  a_c, b_c, k_c, v_c = (split_chunks(x, chunk) for x in (a, b, k, v))
-  a_from_start = jnp.where(reached, a_c * jnp.exp(before), 0.0)  # [B,N,C,H,K]
-  rhs = jnp.concatenate([jnp.moveaxis(a_from_start, 3, 2),
-                         _mm("bnhij,bnjhv->bnhiv", a_k, v_c)], axis=-1)
-  wu = solve_unit_lower(-a_b, rhs)                              # [B,N,H,C,K+V]
+  # Step 3: W and U from one triangular inverse per chunk.
+  a_from_start = jnp.where(reached, a_h * jnp.exp(before), 0.0)  # [B,N,H,C,K]
+  rhs = jnp.concatenate([a_from_start, _mm("bnhij,bnhjv->bnhiv", a_k, v_h)],
+                        axis=-1)                                # [B,N,H,C,K+V]
+  wu = _mm("bnhij,bnhjx->bnhix", invert_unit_lower(-a_b), rhs)
   w_, u = wu[..., :dk], wu[..., dk:]
 
   # Step 4: chunk transitions, then the state entering every chunk.
-  decay_to_end = jnp.where(in_last_doc, jnp.exp(to_end), 0.0)   # [B,N,C,H,K]
-  b_to_end, k_to_end = b_c * decay_to_end, k_c * decay_to_end
+  decay_to_end = jnp.where(in_last_doc, jnp.exp(to_end), 0.0)   # [B,N,H,C,K]
+  b_to_end, k_to_end = b_h * decay_to_end, k_h * decay_to_end
   decay = jnp.where(passes, jnp.exp(decays.chunk_total), 0.0)   # [B,N,H,K]
   transition = (decay[..., :, None] * jnp.eye(dk, dtype=_F32)
-                + _mm("bnjhk,bnhjl->bnhkl", b_to_end, w_))      # [B,N,H,K,K]
-  own = (_mm("bnjhk,bnhjv->bnhkv", b_to_end, u)
-         + _mm("bnjhk,bnjhv->bnhkv", k_to_end, v_c))            # [B,N,H,K,V]
+                + _mm("bnhjk,bnhjl->bnhkl", b_to_end, w_))      # [B,N,H,K,K]
+  own = (_mm("bnhjk,bnhjv->bnhkv", b_to_end, u)
+         + _mm("bnhjk,bnhjv->bnhkv", k_to_end, v_h))            # [B,N,H,K,V]
   state0 = (jnp.zeros((bs, h, dk, dv), _F32) if initial_state is None
             else jnp.asarray(initial_state, _F32))
   final_state, entering = scan_chunk_states(transition, own, state0)
 
   # Step 5: outputs.
   x = u + _mm("bnhik,bnhkv->bnhiv", w_, entering)               # [B,N,H,C,V]
-  r_from_start = jnp.where(reached, merge_chunks(r_s, axis=2)
-                           * jnp.exp(from_start), 0.0)          # [B,N,C,H,K]
+  r_from_start = jnp.where(reached, r_h * jnp.exp(from_start), 0.0)
   o = (_mm("bnhij,bnhjv->bnihv", r_b, x)
-       + _mm("bnhij,bnjhv->bnihv", r_k, v_c)
-       + _mm("bnihk,bnhkv->bnihv", r_from_start, entering))     # [B,N,C,H,V]
+       + _mm("bnhij,bnhjv->bnihv", r_k, v_h)
+       + _mm("bnhik,bnhkv->bnihv", r_from_start, entering))     # [B,N,C,H,V]
   o = merge_chunks(o)[:, :t]
   return o.astype(out_dtype), (final_state if output_final_state else None)

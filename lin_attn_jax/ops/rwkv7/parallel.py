@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from lin_attn_jax.ops.common.chunk_scores import sequence_scores
 from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
 from lin_attn_jax.ops.common.segments import document_index, same_document_mask
 from lin_attn_jax.ops.delta_rule.chunk import solve_unit_lower
-from lin_attn_jax.ops.common.chunk_scores import sequence_scores
 from lin_attn_jax.ops.rwkv7.inputs import default_scale, validate
 
 _F32 = jnp.float32
