@@ -4,7 +4,8 @@ states and the gradients of every input.
 Each structural case is compiled once and run on several data variants
 (gentle and strong decays; for RWKV-7 also in-context learning rates in
 (0, 1) and in (0, 2)). The recurrent forms are the decoding steps scanned
-over time, so they check the steps too.
+over time, so they check the steps too. T = 1 and grouped heads are covered
+by the delta-rule tests, whose chunk stages RWKV-7 shares.
 """
 
 from __future__ import annotations
@@ -68,7 +69,6 @@ CASES = [
          forms=("chunk", "recurrent")),
     Case("rwkv7", 200, segments=True, bfloat16=("chunk", "recurrent")),
     Case("rwkv7", 64, initial_state=False, chunk_size=32, sub_chunk_size=8),
-    Case("rwkv7", 1, forms=("chunk",)),
 ]
 # (strong decays, largest in-context learning rate of RWKV-7).
 VARIANTS = [(False, 1.0), (False, 2.0), (True, 1.0), (True, 2.0)]
