@@ -144,7 +144,7 @@ def intra_chunk_scores(x, y, decays: SubChunkDecays, strict=False):
   return scores.reshape(b, n, h, subs * c, subs * c)
 
 
-def sequence_scores(x, y, g, mask, *, strict=False, sub_chunk_size=16):
+def sequence_scores(x, y, g, mask, *, strict=False, sub_chunk_size=8):
   """``intra_chunk_scores`` over a whole sequence taken as one chunk.
 
   Args:

@@ -1,15 +1,16 @@
 """Chunkwise delta rule with the WY (UT) representation.
 
 Inside a chunk the delta rule is written as plain linear attention on
-"pseudo-values" ``u_j`` that are found with one unit-lower-triangular solve
-per chunk; everything else is matmuls. The derivation is in this folder's
+"pseudo-values" ``u_j`` that are found with one small unit-lower-triangular
+system per chunk; everything else is matmuls. The derivation is in this folder's
 README.md. Five steps:
 
 1. Log-decays local to sub-chunks (``common.chunk_scores``): every decay
    factor below is ``exp`` of a sum of gates, <= 1.
 2. Intra-chunk score matrices (``common.chunk_scores``):
-   ``A[i, j] = beta_i k_i . (exp(G_i - G_j) * k_j)`` for ``j < i`` and ``P[i, j] = q_i . (exp(G_i -
-   G_j) * k_j)`` for ``j <= i``, both masked to one document.
+   ``A[i, j] = beta_i k_i . (exp(G_i - G_j) * k_j)`` for ``j < i`` and
+   ``P[i, j] = q_i . (exp(G_i - G_j) * k_j)`` for ``j <= i``, both masked
+   to one document.
 3. WY: ``[W | U] = (I + A)^{-1} diag(beta) [exp(G) * K | V]``: one small
    unit-lower-triangular inverse per chunk (``invert_unit_lower``, recursive
    blocks, matmuls only). The true pseudo-values are ``U - W S_in``.
@@ -93,8 +94,8 @@ def scan_chunk_states(transition, own, state0):
     ``(final state [B, H, K, V], entering states [B, N, H, K, V])``.
   """
   def carry_state(state, inputs):
-    m, o = inputs                             # [B,H,K,K], [B,H,K,V]
-    return _mm("bhkl,bhlv->bhkv", m, state) + o, state
+    step, add = inputs                        # [B,H,K,K], [B,H,K,V]
+    return _mm("bhkl,bhlv->bhkv", step, state) + add, state
 
   final, entering = jax.lax.scan(
       carry_state, state0, (jnp.moveaxis(transition, 1, 0),
@@ -147,7 +148,7 @@ def invert_unit_lower(a):
 
 def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
                      output_final_state=False, segment_ids=None,
-                     chunk_size=64, sub_chunk_size=16, use_qk_l2norm=False):
+                     chunk_size=64, sub_chunk_size=8, use_qk_l2norm=False):
   """The delta rule, chunkwise (WY representation); the training path.
 
   ``S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T``,

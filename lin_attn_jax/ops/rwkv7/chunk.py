@@ -42,7 +42,7 @@ def _mm(subscripts, *operands):
 
 def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
                 output_final_state=False, segment_ids=None, chunk_size=64,
-                sub_chunk_size=16):
+                sub_chunk_size=8):
   """RWKV-7 (Goose), chunkwise; the training path.
 
   ``S_t = diag(exp(w_t)) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T`` (the
