@@ -23,7 +23,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from experiments.specs import all_specs  # noqa: E402
 from experiments.specs.base import Dims  # noqa: E402
-from tests.form_checks import errors_against_reference  # noqa: E402
+from tests.form_checks import errors_against_reference, run_reference  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("ops", [], "Ops to check (default: all).")
@@ -53,6 +53,8 @@ def verify(spec, dims, dtype, chunk_size, strong, use_state, use_segments,
     inputs["segment_ids"] = None
   reference = functools.partial(spec.forms["naive"], output_final_state=True)
   low = dtype != jnp.float32
+  expected = run_reference(reference, inputs, grad_args=spec.grad_args,
+                           dtype=dtype, cotangent_seed=seed)
   rows = []
   for name, form in spec.forms.items():
     if name == "naive":
@@ -60,7 +62,8 @@ def verify(spec, dims, dtype, chunk_size, strong, use_state, use_segments,
     kwargs = {"chunk_size": chunk_size} if name in spec.chunked else {}
     errors = errors_against_reference(
         functools.partial(form, output_final_state=True, **kwargs), reference,
-        inputs, grad_args=spec.grad_args, dtype=dtype, cotangent_seed=seed)
+        inputs, grad_args=spec.grad_args, dtype=dtype, cotangent_seed=seed,
+        reference_result=expected)
     tol = spec.low_precision_tol if low else spec.tol
     grad_tol = spec.low_precision_tol if low else spec.grad_tol
     ok = all(err <= (grad_tol if key.startswith("d") else tol)

@@ -78,7 +78,10 @@ def favor_plus_projection(key, num_features: int, dim: int, *,
   rows = []
   for i in range(blocks):
     gaussian = jax.random.normal(keys[i], (dim, dim), jnp.float32)
-    basis, _ = jnp.linalg.qr(gaussian)
+    basis, upper = jnp.linalg.qr(gaussian)
+    # Q of a QR is uniformly distributed only with R's diagonal made
+    # positive; otherwise the directions (and the estimator) are biased.
+    basis = basis * jnp.sign(jnp.diag(upper))[None, :]
     rows.append(basis.T)
   directions = jnp.concatenate(rows, axis=0)[:num_features]
   norms = jnp.linalg.norm(

@@ -36,18 +36,36 @@ def _cast(inputs, dtype, keep_f32):
 
 
 def _outputs_and_grads(fn, inputs, grad_args, cotangent_seed):
-  def run(diff):
-    o, state = fn(**{**inputs, **diff})
-    return o, state
+  """Outputs, final state and the vjp of random cotangents, in one jit."""
+  arrays = {n: x for n, x in inputs.items() if isinstance(x, jax.Array)}
+  static = {n: x for n, x in inputs.items() if n not in arrays}
+  diff_names = [n for n in grad_args if arrays.get(n) is not None]
 
-  diff = {name: inputs[name] for name in grad_args if inputs.get(name) is not None}
-  (o, state), vjp = jax.vjp(run, diff)
-  key_o, key_s = jax.random.split(jax.random.PRNGKey(cotangent_seed))
-  co = jax.random.normal(key_o, o.shape, jnp.float32).astype(o.dtype)
-  cs = (None if state is None
-        else jax.random.normal(key_s, state.shape, jnp.float32).astype(state.dtype))
-  (grads,) = vjp((co, cs))
-  return o, state, grads
+  @jax.jit
+  def run(arrays):
+    def forward(diff):
+      return fn(**static, **{**arrays, **diff})
+
+    (o, state), vjp = jax.vjp(forward, {n: arrays[n] for n in diff_names})
+    key_o, key_s = jax.random.split(jax.random.PRNGKey(cotangent_seed))
+    co = jax.random.normal(key_o, o.shape, jnp.float32).astype(o.dtype)
+    cs = (None if state is None else
+          jax.random.normal(key_s, state.shape, jnp.float32).astype(state.dtype))
+    (grads,) = vjp((co, cs))
+    return o, state, grads
+
+  return run(arrays)
+
+
+def run_reference(reference: Callable, inputs: Mapping[str, object], *,
+                  grad_args: Sequence[str], dtype=jnp.float32,
+                  keep_f32: Sequence[str] = ("initial_state",),
+                  cotangent_seed: int = 0):
+  """The reference's ``(o, state, grads)`` on the inputs as rounded to
+  ``dtype`` (then computed in float32)."""
+  low = _cast(dict(inputs), dtype, keep_f32)
+  return _outputs_and_grads(reference, _cast(low, jnp.float32, ()), grad_args,
+                            cotangent_seed)
 
 
 def errors_against_reference(form: Callable, reference: Callable,
@@ -55,7 +73,8 @@ def errors_against_reference(form: Callable, reference: Callable,
                              grad_args: Sequence[str],
                              dtype=jnp.float32,
                              keep_f32: Sequence[str] = ("initial_state",),
-                             cotangent_seed: int = 0) -> dict[str, float]:
+                             cotangent_seed: int = 0,
+                             reference_result=None) -> dict[str, float]:
   """Relative RMS errors of ``form`` against ``reference``.
 
   Both are called as ``fn(**inputs)`` and return ``(o, final_state)``. The
@@ -63,14 +82,19 @@ def errors_against_reference(form: Callable, reference: Callable,
   reference gets the same values in float32, so a low-precision run measures
   the form's arithmetic, not the rounding of its inputs.
 
+  ``reference_result`` (from ``run_reference`` with the same arguments)
+  saves recomputing the reference when several forms are checked.
+
   Returns:
     ``{"o": err, "state": err, "d<name>": err, ...}``.
   """
   low = _cast(dict(inputs), dtype, keep_f32)
-  ref_inputs = _cast(low, jnp.float32, ())
   o, s, grads = _outputs_and_grads(form, low, grad_args, cotangent_seed)
-  ro, rs, rgrads = _outputs_and_grads(reference, ref_inputs, grad_args,
-                                      cotangent_seed)
+  if reference_result is None:
+    reference_result = run_reference(reference, inputs, grad_args=grad_args,
+                                     dtype=dtype, keep_f32=keep_f32,
+                                     cotangent_seed=cotangent_seed)
+  ro, rs, rgrads = reference_result
   if o.dtype != low[_value_name(inputs)].dtype:
     raise AssertionError(f"output dtype {o.dtype} != value dtype "
                          f"{low[_value_name(inputs)].dtype}")

@@ -1,12 +1,13 @@
 """Forms of the delta-rule core (DeltaNet, Gated DeltaNet, KDA) against the
 naive recurrence: outputs, final states and the gradients of every input.
 
-Each structural case (length, heads, options) is compiled once and run on
-several data variants (gentle and strong gates, beta in (0, 1) and in
-(0, 2)); together the cases cover T in {1, 63, 64, 200}, K != V, with and
-without initial state and segment ids, grouped value heads, unit-norm keys
-and raw keys with ``use_qk_l2norm``. The recurrent forms are the decoding
-steps scanned over time, so they check the steps too.
+A covering set of cases, each checking several forms against one naive
+run: T in {1, 63, 64, 200}, K != V, with and without initial state and
+segment ids, gentle and strong gates, beta in (0, 1) and in (0, 2)
+(negative eigenvalues), grouped value heads, unit-norm keys and raw keys
+with ``use_qk_l2norm``, scalar and per-channel decays in every form. The
+recurrent forms are the decoding steps scanned over time, so they check the
+steps too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import pytest
 from lin_attn_jax.ops import delta_rule as dr
 from lin_attn_jax.ops import gated_delta_rule as gdr
 from lin_attn_jax.ops import kda
-from tests.form_checks import assert_close_errors, errors_against_reference
+from tests.form_checks import (assert_close_errors, errors_against_reference,
+                               run_reference)
 
 FORMS = {
     "delta_rule": {
@@ -59,29 +61,33 @@ class Case:
   initial_state: bool = True
   segments: bool = False
   use_qk_l2norm: bool = False   # False: the keys are unit-norm already
+  strong: bool = False          # gates log_sigmoid(x) / 0.05 (else / 1)
+  beta_max: float = 1.0         # beta = beta_max * sigmoid(x)
   chunk_size: int = 64
   sub_chunk_size: int = 16
   forms: tuple[str, ...] = ("parallel", "chunk", "recurrent")
   bfloat16: tuple[str, ...] = ()  # forms also run with bfloat16 inputs
 
   def __str__(self):
+    gates = "strong" if self.strong else "gentle"
     return (f"{self.op}-T{self.length}-H{self.heads}x{self.value_heads}"
             f"-init{int(self.initial_state)}-seg{int(self.segments)}"
-            f"-l2{int(self.use_qk_l2norm)}-C{self.chunk_size}")
+            f"-l2{int(self.use_qk_l2norm)}-{gates}-beta{self.beta_max:g}"
+            f"-C{self.chunk_size}")
 
 
-# Each structural case costs a compilation per form; data variants are free.
+# Every case compiles each of its forms once; the cover is spread over them.
 CASES = [
-    Case("delta_rule", 63, segments=True, chunk_size=16, sub_chunk_size=8,
-         forms=("chunk", "recurrent")),
-    Case("gated_delta_rule", 200, heads=1, segments=True, use_qk_l2norm=True),
+    Case("delta_rule", 63, segments=True, beta_max=2.0, chunk_size=16,
+         sub_chunk_size=8, forms=("chunk", "recurrent")),
+    Case("gated_delta_rule", 200, heads=1, segments=True, use_qk_l2norm=True,
+         strong=True, beta_max=2.0),
     Case("gated_delta_rule", 1, forms=("chunk", "recurrent")),
-    Case("kda", 64, value_heads=4, initial_state=False, use_qk_l2norm=True),
-    Case("kda", 200, segments=True, forms=("chunk", "recurrent"),
+    Case("kda", 64, value_heads=4, initial_state=False, use_qk_l2norm=True,
+         beta_max=2.0),
+    Case("kda", 200, segments=True, strong=True,
          bfloat16=("chunk", "recurrent")),
 ]
-# (strong gates, largest beta): every case runs all four.
-VARIANTS = [(False, 1.0), (False, 2.0), (True, 1.0), (True, 2.0)]
 
 
 def log_sigmoid(x):
@@ -92,8 +98,10 @@ def sigmoid(x):
   return np.exp(log_sigmoid(x))
 
 
-def make_inputs(case: Case, seed: int, strong: bool, beta_max: float):
+def make_inputs(case: Case, seed: int, strong=None, beta_max=None):
   """Random inputs (numpy's generator: no compilation per shape)."""
+  strong = case.strong if strong is None else strong
+  beta_max = case.beta_max if beta_max is None else beta_max
   b, t = 2, case.length
   rng = np.random.default_rng(seed)
   normal = lambda *shape: rng.standard_normal(shape, np.float32)
@@ -121,43 +129,42 @@ def make_inputs(case: Case, seed: int, strong: bool, beta_max: float):
                             else jnp.float32) for name, x in inputs.items()}
 
 
-@functools.lru_cache(maxsize=None)
-def compiled(op, form, case):
-  """A jitted form with the case's options bound, reused across variants."""
+def bound(op, form, case):
+  """The form with the case's options bound."""
   options = dict(output_final_state=True, use_qk_l2norm=case.use_qk_l2norm)
   if form == "chunk":
     options.update(chunk_size=case.chunk_size,
                    sub_chunk_size=case.sub_chunk_size)
-  return jax.jit(functools.partial(FORMS[op][form], **options))
+  return functools.partial(FORMS[op][form], **options)
+
+
+def check_forms(case, forms, inputs, dtype, tol):
+  reference = bound(case.op, "naive", case)
+  expected = run_reference(reference, inputs, grad_args=GRAD_ARGS,
+                           dtype=dtype)
+  for form in forms:
+    errors = errors_against_reference(
+        bound(case.op, form, case), reference, inputs, grad_args=GRAD_ARGS,
+        dtype=dtype, reference_result=expected)
+    assert_close_errors(errors, tol, label=f"{form} {case} {dtype.__name__}")
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_forms_match_naive_float32(case):
-  for seed, (strong, beta_max) in enumerate(VARIANTS):
-    inputs = make_inputs(case, seed, strong, beta_max)
-    for form in case.forms:
-      errors = errors_against_reference(
-          compiled(case.op, form, case), compiled(case.op, "naive", case),
-          inputs, grad_args=GRAD_ARGS)
-      assert_close_errors(errors, 1e-5, label=f"{form} {case} strong={strong} "
-                          f"beta_max={beta_max}")
+  check_forms(case, case.forms, make_inputs(case, 0), jnp.float32, 1e-5)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.bfloat16], ids=str)
 def test_forms_match_naive_bfloat16(case):
   inputs = make_inputs(case, 7, strong=True, beta_max=2.0)
-  for form in case.bfloat16:
-    errors = errors_against_reference(
-        compiled(case.op, form, case), compiled(case.op, "naive", case),
-        inputs, grad_args=GRAD_ARGS, dtype=jnp.bfloat16)
-    assert_close_errors(errors, 1e-2, label=f"{form} {case} bfloat16")
+  check_forms(case, case.bfloat16, inputs, jnp.bfloat16, 1e-2)
 
 
 def test_steps_with_resets_match_naive():
   case = Case("gated_delta_rule", 6, value_heads=4, use_qk_l2norm=True)
   inputs = make_inputs(case, 0, strong=False, beta_max=2.0)
   segment_ids = jnp.array([[0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 1, 2]], jnp.int32)
-  expected, expected_state = compiled(case.op, "naive", case)(
+  expected, expected_state = jax.jit(bound(case.op, "naive", case))(
       **inputs, segment_ids=segment_ids)
   step = jax.jit(functools.partial(gdr.gated_delta_rule_step,
                                    use_qk_l2norm=True))

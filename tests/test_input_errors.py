@@ -64,3 +64,13 @@ def test_chunk_size_errors():
   with pytest.raises(ValueError, match="sub_chunk_size .* must divide"):
     ops.chunk_gated_linear(q, q, v, g_scalar, chunk_size=24,
                            sub_chunk_size=16)
+
+
+def test_concrete_gate_captured_by_jit():
+  """A concrete gate closed over inside jit is checked, not traced."""
+  import jax
+  o = jax.jit(lambda x: ops.chunk_simple_gla(x, x, x, g_scalar)[0])(q)
+  assert o.shape == (B, T, H, K)
+  positive = -g_scalar
+  with pytest.raises(ValueError, match="must be <= 0"):
+    jax.jit(lambda x: ops.chunk_simple_gla(x, x, x, positive)[0])(q)

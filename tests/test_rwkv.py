@@ -1,9 +1,10 @@
 """RWKV-6 and RWKV-7 forms against their naive recurrences: outputs, final
 states and the gradients of every input.
 
-Each structural case is compiled once and run on several data variants
-(gentle and strong decays; for RWKV-7 also in-context learning rates in
-(0, 1) and in (0, 2)). The recurrent forms are the decoding steps scanned
+A covering set of cases, each checking several forms against one naive
+run: T in {63, 64, 200}, K != V, with and without initial state and segment
+ids, gentle and strong decays, and for RWKV-7 in-context learning rates in
+(0, 1) and in (0, 2). The recurrent forms are the decoding steps scanned
 over time, so they check the steps too. T = 1 and grouped heads are covered
 by the delta-rule tests, whose chunk stages RWKV-7 shares.
 """
@@ -19,7 +20,8 @@ import numpy as np
 import pytest
 
 from lin_attn_jax.ops import rwkv6, rwkv7
-from tests.form_checks import assert_close_errors, errors_against_reference
+from tests.form_checks import (assert_close_errors, errors_against_reference,
+                               run_reference)
 
 FORMS = {
     "rwkv6": {
@@ -51,35 +53,40 @@ class Case:
   dim_v: int = 12
   initial_state: bool = True
   segments: bool = False
+  strong: bool = False      # decays log_sigmoid(x) / 0.05 (else / 1)
+  rate_max: float = 1.0     # RWKV-7's in-context learning rate in (0, max)
   chunk_size: int = 64
   sub_chunk_size: int = 16
   forms: tuple[str, ...] = ("parallel", "chunk", "recurrent")
   bfloat16: tuple[str, ...] = ()  # forms also run with bfloat16 inputs
 
   def __str__(self):
+    decays = "strong" if self.strong else "gentle"
     return (f"{self.op}-T{self.length}-init{int(self.initial_state)}"
-            f"-seg{int(self.segments)}-C{self.chunk_size}")
+            f"-seg{int(self.segments)}-{decays}-rate{self.rate_max:g}"
+            f"-C{self.chunk_size}")
 
 
-# Each structural case costs a compilation per form; data variants are free.
+# Every case compiles each of its forms once; the cover is spread over them.
 CASES = [
-    Case("rwkv6", 63, segments=True, chunk_size=16, sub_chunk_size=8,
-         bfloat16=("chunk",)),
+    Case("rwkv6", 63, segments=True, strong=True, chunk_size=16,
+         sub_chunk_size=8, bfloat16=("chunk",)),
     Case("rwkv6", 200, initial_state=False, dim_k=12, dim_v=8,
          forms=("chunk", "recurrent")),
-    Case("rwkv7", 200, segments=True, bfloat16=("chunk", "recurrent")),
+    Case("rwkv7", 200, segments=True, strong=True, rate_max=2.0,
+         bfloat16=("chunk", "recurrent")),
     Case("rwkv7", 64, initial_state=False, chunk_size=32, sub_chunk_size=8),
 ]
-# (strong decays, largest in-context learning rate of RWKV-7).
-VARIANTS = [(False, 1.0), (False, 2.0), (True, 1.0), (True, 2.0)]
 
 
 def log_sigmoid(x):
   return -np.logaddexp(0.0, -x)
 
 
-def make_inputs(case: Case, seed: int, strong: bool, rate_max: float):
+def make_inputs(case: Case, seed: int, strong=None, rate_max=None):
   """Random inputs (numpy's generator: no compilation per shape)."""
+  strong = case.strong if strong is None else strong
+  rate_max = case.rate_max if rate_max is None else rate_max
   b, t, h, dk, dv = 2, case.length, case.heads, case.dim_k, case.dim_v
   rng = np.random.default_rng(seed)
   normal = lambda *shape: rng.standard_normal(shape, np.float32)
@@ -105,37 +112,37 @@ def make_inputs(case: Case, seed: int, strong: bool, rate_max: float):
                             else jnp.float32) for name, x in inputs.items()}
 
 
-@functools.lru_cache(maxsize=None)
-def compiled(op, form, case):
-  """A jitted form with the case's options bound, reused across variants."""
+def bound(op, form, case):
+  """The form with the case's options bound."""
   options = dict(output_final_state=True)
   if form == "chunk":
     options.update(chunk_size=case.chunk_size,
                    sub_chunk_size=case.sub_chunk_size)
-  return jax.jit(functools.partial(FORMS[op][form], **options))
+  return functools.partial(FORMS[op][form], **options)
+
+
+def check_forms(case, forms, inputs, dtype, tol):
+  reference = bound(case.op, "naive", case)
+  grad_args = GRAD_ARGS[case.op]
+  expected = run_reference(reference, inputs, grad_args=grad_args,
+                           dtype=dtype)
+  for form in forms:
+    errors = errors_against_reference(
+        bound(case.op, form, case), reference, inputs, grad_args=grad_args,
+        dtype=dtype, reference_result=expected)
+    assert_close_errors(errors, tol, label=f"{form} {case} {dtype.__name__}")
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_forms_match_naive_float32(case):
-  variants = VARIANTS if case.op == "rwkv7" else VARIANTS[::2]
-  for seed, (strong, rate_max) in enumerate(variants):
-    inputs = make_inputs(case, seed, strong, rate_max)
-    for form in case.forms:
-      errors = errors_against_reference(
-          compiled(case.op, form, case), compiled(case.op, "naive", case),
-          inputs, grad_args=GRAD_ARGS[case.op])
-      assert_close_errors(errors, TOL[case.op], label=f"{form} {case} "
-                          f"strong={strong} rate_max={rate_max}")
+  check_forms(case, case.forms, make_inputs(case, 0), jnp.float32,
+              TOL[case.op])
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.bfloat16], ids=str)
 def test_forms_match_naive_bfloat16(case):
   inputs = make_inputs(case, 7, strong=True, rate_max=2.0)
-  for form in case.bfloat16:
-    errors = errors_against_reference(
-        compiled(case.op, form, case), compiled(case.op, "naive", case),
-        inputs, grad_args=GRAD_ARGS[case.op], dtype=jnp.bfloat16)
-    assert_close_errors(errors, 1e-2, label=f"{form} {case} bfloat16")
+  check_forms(case, case.bfloat16, inputs, jnp.bfloat16, 1e-2)
 
 
 def _step_inputs(arrays, names, t):
@@ -149,7 +156,7 @@ def _step_inputs(arrays, names, t):
 def test_steps_with_resets_match_naive(op, step, names):
   inputs = make_inputs(Case(op, 6), 0, strong=False, rate_max=1.0)
   segment_ids = jnp.array([[0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 1, 2]], jnp.int32)
-  expected, expected_state = compiled(op, "naive", Case(op, 6))(
+  expected, expected_state = jax.jit(bound(op, "naive", Case(op, 6)))(
       **inputs, segment_ids=segment_ids)
   step = jax.jit(step)
   arrays = {name: np.asarray(x) for name, x in inputs.items()}

@@ -46,21 +46,22 @@ def parallel_based(q, k, v, *, scale=None, initial_state=None,
 
 
 def chunk_based(q, k, v, *, scale=None, initial_state=None,
-                output_final_state=False, segment_ids=None, chunk_size=64):
+                output_final_state=False, segment_ids=None, chunk_size=64,
+                impl="auto"):
   """Chunkwise Based linear attention.
 
   Args:
     q, k: ``[B, T, H, K]`` (raw, before the Taylor map); v: ``[B, T, H, V]``.
     scale: ``s`` in the Taylor kernel, ``K ** -0.5`` when None.
     initial_state: ``[B, H, 1 + K + K^2, V + 1]`` float32.
-    output_final_state, segment_ids ``[B, T]``, chunk_size: as in
+    output_final_state, segment_ids ``[B, T]``, chunk_size, impl: as in
       ``chunk_linear_attn``.
   Returns:
     ``(o [B, T, H, V], final_state or None)``.
   """
   return _call(chunk_linear_attn, q, k, v, scale, initial_state=initial_state,
                output_final_state=output_final_state, segment_ids=segment_ids,
-               chunk_size=chunk_size)
+               chunk_size=chunk_size, impl=impl)
 
 
 def recurrent_based(q, k, v, *, scale=None, initial_state=None,

@@ -112,9 +112,12 @@ def check_nonpositive(name: str, x) -> None:
   """
   if isinstance(x, jax.core.Tracer):
     return
-  if bool(jnp.any(jnp.asarray(x) > 0)):
+  # NumPy, not jnp: inside a jit a captured concrete array is still
+  # concrete, but a jnp comparison of it would be traced.
+  values = np.asarray(x)
+  if np.any(values > 0):
     raise ValueError(f"{name} holds log-decays, which must be <= 0; got a "
-                     f"maximum of {float(jnp.max(x))} (shape {shape_of(x)})")
+                     f"maximum of {float(values.max())} (shape {shape_of(x)})")
 
 
 def check_chunk_size(chunk_size: int, name: str = "chunk_size") -> None:

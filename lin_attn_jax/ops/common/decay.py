@@ -44,17 +44,16 @@ def reverse_exclusive_cumsum(x, axis: int):
 def pairwise_sums(x, axis: int):
   """``out[..., i, j, ...] = sum_{j < m <= i} x[..., m, ...]`` for ``j < i``.
 
-  For a short axis (a sub-chunk). Row i is row i-1 plus ``x_i``, so each
-  entry is a sum of its own terms (exact relative to the result, unlike
-  ``cumsum[i] - cumsum[j]``), and the gradient reaches ``x_m`` only through
-  the pairs that span m. Entries with ``j >= i`` are 0: mask them before any
-  ``exp``. The new axes ``i, j`` replace ``axis`` (i first).
+  For a short axis (a block of tokens): a cumulative sum over i of ``x_i``
+  masked to ``j < i``, so each entry is a sum of its own terms only (exact
+  relative to the result, unlike ``cumsum[i] - cumsum[j]``) and the gradient
+  reaches ``x_m`` only through the pairs that span m. Entries with
+  ``j >= i`` are 0: mask them before any ``exp``. The new axes ``i, j``
+  replace ``axis`` (i first).
   """
-  x = jnp.moveaxis(x, axis, 0)                                  # [m, ...]
-  n = x.shape[0]
-  idx = jnp.arange(n).reshape((n,) + (1,) * (x.ndim - 1))
-  rows = [jnp.zeros_like(x)]
-  for i in range(1, n):
-    rows.append(jnp.where(idx < i, rows[-1] + x[i], 0.0))      # [j, ...]
-  out = jnp.stack(rows)                                         # [i, j, ...]
-  return jnp.moveaxis(out, (0, 1), (axis, axis + 1))
+  n = x.shape[axis]
+  x = jnp.moveaxis(x, axis, -1)                                 # [..., m]
+  strict = jnp.tril(jnp.ones((n, n), dtype=bool), -1)           # [i, j]: j < i
+  terms = jnp.where(strict, x[..., :, None], 0.0)               # [..., i, j]
+  out = jnp.cumsum(terms, axis=-2)
+  return jnp.moveaxis(out, (-2, -1), (axis, axis + 1))

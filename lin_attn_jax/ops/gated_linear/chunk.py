@@ -26,8 +26,8 @@ log-decay and ``L_i`` its part since the start of i's sub-chunk:
 
 With ``strictly_causal=True`` (RWKV-6) the output at i reads the state
 before token i: step 3 reads with the decay up to i - 1 (``L`` shifted by
-one), and step 4 drops the diagonal and the first gate of every offset, so
-offset ``d`` carries ``exp(sum_{j<m<i} g_m)``.
+one), and step 4 drops the diagonal and the gate of i itself, so offset
+``d`` carries ``exp(sum_{j<m<i} g_m)``.
 
 Segment ids enter as masks: a pair ``(i, j)`` counts only inside one
 document, an entering state reaches ``i`` only if no document started
@@ -51,11 +51,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common import checks, dispatch
 from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunks
 from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
+from pallas_kernels.gated_linear import chunk_gated_linear_attention
 
 _F32 = jnp.float32
 # Tokens whose intra-chunk factors are alive at once (memory, not results).
@@ -88,18 +89,30 @@ def _diagonal_outputs(q_s, k_s, v_s, g_s, doc_s, strict=False):
   document); strict: i reads the state before its token (no ``d = 0``, and
   offset d decays over ``j < m < i``). Returns ``[B, N, S, c, H, V]``.
   """
+  c = q_s.shape[3]
   decay = jnp.exp(g_s)                                          # [B,N,S,c,H,G]
-  span = jnp.ones_like(decay)
+  position = jnp.arange(c)
+
+  def shifted(x, d):                                            # x_{i-d}, 0 for i < d
+    keep = (position >= d).reshape((1, 1, 1, c) + (1,) * (x.ndim - 4))
+    return jnp.where(keep, jnp.roll(x, d, axis=3), 0)
+
+  def offset_step(carry, d):
+    span, o = carry
+    factor = shifted(decay, d - 1)
+    if strict:
+      factor = jnp.where(d > 1, factor, 1.0)                    # not g_i itself
+    span = span * factor                                        # i-d+1 .. i
+    score = jnp.sum(q_s * shifted(k_s, d) * span, -1)           # [B,N,S,c,H]
+    if doc_s is not None:
+      same_doc = (doc_s == shifted(doc_s, d))[..., None]        # [B,N,S,c,1]
+      score = jnp.where(same_doc, score, 0.0)
+    return (span, o + score[..., None] * shifted(v_s, d)), None
+
   o = (jnp.zeros_like(v_s) if strict
        else jnp.sum(q_s * k_s, -1)[..., None] * v_s)
-  for d in range(1, q_s.shape[3]):
-    if d > 1 or not strict:
-      span = span * _shift(decay, d - 1)                        # i-d+1 .. i
-    score = jnp.sum(q_s * _shift(k_s, d) * span, -1)            # [B,N,S,c,H]
-    if doc_s is not None:
-      same_doc = (doc_s == _shift(doc_s, d))[..., None]         # [B,N,S,c,1]
-      score = jnp.where(same_doc, score, 0.0)
-    o = o + score[..., None] * _shift(v_s, d)
+  (_, o), _ = jax.lax.scan(offset_step, (jnp.ones_like(decay), o),
+                           jnp.arange(1, c))
   return o
 
 
@@ -162,23 +175,24 @@ def _chunk_outputs(q_c, k_c, v_c, g_c, doc_c, doc_before, entering, *, sub,
                         strict=strict)                          # [B,N,S,c,H,V]
   read_decay = _shift(local, 1) if strict else local            # to i or i - 1
 
-  state, doc_prev, from_state = entering, doc_before, []
-  for s in range(q_s.shape[2]):
-    doc_here = doc_s[:, :, s]                                   # [B, N, c]
+  def sub_chunk_step(carry, xs):
+    state, doc_prev = carry                    # [B,N,H,K,V], [B,N]
+    q_i, k_j, v_j, local_i, to_end_j, total, doc_here = xs
     reached = (doc_here == doc_prev[..., None])[..., None, None]
-    q_read = jnp.where(reached, q_s[:, :, s] * jnp.exp(read_decay[:, :, s]),
-                       0.0)
-    from_state.append(_mm("bnihk,bnhkv->bnihv", q_read, state))
+    q_read = jnp.where(reached, q_i * jnp.exp(local_i), 0.0)    # [B,N,c,H,K]
+    out = _mm("bnihk,bnhkv->bnihv", q_read, state)
     doc_last = doc_here[:, :, -1]                               # [B, N]
     in_last = (doc_here == doc_last[..., None])[..., None, None]
-    k_write = jnp.where(in_last, k_s[:, :, s] * jnp.exp(local_to_end[:, :, s]),
-                        0.0)                                    # [B,N,c,H,K]
+    k_write = jnp.where(in_last, k_j * jnp.exp(to_end_j), 0.0)  # [B,N,c,H,K]
     passes = (doc_last == doc_prev)[..., None, None]            # [B,N,1,1]
-    decay = jnp.where(passes, jnp.exp(sub_total[:, :, s]), 0.0)  # [B,N,H,G]
-    state = (decay[..., None] * state
-             + _mm("bnjhk,bnjhv->bnhkv", k_write, v_s[:, :, s]))
-    doc_prev = doc_last
-  o = o + jnp.stack(from_state, axis=2)
+    decay = jnp.where(passes, jnp.exp(total), 0.0)              # [B,N,H,G]
+    state = decay[..., None] * state + _mm("bnjhk,bnjhv->bnhkv", k_write, v_j)
+    return (state, doc_last), out
+
+  sub_major = (q_s, k_s, v_s, read_decay, local_to_end, sub_total, doc_s)
+  _, from_state = jax.lax.scan(sub_chunk_step, (entering, doc_before),
+                               tuple(jnp.moveaxis(x, 2, 0) for x in sub_major))
+  o = o + jnp.moveaxis(from_state, 0, 2)                        # [B,N,S,c,H,V]
   return merge_chunks(o, axis=2)
 
 
@@ -210,7 +224,7 @@ def _grouped_over_chunks(fn, operands, group):
 
 def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
                        output_final_state=False, segment_ids=None,
-                       chunk_size=64, sub_chunk_size=8,
+                       chunk_size=64, sub_chunk_size=8, impl="auto",
                        strictly_causal=False):
   """Gated linear attention, chunkwise; the training path on every backend.
 
@@ -224,8 +238,14 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
     chunk_size: tokens per chunk ``C`` (speed only, not results).
     sub_chunk_size: tokens per sub-chunk ``c``; must divide ``chunk_size``.
+      Both are tile sizes of the XLA form; the Pallas kernels take theirs
+      from ``pallas_kernels.gated_linear.BlockSizes.default``.
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"`` (see
+      ``lin_attn_jax.ops.common.dispatch``): the Pallas kernel on TPU and
+      GPU, or this chunk form in XLA.
     strictly_causal: ``o_t = S_{t-1}^T q_t``, the state before token t
-      (RWKV-6), instead of ``S_t^T q_t``. The final state is the same.
+      (RWKV-6), instead of ``S_t^T q_t``; the final state is the same. XLA
+      only (``impl="pallas"`` raises).
   Returns:
     ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32 or
     None)``.
@@ -243,7 +263,30 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
   if chunk_size % min(sub_chunk_size, chunk_size):
     raise ValueError(f"sub_chunk_size ({sub_chunk_size}) must divide "
                      f"chunk_size ({chunk_size})")
+  dispatch.check_impl(impl)
   scale = default_scale(scale, dk)
+  xla = functools.partial(
+      _chunk_xla, q, k, v, g, scale=scale, initial_state=initial_state,
+      output_final_state=output_final_state, segment_ids=segment_ids,
+      chunk_size=chunk_size, sub_chunk_size=sub_chunk_size,
+      strictly_causal=strictly_causal)
+  if strictly_causal:
+    if impl == "pallas":
+      raise ValueError("strictly_causal=True has no Pallas kernel; use "
+                       "impl='auto' or 'xla'")
+    return xla()
+  pallas = functools.partial(
+      chunk_gated_linear_attention, q, k, v, g, scale=scale,
+      initial_state=initial_state, output_final_state=output_final_state,
+      segment_ids=segment_ids)
+  return dispatch.run(impl, xla, pallas)
+
+
+def _chunk_xla(q, k, v, g, *, scale, initial_state, output_final_state,
+               segment_ids, chunk_size, sub_chunk_size, strictly_causal):
+  """The chunk form in XLA; ``g`` validated (``[B, T, H, G]`` or None)."""
+  b, t, h, dk = q.shape
+  dv = v.shape[-1]
   c = min(sub_chunk_size, chunk_size)
   # A sequence shorter than a chunk only needs enough whole sub-chunks.
   chunk = min(chunk_size, -(-t // c) * c)

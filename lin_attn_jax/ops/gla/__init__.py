@@ -41,14 +41,15 @@ def parallel_gla(q, k, v, g, *, scale=None, initial_state=None,
 
 
 def chunk_gla(q, k, v, g, *, scale=None, initial_state=None,
-              output_final_state=False, segment_ids=None, chunk_size=64):
+              output_final_state=False, segment_ids=None, chunk_size=64,
+              impl="auto"):
   """Chunkwise GLA.
 
   Args:
     q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``.
     g: log-decay per key channel ``[B, T, H, K]``, ``<= 0``.
     scale, initial_state ``[B, H, K, V]``, output_final_state, segment_ids
-      ``[B, T]``, chunk_size: as in ``chunk_gated_linear``.
+      ``[B, T]``, chunk_size, impl: as in ``chunk_gated_linear``.
   Returns:
     ``(o [B, T, H, V], final_state [B, H, K, V] or None)``.
 
@@ -65,7 +66,7 @@ def chunk_gla(q, k, v, g, *, scale=None, initial_state=None,
   return chunk_gated_linear(
       q, k, v, _channel_gate(q, g, "[B, T, H, K]"), scale=scale,
       initial_state=initial_state, output_final_state=output_final_state,
-      segment_ids=segment_ids, chunk_size=chunk_size)
+      segment_ids=segment_ids, chunk_size=chunk_size, impl=impl)
 
 
 def recurrent_gla(q, k, v, g, *, scale=None, initial_state=None,

@@ -64,7 +64,7 @@ def parallel_linear_attn(q, k, v, *, scale=None, normalize=False,
 
 def chunk_linear_attn(q, k, v, *, scale=None, normalize=False,
                       initial_state=None, output_final_state=False,
-                      segment_ids=None, chunk_size=64):
+                      segment_ids=None, chunk_size=64, impl="auto"):
   """Chunkwise linear attention.
 
   Args:
@@ -75,13 +75,14 @@ def chunk_linear_attn(q, k, v, *, scale=None, normalize=False,
     output_final_state: also return the state after the last token.
     segment_ids: ``[B, T]`` int; the state resets where the id changes.
     chunk_size: tokens per chunk (speed only).
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"``, as in ``chunk_gated_linear``.
   Returns:
     ``(o [B, T, H, V], final_state or None)``.
   """
   return run_linear(chunk_gated_linear, q, k, v, normalize, scale=scale,
                     initial_state=initial_state,
                     output_final_state=output_final_state,
-                    segment_ids=segment_ids, chunk_size=chunk_size)
+                    segment_ids=segment_ids, chunk_size=chunk_size, impl=impl)
 
 
 def recurrent_linear_attn(q, k, v, *, scale=None, normalize=False,

@@ -44,13 +44,15 @@ def parallel_retention(q, k, v, *, scale=None, initial_state=None,
 
 
 def chunk_retention(q, k, v, *, scale=None, initial_state=None,
-                    output_final_state=False, segment_ids=None, chunk_size=64):
+                    output_final_state=False, segment_ids=None, chunk_size=64,
+                    impl="auto"):
   """Chunkwise retention. q, k ``[B, T, H, K]``, v ``[B, T, H, V]``; other
-  arguments as in ``chunk_simple_gla``. Returns ``(o, final_state)``."""
+  arguments (``impl`` included) as in ``chunk_simple_gla``. Returns
+  ``(o, final_state)``."""
   return chunk_simple_gla(
       q, k, v, g_gamma=retention_log_decay(_heads(q)), scale=scale,
       initial_state=initial_state, output_final_state=output_final_state,
-      segment_ids=segment_ids, chunk_size=chunk_size)
+      segment_ids=segment_ids, chunk_size=chunk_size, impl=impl)
 
 
 def recurrent_retention(q, k, v, *, scale=None, initial_state=None,

@@ -58,7 +58,7 @@ def parallel_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None,
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None,
                      initial_state=None, output_final_state=False,
-                     segment_ids=None, chunk_size=64):
+                     segment_ids=None, chunk_size=64, impl="auto"):
   """Chunkwise simple GLA.
 
   Args:
@@ -67,14 +67,14 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None,
     g_gamma: constant log-decay per head ``[H]``, ``<= 0`` (not both; neither
       means no decay).
     scale, initial_state ``[B, H, K, V]``, output_final_state, segment_ids
-      ``[B, T]``, chunk_size: as in ``chunk_gated_linear``.
+      ``[B, T]``, chunk_size, impl: as in ``chunk_gated_linear``.
   Returns:
     ``(o [B, T, H, V], final_state [B, H, K, V] or None)``.
   """
   return chunk_gated_linear(
       q, k, v, scalar_decay(q, g, g_gamma), scale=scale,
       initial_state=initial_state, output_final_state=output_final_state,
-      segment_ids=segment_ids, chunk_size=chunk_size)
+      segment_ids=segment_ids, chunk_size=chunk_size, impl=impl)
 
 
 def recurrent_simple_gla(q, k, v, g=None, g_gamma=None, *, scale=None,

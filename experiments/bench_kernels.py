@@ -1,0 +1,225 @@
+"""Pallas kernels of the gated-linear core against the XLA chunk form, and on
+a CUDA GPU against flash-linear-attention's Triton kernels.
+
+For each op (``simple_gla``: a scalar decay per head, ``gla``: a decay per
+key channel) and each shape, it times the forward pass and forward+backward
+(gradients of every input for a random cotangent) of
+
+- ``impl="pallas"`` (the Mosaic kernel on TPU, the Triton kernel on GPU),
+- ``impl="xla"`` (the chunk form in XLA),
+- on a CUDA GPU with ``torch`` and ``fla`` importable: ``fla.ops``'s
+  ``chunk_simple_gla`` / ``chunk_gla`` on the same shapes and dtype,
+
+and reports time ratios (``> 1``: the kernel is faster). Times are the
+median of ``--iters`` runs after ``--warmup`` runs, on compiled functions.
+
+Without a TPU or GPU it runs a smoke comparison instead: tiny shapes, the
+kernel in interpret mode against the XLA form, for agreement of the outputs
+and gradients. Interpret-mode times say nothing about kernel speed and are
+not reported as such.
+
+Run:
+  python experiments/bench_kernels.py                       # TPU / GPU
+  python experiments/bench_kernels.py --lengths=2048,8192 --batch=8 \
+      --heads=16 --dims=128 --dtype=bfloat16 --out=benchmarks/kernels.md
+  python experiments/bench_kernels.py --smoke               # any machine
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lin_attn_jax import ops
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("ops", ["simple_gla", "gla"], "Ops to time.")
+flags.DEFINE_list("lengths", ["2048", "8192"], "Sequence lengths T.")
+flags.DEFINE_list("heads", ["16"], "Head counts H.")
+flags.DEFINE_list("dims", ["128"], "Head dimensions K = V.")
+flags.DEFINE_integer("batch", 8, "Batch B.")
+flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"],
+                  "Dtype of q, k, v.")
+flags.DEFINE_integer("warmup", 3, "Untimed runs before timing.")
+flags.DEFINE_integer("iters", 20, "Timed runs; the median is reported.")
+flags.DEFINE_bool("smoke", False, "Tiny shapes; interpret mode on CPU.")
+flags.DEFINE_string("out", "", "Also write the markdown table to this file.")
+
+_DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+
+
+def make_inputs(op, b, t, h, d, dtype, seed=0):
+  keys = jax.random.split(jax.random.PRNGKey(seed), 5)
+  q, k, v = (jax.random.normal(key, (b, t, h, d), dtype) for key in keys[:3])
+  gate_shape = (b, t, h) if op == "simple_gla" else (b, t, h, d)
+  # GLA-style gates: log-sigmoid of a logit, divided by 16 as in the paper.
+  g = jax.nn.log_sigmoid(jax.random.normal(keys[3], gate_shape)) / 16.0
+  do = jax.random.normal(keys[4], (b, t, h, d), dtype)
+  return q, k, v, g, do
+
+
+def jax_functions(op, impl):
+  """``(forward, forward_backward)``, both jitted."""
+  chunk = ops.chunk_simple_gla if op == "simple_gla" else ops.chunk_gla
+
+  def forward(q, k, v, g):
+    return chunk(q, k, v, g, impl=impl)[0]
+
+  def forward_backward(q, k, v, g, do):
+    o, vjp = jax.vjp(forward, q, k, v, g)
+    return o, vjp(do)
+
+  return jax.jit(forward), jax.jit(forward_backward)
+
+
+def time_jax(fn, args, warmup, iters):
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(iters):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def fla_timer():
+  """A function timing fla's kernels, or ``(None, why not)``."""
+  try:
+    import torch
+    from fla.ops.gla import chunk_gla
+    from fla.ops.simple_gla import chunk_simple_gla
+  except ImportError as error:
+    return None, f"torch/fla not importable ({error})"
+  if not torch.cuda.is_available():
+    return None, "torch sees no CUDA device"
+  kernels = {"simple_gla": chunk_simple_gla, "gla": chunk_gla}
+  torch_dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+  def run(op, arrays, backward, warmup, iters):
+    q, k, v, g, do = (torch.from_numpy(np.asarray(x, np.float32)).cuda()
+                      for x in arrays)
+    dtype = torch_dtypes[FLAGS.dtype]
+    q, k, v, do = (x.to(dtype) for x in (q, k, v, do))
+    leaves = [x.requires_grad_(backward) for x in (q, k, v, g)]
+
+    def step():
+      o, _ = kernels[op](*leaves, output_final_state=False)
+      if backward:
+        o.backward(do)
+
+    for _ in range(warmup):
+      step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+      start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+      start.record()
+      step()
+      end.record()
+      torch.cuda.synchronize()
+      times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+  return run, ""
+
+
+def benchmark():
+  platform = jax.devices()[0].platform
+  fla_run, fla_note = (fla_timer() if platform == "gpu"
+                       else (None, "not a CUDA GPU"))
+  dtype = _DTYPES[FLAGS.dtype]
+  rows = []
+  for op, t, h, d in itertools.product(FLAGS.ops, FLAGS.lengths, FLAGS.heads,
+                                       FLAGS.dims):
+    t, h, d = int(t), int(h), int(d)
+    q, k, v, g, do = make_inputs(op, FLAGS.batch, t, h, d, dtype)
+    row = {"op": op, "T": t, "H": h, "D": d}
+    for impl in ("pallas", "xla"):
+      forward, forward_backward = jax_functions(op, impl)
+      row[f"{impl} fwd"] = time_jax(forward, (q, k, v, g), FLAGS.warmup,
+                                    FLAGS.iters)
+      row[f"{impl} fwd+bwd"] = time_jax(forward_backward, (q, k, v, g, do),
+                                        FLAGS.warmup, FLAGS.iters)
+    if fla_run is not None:
+      for backward, name in ((False, "fla fwd"), (True, "fla fwd+bwd")):
+        row[name] = fla_run(op, (q, k, v, g, do), backward, FLAGS.warmup,
+                            FLAGS.iters)
+    rows.append(row)
+    print(row, flush=True)
+  ms = lambda s: f"{1e3 * s:.2f}"  # noqa: E731
+  lines = [
+      f"{jax.devices()[0].device_kind} ({platform}), B={FLAGS.batch}, "
+      f"{FLAGS.dtype}, median of {FLAGS.iters} runs after {FLAGS.warmup}; "
+      f"ratios are other / kernel (> 1: the kernel is faster). fla: "
+      f"{'timed' if fla_run else fla_note}.",
+      "",
+      "| op | T | H | K=V | kernel fwd (ms) | kernel fwd+bwd (ms) | "
+      "XLA fwd+bwd (ms) | XLA / kernel fwd | XLA / kernel fwd+bwd | "
+      "fla fwd+bwd (ms) | fla / kernel fwd+bwd |",
+      "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    fla = ((ms(r["fla fwd+bwd"]),
+            f"{r['fla fwd+bwd'] / r['pallas fwd+bwd']:.2f}")
+           if "fla fwd+bwd" in r else ("-", "-"))
+    lines.append(
+        f"| {r['op']} | {r['T']} | {r['H']} | {r['D']} | "
+        f"{ms(r['pallas fwd'])} | {ms(r['pallas fwd+bwd'])} | "
+        f"{ms(r['xla fwd+bwd'])} | {r['xla fwd'] / r['pallas fwd']:.2f} | "
+        f"{r['xla fwd+bwd'] / r['pallas fwd+bwd']:.2f} | {fla[0]} | "
+        f"{fla[1]} |")
+  return lines
+
+
+def smoke():
+  """Interpret-mode kernel against the XLA form on tiny shapes."""
+  lines = [
+      f"Smoke run on {jax.devices()[0].platform}: no TPU or GPU, so the "
+      "kernels run in interpret mode; this checks that the benchmark's "
+      "functions run and agree, not how fast the kernels are.",
+      "",
+      "| op | B, T, H, K=V | dtype | max rel. diff o | max rel. diff grads |",
+      "|---|---|---|---|---|"]
+  for op in FLAGS.ops:
+    b, t, h, d = 1, 40, 2, 32
+    q, k, v, g, do = make_inputs(op, b, t, h, d, _DTYPES[FLAGS.dtype])
+    results = {}
+    for impl in ("pallas", "xla"):
+      _, forward_backward = jax_functions(op, impl)
+      results[impl] = jax.block_until_ready(
+          forward_backward(q, k, v, g, do))
+    diffs = [_rel_diff(a, b) for a, b in zip(
+        jax.tree.leaves(results["pallas"]), jax.tree.leaves(results["xla"]))]
+    lines.append(f"| {op} | {b}, {t}, {h}, {d} | {FLAGS.dtype} | "
+                 f"{diffs[0]:.1e} | {max(diffs[1:]):.1e} |")
+    print(lines[-1], flush=True)
+  return lines
+
+
+def _rel_diff(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def main(argv):
+  del argv
+  accelerator = jax.devices()[0].platform in ("tpu", "gpu")
+  if not accelerator and not FLAGS.smoke:
+    print("No TPU or GPU: kernel timings need one. Running the smoke "
+          "comparison (--smoke) instead.")
+  lines = benchmark() if accelerator and not FLAGS.smoke else smoke()
+  print("\n".join(lines))
+  if FLAGS.out:
+    with open(FLAGS.out, "w") as f:
+      f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,148 @@
+"""Hardware helpers: the kernels' array layout and its padding.
+
+The kernels walk one (batch, head) pair along time, so the public layout
+``[B, T, H, F]`` becomes ``[B, H, T, F]``, with:
+
+- feature axes (K, V) zero-padded to the tiles of the backend: a multiple of
+  128 lanes on TPU, a power of two >= 16 on GPU. Zero query and key channels
+  add nothing; padded value columns are cut off the outputs;
+- time zero-padded to whole chunks: a zero key adds nothing to the state and
+  a zero log-decay decays nothing; document indices repeat the last one, so
+  padding never starts a document;
+- the state kept transposed, ``[B, H, V, K]``, so that a decay per key
+  channel scales its columns (a row vector, which broadcasts on both
+  backends) rather than its rows;
+- per-token scalars that a kernel needs along lanes given as rows
+  ``[.., T / c, 1, c]`` (one row per sub-chunk), so that no kernel
+  transposes: the document index (also given as a column ``[.., T, 1]``) and
+  a scalar log-decay.
+
+Letters: b batch, t time, h head, f feature (k key channel, v value
+channel, g gate width: 1 or K), c tokens per sub-chunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from pallas_kernels.gated_linear.block_sizes import BlockSizes
+
+_F32 = jnp.float32
+
+
+def round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
+def padded_features(n: int, backend: str) -> int:
+  """Feature width a backend's tiles need for ``n`` channels."""
+  if backend == "tpu":
+    return round_up(n, 128)
+  return max(16, 1 << (n - 1).bit_length())
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Sizes of one call, before and after padding."""
+  batch: int       # B
+  length: int      # T
+  heads: int       # H
+  dim_k: int       # K
+  dim_v: int       # V
+  t_pad: int       # T rounded up to whole chunks
+  k_pad: int       # K padded to the backend's tiles
+  v_pad: int       # V padded to the backend's tiles
+  chunk: int       # tokens per grid step (TPU) and between checkpoints
+  sub_chunk: int   # c
+  block_v: int     # value columns per forward program
+
+
+def make_layout(b: int, t: int, h: int, dk: int, dv: int,
+                blocks: BlockSizes) -> Layout:
+  c = blocks.sub_chunk
+  # A sequence shorter than a chunk needs only enough whole sub-chunks.
+  chunk = min(blocks.chunk, round_up(t, c))
+  k_pad = padded_features(dk, blocks.backend)
+  v_pad = padded_features(dv, blocks.backend)
+  block_v = v_pad if blocks.block_v is None else min(blocks.block_v, v_pad)
+  if v_pad % block_v:
+    raise ValueError(f"block_v ({blocks.block_v}) must divide the padded "
+                     f"value width {v_pad} (V = {dv})")
+  return Layout(b, t, h, dk, dv, round_up(t, chunk), k_pad, v_pad, chunk, c,
+                block_v)
+
+
+def to_kernel(x, lay: Layout, f_pad: int, dtype=None):
+  """``[B, T, H, F] -> [B, H, T_pad, F_pad]``, zero-padded."""
+  x = jnp.asarray(x) if dtype is None else jnp.asarray(x, dtype)
+  x = jnp.pad(x, ((0, 0), (0, lay.t_pad - x.shape[1]), (0, 0),
+                  (0, f_pad - x.shape[3])))
+  return jnp.transpose(x, (0, 2, 1, 3))                        # [B, H, T, F]
+
+
+def from_kernel(x, lay: Layout, f: int):
+  """``[B, H, T_pad, F_pad] -> [B, T, H, F]``."""
+  return jnp.transpose(x[:, :, :lay.length, :f], (0, 2, 1, 3))
+
+
+def rows(column, c: int):
+  """``[..., T_pad, 1] -> [..., T_pad / c, 1, c]``: one row per sub-chunk."""
+  *lead, t, _ = column.shape
+  return column.reshape(*lead, t // c, 1, c)
+
+
+def document_columns(doc, lay: Layout):
+  """Document index of each token and of the token before it.
+
+  ``doc: [B, T]`` float32 (0 for the first document, +1 at every change).
+  Returns ``(doc [B, T_pad, 1], doc_prev [B, T_pad, 1])``; ``doc_prev`` at
+  t = 0 is 0, the document of the initial state.
+  """
+  doc = jnp.pad(jnp.asarray(doc, _F32), ((0, 0), (0, lay.t_pad - lay.length)),
+                mode="edge")
+  prev = jnp.concatenate([jnp.zeros_like(doc[:, :1]), doc[:, :-1]], axis=1)
+  return doc[..., None], prev[..., None]
+
+
+def state_to_kernel(state, lay: Layout):
+  """``[B, H, K, V]`` float32 -> ``[B, H, V_pad, K_pad]``."""
+  state = jnp.asarray(state, _F32)
+  state = jnp.pad(state, ((0, 0), (0, 0), (0, lay.k_pad - lay.dim_k),
+                          (0, lay.v_pad - lay.dim_v)))
+  return jnp.swapaxes(state, 2, 3)
+
+
+def state_from_kernel(state, lay: Layout):
+  """``[B, H, V_pad, K_pad] -> [B, H, K, V]``."""
+  return jnp.swapaxes(state, 2, 3)[:, :, :lay.dim_k, :lay.dim_v]
+
+
+def kernel_arrays(q, k, v, g, initial_state, doc, lay: Layout, *,
+                  bf16_dots: bool, do=None, d_final=None):
+  """The kernels' inputs, by name (absent ones left out).
+
+  ``q, k: [B, T, H, K]``, ``v: [B, T, H, V]``, ``g: [B, T, H, G]`` float32
+  or None, ``initial_state: [B, H, K, V]`` or None, ``doc: [B, T]`` float32
+  or None; ``do: [B, T, H, V]`` and ``d_final: [B, H, K, V]`` for the
+  backward kernels.
+  """
+  dtype = jnp.bfloat16 if bf16_dots else _F32
+  arrays = {"q": to_kernel(q, lay, lay.k_pad, dtype),
+            "k": to_kernel(k, lay, lay.k_pad, dtype),
+            "v": to_kernel(v, lay, lay.v_pad, dtype)}
+  if g is not None and g.shape[-1] == 1:
+    arrays["gate_row"] = rows(to_kernel(g, lay, 1, _F32), lay.sub_chunk)
+  elif g is not None:
+    arrays["gate"] = to_kernel(g, lay, lay.k_pad, _F32)         # [B, H, T, K]
+  if doc is not None:
+    arrays["doc"], arrays["doc_prev"] = document_columns(doc, lay)
+    arrays["doc_row"] = rows(arrays["doc"], lay.sub_chunk)
+  if initial_state is not None:
+    arrays["initial_state"] = state_to_kernel(initial_state, lay)
+  if do is not None:
+    arrays["do"] = to_kernel(do, lay, lay.v_pad, dtype)
+  if d_final is not None:
+    arrays["d_final"] = state_to_kernel(d_final, lay)
+  return arrays

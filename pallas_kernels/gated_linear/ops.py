@@ -1,0 +1,282 @@
+"""Chunked gated linear attention on Pallas kernels: dispatch and gradients.
+
+    S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,    o_t = S_t^T (scale q_t)
+
+- Forward: one kernel, outputs and the final state.
+- Backward (``jax.custom_vjp``): two kernels that recompute the states
+  instead of storing them: a forward sweep for ``dq`` (which also writes the
+  state entering each chunk, with a decay) and a reverse sweep for ``dk``,
+  ``dv`` and the initial state's gradient. Both also return terms of the
+  log-decays' gradient, which ``gate_gradient`` adds up with cumulative sums
+  inside each sub-chunk in plain XLA: elementwise work over ``[B, T, H,
+  G]``, no kernel.
+
+The kernel is picked by ``backend`` or, when it is None, by the platform the
+call is lowered for (``jax.lax.platform_dependent``): ``tpu`` -> Mosaic,
+``cuda`` -> Triton, anything else -> the Mosaic kernel in interpret mode
+(slow; for tests and debugging on CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels.gated_linear import gpu, layout, tpu
+from pallas_kernels.gated_linear.block_sizes import BACKENDS, BlockSizes
+from pallas_kernels.gated_linear.sub_chunk import KernelSpec
+
+_F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  """Static settings of one call."""
+  scale: float                  # query scale
+  output_final_state: bool      # return the final state
+  backend: str | None           # "tpu", "gpu", or None: by lowering platform
+  interpret: bool               # run the kernels in interpret mode
+  tpu_blocks: BlockSizes        # tile sizes of the Mosaic kernels
+  gpu_blocks: BlockSizes        # tile sizes of the Triton kernels
+
+
+def _gate_kind(g) -> str:
+  if g is None:
+    return "none"
+  return "scalar" if g.shape[-1] == 1 else "channel"
+
+
+def _prepare(cfg: _Config, backend, q, k, v, g, doc):
+  blocks = cfg.tpu_blocks if backend == "tpu" else cfg.gpu_blocks
+  b, t, h, dk = q.shape
+  lay = layout.make_layout(b, t, h, dk, v.shape[-1], blocks)
+  bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
+  spec = KernelSpec(backend=backend, gate=_gate_kind(g),
+                    segments=doc is not None,
+                    scale=cfg.scale, sub_chunk=lay.sub_chunk, bf16_dots=bf16)
+  return blocks, lay, spec, bf16
+
+
+def _forward(cfg: _Config, backend: str, interpret: bool, q, k, v, g, s0,
+             doc):
+  blocks, lay, spec, bf16 = _prepare(cfg, backend, q, k, v, g, doc)
+  arrays = layout.kernel_arrays(q, k, v, g, s0, doc, lay, bf16_dots=bf16)
+  out_dtype = jnp.bfloat16 if bf16 else _F32
+  if backend == "tpu":
+    o, final = tpu.forward(arrays, spec, lay, out_dtype=out_dtype,
+                           final_state=cfg.output_final_state,
+                           interpret=interpret)
+  else:
+    o, final = gpu.forward(arrays, spec, lay, blocks, out_dtype=out_dtype,
+                           final_state=cfg.output_final_state,
+                           interpret=interpret)
+  o = layout.from_kernel(o, lay, lay.dim_v).astype(v.dtype)
+  return o, (None if final is None else layout.state_from_kernel(final, lay))
+
+
+def _backward(cfg: _Config, backend: str, interpret: bool, q, k, v, g, s0,
+              doc, do, d_final):
+  blocks, lay, spec, bf16 = _prepare(cfg, backend, q, k, v, g, doc)
+  arrays = layout.kernel_arrays(q, k, v, g, s0, doc, lay, bf16_dots=bf16,
+                                do=do)
+  if backend == "tpu":
+    dq, gate_q, checkpoints = tpu.dq(arrays, spec, lay, interpret=interpret)
+  else:
+    dq, gate_q, checkpoints = gpu.dq(arrays, spec, lay, blocks,
+                                     interpret=interpret)
+  if d_final is not None:
+    arrays["d_final"] = layout.state_to_kernel(d_final, lay)
+  if checkpoints is not None:
+    arrays["checkpoints"] = checkpoints
+  if backend == "tpu":
+    dk, dv, ds0, gate_terms = tpu.dkv(arrays, spec, lay,
+                                      d_initial=s0 is not None,
+                                      interpret=interpret)
+  else:
+    dk, dv, ds0, gate_terms = gpu.dkv(arrays, spec, lay, blocks,
+                                      d_initial=s0 is not None,
+                                      interpret=interpret)
+  dg = None
+  if g is not None:
+    dg = gate_gradient(gate_q, gate_terms, lay, g.shape[-1])
+  return (layout.from_kernel(dq, lay, lay.dim_k),
+          layout.from_kernel(dk, lay, lay.dim_k),
+          layout.from_kernel(dv, lay, lay.dim_v), dg,
+          None if ds0 is None else layout.state_from_kernel(ds0, lay))
+
+
+def gate_gradient(gate_q, terms, lay: layout.Layout, width: int):
+  """Gradient of the log-decays, ``[B, T, H, width]``, from the sweeps'
+  terms (see ``sub_chunk.py``): for ``m`` in a sub-chunk,
+
+      dg_m = sum_{i >= m} gate_q_i + sum_{j < m} gate_k_inter_j + entry_grad
+             + (scalar decay) gate_pairs_m
+             - (per key channel) sum_{j >= m} gate_k_intra_j
+
+  with sums inside the sub-chunk. ``gate_q``, ``gate_k_*``: ``[B, H, T_pad,
+  G]``; ``entry_grad``: ``[B, H, T_pad / c, 1, G]``; ``gate_pairs``:
+  ``[B, H, T_pad / c, 1, c]``.
+  """
+  b, h, t_pad, g_pad = gate_q.shape
+  c = lay.sub_chunk
+
+  def sub_chunks(x):                                            # [B,H,N,c,G]
+    return x.reshape(b, h, t_pad // c, c, g_pad)
+
+  # Exclusive sum over j < m: the terms shifted down one row, then summed.
+  k_before = jnp.pad(sub_chunks(terms["gate_k_inter"]),
+                     ((0, 0), (0, 0), (0, 0), (1, 0), (0, 0)))[:, :, :, :-1]
+  dg = (jax.lax.cumsum(sub_chunks(gate_q), axis=3, reverse=True)
+        + jax.lax.cumsum(k_before, axis=3) + terms["entry_grad"])
+  if "gate_pairs" in terms:
+    dg = dg + jnp.swapaxes(terms["gate_pairs"], 3, 4)
+  if "gate_k_intra" in terms:
+    dg = dg - jax.lax.cumsum(sub_chunks(terms["gate_k_intra"]), axis=3,
+                             reverse=True)
+  return layout.from_kernel(dg.reshape(b, h, t_pad, g_pad), lay, width)
+
+
+def _dispatch(cfg: _Config, fn, *args):
+  if cfg.backend is not None:
+    return fn(cfg, cfg.backend, cfg.interpret, *args)
+  return jax.lax.platform_dependent(
+      *args, tpu=functools.partial(fn, cfg, "tpu", False),
+      cuda=functools.partial(fn, cfg, "gpu", False),
+      default=functools.partial(fn, cfg, "tpu", True))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(cfg: _Config, q, k, v, g, s0, doc):
+  return _dispatch(cfg, _forward, q, k, v, g, s0, doc)
+
+
+def _attention_fwd(cfg: _Config, q, k, v, g, s0, doc):
+  # Only the inputs are kept: the backward kernels recompute the states.
+  return (_dispatch(cfg, _forward, q, k, v, g, s0, doc),
+          (q, k, v, g, s0, doc))
+
+
+def _attention_bwd(cfg: _Config, residuals, cotangents):
+  q, k, v, g, s0, doc = residuals
+  do, d_final = cotangents
+  dq, dk, dv, dg, ds0 = _dispatch(cfg, _backward, q, k, v, g, s0, doc, do,
+                                  d_final)
+  return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg,
+          ds0, None)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _check(q, k, v, g, initial_state, segment_ids):
+  if np.ndim(q) != 4 or np.shape(k) != np.shape(q):
+    raise ValueError(f"q and k must be [B, T, H, K] of one shape, got "
+                     f"{np.shape(q)} and {np.shape(k)}")
+  b, t, h, dk = np.shape(q)
+  if np.ndim(v) != 4 or np.shape(v)[:3] != (b, t, h):
+    raise ValueError(f"v must be [B, T, H, V] with [B, T, H] = {(b, t, h)}, "
+                     f"got {np.shape(v)}")
+  if g is not None and np.shape(g) not in ((b, t, h), (b, t, h, 1),
+                                           (b, t, h, dk)):
+    raise ValueError(f"g must be [B, T, H] = {(b, t, h)} (or [B, T, H, 1]) "
+                     f"or [B, T, H, K] = {(b, t, h, dk)}, got {np.shape(g)}")
+  state_shape = (b, h, dk, np.shape(v)[3])
+  if initial_state is not None and np.shape(initial_state) != state_shape:
+    raise ValueError(f"initial_state must be [B, H, K, V] = {state_shape}, "
+                     f"got {np.shape(initial_state)}")
+  if segment_ids is not None and np.shape(segment_ids) != (b, t):
+    raise ValueError(f"segment_ids must be [B, T] = {(b, t)}, got "
+                     f"{np.shape(segment_ids)}")
+
+
+def _blocks_by_backend(block_sizes, per_channel: bool):
+  if block_sizes is None:
+    given = []
+  elif isinstance(block_sizes, BlockSizes):
+    given = [block_sizes]
+  elif isinstance(block_sizes, (list, tuple)):
+    given = list(block_sizes)
+  else:
+    raise ValueError(f"block_sizes must be BlockSizes or a sequence of them, "
+                     f"got {block_sizes!r}")
+  chosen = {backend: BlockSizes.default(backend, per_channel=per_channel)
+            for backend in BACKENDS}
+  for blocks in given:
+    if not isinstance(blocks, BlockSizes):
+      raise ValueError(f"block_sizes must hold BlockSizes, got {blocks!r}")
+    chosen[blocks.backend] = blocks
+  return chosen["tpu"], chosen["gpu"]
+
+
+def document_index(segment_ids):
+  """``[B, T]`` float32: the number of id changes up to and including t."""
+  ids = jnp.asarray(segment_ids)
+  changed = (ids[:, 1:] != ids[:, :-1]).astype(_F32)
+  return jnp.cumsum(jnp.pad(changed, ((0, 0), (1, 0))), axis=1)
+
+
+def chunk_gated_linear_attention(
+    q, k, v, g=None, *, scale=None, initial_state=None,
+    output_final_state=False, segment_ids=None, backend: str | None = None,
+    block_sizes: BlockSizes | Sequence[BlockSizes] | None = None,
+    interpret: bool = False):
+  """Gated linear attention, chunked, on Pallas kernels (forward and backward).
+
+  Args:
+    q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; float32 or bfloat16 (other
+      float dtypes are computed in float32).
+    g: natural-log decay ``<= 0``: ``[B, T, H]`` or ``[B, T, H, 1]``
+      (scalar per head), ``[B, T, H, K]`` (per key channel), or None (no decay).
+    scale: query scale (a Python float), ``K ** -0.5`` when None.
+    initial_state: ``[B, H, K, V]`` or None (zeros); float32.
+    output_final_state: also return the state after the last token.
+    segment_ids: ``[B, T]`` int; the state resets where the id changes.
+    backend: "tpu" (Mosaic), "gpu" (Triton), or None: by the platform the
+      call is lowered for (tpu, cuda; any other platform runs the Mosaic
+      kernel in interpret mode).
+    block_sizes: ``BlockSizes`` for one or more backends (speed only); the
+      others take ``BlockSizes.default``.
+    interpret: run the kernels of ``backend`` in interpret mode (needs an
+      explicit ``backend``).
+  Returns:
+    ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32 or
+    None)``.
+
+  Example:
+    >>> q = k = jnp.ones((1, 100, 2, 16)); v = jnp.ones((1, 100, 2, 32))
+    >>> g = jnp.full((1, 100, 2, 16), -0.1)
+    >>> o, s = chunk_gated_linear_attention(q, k, v, g, backend="tpu",
+    ...                                     interpret=True,
+    ...                                     output_final_state=True)
+    >>> o.shape, s.shape
+    ((1, 100, 2, 32), (1, 2, 16, 32))
+  """
+  _check(q, k, v, g, initial_state, segment_ids)
+  if backend is not None and backend not in BACKENDS:
+    raise ValueError(f"backend must be one of {BACKENDS} or None, got "
+                     f"{backend!r}")
+  if interpret and backend is None:
+    raise ValueError("interpret=True needs an explicit backend ('tpu' or "
+                     "'gpu'); with backend=None a CPU call already runs in "
+                     "interpret mode")
+  b, t, h, dk = np.shape(q)
+  if g is not None:
+    g = jnp.asarray(g, _F32)
+    g = g[..., None] if g.ndim == 3 else g
+  per_channel = g is not None and g.shape[-1] != 1
+  tpu_blocks, gpu_blocks = _blocks_by_backend(block_sizes, per_channel)
+  cfg = _Config(scale=float(dk ** -0.5 if scale is None else scale),
+                output_final_state=bool(output_final_state), backend=backend,
+                interpret=bool(interpret), tpu_blocks=tpu_blocks,
+                gpu_blocks=gpu_blocks)
+  if not all(jnp.issubdtype(jnp.result_type(x), jnp.floating)
+             for x in (q, k, v)):
+    raise ValueError("q, k and v must have floating dtypes")
+  s0 = None if initial_state is None else jnp.asarray(initial_state, _F32)
+  doc = None if segment_ids is None else document_index(segment_ids)
+  return _attention(cfg, q, k, v, g, s0, doc)

@@ -1,0 +1,293 @@
+"""Pallas kernels of the gated-linear core against the naive recurrence.
+
+Every check runs twice: in interpret mode (always, on CPU) and compiled on
+the accelerator's own kernel (skipped without a TPU or GPU). Every kernel is
+also exported for ``tpu`` and ``cuda``, forward and backward, and the
+exported module must hold that platform's Pallas custom call.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lin_attn_jax.ops.gated_linear import naive_recurrent_gated_linear
+from pallas_kernels.gated_linear import (BlockSizes,
+                                         chunk_gated_linear_attention,
+                                         chunk_gated_linear_attention_reference)
+from tests.form_checks import assert_close_errors, rel_rms
+
+GRAD_ARGS = ("q", "k", "v", "g", "initial_state")
+ACCELERATOR = {"tpu": "tpu", "gpu": "gpu"}.get(jax.default_backend())
+
+# Small tiles so that short test sequences still span several grid steps,
+# sub-chunks per checkpoint and value blocks (GPU).
+SMALL_BLOCKS = (BlockSizes("tpu", sub_chunk=16, chunk=32),
+                BlockSizes("gpu", sub_chunk=16, chunk=32, block_v=16,
+                           num_warps=4, num_stages=1))
+# One sub-chunk per TPU grid step: a smaller program, for the other checks.
+TPU_STEP_BLOCKS = (BlockSizes("tpu", sub_chunk=16, chunk=16),
+                   SMALL_BLOCKS[1])
+
+TRITON_CALL = "__gpu$xla.gpu.triton"
+CUSTOM_CALLS = {"tpu": "tpu_custom_call", "cuda": TRITON_CALL}
+
+
+def make_inputs(seed=0, *, b=2, t=37, h=2, dk=16, dv=24, gate="channel",
+                strong=False, segments=True, initial_state=True):
+  """Random inputs; row 0 holds four documents (one starts on a sub-chunk
+  boundary, an id comes back), row 1 one document."""
+  keys = jax.random.split(jax.random.PRNGKey(seed), 5)
+  q = jax.random.normal(keys[0], (b, t, h, dk))
+  k = jax.random.normal(keys[1], (b, t, h, dk))
+  v = jax.random.normal(keys[2], (b, t, h, dv))
+  shape = {"none": None, "scalar": (b, t, h), "channel": (b, t, h, dk)}[gate]
+  g = None
+  if shape is not None:
+    # Strong: log-decays from about -0.1 to -100 per token, weak ones among
+    # strong ones (a difference of prefix sums would lose the weak ones).
+    g = jax.nn.log_sigmoid(jax.random.normal(keys[3], shape))
+    g = g / 0.05 if strong else 2.0 * g
+  inputs = {"q": q, "k": k, "v": v, "g": g}
+  if initial_state:
+    inputs["initial_state"] = jax.random.normal(keys[4], (b, h, dk, dv))
+  if segments:
+    row = np.concatenate([np.full(10, 3), np.full(6, 5), np.full(15, 1),
+                          np.full(max(t - 31, 0), 3)])[:t]
+    ids = np.stack([row] + [np.zeros(t, np.int32)] * (b - 1))
+    inputs["segment_ids"] = jnp.asarray(ids, jnp.int32)
+  return inputs
+
+
+def _naive(**inputs):
+  return naive_recurrent_gated_linear(**inputs, output_final_state=True)
+
+
+def cpu_jit(fn):
+  """``jax.jit`` with XLA's CPU backend optimisations off: interpret-mode
+  kernels are tiny to run and slow to optimise (this halves compile time)."""
+  if jax.default_backend() != "cpu":
+    return jax.jit(fn)
+  return jax.jit(fn, compiler_options={"xla_backend_optimization_level": 0})
+
+
+def _outputs_and_grads(fn, inputs):
+  """Outputs, final state and the gradients of every ``GRAD_ARGS`` input for
+  random cotangents, as ``form_checks.errors_against_reference`` takes them,
+  but traced as one program so that ``cpu_jit`` can compile it."""
+  diff = {name: inputs[name] for name in GRAD_ARGS
+          if inputs.get(name) is not None}
+  (o, state), vjp = jax.vjp(lambda d: fn(**{**inputs, **d}), diff)
+  key_o, key_s = jax.random.split(jax.random.PRNGKey(0))
+  co = jax.random.normal(key_o, o.shape, jnp.float32).astype(o.dtype)
+  cs = (None if state is None
+        else jax.random.normal(key_s, state.shape, jnp.float32))
+  (grads,) = vjp((co, cs))
+  return o, state, grads
+
+
+def _cast(inputs, dtype):
+  return {name: (x.astype(dtype) if name in ("q", "k", "v", "g")
+                 and x is not None else x) for name, x in inputs.items()}
+
+
+def kernel_errors(backend, inputs, *, interpret, dtype=jnp.float32,
+                  blocks=SMALL_BLOCKS, final_state=True):
+  kernel = functools.partial(
+      chunk_gated_linear_attention, backend=backend, interpret=interpret,
+      block_sizes=blocks, output_final_state=final_state)
+  return form_errors(kernel, inputs, dtype=dtype, final_state=final_state)
+
+
+def form_errors(form, inputs, *, dtype=jnp.float32, final_state=True):
+  """Relative RMS errors of ``form`` against the naive form, for outputs,
+  final state and gradients; q, k, v and g are cast to ``dtype`` for the
+  form, and the naive form gets the same values in float32."""
+  reference = _naive if final_state else (
+      lambda **kw: (_naive(**kw)[0], None))
+  low = _cast(inputs, dtype)
+  o, state, grads = cpu_jit(functools.partial(_outputs_and_grads, form))(low)
+  ref_o, ref_state, ref_grads = cpu_jit(
+      functools.partial(_outputs_and_grads, reference))(
+          _cast(low, jnp.float32))
+  assert o.dtype == dtype
+  errors = {"o": rel_rms(o, ref_o)}
+  if final_state:
+    assert state.dtype == jnp.float32
+    errors["state"] = rel_rms(state, ref_state)
+  for name, grad in grads.items():
+    assert grad.dtype == low[name].dtype, name
+    finite = np.all(np.isfinite(np.asarray(grad, np.float32)))
+    errors["d" + name] = (rel_rms(grad, ref_grads[name]) if finite
+                          else float("inf"))
+  return errors
+
+
+class _KernelChecks:
+  """The checks; subclasses say whether they run in interpret mode."""
+  interpret: bool
+
+  def backend(self, backend):
+    if not self.interpret and backend != ACCELERATOR:
+      pytest.skip(f"the {backend} kernel compiles only on a {backend}")
+    return backend
+
+  @pytest.mark.parametrize("gate", ["none", "scalar", "channel"])
+  @pytest.mark.parametrize("backend", ["tpu", "gpu"])
+  def test_matches_naive(self, backend, gate):
+    """Odd length, K != V, segment ids, initial and final state."""
+    errors = kernel_errors(self.backend(backend), make_inputs(gate=gate),
+                           interpret=self.interpret)
+    assert_close_errors(errors, 1e-5, label=f"{backend} {gate}")
+
+  @pytest.mark.parametrize("backend, gate",
+                           [("tpu", "scalar"), ("gpu", "channel")])
+  def test_bfloat16(self, backend, gate):
+    errors = kernel_errors(self.backend(backend), make_inputs(gate=gate),
+                           interpret=self.interpret, dtype=jnp.bfloat16,
+                           blocks=TPU_STEP_BLOCKS)
+    assert_close_errors(errors, 1e-2, label=f"{backend} {gate} bfloat16")
+
+  @pytest.mark.parametrize("backend, gate, t",
+                           [("tpu", "none", 1), ("gpu", "channel", 50)])
+  def test_without_documents_or_states(self, backend, gate, t):
+    inputs = make_inputs(gate=gate, t=t, segments=False, initial_state=False)
+    errors = kernel_errors(self.backend(backend), inputs,
+                           interpret=self.interpret, final_state=False,
+                           blocks=TPU_STEP_BLOCKS)
+    assert_close_errors(errors, 1e-5, label=f"{backend} {gate} T={t}")
+
+  @pytest.mark.parametrize("backend, gate",
+                           [("tpu", "channel"), ("gpu", "channel"),
+                            ("gpu", "scalar")])
+  def test_strong_gates_long_sequence(self, backend, gate):
+    """Strong gates with weak ones among them: every factor must stay
+    finite and every log-decay sum exact."""
+    inputs = make_inputs(gate=gate, t=300, b=1, strong=True)
+    errors = kernel_errors(self.backend(backend), inputs,
+                           interpret=self.interpret, blocks=TPU_STEP_BLOCKS)
+    assert_close_errors(errors, 1e-5, label=f"{backend} {gate} strong")
+
+  def test_several_value_blocks_on_tpu(self):
+    """V = 130 pads to 256 lanes: two 128-column programs per head."""
+    inputs = make_inputs(gate="scalar", dv=130, b=1)
+    blocks = (BlockSizes("tpu", sub_chunk=16, chunk=32, block_v=128),)
+    kernel = functools.partial(
+        chunk_gated_linear_attention, backend=self.backend("tpu"),
+        interpret=self.interpret, block_sizes=blocks, output_final_state=True)
+    o, state = cpu_jit(kernel)(**inputs)
+    ref_o, ref_state = _naive(**inputs)
+    assert_close_errors({"o": rel_rms(o, ref_o),
+                         "state": rel_rms(state, ref_state)},
+                        1e-5, label="tpu value blocks")
+
+
+class TestKernelsInterpret(_KernelChecks):
+  interpret = True
+
+
+@pytest.mark.skipif(ACCELERATOR is None, reason="needs a TPU or a GPU")
+class TestKernelsCompiled(_KernelChecks):
+  interpret = False
+
+
+def test_reference_matches_naive():
+  errors = form_errors(
+      functools.partial(chunk_gated_linear_attention_reference,
+                        output_final_state=True),
+      make_inputs(gate="channel", t=20, b=1))
+  assert_close_errors(errors, 1e-5, label="reference")
+
+
+def exported_text(fn, platform, *args):
+  exported = jax.export.export(
+      jax.jit(fn), platforms=[platform],
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)])
+  return exported(*args).mlir_module()
+
+
+def _custom_calls(text):
+  return set(re.findall(r"custom_call @([\w$.]+)", text))
+
+
+@pytest.mark.parametrize("gate, dtype", [("none", jnp.float32),
+                                         ("scalar", jnp.float32),
+                                         ("channel", jnp.float32),
+                                         ("channel", jnp.bfloat16)])
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_exports_kernels(platform, gate, dtype):
+  """Forward and backward lower to the platform's Pallas kernels."""
+  inputs = make_inputs(gate=gate, t=20, b=1)
+  inputs = {name: (x.astype(dtype) if name in ("q", "k", "v") else x)
+            for name, x in inputs.items()}
+  names = [name for name in GRAD_ARGS if inputs[name] is not None]
+
+  def forward(*args):
+    return chunk_gated_linear_attention(
+        **{**inputs, **dict(zip(names, args))}, output_final_state=True)
+
+  def loss(*args):
+    o, state = forward(*args)
+    return jnp.sum(o.astype(jnp.float32)) + jnp.sum(state)
+
+  args = [inputs[name] for name in names]
+  forward_text = exported_text(forward, platform, *args)
+  backward_text = exported_text(
+      jax.grad(loss, argnums=tuple(range(len(args)))), platform, *args)
+  for text, kernels in ((forward_text, ["gated_linear_forward"]),
+                        (backward_text, ["gated_linear_dq",
+                                         "gated_linear_dkv"])):
+    assert _custom_calls(text) == {CUSTOM_CALLS[platform]}
+    for kernel in kernels:
+      assert f'"{kernel}' in text, f"{kernel} missing for {platform}"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"backend": "cpu"}, "backend"),
+    ({"interpret": True}, "explicit backend"),
+    ({"block_sizes": 16}, "BlockSizes"),
+])
+def test_rejects_bad_arguments(kwargs, message):
+  inputs = make_inputs(gate="scalar", t=8, b=1)
+  with pytest.raises(ValueError, match=message):
+    chunk_gated_linear_attention(**inputs, **kwargs)
+
+
+def test_rejects_bad_shapes():
+  inputs = make_inputs(gate="scalar", t=8, b=1)
+  with pytest.raises(ValueError, match="g must be"):
+    chunk_gated_linear_attention(**{**inputs, "g": inputs["g"][:, :4]})
+  with pytest.raises(ValueError, match="v must be"):
+    chunk_gated_linear_attention(**{**inputs, "v": inputs["v"][:, :4]})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"backend": "tpu", "sub_chunk": 8, "chunk": 16}, "multiple of 16"),
+    ({"backend": "tpu", "sub_chunk": 16, "chunk": 24}, "must divide"),
+    ({"backend": "tpu", "sub_chunk": 16, "chunk": 32, "block_v": 64},
+     "multiple of 128"),
+    ({"backend": "tpu", "sub_chunk": 16, "chunk": 32, "num_warps": 4},
+     "GPU settings"),
+    ({"backend": "gpu", "sub_chunk": 24, "chunk": 24}, "power of two"),
+    ({"backend": "gpu", "sub_chunk": 16, "chunk": 16, "block_v": 8},
+     "power of two"),
+    ({"backend": "gpu", "sub_chunk": 16, "chunk": 16, "num_warps": 3},
+     "num_warps"),
+    ({"backend": "mps", "sub_chunk": 16, "chunk": 16}, "backend"),
+])
+def test_block_sizes_validate(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    BlockSizes(**kwargs)
+
+
+def test_block_size_defaults_are_valid():
+  for backend in ("tpu", "gpu"):
+    for per_channel in (False, True):
+      blocks = BlockSizes.default(backend, per_channel=per_channel)
+      assert blocks.backend == backend
+      assert blocks.sub_chunk == (16 if per_channel else 64)
