@@ -6,6 +6,7 @@ import importlib
 _MODULES = (
     "experiments.specs.gated_linear",
     "experiments.specs.diagonal_ssm",
+    "experiments.specs.delta_rule",
 )
 
 

@@ -69,3 +69,22 @@ from lin_attn_jax.ops.rg_lru import (chunk_rg_lru, naive_recurrent_rg_lru,
                                      rg_lru_step)
 from lin_attn_jax.ops.ssd import (chunk_ssd, naive_recurrent_ssd, parallel_ssd,
                                   recurrent_ssd, ssd_step)
+
+# Delta-rule core (DeltaNet, Gated DeltaNet, KDA, RWKV-7) and RWKV-6 (on the
+# gated-linear-attention core).
+from lin_attn_jax.ops.delta_rule import (chunk_delta_rule, delta_rule_step,
+                                         naive_recurrent_delta_rule,
+                                         parallel_delta_rule,
+                                         recurrent_delta_rule)
+from lin_attn_jax.ops.gated_delta_rule import (
+    chunk_gated_delta_rule, gated_delta_rule_step,
+    naive_recurrent_gated_delta_rule, parallel_gated_delta_rule,
+    recurrent_gated_delta_rule)
+from lin_attn_jax.ops.kda import (chunk_kda, kda_step, naive_recurrent_kda,
+                                  parallel_kda, recurrent_kda)
+from lin_attn_jax.ops.rwkv6 import (chunk_rwkv6, naive_recurrent_rwkv6,
+                                    parallel_rwkv6, recurrent_rwkv6,
+                                    rwkv6_step)
+from lin_attn_jax.ops.rwkv7 import (chunk_rwkv7, naive_recurrent_rwkv7,
+                                    parallel_rwkv7, recurrent_rwkv7,
+                                    rwkv7_step)

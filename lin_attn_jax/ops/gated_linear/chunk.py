@@ -26,6 +26,11 @@ log-decay and ``L_i`` its part since the start of i's sub-chunk:
    With a scalar decay per head (or none), steps 3 and 4 are instead one
    ``[C, C]`` decay matrix per head and matmuls (``scalar_decay.py``).
 
+With ``strictly_causal=True`` (RWKV-6) the output at i reads the state
+before token i: step 3 reads with the decay up to i - 1 (``L`` shifted by
+one), and step 4 drops the diagonal and the gate of i itself, so offset
+``d`` carries ``exp(sum_{j<m<i} g_m)``.
+
 Segment ids enter as masks: a pair ``(i, j)`` counts only inside one
 document, an entering state reaches ``i`` only if no document started
 before ``i`` in the chunk (or sub-chunk), and a token reaches an end state
@@ -74,7 +79,7 @@ def _shift(x, d):
   return jnp.pad(x[:, :, :, :x.shape[3] - d], widths)
 
 
-def _diagonal_outputs(q_s, k_s, v_s, g_s, doc_s):
+def _diagonal_outputs(q_s, k_s, v_s, g_s, doc_s, strict=False):
   """Step 4: the part of each output from its own sub-chunk, exactly.
 
   Offset by offset (``d = i - j``), the decay ``exp(sum_{j<m<=i} g_m)`` is
@@ -84,7 +89,8 @@ def _diagonal_outputs(q_s, k_s, v_s, g_s, doc_s):
 
   q_s, k_s: ``[B, N, S, c, H, K]`` (q scaled); v_s: ``[B, N, S, c, H, V]``;
   g_s: ``[B, N, S, c, H, G]``; doc_s: ``[B, N, S, c]`` or None (one
-  document). Returns ``[B, N, S, c, H, V]``.
+  document); strict: i reads the state before its token (no ``d = 0``, and
+  offset d decays over ``j < m < i``). Returns ``[B, N, S, c, H, V]``.
   """
   c = q_s.shape[3]
   decay = jnp.exp(g_s)                                          # [B,N,S,c,H,G]
@@ -96,14 +102,18 @@ def _diagonal_outputs(q_s, k_s, v_s, g_s, doc_s):
 
   def offset_step(carry, d):
     span, o = carry
-    span = span * shifted(decay, d - 1)                         # i-d+1 .. i
+    factor = shifted(decay, d - 1)
+    if strict:
+      factor = jnp.where(d > 1, factor, 1.0)                    # not g_i itself
+    span = span * factor                                        # i-d+1 .. i
     score = jnp.sum(q_s * shifted(k_s, d) * span, -1)           # [B,N,S,c,H]
     if doc_s is not None:
       same_doc = (doc_s == shifted(doc_s, d))[..., None]        # [B,N,S,c,1]
       score = jnp.where(same_doc, score, 0.0)
     return (span, o + score[..., None] * shifted(v_s, d)), None
 
-  o = jnp.sum(q_s * k_s, -1)[..., None] * v_s
+  o = (jnp.zeros_like(v_s) if strict
+       else jnp.sum(q_s * k_s, -1)[..., None] * v_s)
   (_, o), _ = jax.lax.scan(offset_step, (jnp.ones_like(decay), o),
                            jnp.arange(1, c))
   return o
@@ -154,18 +164,19 @@ def _chunk_states(q_c, k_c, v_c, g_c, doc_c, doc_before, *, sub):
 
 
 def _chunk_outputs(q_c, k_c, v_c, g_c, doc_c, doc_before, entering, *, sub,
-                   packed):
+                   packed, strict=False):
   """Steps 3 and 4: outputs of every chunk given the state entering it.
 
   Shapes as in ``_chunk_states``; ``entering: [B, N, H, K, V]``; ``packed``
-  says whether there are several documents. Returns ``o [B, N, C, H, V]``
-  float32.
+  says whether there are several documents; ``strict``: outputs read the
+  state before their token. Returns ``o [B, N, C, H, V]`` float32.
   """
   g_s, local, local_to_end, sub_total, _, _, _ = _decays(g_c, sub)
   q_s, k_s, v_s = (split_chunks(x, sub, axis=2) for x in (q_c, k_c, v_c))
   doc_s = split_chunks(doc_c, sub, axis=2)                      # [B,N,S,c]
-  o = _diagonal_outputs(q_s, k_s, v_s, g_s,
-                        doc_s if packed else None)              # [B,N,S,c,H,V]
+  o = _diagonal_outputs(q_s, k_s, v_s, g_s, doc_s if packed else None,
+                        strict=strict)                          # [B,N,S,c,H,V]
+  read_decay = _shift(local, 1) if strict else local            # to i or i - 1
 
   def sub_chunk_step(carry, xs):
     state, doc_prev = carry                    # [B,N,H,K,V], [B,N]
@@ -181,7 +192,7 @@ def _chunk_outputs(q_c, k_c, v_c, g_c, doc_c, doc_before, entering, *, sub,
     state = decay[..., None] * state + _mm("bnjhk,bnjhv->bnhkv", k_write, v_j)
     return (state, doc_last), out
 
-  sub_major = (q_s, k_s, v_s, local, local_to_end, sub_total, doc_s)
+  sub_major = (q_s, k_s, v_s, read_decay, local_to_end, sub_total, doc_s)
   _, from_state = jax.lax.scan(sub_chunk_step, (entering, doc_before),
                                tuple(jnp.moveaxis(x, 2, 0) for x in sub_major))
   o = o + jnp.moveaxis(from_state, 0, 2)                        # [B,N,S,c,H,V]
@@ -216,7 +227,8 @@ def _grouped_over_chunks(fn, operands, group):
 
 def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
                        output_final_state=False, segment_ids=None,
-                       chunk_size=64, sub_chunk_size=8, impl="auto"):
+                       chunk_size=64, sub_chunk_size=8, impl="auto",
+                       strictly_causal=False):
   """Gated linear attention, chunkwise; the training path on every backend.
 
   Args:
@@ -234,6 +246,9 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
     impl: ``"auto"``, ``"xla"`` or ``"pallas"`` (see
       ``lin_attn_jax.ops.common.dispatch``): the Pallas kernel on TPU and
       GPU, or this chunk form in XLA.
+    strictly_causal: ``o_t = S_{t-1}^T q_t``, the state before token t
+      (RWKV-6), instead of ``S_t^T q_t``; the final state is the same. XLA
+      only (``impl="pallas"`` raises).
   Returns:
     ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32 or
     None)``.
@@ -256,7 +271,13 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
   xla = functools.partial(
       _chunk_xla, q, k, v, g, scale=scale, initial_state=initial_state,
       output_final_state=output_final_state, segment_ids=segment_ids,
-      chunk_size=chunk_size, sub_chunk_size=sub_chunk_size)
+      chunk_size=chunk_size, sub_chunk_size=sub_chunk_size,
+      strictly_causal=strictly_causal)
+  if strictly_causal:
+    if impl == "pallas":
+      raise ValueError("strictly_causal=True has no Pallas kernel; use "
+                       "impl='auto' or 'xla'")
+    return xla()
   pallas = functools.partial(
       chunk_gated_linear_attention, q, k, v, g, scale=scale,
       initial_state=initial_state, output_final_state=output_final_state,
@@ -265,7 +286,7 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
 
 
 def _chunk_xla(q, k, v, g, *, scale, initial_state, output_final_state,
-               segment_ids, chunk_size, sub_chunk_size):
+               segment_ids, chunk_size, sub_chunk_size, strictly_causal):
   """The chunk form in XLA; ``g`` validated (``[B, T, H, G]`` or None)."""
   b, t, h, dk = q.shape
   dv = v.shape[-1]
@@ -304,13 +325,14 @@ def _chunk_xla(q, k, v, g, *, scale, initial_state, output_final_state,
   entering = jnp.moveaxis(entering, 0, 1)                       # [B,N,H,K,V]
 
   packed = segment_ids is not None
-  if g.shape[-1] == 1:
+  if g.shape[-1] == 1 and not strictly_causal:
     # A scalar decay per head needs no secondary chunking and no grouping:
     # one [C, C] decay matrix per head, T * C * H numbers in all.
     o = scalar_decay_outputs(*per_chunk, entering, packed=packed)
   else:
     o = _grouped_over_chunks(
-        functools.partial(_chunk_outputs, sub=c, packed=packed),
+        functools.partial(_chunk_outputs, sub=c, packed=packed,
+                          strict=strictly_causal),
         per_chunk + (entering,), group)
   o = merge_chunks(o)[:, :t]
   return o.astype(out_dtype), (final_state if output_final_state else None)

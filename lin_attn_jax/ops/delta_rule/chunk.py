@@ -1,0 +1,245 @@
+"""Chunkwise delta rule with the WY (UT) representation.
+
+Inside a chunk the delta rule is written as plain linear attention on
+"pseudo-values" ``u_j`` that are found with one small unit-lower-triangular
+system per chunk; everything else is matmuls. The derivation is in this folder's
+README.md. Five steps:
+
+1. Log-decays local to sub-chunks (``common.chunk_scores``): every decay
+   factor below is ``exp`` of a sum of gates, <= 1.
+2. Intra-chunk score matrices (``common.chunk_scores``):
+   ``A[i, j] = beta_i k_i . (exp(G_i - G_j) * k_j)`` for ``j < i`` and
+   ``P[i, j] = q_i . (exp(G_i - G_j) * k_j)`` for ``j <= i``, both masked
+   to one document.
+3. WY: ``[W | U] = (I + A)^{-1} diag(beta) [exp(G) * K | V]``: one small
+   unit-lower-triangular inverse per chunk (``invert_unit_lower``, recursive
+   blocks, matmuls only). The true pseudo-values are ``U - W S_in``.
+4. Chunk transitions ``S_out = (D - K_end^T W) S_in + K_end^T U`` and a
+   ``lax.scan`` over chunks for the state entering each chunk.
+5. Outputs ``o = (exp(G) * Q) S_in + P (U - W S_in)``.
+
+Letters: b batch, n chunk, s sub-chunk, i and j position in a chunk, h value
+head (q and k are repeated to the value heads first), k and l key channels,
+v value channel, g gate width (1 or K).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common.chunk_scores import (intra_chunk_scores,
+                                                  sub_chunk_log_decays)
+from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
+                                             split_chunks)
+from lin_attn_jax.ops.common.segments import document_index
+from lin_attn_jax.ops.delta_rule.inputs import (default_scale,
+                                                expand_query_key, validate)
+
+_F32 = jnp.float32
+
+
+def _mm(subscripts, *operands):
+  return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
+
+
+def check_chunk_sizes(chunk_size, sub_chunk_size):
+  checks.check_chunk_size(chunk_size)
+  checks.check_chunk_size(sub_chunk_size, "sub_chunk_size")
+  if chunk_size % min(sub_chunk_size, chunk_size):
+    raise ValueError(f"sub_chunk_size ({sub_chunk_size}) must divide "
+                     f"chunk_size ({chunk_size})")
+
+
+def chunk_layout(t, chunk_size, sub_chunk_size):
+  """``(chunk, sub_chunk)`` actually used for a sequence of length ``t``."""
+  c = min(sub_chunk_size, chunk_size)
+  # A sequence shorter than a chunk only needs enough whole sub-chunks.
+  return min(chunk_size, -(-t // c) * c), c
+
+
+def document_masks(segment_ids, b, t, chunk):
+  """Masks of the chunk forms (head-major layout), from ``[B, T]`` segment ids.
+
+  Returns:
+    ``(same_doc [B, N, 1, C, C], reached [B, N, 1, C, 1], in_last_doc
+    [B, N, 1, C, 1], passes [B, N, 1, 1])``: pairs inside one document,
+    tokens that the entering state reaches (no document started in the chunk
+    at or before them), tokens that reach the chunk's end state, and chunks
+    whose entering state survives to their end. All True (no masking work)
+    without segment ids.
+  """
+  if segment_ids is None:
+    return (True,) * 4
+  doc = pad_time(document_index(segment_ids, b, t), chunk, mode="edge")
+  doc_c = split_chunks(doc, chunk)                              # [B, N, C]
+  doc_before = jnp.concatenate([jnp.zeros((b, 1), doc.dtype), doc[:, :-1]],
+                               axis=1)[:, ::chunk]              # [B, N]
+  doc_last = doc_c[:, :, -1]                                    # [B, N]
+  same_doc = (doc_c[..., :, None] == doc_c[..., None, :])[:, :, None]
+  reached = (doc_c == doc_before[..., None])[:, :, None, :, None]
+  in_last_doc = (doc_c == doc_last[..., None])[:, :, None, :, None]
+  passes = (doc_last == doc_before)[..., None, None]
+  return same_doc, reached, in_last_doc, passes
+
+
+def scan_chunk_states(transition, own, state0):
+  """``S_{n+1} = transition_n S_n + own_n`` over chunks.
+
+  Args:
+    transition: ``[B, N, H, K, K]``; own: ``[B, N, H, K, V]``;
+    state0: ``[B, H, K, V]``.
+  Returns:
+    ``(final state [B, H, K, V], entering states [B, N, H, K, V])``.
+  """
+  def carry_state(state, inputs):
+    step, add = inputs                        # [B,H,K,K], [B,H,K,V]
+    return _mm("bhkl,bhlv->bhkv", step, state) + add, state
+
+  final, entering = jax.lax.scan(
+      carry_state, state0, (jnp.moveaxis(transition, 1, 0),
+                            jnp.moveaxis(own, 1, 0)))
+  return final, jnp.moveaxis(entering, 0, 1)
+
+
+def solve_unit_lower(a, rhs):
+  """``(I + a)^{-1} rhs`` for strictly lower ``a: [..., T, T]`` (one solve).
+
+  For the parallel forms: a long triangular solve, ``O(T^2)`` per column.
+  """
+  eye = jnp.eye(a.shape[-1], dtype=a.dtype)
+  return jax.lax.linalg.triangular_solve(eye + a, rhs, left_side=True,
+                                         lower=True, unit_diagonal=True)
+
+
+def invert_unit_lower(a):
+  """``(I + a)^{-1}`` for strictly lower ``a: [..., C, C]``, by matmuls.
+
+  Recursive 2x2 blocking: with ``L = [[L11, 0], [L21, L22]]``,
+  ``L^{-1} = [[L11^{-1}, 0], [-L22^{-1} L21 L11^{-1}, L22^{-1}]]``, all
+  diagonal blocks of one size at once, from 1x1 (the unit diagonal) up to
+  ``C`` (padded to a power of two with identity rows). No powers of ``a``
+  are formed (unlike a Neumann series), so the error stays that of the
+  blocks' products; on CPU this and its gradient are several times faster
+  than a batched ``triangular_solve`` of small matrices.
+  """
+  c = a.shape[-1]
+  p = 1 << (c - 1).bit_length()
+  if p != c:
+    a = jnp.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, p - c), (0, p - c)])
+  lead = a.shape[:-2]
+  inverse = jnp.ones(lead + (p, 1, 1), a.dtype)          # [..., p/m, m, m]
+  m = 1
+  while m < p:
+    pairs = p // (2 * m)
+    blocks = jnp.einsum("...pipj->...pij",
+                        a.reshape(lead + (pairs, 2 * m, pairs, 2 * m)))
+    inv = inverse.reshape(lead + (pairs, 2, m, m))
+    inv11, inv22 = inv[..., 0, :, :], inv[..., 1, :, :]
+    lower = -_mm("...ij,...jk,...kl->...il", inv22, blocks[..., m:, :m],
+                 inv11)                                 # [..., pairs, m, m]
+    inverse = jnp.concatenate(
+        [jnp.concatenate([inv11, jnp.zeros_like(inv11)], axis=-1),
+         jnp.concatenate([lower, inv22], axis=-1)], axis=-2)
+    m *= 2
+  return inverse[..., 0, :c, :c]
+
+
+def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
+                     output_final_state=False, segment_ids=None,
+                     chunk_size=64, sub_chunk_size=8, use_qk_l2norm=False):
+  """The delta rule, chunkwise (WY representation); the training path.
+
+  ``S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T``,
+  ``o_t = S_t^T (scale * q_t)``. With ``g=None`` this is DeltaNet, with a
+  scalar ``g`` per head Gated DeltaNet, with ``g`` per key channel KDA.
+
+  Args:
+    q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``, ``HV`` a multiple of ``H``
+      (value head j uses query/key head ``j // (HV // H)``).
+    beta: ``[B, T, HV]`` writing strength; in (0, 1) the state transition is
+      a contraction for unit keys, in (0, 2) it may have negative eigenvalues.
+    g: natural-log decay ``<= 0``: ``[B, T, HV]``, ``[B, T, HV, K]`` or None.
+    scale: query scale, ``K ** -0.5`` when None.
+    initial_state: ``[B, HV, K, V]`` float32, or None for zeros.
+    output_final_state: also return the state after the last token.
+    segment_ids: ``[B, T]`` int, the state resets where the id changes.
+    chunk_size: tokens per chunk (speed only, not results).
+    sub_chunk_size: tokens per sub-chunk of the decay factors; divides
+      ``chunk_size``.
+    use_qk_l2norm: L2-normalise q and k inside the op (unit keys keep the
+      transition stable).
+  Returns:
+    ``(o [B, T, HV, V] in v's dtype, final_state [B, HV, K, V] float32 or
+    None)``.
+
+  Example:
+    >>> q = k = jnp.ones((1, 100, 2, 16)); v = jnp.ones((1, 100, 4, 32))
+    >>> beta = jnp.full((1, 100, 4), 0.5); g = jnp.full((1, 100, 4), -0.1)
+    >>> o, s = chunk_delta_rule(q, k, v, beta, g, use_qk_l2norm=True,
+    ...                         output_final_state=True)
+    >>> o.shape, s.shape
+    ((1, 100, 4, 32), (1, 4, 16, 32))
+  """
+  b, t, h, hv, dk, dv, g = validate(q, k, v, beta, g, initial_state,
+                                    segment_ids)
+  check_chunk_sizes(chunk_size, sub_chunk_size)
+  scale = default_scale(scale, dk)
+  chunk, c = chunk_layout(t, chunk_size, sub_chunk_size)
+  if g is None:
+    g = jnp.zeros((b, t, hv, 1), _F32)
+  out_dtype = v.dtype
+  q, k = expand_query_key(q, k, hv, use_qk_l2norm)              # [B,T,HV,K]
+  q, k, v, beta, g = (pad_time(jnp.asarray(x, _F32), chunk)
+                      for x in (q, k, v, beta, g))
+  same_doc, reached, in_last_doc, passes = document_masks(segment_ids, b, t,
+                                                          chunk)
+
+  def sub_chunks(x):                                            # [B,N,S,c,...]
+    return split_chunks(split_chunks(x, chunk), c, axis=2)
+
+  def head_major(x):                                            # [B,N,H,C,...]
+    return jnp.moveaxis(split_chunks(x, chunk), 3, 2)
+
+  q_s, k_s, g_s = sub_chunks(scale * q), sub_chunks(k), sub_chunks(g)
+  q_h, k_h, v_h = head_major(scale * q), head_major(k), head_major(v)
+  beta_h = jnp.moveaxis(split_chunks(beta, chunk), 3, 2)        # [B,N,H,C]
+
+  # Step 1: log-decays from the chunk start to i and from j to the chunk end.
+  decays = sub_chunk_log_decays(g_s)
+  from_start = jnp.moveaxis(merge_chunks(
+      decays.local + decays.before_sub[:, :, :, None], axis=2), 3, 2)
+  to_end = jnp.moveaxis(merge_chunks(
+      decays.to_sub_end + decays.after_sub[:, :, :, None], axis=2), 3, 2)
+
+  # Step 2: intra-chunk scores.
+  strictly_lower = jnp.tril(jnp.ones((chunk, chunk), dtype=bool), -1)
+  kk = intra_chunk_scores(k_s, k_s, decays)                     # [B,N,H,C,C]
+  a = jnp.where(strictly_lower & same_doc, kk, 0.0) * beta_h[..., None]
+  qk = jnp.where(same_doc, intra_chunk_scores(q_s, k_s, decays),
+                 0.0)                                           # [B,N,H,C,C]
+
+  # Step 3: W and U from one triangular inverse per chunk.
+  k_from_start = jnp.where(reached, k_h * jnp.exp(from_start), 0.0)
+  rhs = beta_h[..., None] * jnp.concatenate([k_from_start, v_h], axis=-1)
+  wu = _mm("bnhij,bnhjx->bnhix", invert_unit_lower(a), rhs)     # [B,N,H,C,K+V]
+  w, u = wu[..., :dk], wu[..., dk:]
+
+  # Step 4: chunk transitions, then the state entering every chunk.
+  k_to_end = jnp.where(in_last_doc, k_h * jnp.exp(to_end), 0.0)  # [B,N,H,C,K]
+  decay = jnp.where(passes, jnp.exp(decays.chunk_total), 0.0)   # [B,N,H,G]
+  transition = (decay[..., :, None] * jnp.eye(dk, dtype=_F32)
+                - _mm("bnhjk,bnhjl->bnhkl", k_to_end, w))       # [B,N,H,K,K]
+  own = _mm("bnhjk,bnhjv->bnhkv", k_to_end, u)                  # [B,N,H,K,V]
+  state0 = (jnp.zeros((b, hv, dk, dv), _F32) if initial_state is None
+            else jnp.asarray(initial_state, _F32))
+  final_state, entering = scan_chunk_states(transition, own, state0)
+
+  # Step 5: outputs from the entering state and the true pseudo-values.
+  u = u - _mm("bnhjk,bnhkv->bnhjv", w, entering)                # [B,N,H,C,V]
+  q_from_start = jnp.where(reached, q_h * jnp.exp(from_start), 0.0)
+  o = (_mm("bnhij,bnhjv->bnihv", qk, u)
+       + _mm("bnhik,bnhkv->bnihv", q_from_start, entering))     # [B,N,C,H,V]
+  o = merge_chunks(o)[:, :t]
+  return o.astype(out_dtype), (final_state if output_final_state else None)

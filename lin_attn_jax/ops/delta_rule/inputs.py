@@ -1,0 +1,94 @@
+"""Validation and preparation of the delta-rule core's inputs.
+
+Grouped value heads: q and k have ``H`` heads, v, beta, g and the state have
+``HV`` heads, a multiple of ``H``. Value head ``j`` reads query/key head
+``j // (HV // H)`` (consecutive value heads share a key head), and the state
+is ``[B, HV, K, V]``, one ``[K, V]`` matrix per value head.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.gated_linear.inputs import default_scale, normalise_gate
+
+__all__ = ["default_scale", "expand_query_key", "l2_normalize", "validate",
+           "validate_step"]
+
+L2_EPS = 1e-6
+
+
+def l2_normalize(x, eps: float = L2_EPS):
+  """``x / sqrt(sum(x^2) + eps)`` over the last axis, in float32."""
+  x = jnp.asarray(x, jnp.float32)
+  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def _check_heads(q, k, v, lead_layout):
+  """Shared shape checks of q/k ``lead + [H, K]`` and v ``lead + [HV, V]``."""
+  rank = len(lead_layout) + 2
+  lead = ", ".join(lead_layout)
+  for name, x, tail in (("q", q, "H, K"), ("k", k, "H, K"), ("v", v, "HV, V")):
+    checks.check_rank(name, x, rank, f"[{lead}, {tail}]")
+    checks.check_float(name, x)
+  qs, vs = checks.shape_of(q), checks.shape_of(v)
+  if checks.shape_of(k) != qs:
+    raise ValueError(f"k must have the shape of q [{lead}, H, K] = {qs}, got "
+                     f"{checks.shape_of(k)}")
+  if vs[:-2] != qs[:-2]:
+    raise ValueError(f"v must agree with q on [{lead}] = {qs[:-2]}, got v of "
+                     f"shape {vs}")
+  h, hv = qs[-2], vs[-2]
+  if hv % h:
+    raise ValueError(f"v has HV={hv} heads, which must be a multiple of the "
+                     f"H={h} heads of q and k (q {qs}, v {vs})")
+  return qs[:-2], h, hv, qs[-1], vs[-1]
+
+
+def _check_beta(beta, expected, layout):
+  checks.check_float("beta", beta)
+  checks.check_shape("beta", beta, expected, layout)
+
+
+def validate(q, k, v, beta, g, initial_state, segment_ids, *,
+             gate_kinds=("scalar", "channel")):
+  """Checks a sequence call.
+
+  Returns:
+    ``(B, T, H, HV, K, V, g)`` with ``g`` float32 ``[B, T, HV, G]`` (``G`` 1
+    or ``K``) or None.
+  """
+  (b, t), h, hv, dk, dv = _check_heads(q, k, v, ("B", "T"))
+  _check_beta(beta, (b, t, hv), "[B, T, HV]")
+  g = normalise_gate(g, (b, t, hv), dk, "g", gate_kinds, "[B, T, HV]")
+  checks.check_state("initial_state", initial_state, (b, hv, dk, dv),
+                     "[B, HV, K, V]")
+  checks.check_segment_ids(segment_ids, b, t)
+  return b, t, h, hv, dk, dv, g
+
+
+def validate_step(q, k, v, beta, g, state, reset, *,
+                  gate_kinds=("scalar", "channel")):
+  """Checks a decoding step; returns ``(B, H, HV, K, V, g [B, HV, G])``."""
+  (b,), h, hv, dk, dv = _check_heads(q, k, v, ("B",))
+  _check_beta(beta, (b, hv), "[B, HV]")
+  g = normalise_gate(g, (b, hv), dk, "g", gate_kinds, "[B, HV]")
+  checks.check_state("state", state, (b, hv, dk, dv), "[B, HV, K, V]")
+  checks.check_reset(reset, b)
+  return b, h, hv, dk, dv, g
+
+
+def expand_query_key(q, k, hv: int, use_qk_l2norm: bool):
+  """float32 q, k (L2-normalised if asked) repeated to ``HV`` heads.
+
+  The head axis is the second to last: ``[..., H, K] -> [..., HV, K]``.
+  """
+  q = l2_normalize(q) if use_qk_l2norm else jnp.asarray(q, jnp.float32)
+  k = l2_normalize(k) if use_qk_l2norm else jnp.asarray(k, jnp.float32)
+  groups = hv // q.shape[-2]
+  if groups > 1:
+    q = jnp.repeat(q, groups, axis=-2)
+    k = jnp.repeat(k, groups, axis=-2)
+  return q, k

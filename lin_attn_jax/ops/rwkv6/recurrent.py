@@ -1,0 +1,57 @@
+"""RWKV-6 token by token: one decoding step and its ``lax.scan``."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lin_attn_jax.ops.common.segments import reset_flags
+from lin_attn_jax.ops.rwkv6.inputs import (default_scale, validate,
+                                           validate_step)
+
+_F32 = jnp.float32
+
+
+def rwkv6_step(r, k, v, w, u, state=None, *, scale=None, reset=None):
+  """One decoding step, O(1) in the context length.
+
+  Args:
+    r, k: ``[B, H, K]``; v: ``[B, H, V]``; w: ``[B, H, K]`` log-decay;
+    u: ``[H, K]`` bonus.
+    state: ``[B, H, K, V]`` float32, or None for zeros.
+    scale: receptance scale, ``K ** -0.5`` when None (RWKV models use 1.0).
+    reset: ``[B]`` bool, True where this token starts a new document.
+  Returns:
+    ``(o [B, H, V] in v's dtype, new state [B, H, K, V] float32)``.
+  """
+  b, h, dk, dv = validate_step(r, k, v, w, u, state, reset)
+  scale = default_scale(scale, dk)
+  state = (jnp.zeros((b, h, dk, dv), _F32) if state is None
+           else jnp.asarray(state, _F32))
+  if reset is not None:
+    state = jnp.where(jnp.asarray(reset)[:, None, None, None], 0.0, state)
+  kv = jnp.einsum("bhk,bhv->bhkv", k, v, preferred_element_type=_F32)
+  read = state + jnp.asarray(u, _F32)[..., None] * kv           # [B, H, K, V]
+  o = jnp.einsum("bhk,bhkv->bhv", (scale * r).astype(_F32), read)
+  state = jnp.exp(jnp.asarray(w, _F32))[..., None] * state + kv
+  return o.astype(v.dtype), state
+
+
+def recurrent_rwkv6(r, k, v, w, u, *, scale=None, initial_state=None,
+                    output_final_state=False, segment_ids=None):
+  """``rwkv6_step`` scanned over time. Shapes as in ``chunk_rwkv6``."""
+  b, t, h, dk, dv = validate(r, k, v, w, u, initial_state, segment_ids)
+  scale = default_scale(scale, dk)
+  reset = reset_flags(segment_ids, b, t)
+  state = (jnp.zeros((b, h, dk, dv), _F32) if initial_state is None
+           else jnp.asarray(initial_state, _F32))
+
+  def step(state, inputs):
+    r_t, k_t, v_t, w_t, reset_t = inputs
+    o_t, state = rwkv6_step(r_t, k_t, v_t, w_t, u, state, scale=scale,
+                            reset=reset_t)
+    return state, o_t
+
+  xs = [jnp.moveaxis(x, 1, 0) for x in (r, k, v, w)]
+  state, o = jax.lax.scan(step, state, (*xs, reset.T))
+  return jnp.moveaxis(o, 0, 1), (state if output_final_state else None)
