@@ -41,20 +41,26 @@ def _outputs_and_grads(fn, inputs, grad_args, cotangent_seed):
   static = {n: x for n, x in inputs.items() if n not in arrays}
   diff_names = [n for n in grad_args if arrays.get(n) is not None]
 
+  # Cotangents from NumPy, outside the jit: jax.random inside it adds the
+  # threefry graph to every compilation (several CPU seconds per check).
+  o_shape, s_shape = jax.eval_shape(lambda a: fn(**static, **a), arrays)
+  rng = np.random.default_rng(cotangent_seed)
+  co = jnp.asarray(rng.standard_normal(o_shape.shape, np.float32),
+                   o_shape.dtype)
+  cs = (None if s_shape is None else
+        jnp.asarray(rng.standard_normal(s_shape.shape, np.float32),
+                    s_shape.dtype))
+
   @jax.jit
-  def run(arrays):
+  def run(arrays, co, cs):
     def forward(diff):
       return fn(**static, **{**arrays, **diff})
 
     (o, state), vjp = jax.vjp(forward, {n: arrays[n] for n in diff_names})
-    key_o, key_s = jax.random.split(jax.random.PRNGKey(cotangent_seed))
-    co = jax.random.normal(key_o, o.shape, jnp.float32).astype(o.dtype)
-    cs = (None if state is None else
-          jax.random.normal(key_s, state.shape, jnp.float32).astype(state.dtype))
     (grads,) = vjp((co, cs))
     return o, state, grads
 
-  return run(arrays)
+  return run(arrays, co, cs)
 
 
 def run_reference(reference: Callable, inputs: Mapping[str, object], *,
