@@ -5,6 +5,7 @@ import importlib
 # One module per core; each defines SPECS: list[OpSpec].
 _MODULES = (
     "experiments.specs.gated_linear",
+    "experiments.specs.diagonal_ssm",
     "experiments.specs.delta_rule",
 )
 

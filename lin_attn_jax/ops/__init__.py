@@ -42,6 +42,34 @@ from lin_attn_jax.ops.sparse_attn import (parallel_sparse_attn,
                                           sparse_attn_mask,
                                           sparse_attn_reference)
 
+# Diagonal-SSM core and the ops on it (Mamba, Mamba-2 SSD, H3, RG-LRU, HGRN),
+# and the short causal convolution.
+from lin_attn_jax.ops.conv import (causal_conv1d_step, chunk_causal_conv1d,
+                                   naive_recurrent_causal_conv1d,
+                                   parallel_causal_conv1d,
+                                   recurrent_causal_conv1d)
+from lin_attn_jax.ops.diagonal_ssm import (chunk_linear_scan, linear_scan_step,
+                                           naive_recurrent_linear_scan,
+                                           parallel_linear_scan,
+                                           recurrent_linear_scan)
+from lin_attn_jax.ops.h3 import (chunk_shift_ssm, fft_conv_s4d,
+                                 fft_conv_shift_ssm, naive_recurrent_s4d,
+                                 naive_recurrent_shift_ssm, parallel_s4d,
+                                 parallel_shift_ssm, recurrent_s4d,
+                                 recurrent_shift_ssm, s4d_step, shift_ssm_step)
+from lin_attn_jax.ops.hgrn import (chunk_hgrn, hgrn_step, naive_recurrent_hgrn,
+                                   parallel_hgrn, recurrent_hgrn)
+from lin_attn_jax.ops.mamba import (chunk_selective_scan,
+                                    naive_recurrent_selective_scan,
+                                    parallel_selective_scan,
+                                    recurrent_selective_scan,
+                                    selective_scan_step)
+from lin_attn_jax.ops.rg_lru import (chunk_rg_lru, naive_recurrent_rg_lru,
+                                     parallel_rg_lru, recurrent_rg_lru,
+                                     rg_lru_step)
+from lin_attn_jax.ops.ssd import (chunk_ssd, naive_recurrent_ssd, parallel_ssd,
+                                  recurrent_ssd, ssd_step)
+
 # Delta-rule core (DeltaNet, Gated DeltaNet, KDA, RWKV-7) and RWKV-6 (on the
 # gated-linear-attention core).
 from lin_attn_jax.ops.delta_rule import (chunk_delta_rule, delta_rule_step,

@@ -23,6 +23,8 @@ log-decay and ``L_i`` its part since the start of i's sub-chunk:
    has decay 1 and no gate (so no equal-and-opposite gradients cancel
    there). Memory and work are ``O(c)`` passes over ``[T, H, K]``; no
    ``[c, c, K]`` tensor is formed.
+   With a scalar decay per head (or none), steps 3 and 4 are instead one
+   ``[C, C]`` decay matrix per head and matmuls (``scalar_decay.py``).
 
 With ``strictly_causal=True`` (RWKV-6) the output at i reads the state
 before token i: step 3 reads with the decay up to i - 1 (``L`` shifted by
@@ -56,6 +58,7 @@ from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunk
 from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
+from lin_attn_jax.ops.gated_linear.scalar_decay import scalar_decay_outputs
 from pallas_kernels.gated_linear import chunk_gated_linear_attention
 
 _F32 = jnp.float32
@@ -321,9 +324,15 @@ def _chunk_xla(q, k, v, g, *, scale, initial_state, output_final_state,
       (jnp.moveaxis(chunk_decay, 1, 0), jnp.moveaxis(own_state, 1, 0)))
   entering = jnp.moveaxis(entering, 0, 1)                       # [B,N,H,K,V]
 
-  o = _grouped_over_chunks(
-      functools.partial(_chunk_outputs, sub=c, packed=segment_ids is not None,
-                        strict=strictly_causal),
-      per_chunk + (entering,), group)
+  packed = segment_ids is not None
+  if g.shape[-1] == 1 and not strictly_causal:
+    # A scalar decay per head needs no secondary chunking and no grouping:
+    # one [C, C] decay matrix per head, T * C * H numbers in all.
+    o = scalar_decay_outputs(*per_chunk, entering, packed=packed)
+  else:
+    o = _grouped_over_chunks(
+        functools.partial(_chunk_outputs, sub=c, packed=packed,
+                          strict=strictly_causal),
+        per_chunk + (entering,), group)
   o = merge_chunks(o)[:, :t]
   return o.astype(out_dtype), (final_state if output_final_state else None)

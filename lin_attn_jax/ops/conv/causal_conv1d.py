@@ -1,0 +1,240 @@
+"""The short depthwise causal convolution (Mamba, H3, DeltaNet, ...).
+
+    y_t = act(sum_{w < W} weight[:, w] * x_{t - W + 1 + w} + bias)
+
+The last tap multiplies the current input. The decoding state is the last
+``W - 1`` inputs, oldest first, ``[B, W - 1, D]``; ``initial_state`` holds
+the inputs before ``x_0``. With ``segment_ids`` a tap only reads inputs of
+the output's own document (the initial state belongs to the first one), and
+the final state keeps only inputs of the last document (zeros elsewhere),
+exactly as if the step form had been reset at every document start.
+
+Letters: b batch, t time, d channel, w tap.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common.chunking import pad_time, split_chunks
+from lin_attn_jax.ops.common.segments import document_index, reset_flags
+from lin_attn_jax.ops.conv.inputs import finish, validate, validate_step
+
+_F32 = jnp.float32
+
+
+def initial_window(initial_state, batch, taps, channels):
+  """The float32 ``[B, W - 1, D]`` window to start from (zeros when None)."""
+  if initial_state is None:
+    return jnp.zeros((batch, taps - 1, channels), _F32)
+  return jnp.asarray(initial_state, _F32)
+
+
+def _shifted_sum(padded, doc_padded, weight, length):
+  """``sum_w weight[:, w] * padded[t + w]`` over taps of the same document.
+
+  Args:
+    padded: ``[B, W - 1 + L, D]`` float32, the ``W - 1`` inputs before the
+      block followed by the block.
+    doc_padded: ``[B, W - 1 + L]`` document index of every entry.
+    weight: ``[D, W]`` float32.
+  Returns:
+    ``[B, L, D]``.
+  """
+  taps = weight.shape[1]
+  doc_out = doc_padded[:, taps - 1:]                            # [B, L]
+  y = jnp.zeros(padded.shape[:1] + (length,) + padded.shape[2:], _F32)
+  for w in range(taps):
+    same_doc = (doc_padded[:, w:w + length] == doc_out)[..., None]
+    y = y + jnp.where(same_doc, padded[:, w:w + length], 0.0) * weight[:, w]
+  return y
+
+
+def _final_window(padded, doc_padded, taps):
+  """The last ``W - 1`` entries, zero where not in the last document."""
+  if taps == 1:
+    return padded[:, :0]
+  last = padded[:, -(taps - 1):]
+  same_doc = doc_padded[:, -(taps - 1):] == doc_padded[:, -1:]
+  return jnp.where(same_doc[..., None], last, 0.0)
+
+
+def naive_recurrent_causal_conv1d(x, weight, bias=None, *, activation=None,
+                                  initial_state=None, output_final_state=False,
+                                  segment_ids=None):
+  """Reference: a window of the last W inputs slid one token at a time."""
+  batch, length, channels, taps = validate(x, weight, bias, activation,
+                                           initial_state, segment_ids)
+  weight_f = jnp.asarray(weight, _F32)
+  window = initial_window(initial_state, batch, taps, channels)  # [B,W-1,D]
+  reset = reset_flags(segment_ids, batch, length)
+
+  def step(window, inputs):
+    x_t, reset_t = inputs                                       # [B, D], [B]
+    window = jnp.where(reset_t[:, None, None], 0.0, window)
+    full = jnp.concatenate([window, x_t[:, None]], axis=1)      # [B, W, D]
+    y_t = jnp.sum(full * weight_f.T, axis=1)                    # [B, D]
+    return full[:, 1:], y_t
+
+  window, y = jax.lax.scan(
+      step, window, (jnp.moveaxis(jnp.asarray(x, _F32), 1, 0), reset.T))
+  y = finish(jnp.moveaxis(y, 0, 1), bias, activation)
+  return y.astype(x.dtype), (window if output_final_state else None)
+
+
+def shifted_sum_conv(x, weight, window, doc, output_final_state):
+  """Float32 core of the parallel form: ``(y [B, T, D], final or None)``.
+
+  Args:
+    x: ``[B, T, D]``; weight: ``[D, W]``; window: ``[B, W - 1, D]``;
+    doc: ``[B, T]`` document indices (the window belongs to document 0).
+  """
+  taps = weight.shape[1]
+  padded = jnp.concatenate([window, x], axis=1)                 # [B, W-1+T, D]
+  doc_padded = jnp.pad(doc, ((0, 0), (taps - 1, 0)))
+  y = _shifted_sum(padded, doc_padded, weight, x.shape[1])
+  final = (_final_window(padded, doc_padded, taps) if output_final_state
+           else None)
+  return y, final
+
+
+def parallel_causal_conv1d(x, weight, bias=None, *, activation=None,
+                           initial_state=None, output_final_state=False,
+                           segment_ids=None):
+  """All positions at once: one shifted, document-masked copy per tap.
+
+  Shapes as in ``chunk_causal_conv1d``.
+  """
+  batch, length, channels, taps = validate(x, weight, bias, activation,
+                                           initial_state, segment_ids)
+  y, final = shifted_sum_conv(jnp.asarray(x, _F32), jnp.asarray(weight, _F32),
+                              initial_window(initial_state, batch, taps,
+                                             channels),
+                              document_index(segment_ids, batch, length),
+                              output_final_state)
+  return finish(y, bias, activation).astype(x.dtype), final
+
+
+def chunk_causal_conv1d(x, weight, bias=None, *, activation=None,
+                        initial_state=None, output_final_state=False,
+                        segment_ids=None, chunk_size=64):
+  """Depthwise causal convolution, chunk by chunk.
+
+  A ``lax.scan`` over chunks carries the last ``W - 1`` inputs (and their
+  document indices) into the next chunk; inside a chunk the taps are summed
+  as in the parallel form. Memory is ``O(C D)`` per step besides the output.
+
+  Args:
+    x: ``[B, T, D]``.
+    weight: ``[D, W]``, ``1 <= W <= MAX_WIDTH`` (64); the last tap multiplies
+      the current input.
+    bias: ``[D]``, or None.
+    activation: None, ``"silu"`` or ``"swish"``.
+    initial_state: ``[B, W - 1, D]`` float32, the inputs before ``x_0``
+      (oldest first), or None for zeros.
+    output_final_state: also return the last ``W - 1`` inputs.
+    segment_ids: ``[B, T]`` int; no tap crosses a change of id.
+    chunk_size: tokens per chunk (speed and memory only).
+  Returns:
+    ``(y [B, T, D] in x's dtype, final_state [B, W - 1, D] float32 or
+    None)``.
+
+  Example:
+    >>> x = jnp.ones((2, 100, 8)); weight = jnp.ones((8, 4))
+    >>> y, s = chunk_causal_conv1d(x, weight, activation="silu",
+    ...                            output_final_state=True)
+    >>> y.shape, s.shape
+    ((2, 100, 8), (2, 3, 8))
+  """
+  batch, length, channels, taps = validate(x, weight, bias, activation,
+                                           initial_state, segment_ids)
+  checks.check_chunk_size(chunk_size)
+  y, final = chunked_conv(jnp.asarray(x, _F32), jnp.asarray(weight, _F32),
+                          initial_window(initial_state, batch, taps, channels),
+                          document_index(segment_ids, batch, length),
+                          chunk_size, output_final_state)
+  return finish(y, bias, activation).astype(x.dtype), final
+
+
+def chunked_conv(x, weight, window, doc, chunk_size, output_final_state):
+  """Float32 core of the chunk form; arguments as in ``shifted_sum_conv``."""
+  batch, length, channels = x.shape
+  taps = weight.shape[1]
+  chunk = min(chunk_size, length)
+  # Padding at the end comes after every real token, so no real output reads
+  # it; the final window is read from the unpadded sequence.
+  x_c = split_chunks(pad_time(x, chunk), chunk)                 # [B, N, C, D]
+  doc_c = jnp.pad(doc, ((0, 0), (0, x_c.shape[1] * chunk - length)),
+                  constant_values=-1)
+  doc_c = split_chunks(doc_c, chunk)                            # [B, N, C]
+
+  def one_chunk(carry, inputs):
+    window, window_doc = carry                 # [B, W-1, D], [B, W-1]
+    x_n, doc_n = inputs                        # [B, C, D], [B, C]
+    padded = jnp.concatenate([window, x_n], axis=1)
+    doc_padded = jnp.concatenate([window_doc, doc_n], axis=1)
+    y = _shifted_sum(padded, doc_padded, weight, chunk)
+    return (padded[:, chunk:], doc_padded[:, chunk:]), y
+
+  carry0 = (window, jnp.zeros((batch, taps - 1), doc.dtype))
+  _, y = jax.lax.scan(one_chunk, carry0,
+                      (jnp.moveaxis(x_c, 1, 0), jnp.moveaxis(doc_c, 1, 0)))
+  y = jnp.moveaxis(y, 0, 1).reshape(batch, -1, channels)[:, :length]
+  final = None
+  if output_final_state:
+    padded = jnp.concatenate([window, x[:, max(0, length - taps + 1):]], axis=1)
+    doc_padded = jnp.pad(doc, ((0, 0), (taps - 1, 0)))
+    doc_padded = doc_padded[:, doc_padded.shape[1] - padded.shape[1]:]
+    final = _final_window(padded, doc_padded, taps)
+  return y, final
+
+
+def causal_conv1d_step(x, weight, bias=None, state=None, *, activation=None,
+                       reset=None):
+  """One decoding step, O(W) work.
+
+  Args:
+    x: ``[B, D]``; weight: ``[D, W]``; bias: ``[D]`` or None.
+    state: ``[B, W - 1, D]`` float32, the last ``W - 1`` inputs, or None.
+    reset: ``[B]`` bool, True where this token starts a new document.
+  Returns:
+    ``(y [B, D] in x's dtype, new state [B, W - 1, D] float32)``.
+  """
+  batch, channels, taps = validate_step(x, weight, bias, activation, state,
+                                        reset)
+  y, window = conv_step(jnp.asarray(x, _F32), jnp.asarray(weight, _F32),
+                        initial_window(state, batch, taps, channels), reset)
+  return finish(y, bias, activation).astype(x.dtype), window
+
+
+def conv_step(x, weight, window, reset):
+  """Float32 core of the step: ``(y [B, D], new window [B, W - 1, D])``."""
+  if reset is not None:
+    window = jnp.where(jnp.asarray(reset)[:, None, None], 0.0, window)
+  full = jnp.concatenate([window, x[:, None]], axis=1)          # [B, W, D]
+  return jnp.einsum("bwd,dw->bd", full, weight), full[:, 1:]
+
+
+def recurrent_causal_conv1d(x, weight, bias=None, *, activation=None,
+                            initial_state=None, output_final_state=False,
+                            segment_ids=None):
+  """``causal_conv1d_step`` scanned over time. Shapes as in the chunk form."""
+  batch, length, channels, taps = validate(x, weight, bias, activation,
+                                           initial_state, segment_ids)
+  # Parameters read at every step are cast once, outside the scan, so their
+  # gradients are summed over time in float32 whatever their dtype.
+  weight = jnp.asarray(weight, _F32)
+  bias = None if bias is None else jnp.asarray(bias, _F32)
+
+  def step(window, inputs):
+    x_t, reset_t = inputs
+    y_t, window = causal_conv1d_step(x_t, weight, bias, window,
+                                     activation=activation, reset=reset_t)
+    return window, y_t
+
+  window, y = jax.lax.scan(
+      step, initial_window(initial_state, batch, taps, channels),
+      (jnp.moveaxis(x, 1, 0), reset_flags(segment_ids, batch, length).T))
+  return jnp.moveaxis(y, 0, 1), (window if output_final_state else None)

@@ -1,0 +1,194 @@
+"""The selective scan in chunks, with a backward pass that recomputes.
+
+The ``[B, T, D, N]`` states are never held for the whole sequence:
+
+1. Forward: a token-by-token scan inside each chunk, a ``lax.scan`` over
+   chunks around it; only the state entering each chunk is kept
+   (``[T / C, B, D, N]``) besides the outputs.
+2. Backward (hand-written, ``jax.custom_vjp``), chunk by chunk from the end:
+   recompute the chunk's states from its entering state (``[C, B, D, N]``),
+   then run the reverse recurrence ``g_t = dL/dh_t = a_{t+1} g_{t+1} +
+   C_t dy_t`` through it, reading off every gradient at its token.
+
+This is the schedule of Mamba's fused selective-scan kernel. Inside a chunk
+the scan is sequential: on CPU one pass over a cache-sized block is cheaper
+than the ``O(log C)`` passes of an associative scan, and the backward pass
+costs about three forward passes instead of the many full-size residuals of
+differentiating a ``lax.scan`` (see ``benchmarks/RESULTS_diagonal_ssm.md``).
+
+Gradients of the exponent: with ``a = exp(dt A)`` and ``h_t = a (k h_{t-1})
++ dt u B`` (``k`` = 0 at a document start), ``dL/d(dt A) = g_t * a * k
+h_{t-1}``, from which ``dL/d dt`` and ``dL/dA`` follow; ``dL/d dt`` also gets
+``u (g_t . B)`` through the input term.
+
+Letters: t token, b batch, g group, r channel within a group, n state.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common.chunking import pad_time
+from lin_attn_jax.ops.diagonal_ssm.inputs import initial
+from lin_attn_jax.ops.diagonal_ssm.scan import keep_flags
+from lin_attn_jax.ops.mamba.inputs import (finish, grouped, grouped_projection,
+                                           time_step, validate)
+
+_F32 = jnp.float32
+
+
+def _coefficients(u_t, dt_t, b_t, a_log):
+  """Decay ``exp(dt A)`` and input ``dt u B`` of one token, ``[B, G, R, N]``."""
+  decay = jnp.exp(dt_t[..., None] * a_log)
+  inp = (dt_t * u_t)[..., None] * b_t[:, :, None, :]
+  return decay, inp
+
+
+def _split(x, chunk):
+  """Time-major ``[T, ...]`` -> ``[T / C, C, ...]``."""
+  return x.reshape((x.shape[0] // chunk, chunk) + x.shape[1:])
+
+
+def _merge(x):
+  return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+
+def _expand_keep(keep_t):
+  return keep_t[:, None, None, None]                        # [B, 1, 1, 1]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _scan(u, dt, a_log, b, c, keep, h0, chunk):
+  """Time-major float32 core.
+
+  Args:
+    u, dt: ``[T, B, G, R]``; a_log: ``[G, R, N]`` (the ``A`` of the op);
+    b, c: ``[T, B, G, N]``; keep: ``[T, B]``; h0: ``[B, G, R, N]``;
+    chunk: tokens per chunk, dividing T.
+  Returns:
+    ``(y [T, B, G, R] = C . h, h_T [B, G, R, N])``.
+  """
+  (y, final), _ = _scan_fwd(u, dt, a_log, b, c, keep, h0, chunk)
+  return y, final
+
+
+def _scan_fwd(u, dt, a_log, b, c, keep, h0, chunk):
+  def one_chunk(h, xs):
+    def step(h, x):
+      u_t, dt_t, b_t, c_t, keep_t = x
+      decay, inp = _coefficients(u_t, dt_t, b_t, a_log)
+      h = decay * (_expand_keep(keep_t) * h) + inp
+      return h, jnp.einsum("bgrn,bgn->bgr", h, c_t)
+    h_end, y = jax.lax.scan(step, h, xs)
+    return h_end, (y, h)
+
+  xs = tuple(_split(x, chunk) for x in (u, dt, b, c, keep))
+  final, (y, entering) = jax.lax.scan(one_chunk, h0, xs)
+  return (_merge(y), final), (u, dt, a_log, b, c, keep, entering)
+
+
+def _scan_bwd(chunk, residuals, cotangents):
+  u, dt, a_log, b, c, keep, entering = residuals
+  dy, d_final = cotangents
+
+  def one_chunk(carry, xs):
+    u_c, dt_c, b_c, c_c, keep_c, dy_c, h_in = xs
+
+    def recompute(h, x):
+      u_t, dt_t, b_t, keep_t = x
+      decay, inp = _coefficients(u_t, dt_t, b_t, a_log)
+      h_prev = _expand_keep(keep_t) * h
+      return decay * h_prev + inp, h_prev
+
+    _, h_prev = jax.lax.scan(recompute, h_in, (u_c, dt_c, b_c, keep_c))
+
+    def reverse(carry, x):
+      g_later, d_a_log = carry                   # a_{t+1} k_{t+1} g_{t+1}
+      u_t, dt_t, b_t, c_t, keep_t, dy_t, h_prev_t = x
+      decay, inp = _coefficients(u_t, dt_t, b_t, a_log)
+      decayed = decay * h_prev_t
+      h_t = decayed + inp
+      g = g_later + dy_t[..., None] * c_t[:, :, None, :]       # dL/dh_t
+      g_exponent = g * decayed                                 # dL/d(dt A)
+      g_dot_b = jnp.einsum("bgrn,bgn->bgr", g, b_t)
+      d_dt = jnp.einsum("bgrn,grn->bgr", g_exponent, a_log) + u_t * g_dot_b
+      d_u = dt_t * g_dot_b
+      d_b = jnp.einsum("bgrn,bgr->bgn", g, dt_t * u_t)
+      d_c = jnp.einsum("bgrn,bgr->bgn", h_t, dy_t)
+      d_a_log = d_a_log + jnp.einsum("bgrn,bgr->grn", g_exponent, dt_t)
+      g_earlier = _expand_keep(keep_t) * decay * g
+      return (g_earlier, d_a_log), (d_u, d_dt, d_b, d_c)
+
+    carry, grads = jax.lax.scan(
+        reverse, carry, (u_c, dt_c, b_c, c_c, keep_c, dy_c, h_prev),
+        reverse=True)
+    return carry, grads
+
+  xs = tuple(_split(x, chunk) for x in (u, dt, b, c, keep, dy)) + (entering,)
+  (d_h0, d_a_log), (d_u, d_dt, d_b, d_c) = jax.lax.scan(
+      one_chunk, (d_final, jnp.zeros_like(a_log)), xs, reverse=True)
+  return (_merge(d_u), _merge(d_dt), d_a_log, _merge(d_b), _merge(d_c),
+          jnp.zeros_like(keep), d_h0)
+
+
+_scan.defvjp(_scan_fwd, _scan_bwd)
+
+
+def chunk_selective_scan(u, delta, A, B, C, *, D=None, z=None,
+                         delta_bias=None, delta_softplus=False,
+                         initial_state=None, output_final_state=False,
+                         segment_ids=None, chunk_size=128):
+  """Mamba's selective scan (S6) in the ``[B, T, D]`` layout; training path.
+
+  Args:
+    u: ``[B, T, D]`` input.
+    delta: ``[B, T, D]`` time step before bias and softplus.
+    A: ``[D, N]`` state matrix (diagonal per channel; ``<= 0`` for a decay).
+    B, C: ``[B, T, N]``, or ``[B, T, G, N]`` with ``G`` groups of ``D / G``
+      channels.
+    D: ``[D]`` skip connection, or None.
+    z: ``[B, T, D]`` gate: the output is multiplied by ``silu(z)``, or None.
+    delta_bias: ``[D]`` added to ``delta``, or None.
+    delta_softplus: ``dt = softplus(delta + delta_bias)`` instead of the sum.
+    initial_state: ``[B, D, N]`` float32, or None for zeros.
+    output_final_state: also return the state after the last token.
+    segment_ids: ``[B, T]`` int, the state resets where the id changes.
+    chunk_size: tokens between saved states (speed and memory only; 64 to
+      512 measure alike on CPU, see ``benchmarks/RESULTS_diagonal_ssm.md``).
+  Returns:
+    ``(y [B, T, D] in u's dtype, final_state [B, D, N] float32 or None)``.
+
+  Example:
+    >>> u = delta = jnp.ones((2, 100, 8)); A = -jnp.ones((8, 4))
+    >>> B = C = jnp.ones((2, 100, 4))
+    >>> y, s = chunk_selective_scan(u, delta, A, B, C, delta_softplus=True,
+    ...                             output_final_state=True)
+    >>> y.shape, s.shape
+    ((2, 100, 8), (2, 8, 4))
+  """
+  dims = validate(u, delta, A, B, C, D, z, delta_bias, initial_state,
+                  segment_ids)
+  checks.check_chunk_size(chunk_size)
+  batch, length = u.shape[:2]
+  g, s = dims.groups, dims.state
+  chunk = min(chunk_size, length)
+  # Padding tokens have dt = 0: decay 1 and no input, so h_T passes through.
+  dt = pad_time(grouped(time_step(delta, delta_bias, delta_softplus), g),
+                chunk)                                           # [B,T,G,R]
+  u_g = pad_time(grouped(u, g), chunk)
+  b_proj = pad_time(grouped_projection(B, 2), chunk)             # [B,T,G,N]
+  c_proj = pad_time(grouped_projection(C, 2), chunk)
+  keep = keep_flags(segment_ids, batch, length)
+  keep = jnp.pad(keep, ((0, 0), (0, dt.shape[1] - length)), constant_values=1.0)
+  h0 = initial(initial_state, (batch, dims.width, s)).reshape(batch, g, -1, s)
+  a_log = jnp.asarray(A, _F32).reshape(g, -1, s)                 # [G, R, N]
+  time_major = [jnp.moveaxis(x, 1, 0) for x in (u_g, dt, b_proj, c_proj, keep)]
+  y, final = _scan(*time_major[:2], a_log, *time_major[2:], h0, chunk)
+  y = jnp.moveaxis(y, 0, 1)[:, :length].reshape(batch, length, dims.width)
+  y = finish(y, u, D, z)
+  final = final.reshape(batch, dims.width, s) if output_final_state else None
+  return y.astype(u.dtype), final

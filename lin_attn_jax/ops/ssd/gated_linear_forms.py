@@ -1,0 +1,78 @@
+"""SSD's parallel and chunk forms: the GLA core's scalar-decay forms.
+
+Mamba-2's SSD is gated linear attention with a scalar decay per head
+(Dao & Gu 2024, https://arxiv.org/abs/2405.21060, section 6):
+
+    q = C   k = B   v = x * dt   g = dt * A   scale = 1
+    (B and C broadcast from groups to heads; state [B, H, N, P] = [B, H, K, V])
+    y = o + D * x
+
+so the forms here are the GLA core's own, not a second implementation.
+"""
+
+from __future__ import annotations
+
+from lin_attn_jax.ops.gated_linear import (chunk_gated_linear,
+                                           parallel_gated_linear)
+from lin_attn_jax.ops.ssd.inputs import add_skip, to_gated_linear, validate
+
+
+def chunk_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=False,
+              initial_state=None, output_final_state=False, segment_ids=None,
+              chunk_size=64, sub_chunk_size=8, impl="auto"):
+  """Mamba-2's state-space dual, chunkwise: ``chunk_gated_linear`` with
+
+      q = C, k = B, v = x * dt, g = dt * A (a scalar per head), scale = 1,
+
+  groups of ``B``/``C`` broadcast to their heads, plus ``D * x``.
+
+  Args:
+    x: ``[B, T, H, P]``.
+    dt: ``[B, T, H]`` time step (before ``dt_bias`` and softplus).
+    A: ``[H]``, ``<= 0``.
+    B, C: ``[B, T, G, N]``; H must be a multiple of G (head h reads group
+      ``h // (H / G)``).
+    D: ``[H]`` skip connection, or None.
+    dt_bias: ``[H]`` added to ``dt``, or None.
+    dt_softplus: ``dt = softplus(dt + dt_bias)``; without it ``dt + dt_bias``
+      must be ``>= 0``.
+    initial_state: ``[B, H, N, P]`` float32, or None for zeros.
+    output_final_state: also return the state after the last token.
+    segment_ids: ``[B, T]`` int, the state resets where the id changes.
+    chunk_size, sub_chunk_size, impl: as in ``chunk_gated_linear`` (speed
+      only; ``impl="auto"`` runs the Pallas kernel on TPU and GPU).
+  Returns:
+    ``(y [B, T, H, P] in x's dtype, final_state [B, H, N, P] float32 or
+    None)``.
+
+  Example:
+    >>> x = jnp.ones((1, 100, 4, 16)); dt = jnp.full((1, 100, 4), 0.1)
+    >>> A = -jnp.ones((4,)); B = C = jnp.ones((1, 100, 2, 8))
+    >>> y, s = chunk_ssd(x, dt, A, B, C, output_final_state=True)
+    >>> y.shape, s.shape
+    ((1, 100, 4, 16), (1, 4, 8, 16))
+  """
+  validate(x, dt, A, B, C, D, dt_bias, dt_softplus, initial_state, segment_ids)
+  q, k, v, g = to_gated_linear(x, dt, A, B, C, dt_bias, dt_softplus)
+  o, final = chunk_gated_linear(q, k, v, g, scale=1.0,
+                                initial_state=initial_state,
+                                output_final_state=output_final_state,
+                                segment_ids=segment_ids, chunk_size=chunk_size,
+                                sub_chunk_size=sub_chunk_size, impl=impl)
+  return add_skip(o, x, D).astype(x.dtype), final
+
+
+def parallel_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=False,
+                 initial_state=None, output_final_state=False,
+                 segment_ids=None):
+  """The quadratic masked form ``y = (L * C B^T) (x dt) + D x`` with
+  ``L[i, j] = exp(sum_{j < m <= i} dt_m A)``: ``parallel_gated_linear`` under
+  the mapping of ``chunk_ssd``. Shapes as in ``chunk_ssd``.
+  """
+  validate(x, dt, A, B, C, D, dt_bias, dt_softplus, initial_state, segment_ids)
+  q, k, v, g = to_gated_linear(x, dt, A, B, C, dt_bias, dt_softplus)
+  o, final = parallel_gated_linear(q, k, v, g, scale=1.0,
+                                   initial_state=initial_state,
+                                   output_final_state=output_final_state,
+                                   segment_ids=segment_ids)
+  return add_skip(o, x, D).astype(x.dtype), final
