@@ -70,7 +70,7 @@ class Case:
 # Every case compiles each of its forms once; the cover is spread over them.
 CASES = [
     Case("rwkv6", 63, segments=True, strong=True, chunk_size=16,
-         sub_chunk_size=8, bfloat16=("chunk",)),
+         sub_chunk_size=8, bfloat16=("chunk", "recurrent")),
     Case("rwkv6", 200, initial_state=False, dim_k=12, dim_v=8,
          forms=("chunk", "recurrent")),
     Case("rwkv7", 200, segments=True, strong=True, rate_max=2.0,

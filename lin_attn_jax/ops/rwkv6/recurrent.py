@@ -26,15 +26,17 @@ def rwkv6_step(r, k, v, w, u, state=None, *, scale=None, reset=None):
   """
   b, h, dk, dv = validate_step(r, k, v, w, u, state, reset)
   scale = default_scale(scale, dk)
+  out_dtype = v.dtype
+  r, k, v, w, u = (jnp.asarray(x, _F32) for x in (r, k, v, w, u))
   state = (jnp.zeros((b, h, dk, dv), _F32) if state is None
            else jnp.asarray(state, _F32))
   if reset is not None:
     state = jnp.where(jnp.asarray(reset)[:, None, None, None], 0.0, state)
-  kv = jnp.einsum("bhk,bhv->bhkv", k, v, preferred_element_type=_F32)
-  read = state + jnp.asarray(u, _F32)[..., None] * kv           # [B, H, K, V]
-  o = jnp.einsum("bhk,bhkv->bhv", (scale * r).astype(_F32), read)
-  state = jnp.exp(jnp.asarray(w, _F32))[..., None] * state + kv
-  return o.astype(v.dtype), state
+  kv = k[..., :, None] * v[..., None, :]                        # [B, H, K, V]
+  read = state + u[..., None] * kv
+  o = jnp.einsum("bhk,bhkv->bhv", scale * r, read)
+  state = jnp.exp(w)[..., None] * state + kv
+  return o.astype(out_dtype), state
 
 
 def recurrent_rwkv6(r, k, v, w, u, *, scale=None, initial_state=None,
@@ -45,6 +47,8 @@ def recurrent_rwkv6(r, k, v, w, u, *, scale=None, initial_state=None,
   reset = reset_flags(segment_ids, b, t)
   state = (jnp.zeros((b, h, dk, dv), _F32) if initial_state is None
            else jnp.asarray(initial_state, _F32))
+  # float32 before the scan, so that u's gradient sums over time in float32.
+  u = jnp.asarray(u, _F32)
 
   def step(state, inputs):
     r_t, k_t, v_t, w_t, reset_t = inputs
