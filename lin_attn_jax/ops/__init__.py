@@ -37,6 +37,7 @@ from lin_attn_jax.ops.linformer import linformer_attn, linformer_attn_step
 from lin_attn_jax.ops.softmax_attn import (KVCache, chunk_softmax_attn,
                                            init_kv_cache,
                                            parallel_softmax_attn,
+                                           softmax_attn_extend,
                                            softmax_attn_step)
 from lin_attn_jax.ops.sparse_attn import (parallel_sparse_attn,
                                           sparse_attn_mask,

@@ -6,6 +6,7 @@ form with an online softmax, and a decoding step with a KV cache.
 """
 
 from lin_attn_jax.ops.softmax_attn.cache import (KVCache, init_kv_cache,
+                                                 softmax_attn_extend,
                                                  softmax_attn_step)
 from lin_attn_jax.ops.softmax_attn.chunk import chunk_softmax_attn
 from lin_attn_jax.ops.softmax_attn.parallel import parallel_softmax_attn
@@ -15,5 +16,6 @@ __all__ = [
     "chunk_softmax_attn",
     "init_kv_cache",
     "parallel_softmax_attn",
+    "softmax_attn_extend",
     "softmax_attn_step",
 ]

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common.segments import reset_flags
 from lin_attn_jax.ops.softmax_attn.inputs import (check_heads, check_window,
                                                   default_scale)
 
@@ -143,4 +144,95 @@ def softmax_attn_step(q, k, v, cache: KVCache, *, scale=None, reset=None):
                  preferred_element_type=_F32).reshape(b, h, -1)  # [B, H, V]
   new_cache = KVCache(k=keys, v=values, position=position, length=now + 1,
                       doc_start=doc_start, window_size=cache.window_size)
+  return o.astype(v.dtype), new_cache
+
+
+def softmax_attn_extend(q, k, v, cache: KVCache, *, scale=None,
+                        segment_ids=None, reset=None, mask_fn=None):
+  """Appends ``T`` tokens to the cache; each attends to what it can see.
+
+  The multi-token form of ``softmax_attn_step`` (prefill, or a block of
+  tokens after earlier ones): the queries see the entries already in the
+  cache and the new tokens up to themselves, within the document and the
+  window; then the new keys and values are stored (for a ring buffer, only
+  the last ``w`` of them survive). Cost ``O(T (S + T))``.
+
+  Args:
+    q: ``[B, T, H, K]``; k: ``[B, T, Hkv, K]``; v: ``[B, T, Hkv, V]``.
+    cache: from ``init_kv_cache`` or a previous call.
+    scale: score scale, ``K ** -0.5`` when None.
+    segment_ids: ``[B, T]`` int, a new document starts at every change.
+    reset: ``[B]`` bool, True where the first token starts a new document.
+    mask_fn: optional ``(i, j) -> bool`` on absolute positions (broadcasting
+      arrays), a further pattern every visible entry must satisfy (the
+      Sparse Transformer's strided or fixed patterns). It must allow
+      ``i == j``.
+  Returns:
+    ``(o [B, T, H, V] in v's dtype, the updated cache)``.
+  """
+  checks.check_rank("q", q, 4, "[B, T, H, K]")
+  checks.check_rank("k", k, 4, "[B, T, Hkv, K]")
+  checks.check_rank("v", v, 4, "[B, T, Hkv, V]")
+  for name, x in (("q", q), ("k", k), ("v", v)):
+    checks.check_float(name, x)
+  b, t, h, dk = checks.shape_of(q)
+  _, size, hkv, _ = cache.k.shape
+  dv = cache.v.shape[-1]
+  checks.check_shape("k", k, (b, t, hkv, dk), "[B, T, Hkv, K] of the cache")
+  checks.check_shape("v", v, (b, t, hkv, dv), "[B, T, Hkv, V] of the cache")
+  check_heads(h, hkv, checks.shape_of(q), checks.shape_of(k))
+  checks.check_reset(reset, b)
+  if segment_ids is not None:
+    checks.check_segment_ids(segment_ids, b, t)
+  if (cache.window_size is None
+      and not isinstance(cache.length, jax.core.Tracer)
+      and int(jnp.max(cache.length)) + t > size):
+    raise ValueError(f"cache is full: it holds max_length = {size} tokens, "
+                     f"has seen {int(jnp.max(cache.length))} and was given "
+                     f"{t} more")
+  scale = default_scale(scale, dk)
+  now = cache.length                                            # [B]
+  pos = now[:, None] + jnp.arange(t, dtype=jnp.int32)[None]     # [B, T]
+  starts = reset_flags(segment_ids, b, t)                       # [B, T]
+  if reset is not None:
+    starts = starts.at[:, 0].set(jnp.asarray(reset))
+  doc_start = jnp.maximum(
+      cache.doc_start[:, None],
+      jax.lax.cummax(jnp.where(starts, pos, -1), axis=1))       # [B, T]
+
+  keys = jnp.concatenate([cache.k, k.astype(cache.k.dtype)], 1)  # [B, S+T, Hkv, K]
+  values = jnp.concatenate([cache.v, v.astype(cache.v.dtype)], 1)
+  key_pos = jnp.concatenate([cache.position, pos], axis=1)      # [B, S+T]
+  i, j = pos[:, :, None], key_pos[:, None, :]                   # [B, T, S+T]
+  visible = (j >= doc_start[:, :, None]) & (j <= i) & (j >= 0)
+  if cache.window_size is not None:
+    visible &= j > i - cache.window_size
+  if mask_fn is not None:
+    visible &= mask_fn(i, j)
+  qg = jnp.asarray(q, _F32).reshape(b, t, hkv, h // hkv, dk)    # [B, T, h, g, K]
+  s = scale * jnp.einsum("bthgk,bjhk->bhgtj", qg, keys,
+                         preferred_element_type=_F32)           # [B, h, g, T, S+T]
+  s = jnp.where(visible[:, None, None], s, -jnp.inf)
+  p = jax.nn.softmax(s, axis=-1)
+  o = jnp.einsum("bhgtj,bjhv->bthgv", p, values,
+                 preferred_element_type=_F32).reshape(b, t, h, dv)
+
+  # Slot of each new token; where several share a slot the latest wins.
+  slot = pos % size if cache.window_size is not None else pos   # [B, T]
+  hits = slot[:, :, None] == jnp.arange(size)[None, None]       # [B, T, S]
+  latest = jnp.max(jnp.where(hits, jnp.arange(t)[None, :, None], -1),
+                   axis=1)                                      # [B, S]
+  written = latest >= 0
+  src = jnp.maximum(latest, 0)
+
+  def store(old, new):
+    picked = jnp.take_along_axis(
+        new, src.reshape(src.shape + (1,) * (new.ndim - 2)), axis=1)
+    mask = written.reshape(written.shape + (1,) * (new.ndim - 2))
+    return jnp.where(mask, picked.astype(old.dtype), old)
+
+  new_cache = KVCache(
+      k=store(cache.k, k), v=store(cache.v, v),
+      position=store(cache.position, pos), length=now + t,
+      doc_start=doc_start[:, -1], window_size=cache.window_size)
   return o.astype(v.dtype), new_cache

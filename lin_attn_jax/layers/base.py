@@ -1,0 +1,158 @@
+"""The contract every token mixer keeps, and the bookkeeping they share.
+
+A mixer maps ``x: [B, T, D]`` to ``y: [B, T, D]``::
+
+    y = mixer(x, segment_ids=None, mode="chunk")            # training
+    y, cache = mixer(x, cache=mixer.init_cache(B, max_len))  # prefill / decode
+
+``mode`` picks the op form: ``"chunk"`` (the training path), ``"parallel"``
+(the quadratic masked form) or ``"recurrent"`` (token by token); the three
+agree to float tolerance. With a cache, a call of ``T > 1`` tokens runs the
+chosen form from the cached state (prefill), and a call of one token runs the
+op's step form (decoding, O(1) per token for recurrent mixers).
+
+A cache is a dict (a pytree) with two entries kept here and one kept by the
+mixer:
+
+- ``"position"``: ``[B]`` int32, tokens seen so far;
+- ``"segment_id"``: ``[B]`` int32, the document id of the last token seen, so
+  that a call whose first token starts a new document drops the state;
+- ``"mixer"``: what the mixer needs to continue (recurrent states, the last
+  inputs of its short convolutions, a KV buffer), from ``init_mixer_cache``.
+
+Subclasses implement ``mix(x, ctx)`` and ``init_mixer_cache``; non-causal
+mixers set ``causal = False`` and refuse a cache and the recurrent mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lin_attn_jax.ops.common import checks
+
+MODES = ("chunk", "parallel", "recurrent")
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+  """What a mixer's ``mix`` needs beyond ``x`` (built by ``Mixer.__call__``).
+
+  Attributes:
+    mode: ``"chunk"``, ``"parallel"`` or ``"recurrent"``.
+    segment_ids: ``[B, T]`` int32 or None.
+    positions: ``[B, T]`` int32 absolute positions (after the cached tokens).
+    cache: the mixer's part of the cache, or None when there is no cache.
+    restart: ``[B]`` bool or None, True where the first token starts a new
+      document, so that the cached state must not carry into it.
+  """
+  mode: str
+  segment_ids: Any
+  positions: Any
+  cache: Any = None
+  restart: Any = None
+
+  @property
+  def decoding(self) -> bool:
+    """True for a one-token call with a cache: use the step forms."""
+    return self.cache is not None and self.positions.shape[1] == 1
+
+  def carried(self, state):
+    """``state`` (a pytree, leading axis B) zeroed where ``restart``."""
+    if state is None or self.restart is None:
+      return state
+
+    def keep(x):
+      mask = self.restart.reshape((-1,) + (1,) * (x.ndim - 1))
+      return jnp.where(mask, jnp.zeros_like(x), x)
+
+    return jax.tree.map(keep, state)
+
+  def pick(self, *, chunk: Callable, parallel: Callable, recurrent: Callable):
+    """The function for this mode."""
+    return {"chunk": chunk, "parallel": parallel, "recurrent": recurrent}[
+        self.mode]
+
+
+def check_mode(mode) -> None:
+  if mode not in MODES:
+    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+
+class Mixer(nnx.Module):
+  """Base class of the token mixers in ``lin_attn_jax.layers``."""
+
+  causal: bool = True
+
+  def init_mixer_cache(self, batch_size: int, max_len: int, dtype):
+    raise NotImplementedError
+
+  def mix(self, x, ctx: Context):
+    """Returns ``(y [B, T, D], new mixer cache or None)``."""
+    raise NotImplementedError
+
+  def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32):
+    """An empty cache for ``batch_size`` rows of up to ``max_len`` tokens.
+
+    ``dtype`` is that of stored keys and values; recurrent states are
+    float32 whatever it is. Non-causal mixers raise ``ValueError``.
+    """
+    if not self.causal:
+      raise ValueError(f"{type(self).__name__} is not causal: it has no "
+                       "cache and cannot decode token by token")
+    checks.check_chunk_size(batch_size, "batch_size")
+    checks.check_chunk_size(max_len, "max_len")
+    return {
+        "position": jnp.zeros((batch_size,), jnp.int32),
+        "segment_id": jnp.zeros((batch_size,), jnp.int32),
+        "mixer": self.init_mixer_cache(batch_size, max_len, dtype),
+    }
+
+  def __call__(self, x, *, segment_ids=None, mode: str = "chunk", cache=None):
+    """Mixes ``x: [B, T, D]``; returns ``y`` or ``(y, cache)``.
+
+    Args:
+      x: ``[B, T, D]`` float.
+      segment_ids: ``[B, T]`` int, packed documents; no information crosses
+        a change of id, in every mode and across cached calls.
+      mode: ``"chunk"``, ``"parallel"`` or ``"recurrent"``.
+      cache: from ``init_cache`` or a previous call; then the result is
+        ``(y, new cache)``.
+    """
+    check_mode(mode)
+    checks.check_rank("x", x, 3, "[B, T, D]")
+    checks.check_float("x", x)
+    b, t, _ = checks.shape_of(x)
+    if segment_ids is not None:
+      checks.check_segment_ids(segment_ids, b, t)
+      segment_ids = jnp.asarray(segment_ids, jnp.int32)
+    if not self.causal and (cache is not None or mode == "recurrent"):
+      raise ValueError(
+          f"{type(self).__name__} is not causal (every token sees the whole "
+          "sequence): it has no cache and no recurrent mode")
+    steps = jnp.arange(t, dtype=jnp.int32)[None]
+    if cache is None:
+      ctx = Context(mode, segment_ids, jnp.broadcast_to(steps, (b, t)))
+      return self.mix(x, ctx)[0]
+    if not isinstance(cache, dict) or set(cache) != {"position", "segment_id",
+                                                     "mixer"}:
+      raise ValueError("cache must come from init_cache (a dict with "
+                       "position, segment_id and mixer)")
+    checks.check_shape("cache['position']", cache["position"], (b,), "[B]")
+    restart = (None if segment_ids is None
+               else segment_ids[:, 0] != cache["segment_id"])
+    ctx = Context(mode, segment_ids, cache["position"][:, None] + steps,
+                  cache["mixer"], restart)
+    y, mixer_cache = self.mix(x, ctx)
+    new_cache = {
+        "position": cache["position"] + t,
+        "segment_id": (cache["segment_id"] if segment_ids is None
+                       else segment_ids[:, -1]),
+        "mixer": mixer_cache,
+    }
+    return y, new_cache
+

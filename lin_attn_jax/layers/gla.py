@@ -1,0 +1,85 @@
+"""Gated Linear Attention layer (Yang et al., 2023, arXiv:2312.06635).
+
+``q, k = x W_q, x W_k`` (``K = expand_k * D / H`` per head), ``v = x W_v``;
+the forget gate per key channel comes from a low-rank projection,
+``g = log_sigmoid(W_2 W_1 x + b) / gate_logit_normalizer``; the output is
+``W_o (rms_norm(o) * silu(x W_r))`` with a per-head RMSNorm.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lin_attn_jax.layers import modules
+from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.ops import chunk_gla, gla_step, parallel_gla, recurrent_gla
+
+
+class GLA(Mixer):
+  """Gated linear attention with a low-rank per-channel forget gate.
+
+  Args:
+    d_model: ``D``. n_heads: ``H``.
+    expand_k: key width per head is ``expand_k * D / H`` (0.5 in the paper).
+    expand_v: value width per head is ``expand_v * D / H``.
+    gate_low_rank_dim: rank of the gate projection (16).
+    gate_logit_normalizer: divides the log-sigmoid gate (16), so decays start
+      close to 1.
+    chunk_size: chunk length of the chunk form (speed only).
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               expand_k: float = 0.5, expand_v: float = 1.0,
+               gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0,
+               chunk_size: int = 64, dtype=jnp.float32,
+               param_dtype=jnp.float32):
+    key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
+    if key_dim % n_heads or value_dim % n_heads:
+      raise ValueError(f"expand_k * d_model = {key_dim} and expand_v * "
+                       f"d_model = {value_dim} must divide into n_heads = "
+                       f"{n_heads}")
+    self.n_heads, self.chunk_size = n_heads, chunk_size
+    self.head_k, self.head_v = key_dim // n_heads, value_dim // n_heads
+    self.gate_logit_normalizer = gate_logit_normalizer
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.q_proj = modules.dense(d_model, key_dim, **kw)
+    self.k_proj = modules.dense(d_model, key_dim, **kw)
+    self.v_proj = modules.dense(d_model, value_dim, **kw)
+    self.gate_down = modules.dense(d_model, gate_low_rank_dim,
+                                   ("embed", "rank"), **kw)
+    self.gate_up = modules.dense(gate_low_rank_dim, key_dim, ("rank", "heads"),
+                                 use_bias=True, **kw)
+    self.out_gate = modules.dense(d_model, value_dim, **kw)
+    self.norm = modules.HeadNorm(n_heads, self.head_v, rngs=rngs,
+                                 param_dtype=param_dtype)
+    self.o_proj = modules.dense(value_dim, d_model, ("heads", "embed"), **kw)
+
+  def init_mixer_cache(self, batch_size, max_len, dtype):
+    del max_len, dtype
+    return jnp.zeros((batch_size, self.n_heads, self.head_k, self.head_v),
+                     jnp.float32)
+
+  def mix(self, x, ctx: Context):
+    b, t, _ = x.shape
+    h = self.n_heads
+    q = self.q_proj(x).reshape(b, t, h, self.head_k)            # [B, T, H, K]
+    k = self.k_proj(x).reshape(b, t, h, self.head_k)            # [B, T, H, K]
+    v = self.v_proj(x).reshape(b, t, h, self.head_v)            # [B, T, H, V]
+    g = jax.nn.log_sigmoid(
+        self.gate_up(self.gate_down(x)).astype(jnp.float32))
+    g = (g / self.gate_logit_normalizer).reshape(b, t, h, self.head_k)
+    if ctx.decoding:
+      o, state = gla_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], ctx.cache,
+                          reset=ctx.restart)
+      o = o[:, None]
+    else:
+      form = ctx.pick(chunk=lambda *a, **kw: chunk_gla(
+          *a, chunk_size=self.chunk_size, **kw), parallel=parallel_gla,
+                      recurrent=recurrent_gla)
+      o, state = form(q, k, v, g, initial_state=ctx.carried(ctx.cache),
+                      output_final_state=ctx.cache is not None,
+                      segment_ids=ctx.segment_ids)
+    y = self.o_proj(self.norm(o, self.out_gate(x)))
+    return y, state

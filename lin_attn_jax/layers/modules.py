@@ -1,0 +1,199 @@
+"""Building blocks shared by the mixers.
+
+Every parameter carries logical sharding axes (``nnx.with_partitioning``)
+for the training code to map onto a mesh; the names used are
+
+- ``"embed"``: the model width ``D``;
+- ``"heads"``: a projected width split over heads (``H * K``, ``H * V``);
+- ``"mlp"``: the hidden width of the MLP;
+- ``"vocab"``: the vocabulary;
+- ``"rank"``: a low-rank bottleneck (gate and LoRA projections);
+- ``"conv"``: the taps of a short convolution;
+- ``"state"``: a state dimension of an SSM;
+- ``None``: not sharded.
+
+The metadata is created without a mesh (``eager_sharding=False``), so a
+layer builds anywhere; ``nnx.get_partition_spec`` reads the names back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lin_attn_jax.ops import (causal_conv1d_step, chunk_causal_conv1d,
+                              parallel_causal_conv1d, recurrent_causal_conv1d)
+
+
+def partitioned(init, axes: Sequence[str | None]):
+  """``init`` carrying the logical ``axes`` as sharding metadata."""
+  return nnx.with_partitioning(init, tuple(axes), eager_sharding=False)
+
+
+def param(rngs: nnx.Rngs, init, shape, axes, param_dtype=jnp.float32):
+  """An ``nnx.Param`` of ``shape`` drawn by ``init`` with logical ``axes``."""
+  return nnx.Param(partitioned(init, axes)(rngs.params(), tuple(shape),
+                                           param_dtype))
+
+
+def constant_init(value):
+  """An initializer that fills with a fixed array (broadcast to the shape)."""
+
+  def init(key, shape, dtype=jnp.float32):
+    del key
+    return jnp.broadcast_to(jnp.asarray(value, dtype), shape)
+
+  return init
+
+
+def uniform_init(low: float, high: float):
+  """An initializer drawing uniformly from ``[low, high)``."""
+
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, low, high)
+
+  return init
+
+
+def dense(in_features: int, out_features: int, axes=("embed", "heads"), *,
+          rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32,
+          use_bias: bool = False, kernel_init=None, bias_init=None):
+  """``nnx.Linear`` with partitioned kernel (and bias) initialisers.
+
+  The default kernel init is LeCun normal (variance ``1 / in_features``).
+  """
+  kernel_init = kernel_init or nnx.initializers.lecun_normal()
+  bias_init = bias_init or nnx.initializers.zeros_init()
+  return nnx.Linear(in_features, out_features, use_bias=use_bias,
+                    kernel_init=partitioned(kernel_init, axes),
+                    bias_init=partitioned(bias_init, axes[-1:]),
+                    dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+
+def rms_norm(features: int, *, rngs: nnx.Rngs, axis_name="embed", eps=1e-6,
+             dtype=jnp.float32, param_dtype=jnp.float32):
+  """``nnx.RMSNorm`` over the last axis with a partitioned scale."""
+  return nnx.RMSNorm(features, epsilon=eps, dtype=dtype,
+                     param_dtype=param_dtype,
+                     scale_init=partitioned(nnx.initializers.ones_init(),
+                                            (axis_name,)),
+                     rngs=rngs)
+
+
+class HeadNorm(nnx.Module):
+  """Per-head normalisation of ``[B, T, H, V]``, with an optional gate.
+
+  ``kind="rms"`` divides by the RMS over ``V`` (GLA, DeltaNet, Mamba-2);
+  ``kind="layer"`` also subtracts the mean (RetNet's GroupNorm with one group
+  per head). The learned scale has ``H * V`` entries. With ``gate`` given,
+  the result is multiplied by ``silu(gate)`` (the output gates of GLA,
+  RetNet and Gated DeltaNet); ``gate_first=True`` gates before normalising
+  (Mamba-2's gated RMSNorm).
+  """
+
+  def __init__(self, heads: int, head_dim: int, *, rngs: nnx.Rngs,
+               kind: str = "rms", eps: float = 1e-5, gate_first: bool = False,
+               param_dtype=jnp.float32):
+    if kind not in ("rms", "layer"):
+      raise ValueError(f"kind must be 'rms' or 'layer', got {kind!r}")
+    self.kind, self.eps, self.gate_first = kind, eps, gate_first
+    self.heads, self.head_dim = heads, head_dim
+    self.scale = param(rngs, nnx.initializers.ones_init(),
+                       (heads * head_dim,), ("heads",), param_dtype)
+
+  def __call__(self, x, gate=None):
+    """``x: [B, T, H, V]``, ``gate: [B, T, H * V]`` or None -> ``[B, T, H * V]``."""
+    b, t = x.shape[:2]
+    dtype = x.dtype
+    x = x.astype(jnp.float32)
+    if gate is not None and self.gate_first:
+      x = x * jax.nn.silu(gate.astype(jnp.float32)).reshape(x.shape)
+    if self.kind == "layer":
+      x = x - jnp.mean(x, axis=-1, keepdims=True)
+    x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+    y = x.reshape(b, t, -1) * self.scale[...].astype(jnp.float32)
+    if gate is not None and not self.gate_first:
+      y = y * jax.nn.silu(gate.astype(jnp.float32))
+    return y.astype(dtype)
+
+
+class ShortConv(nnx.Module):
+  """A depthwise causal convolution of ``width`` taps over ``[B, T, C]``.
+
+  Used before the token mixing of Mamba, Mamba-2, DeltaNet and the Griffin
+  recurrent block. The weight is initialised like PyTorch's ``Conv1d``
+  (uniform in ``+-1/sqrt(width)``). Its cache is the last ``width - 1``
+  inputs, ``[B, width - 1, C]`` float32.
+  """
+
+  def __init__(self, channels: int, width: int = 4, *, rngs: nnx.Rngs,
+               activation: str | None = "silu", use_bias: bool = True,
+               axis_name: str = "heads", param_dtype=jnp.float32):
+    bound = 1.0 / math.sqrt(width)
+    self.width, self.channels, self.activation = width, channels, activation
+    self.weight = param(rngs, uniform_init(-bound, bound), (channels, width),
+                        (axis_name, "conv"), param_dtype)
+    self.bias = (param(rngs, nnx.initializers.zeros_init(), (channels,),
+                       (axis_name,), param_dtype) if use_bias else None)
+
+  def init_state(self, batch_size: int):
+    return jnp.zeros((batch_size, self.width - 1, self.channels), jnp.float32)
+
+  def __call__(self, x, ctx, state=None):
+    """``x: [B, T, C]`` -> ``(y [B, T, C], new state or None)``.
+
+    ``ctx`` is the mixer's ``Context``; ``state`` its cached window.
+    """
+    weight = self.weight[...]
+    bias = None if self.bias is None else self.bias[...]
+    if ctx.decoding:
+      y, state = causal_conv1d_step(x[:, 0], weight, bias, state,
+                                    activation=self.activation,
+                                    reset=ctx.restart)
+      return y[:, None], state
+    form = ctx.pick(chunk=chunk_causal_conv1d, parallel=parallel_causal_conv1d,
+                    recurrent=recurrent_causal_conv1d)
+    return form(x, weight, bias, activation=self.activation,
+                initial_state=ctx.carried(state),
+                output_final_state=state is not None,
+                segment_ids=ctx.segment_ids)
+
+
+def rotary(x, positions, base: float = 10000.0):
+  """Rotary position embedding (RoPE, Su et al. 2021) of ``[B, T, H, K]``.
+
+  Pairs channel ``i`` with ``i + K/2`` and rotates by ``position * base **
+  (-2i/K)``; ``positions: [B, T]`` int. Computed in float32.
+  """
+  dim = x.shape[-1]
+  if dim % 2:
+    raise ValueError(f"rotary needs an even head dimension, got {dim}")
+  freq = base ** (-jnp.arange(0, dim // 2, dtype=jnp.float32) * 2 / dim)
+  angle = positions.astype(jnp.float32)[..., None, None] * freq  # [B, T, 1, K/2]
+  cos, sin = jnp.cos(angle), jnp.sin(angle)
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+def token_shift(x, ctx, last=None):
+  """The previous token of every position (RWKV's token shift).
+
+  ``x: [B, T, C]``; ``last: [B, C]`` the token before the first one (from
+  the cache) or None for zeros. The previous token is zero at the start of
+  every document. Returns ``(shifted [B, T, C], x[:, -1] as the new last)``.
+  """
+  b, t, c = x.shape
+  first = (jnp.zeros((b, 1, c), x.dtype) if last is None
+           else ctx.carried(last)[:, None].astype(x.dtype))
+  shifted = jnp.concatenate([first, x[:, :-1]], axis=1)
+  if ctx.segment_ids is not None:
+    new_doc = jnp.concatenate(
+        [jnp.zeros((b, 1), bool),
+         ctx.segment_ids[:, 1:] != ctx.segment_ids[:, :-1]], axis=1)
+    shifted = jnp.where(new_doc[..., None], 0, shifted)
+  return shifted, x[:, -1].astype(jnp.float32)

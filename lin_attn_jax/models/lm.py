@@ -1,0 +1,205 @@
+"""A decoder language model with one token mixer per layer.
+
+Pre-norm blocks: ``x + mixer(rms_norm(x))`` then ``x + swiglu(rms_norm(x))``,
+a final RMSNorm, and tied or untied output embeddings. ``mixer`` names a
+class in ``lin_attn_jax.layers.MIXERS``, one for every layer or one per
+layer (hybrids).
+
+Example:
+  >>> config = LMConfig(vocab_size=256, d_model=64, n_layers=4, n_heads=4,
+  ...                   mixer=("gla", "gla", "gla", "softmax_attn"))
+  >>> lm = LM(config, rngs=nnx.Rngs(0))
+  >>> lm(jnp.zeros((2, 16), jnp.int32)).shape
+  (2, 16, 256)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lin_attn_jax.layers import MIXERS
+from lin_attn_jax.layers import modules
+from lin_attn_jax.layers.base import check_mode
+from lin_attn_jax.ops.common import checks
+
+
+def _frozen_options(options) -> tuple:
+  """``{name: {key: value}}`` as nested sorted tuples (hashable)."""
+  if isinstance(options, tuple):
+    return options
+  return tuple(sorted((name, tuple(sorted(dict(kw).items())))
+                      for name, kw in dict(options).items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+  """Shape and mixers of an ``LM``."""
+
+  # Number of token ids; logits have this last dimension.
+  vocab_size: int = 256
+  # Model width D.
+  d_model: int = 128
+  # Number of blocks.
+  n_layers: int = 2
+  # Heads of every mixer (each mixer splits D over them its own way).
+  n_heads: int = 4
+  # A name in layers.MIXERS for every layer, or a tuple of names, one per
+  # layer; a shorter tuple whose length divides n_layers is repeated
+  # (("gla", "gla", "gla", "softmax_attn") over 8 layers is two periods).
+  mixer: str | tuple[str, ...] = "gla"
+  # Keyword arguments per mixer name, e.g. {"gla": {"chunk_size": 32}};
+  # stored as sorted tuples so that the config stays hashable.
+  mixer_options: Any = ()
+  # Hidden width of the SwiGLU MLP; None means 8/3 * d_model rounded up to a
+  # multiple of 8.
+  mlp_dim: int | None = None
+  # Output logits use the transposed input embedding when True.
+  tie_embeddings: bool = True
+  # Epsilon of every RMSNorm of the blocks.
+  norm_eps: float = 1e-6
+  # Dtype of the computation (activations); states stay float32.
+  dtype: Any = jnp.float32
+  # Dtype the parameters are stored in.
+  param_dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    object.__setattr__(self, "mixer_options",
+                       _frozen_options(self.mixer_options))
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    names = self.layer_mixers
+    unknown = sorted(set(names) - set(MIXERS))
+    if unknown:
+      raise ValueError(f"unknown mixer(s) {unknown}; known: {sorted(MIXERS)}")
+    unknown = sorted(set(dict(self.mixer_options)) - set(MIXERS))
+    if unknown:
+      raise ValueError(f"mixer_options names unknown mixer(s) {unknown}")
+
+  @property
+  def layer_mixers(self) -> tuple[str, ...]:
+    """The mixer name of every layer."""
+    if isinstance(self.mixer, str):
+      return (self.mixer,) * self.n_layers
+    names = tuple(self.mixer)
+    if not names or self.n_layers % len(names):
+      raise ValueError(f"mixer has {len(names)} names, which does not divide "
+                       f"n_layers = {self.n_layers}")
+    return names * (self.n_layers // len(names))
+
+  def options_for(self, name: str) -> dict:
+    return dict(dict(self.mixer_options).get(name, ()))
+
+  @property
+  def hidden_dim(self) -> int:
+    if self.mlp_dim is not None:
+      return self.mlp_dim
+    return 8 * math.ceil(8 * self.d_model / 3 / 8)
+
+
+class SwiGLU(nnx.Module):
+  """``down(silu(gate(x)) * up(x))`` (Shazeer, 2020)."""
+
+  def __init__(self, d_model: int, hidden: int, *, rngs, dtype, param_dtype):
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.gate = modules.dense(d_model, hidden, ("embed", "mlp"), **kw)
+    self.up = modules.dense(d_model, hidden, ("embed", "mlp"), **kw)
+    self.down = modules.dense(hidden, d_model, ("mlp", "embed"), **kw)
+
+  def __call__(self, x):
+    return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nnx.Module):
+  """``x + mixer(norm(x))``, then ``x + mlp(norm(x))``."""
+
+  def __init__(self, config: LMConfig, mixer: str, *, rngs: nnx.Rngs):
+    kw = dict(dtype=config.dtype, param_dtype=config.param_dtype)
+    self.mixer_norm = modules.rms_norm(config.d_model, eps=config.norm_eps,
+                                       rngs=rngs, **kw)
+    self.mixer = MIXERS[mixer](config.d_model, config.n_heads, rngs=rngs,
+                               **kw, **config.options_for(mixer))
+    self.mlp_norm = modules.rms_norm(config.d_model, eps=config.norm_eps,
+                                     rngs=rngs, **kw)
+    self.mlp = SwiGLU(config.d_model, config.hidden_dim, rngs=rngs, **kw)
+
+  def __call__(self, x, *, segment_ids, mode, cache):
+    h = self.mixer_norm(x)
+    if cache is None:
+      y = self.mixer(h, segment_ids=segment_ids, mode=mode)
+    else:
+      y, cache = self.mixer(h, segment_ids=segment_ids, mode=mode, cache=cache)
+    x = x + y
+    return x + self.mlp(self.mlp_norm(x)), cache
+
+
+class LM(nnx.Module):
+  """Decoder language model; see the module docstring."""
+
+  def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    d = config.d_model
+    self.embed = nnx.Embed(
+        config.vocab_size, d, dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        embedding_init=modules.partitioned(
+            nnx.initializers.normal(stddev=d ** -0.5), ("vocab", "embed")),
+        rngs=rngs)
+    self.blocks = nnx.List([Block(config, name, rngs=rngs)
+                            for name in config.layer_mixers])
+    self.final_norm = modules.rms_norm(d, eps=config.norm_eps, rngs=rngs,
+                                       dtype=config.dtype,
+                                       param_dtype=config.param_dtype)
+    self.lm_head = (None if config.tie_embeddings else modules.dense(
+        d, config.vocab_size, ("embed", "vocab"), rngs=rngs,
+        dtype=config.dtype, param_dtype=config.param_dtype))
+
+  def init_cache(self, batch_size: int, max_len: int, dtype=None):
+    """One cache per layer (a tuple) for up to ``max_len`` tokens per row."""
+    dtype = self.config.dtype if dtype is None else dtype
+    return tuple(block.mixer.init_cache(batch_size, max_len, dtype)
+                 for block in self.blocks)
+
+  def __call__(self, tokens, *, segment_ids=None, mode: str = "chunk",
+               cache=None):
+    """Logits ``[B, T, vocab]`` float32, or ``(logits, cache)`` with a cache.
+
+    Args:
+      tokens: ``[B, T]`` int token ids.
+      segment_ids: ``[B, T]`` int, packed documents (no attention or state
+        crosses a change of id).
+      mode: ``"chunk"``, ``"parallel"`` or ``"recurrent"``: the form every
+        mixer runs.
+      cache: from ``init_cache`` or a previous call. Any ``T`` is a prefill
+        from the cached state; ``T = 1`` decodes with the step forms.
+    """
+    check_mode(mode)
+    checks.check_rank("tokens", tokens, 2, "[B, T]")
+    if not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
+      raise ValueError(f"tokens must be integer ids, got "
+                       f"{jnp.result_type(tokens)}")
+    if cache is not None and len(cache) != len(self.blocks):
+      raise ValueError(f"cache has {len(cache)} layers, the model "
+                       f"{len(self.blocks)}; build it with LM.init_cache")
+    x = self.embed(tokens)                                      # [B, T, D]
+    new_cache = []
+    for i, block in enumerate(self.blocks):
+      x, layer_cache = block(x, segment_ids=segment_ids, mode=mode,
+                             cache=None if cache is None else cache[i])
+      new_cache.append(layer_cache)
+    x = self.final_norm(x)
+    if self.lm_head is None:
+      logits = self.embed.attend(x)
+    else:
+      logits = self.lm_head(x)
+    logits = logits.astype(jnp.float32)                         # [B, T, vocab]
+    if cache is None:
+      return logits
+    return logits, tuple(new_cache)
