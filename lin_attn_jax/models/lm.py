@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Mapping
 
@@ -203,3 +204,94 @@ class LM(nnx.Module):
     if cache is None:
       return logits
     return logits, tuple(new_cache)
+
+  def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0,
+               top_k: int | None = None, top_p: float | None = None,
+               rng=None):
+    """Continues ``prompt: [B, P]`` by ``max_new_tokens`` sampled tokens.
+
+    The prompt is prefilled with the chunk forms, then every new token is
+    decoded with the step forms (``lax.scan``), in one program compiled once
+    per shape and sampling setting. ``temperature=0`` is greedy; otherwise
+    logits are divided by it, cut to the ``top_k`` largest and to the
+    smallest set of probability at least ``top_p``, and sampled with
+    ``rng`` (a PRNG key, required).
+
+    Returns:
+      ``[B, P + max_new_tokens]`` int32: the prompt and its continuation.
+    """
+    checks.check_rank("prompt", prompt, 2, "[B, P]")
+    if not jnp.issubdtype(jnp.result_type(prompt), jnp.integer):
+      raise ValueError(f"prompt must be integer ids, got "
+                       f"{jnp.result_type(prompt)}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be a positive int, got "
+                       f"{max_new_tokens!r}")
+    sampling = Sampling(float(temperature), top_k, top_p)
+    if sampling.temperature > 0 and rng is None:
+      raise ValueError("sampling with temperature > 0 needs rng (a PRNG key)")
+    rng = jax.random.key(0) if rng is None else rng
+    graphdef, state = nnx.split(self)
+    return _generate(graphdef, state, jnp.asarray(prompt, jnp.int32), rng,
+                     max_new_tokens=max_new_tokens, sampling=sampling)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """How ``LM.generate`` picks a token from the logits."""
+
+  # 0 is greedy (argmax); otherwise logits are divided by it.
+  temperature: float = 0.0
+  # Keep only the k largest logits (None: all).
+  top_k: int | None = None
+  # Keep the smallest set of tokens whose probability reaches top_p (None:
+  # all).
+  top_p: float | None = None
+
+  def __post_init__(self):
+    if self.temperature < 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if self.top_k is not None and (not isinstance(self.top_k, int)
+                                   or self.top_k < 1):
+      raise ValueError(f"top_k must be a positive int, got {self.top_k!r}")
+    if self.top_p is not None and not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+  def __call__(self, logits, key):
+    """``logits: [B, vocab]`` float32 -> ``[B]`` int32 token ids."""
+    if self.temperature == 0:
+      return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logits = logits / self.temperature
+    if self.top_k is not None:
+      kth = jax.lax.top_k(logits, min(self.top_k, logits.shape[-1]))[0][:, -1:]
+      logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if self.top_p is not None:
+      ordered = jnp.sort(logits, axis=-1)[:, ::-1]              # [B, vocab]
+      probs = jax.nn.softmax(ordered, axis=-1)
+      # A token stays if the tokens ranked above it hold less than top_p.
+      keep = jnp.cumsum(probs, axis=-1) - probs < self.top_p
+      cutoff = jnp.min(jnp.where(keep, ordered, jnp.inf), axis=-1,
+                       keepdims=True)
+      logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+    return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens",
+                                             "sampling"))
+def _generate(graphdef, state, prompt, rng, *, max_new_tokens: int,
+              sampling: Sampling):
+  model = nnx.merge(graphdef, state)
+  batch, length = prompt.shape
+  cache = model.init_cache(batch, length + max_new_tokens)
+  logits, cache = model(prompt, cache=cache, mode="chunk")
+  keys = jax.random.split(rng, max_new_tokens)
+  first = sampling(logits[:, -1], keys[0])
+
+  def step(carry, key):
+    token, cache = carry
+    logits, cache = model(token[:, None], cache=cache)
+    following = sampling(logits[:, -1], key)
+    return (following, cache), following
+
+  _, rest = jax.lax.scan(step, (first, cache), keys[1:])
+  return jnp.concatenate([prompt, first[:, None], rest.T], axis=1)

@@ -1,0 +1,127 @@
+"""The decoder LM: config, generation, checkpoints and the Linen bridge."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from flax.nnx import bridge
+
+from lin_attn_jax.layers import GLA, MIXERS
+from lin_attn_jax.models import LM, LMConfig, Sampling
+from lin_attn_jax.models import lm as lm_module
+from lin_attn_jax.models.checkpoints import restore_params, save_params
+from tests import lm_checks
+from tests.form_checks import rel_rms
+
+ISSUE_MIXERS = ("softmax_attn", "sliding_window_attn", "sparse_attn",
+                "linformer", "linear_attn", "performer", "based", "retnet",
+                "gla", "hgrn2", "mamba", "mamba2", "h3", "rg_lru", "rwkv6",
+                "rwkv7", "deltanet", "gated_deltanet", "kda")
+
+
+def test_every_mixer_is_registered():
+  assert set(ISSUE_MIXERS) <= set(MIXERS), sorted(set(ISSUE_MIXERS)
+                                                   - set(MIXERS))
+
+
+def test_config_errors():
+  with pytest.raises(ValueError, match="unknown mixer"):
+    LMConfig(mixer="flash")
+  with pytest.raises(ValueError, match="does not divide"):
+    LMConfig(n_layers=4, mixer=("gla", "gla", "gla")).layer_mixers
+  with pytest.raises(ValueError, match="d_model"):
+    LMConfig(d_model=0)
+  config = LMConfig(n_layers=8, mixer=("gla", "gla", "gla", "softmax_attn"),
+                    mixer_options={"gla": {"chunk_size": 32}})
+  assert config.layer_mixers == ("gla", "gla", "gla", "softmax_attn") * 2
+  assert config.options_for("gla") == {"chunk_size": 32}
+  hash(config)
+
+
+def test_lm_errors():
+  lm = lm_checks.tiny_lm("gla", {"chunk_size": 8})
+  with pytest.raises(ValueError, match="tokens must be integer"):
+    lm(jnp.zeros((1, 4)))
+  with pytest.raises(ValueError, match="mode"):
+    lm(jnp.zeros((1, 4), jnp.int32), mode="fast")
+  with pytest.raises(ValueError, match="cache has 1 layers"):
+    lm(jnp.zeros((1, 4), jnp.int32), cache=lm.init_cache(1, 8)[:1])
+  with pytest.raises(ValueError, match="rng"):
+    lm.generate(jnp.zeros((1, 4), jnp.int32), 3, temperature=1.0)
+  with pytest.raises(ValueError, match="top_p"):
+    Sampling(1.0, None, 1.5)
+
+
+def test_untied_embeddings_have_a_head():
+  lm = lm_checks.tiny_lm("gla", {"chunk_size": 8}, tie_embeddings=False)
+  assert lm.lm_head is not None
+  lm_checks.check_gradients(lm, use_segments=False)
+
+
+def test_greedy_generation_follows_the_full_forward():
+  lm = lm_checks.tiny_lm("gla", {"chunk_size": 8})
+  prompt = lm_checks.tokens(length=7)
+  out = lm.generate(prompt, 9)
+  assert out.shape == (2, 16) and np.array_equal(out[:, :7], prompt)
+  logits = lm(out[:, :-1])
+  np.testing.assert_array_equal(np.argmax(logits[:, 6:], -1), out[:, 7:])
+  # Compiled once per shape and setting: a second call reuses the program.
+  size = lm_module._generate._cache_size()
+  lm.generate(prompt, 9)
+  assert lm_module._generate._cache_size() == size
+
+
+def test_sampling_limits():
+  logits = jnp.asarray([[0.0, 3.0, 1.0, 2.0]] * 2000)
+  keys = jax.random.key(0)
+  assert np.all(Sampling(1.0, 1)(logits, keys) == 1)
+  picked = np.asarray(Sampling(1.0, 2)(logits, keys))
+  assert set(np.unique(picked)) == {1, 3}
+  # top_p=0.5: token 1 alone has 0.64 of the mass.
+  assert np.all(Sampling(1.0, None, 0.5)(logits, keys) == 1)
+  freq = np.bincount(np.asarray(Sampling(1.0)(logits, keys)), minlength=4)
+  expected = np.asarray(jax.nn.softmax(logits[0])) * 2000
+  assert np.all(np.abs(freq - expected) < 5 * np.sqrt(expected) + 5)
+
+
+def test_checkpoint_round_trip(tmp_path):
+  source = lm_checks.tiny_lm("gla", {"chunk_size": 8}, seed=0)
+  target = lm_checks.tiny_lm("gla", {"chunk_size": 8}, seed=1)
+  toks = lm_checks.tokens()
+  assert rel_rms(target(toks), source(toks)) > 0.1
+  save_params(str(tmp_path / "ckpt"), source)
+  restore_params(str(tmp_path / "ckpt"), target)
+  np.testing.assert_array_equal(target(toks), source(toks))
+  wider = lm_checks.tiny_lm("gla", {"chunk_size": 8}, d_model=48)
+  with pytest.raises(ValueError, match="does not fit"):
+    restore_params(str(tmp_path / "ckpt"), wider)
+
+
+class _LinenModel(nn.Module):
+  """A Linen model with a GLA layer inside, through ``nnx.bridge``."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(32)(x)
+    return h + bridge.to_linen(GLA, 32, 2, chunk_size=8, name="gla")(h)
+
+
+def test_linen_bridge_matches_the_nnx_layer():
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 20, 8)),
+                  jnp.float32)
+  model = _LinenModel()
+  variables = model.init(jax.random.key(0), x)
+  y = model.apply(variables, x)
+  params = nn.meta.unbox(variables["params"])
+  layer = GLA(32, 2, chunk_size=8, rngs=nnx.Rngs(5))
+  state = nnx.state(layer, nnx.Param)
+  nnx.replace_by_pure_dict(state, params["gla"])
+  nnx.update(layer, state)
+  h = x @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"]
+  assert rel_rms(y, h + layer(h)) < 1e-6
+  grads = jax.grad(lambda p: jnp.sum(model.apply({"params": p}, x) ** 2))(
+      variables["params"])
+  assert all(np.any(np.asarray(g) != 0) for g in
+             jax.tree.leaves(nn.meta.unbox(grads)))
