@@ -14,10 +14,7 @@ that file (replacing an earlier section for the same ops and shapes).
 from __future__ import annotations
 
 import os
-import re
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -25,6 +22,7 @@ from absl import app, flags  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from experiments.bench_utils import median_time, write_section  # noqa: E402
 from experiments.specs import all_specs  # noqa: E402
 from experiments.specs.base import Dims  # noqa: E402
 
@@ -42,16 +40,6 @@ flags.DEFINE_integer("max_parallel_length", 8192,
                      "Longest T for the parallel form (its memory is O(T^2)).")
 flags.DEFINE_integer("repeats", 3, "Timed runs per measurement.")
 flags.DEFINE_string("out", "", "Markdown file to write the table into.")
-
-
-def _timed(fn, args, repeats):
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
 
 
 def measure(spec, form_name, inputs, chunk_size, repeats):
@@ -76,7 +64,8 @@ def measure(spec, form_name, inputs, chunk_size, repeats):
   bwd = jax.jit(grad)
   mem_f = fwd.lower(*args).compile().memory_analysis().temp_size_in_bytes
   mem_b = bwd.lower(*args).compile().memory_analysis().temp_size_in_bytes
-  return (_timed(fwd, args, repeats), _timed(bwd, args, repeats), mem_f, mem_b)
+  return (median_time(fwd, args, repeats), median_time(bwd, args, repeats),
+          mem_f, mem_b)
 
 
 def _mib(n):
@@ -122,16 +111,7 @@ def main(argv):
 def _write_section(path, lines):
   key = (f"bench_forms ops={','.join(FLAGS.ops)} B={FLAGS.batch} "
          f"H={FLAGS.heads} K={FLAGS.dim_k} V={FLAGS.dim_v}")
-  begin, end = f"<!-- begin {key} -->", f"<!-- end {key} -->"
-  section = "\n".join([begin, *lines, end])
-  text = open(path).read() if os.path.exists(path) else "# Results\n"
-  pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
-  if pattern.search(text):
-    text = pattern.sub(lambda _: section, text)
-  else:
-    text = text.rstrip("\n") + "\n\n" + section + "\n"
-  with open(path, "w") as f:
-    f.write(text)
+  write_section(path, key, lines)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,37 @@
+"""Timing and results-file helpers shared by the benchmark scripts."""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import time
+
+import jax
+
+
+def median_time(fn, args, repeats: int) -> float:
+  """Median wall time of ``fn(*args)`` over ``repeats`` runs, after one
+  warm-up run (which compiles)."""
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def write_section(path: str, key: str, lines) -> None:
+  """Puts ``lines`` between ``<!-- begin key -->`` and ``<!-- end key -->``
+  in the markdown file ``path``, replacing an earlier section of that key."""
+  begin, end = f"<!-- begin {key} -->", f"<!-- end {key} -->"
+  section = "\n".join([begin, *lines, end])
+  text = open(path).read() if os.path.exists(path) else "# Results\n"
+  pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+  if pattern.search(text):
+    text = pattern.sub(lambda _: section, text)
+  else:
+    text = text.rstrip("\n") + "\n\n" + section + "\n"
+  with open(path, "w") as f:
+    f.write(text)
