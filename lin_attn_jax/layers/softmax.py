@@ -1,0 +1,268 @@
+"""Causal softmax attention layers: full, sliding window, Sparse Transformer.
+
+All three share one layer: ``q = x W_q`` with ``H`` heads, ``k = x W_k`` and
+``v = x W_v`` with ``Hkv`` heads (grouped-query attention, Ainslie et al.,
+2023, arXiv:2305.13245; ``Hkv = H`` is plain multi-head attention), head
+width ``D / H``, RoPE (Su et al., 2021, arXiv:2104.09864) on ``q`` and ``k``
+at absolute positions, ``o = softmax(q k^T / sqrt(D / H) + mask) v`` and
+``y = o W_o``. Projections have no bias and start LeCun normal (variance
+``1 / fan_in``; the papers fix no initialisation). Only the mask differs:
+causal (Vaswani et al., 2017), a sliding window (Beltagy et al., 2020), or a
+Sparse Transformer pattern (Child et al., 2019).
+
+The forms of every mode:
+
+- no cache, ``"chunk"``: the blockwise online-softmax op (never ``[T, T]``);
+- no cache, ``"parallel"``: the dense masked reference op;
+- ``"recurrent"``: a ``lax.scan`` of one-token KV-cache steps over a fresh
+  cache (or over the given one), the decoding path applied to every token;
+- with a cache, ``T > 1`` in ``"chunk"`` or ``"parallel"``: the new tokens
+  are appended with ``softmax_attn_extend`` (they see the cached entries and
+  each other); ``T = 1``: one step.
+
+The cache is a ``KVCache`` (keys after RoPE, values, and the position of
+every entry) in the dtype given to ``init_cache``; it holds ``max_len``
+entries, or ``window_size`` for the sliding window (a ring buffer). A full
+cache does not store tokens past ``max_len`` under ``jit`` (outside ``jit``
+the op raises), so build it for the whole length to be decoded.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lin_attn_jax.layers import modules
+from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.ops import (chunk_softmax_attn, init_kv_cache,
+                              parallel_softmax_attn, parallel_sparse_attn,
+                              softmax_attn_extend, softmax_attn_step,
+                              sparse_attn_reference)
+from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common.segments import reset_flags
+from lin_attn_jax.ops.softmax_attn.inputs import check_window
+from lin_attn_jax.ops.sparse_attn.patterns import check_pattern, pattern_mask
+
+
+def head_layout(d_model: int, n_heads: int, n_kv_heads) -> tuple[int, int]:
+  """``(Hkv, head_dim)`` after checking that the widths divide."""
+  n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+  for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f"{name} must be a positive int, got {value!r}")
+  if d_model % n_heads:
+    raise ValueError(f"d_model = {d_model} must divide into n_heads = "
+                     f"{n_heads}")
+  if n_heads % n_kv_heads:
+    raise ValueError(f"n_heads = {n_heads} must be a multiple of n_kv_heads "
+                     f"= {n_kv_heads} (each key/value head serves a group of "
+                     f"query heads)")
+  return n_kv_heads, d_model // n_heads
+
+
+class CausalAttention(Mixer):
+  """The shared layer; subclasses choose the mask (see the module docstring).
+
+  Args:
+    d_model: ``D``. n_heads: ``H``; the head width is ``D / H`` (even, for
+      RoPE).
+    n_kv_heads: ``Hkv``, key/value heads, a divisor of ``H``; None for
+      ``H``.
+    rope_base: base of the RoPE frequencies (10000).
+  """
+
+  # w of a sliding window (the cache is then a ring buffer), None for none.
+  window_size = None
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               n_kv_heads: int | None = None, rope_base: float = 10000.0,
+               dtype=jnp.float32, param_dtype=jnp.float32):
+    self.n_kv_heads, self.head_dim = head_layout(d_model, n_heads, n_kv_heads)
+    if self.head_dim % 2:
+      raise ValueError(f"RoPE needs an even head width, got d_model / n_heads "
+                       f"= {d_model} / {n_heads} = {self.head_dim}")
+    self.n_heads, self.rope_base = n_heads, rope_base
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    q_dim, kv_dim = n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+    self.q_proj = modules.dense(d_model, q_dim, **kw)
+    self.k_proj = modules.dense(d_model, kv_dim, **kw)
+    self.v_proj = modules.dense(d_model, kv_dim, **kw)
+    self.o_proj = modules.dense(q_dim, d_model, ("heads", "embed"), **kw)
+
+  @property
+  def mask_fn(self):
+    """``(i, j) -> bool`` on absolute positions, a pattern beyond causality
+    and the window (None for none)."""
+    return None
+
+  def attend(self, q, k, v, ctx: Context):
+    """``o [B, T, H, V]`` of a call without a cache in chunk or parallel
+    mode."""
+    raise NotImplementedError
+
+  def init_mixer_cache(self, batch_size, max_len, dtype):
+    return init_kv_cache(batch_size, self.n_kv_heads, self.head_dim,
+                         self.head_dim, max_length=max_len,
+                         window_size=self.window_size, dtype=dtype)
+
+  def step(self, q, k, v, cache, reset):
+    """One token: ``q [B, H, K]``, ``k [B, Hkv, K]``, ``v [B, Hkv, V]`` ->
+    ``(o [B, H, V], cache)``."""
+    if self.mask_fn is None:
+      return softmax_attn_step(q, k, v, cache, reset=reset)
+    o, cache = softmax_attn_extend(q[:, None], k[:, None], v[:, None], cache,
+                                   reset=reset, mask_fn=self.mask_fn)
+    return o[:, 0], cache
+
+  def token_by_token(self, q, k, v, cache, ctx: Context):
+    """``step`` scanned over T; a token resets where its document starts."""
+    b, t = q.shape[:2]
+    resets = reset_flags(ctx.segment_ids, b, t)                 # [B, T]
+    if ctx.restart is not None:
+      resets = resets.at[:, 0].set(ctx.restart)
+
+    def one_token(cache, xs):
+      q_t, k_t, v_t, reset_t = xs
+      o, cache = self.step(q_t, k_t, v_t, cache, reset_t)
+      return cache, o
+
+    xs = tuple(jnp.swapaxes(x, 0, 1) for x in (q, k, v, resets))
+    cache, o = jax.lax.scan(one_token, cache, xs)               # [T, B, H, V]
+    return jnp.swapaxes(o, 0, 1), cache
+
+  def mix(self, x, ctx: Context):
+    b, t, _ = x.shape
+    hd = self.head_dim
+    q = self.q_proj(x).reshape(b, t, self.n_heads, hd)          # [B, T, H, K]
+    k = self.k_proj(x).reshape(b, t, self.n_kv_heads, hd)       # [B, T, Hkv, K]
+    v = self.v_proj(x).reshape(b, t, self.n_kv_heads, hd)       # [B, T, Hkv, V]
+    q = modules.rotary(q, ctx.positions, self.rope_base)
+    k = modules.rotary(k, ctx.positions, self.rope_base)
+    cache = ctx.cache
+    if ctx.decoding:
+      o, cache = self.step(q[:, 0], k[:, 0], v[:, 0], cache, ctx.restart)
+      o = o[:, None]
+    elif ctx.mode == "recurrent":
+      fresh = cache is None
+      if fresh:
+        cache = self.init_mixer_cache(b, t, k.dtype)
+      o, cache = self.token_by_token(q, k, v, cache, ctx)
+      cache = None if fresh else cache
+    elif cache is not None:
+      o, cache = softmax_attn_extend(q, k, v, cache,
+                                     segment_ids=ctx.segment_ids,
+                                     reset=ctx.restart, mask_fn=self.mask_fn)
+    else:
+      o = self.attend(q, k, v, ctx)
+    y = self.o_proj(o.reshape(b, t, self.n_heads * hd))         # [B, T, D]
+    return y, cache
+
+
+class SoftmaxAttention(CausalAttention):
+  """Causal multi-head softmax attention (Vaswani et al., 2017,
+  arXiv:1706.03762) with RoPE and optional grouped key/value heads.
+
+  Args:
+    d_model, n_heads, n_kv_heads, rope_base: as in ``CausalAttention``.
+    block_size: query and key positions per block of the chunk form (speed
+      only).
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               n_kv_heads: int | None = None, rope_base: float = 10000.0,
+               block_size: int = 128, dtype=jnp.float32,
+               param_dtype=jnp.float32):
+    checks.check_chunk_size(block_size, "block_size")
+    super().__init__(d_model, n_heads, rngs=rngs, n_kv_heads=n_kv_heads,
+                     rope_base=rope_base, dtype=dtype, param_dtype=param_dtype)
+    self.block_size = block_size
+
+  def attend(self, q, k, v, ctx: Context):
+    if ctx.mode == "chunk":
+      return chunk_softmax_attn(q, k, v, window_size=self.window_size,
+                                segment_ids=ctx.segment_ids,
+                                block_size=self.block_size)
+    return parallel_softmax_attn(q, k, v, window_size=self.window_size,
+                                 segment_ids=ctx.segment_ids)
+
+
+class SlidingWindowAttention(SoftmaxAttention):
+  """Causal sliding-window softmax attention (Longformer's local attention,
+  Beltagy et al., 2020, arXiv:2004.05150): each token sees itself and the
+  ``window_size - 1`` tokens before it.
+
+  The cache is a ring buffer of ``window_size`` entries whatever ``max_len``
+  is, so a decoding step costs ``O(window_size)``. Longformer's global
+  tokens are not offered: the ring buffer forgets a global key once it
+  leaves the window, and a global query would need every earlier key, so
+  decoding with them would need a full cache.
+
+  Args:
+    d_model, n_heads, n_kv_heads, rope_base, block_size: as in
+      ``SoftmaxAttention``.
+    window_size: ``w`` (512).
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               window_size: int = 512, n_kv_heads: int | None = None,
+               rope_base: float = 10000.0, block_size: int = 128,
+               dtype=jnp.float32, param_dtype=jnp.float32):
+    if window_size is None:
+      raise ValueError("window_size must be an integer >= 1, got None (use "
+                       "softmax_attn for full attention)")
+    check_window(window_size)
+    super().__init__(d_model, n_heads, rngs=rngs, n_kv_heads=n_kv_heads,
+                     rope_base=rope_base, block_size=block_size, dtype=dtype,
+                     param_dtype=param_dtype)
+    self.window_size = int(window_size)
+
+
+class SparseAttention(CausalAttention):
+  """Sparse Transformer attention (Child et al., 2019, arXiv:1904.10509).
+
+  Each query attends to the union of the pattern's two sets (the paper's
+  merged head), causally: ``"strided"``, the previous ``stride`` positions
+  and every ``stride``-th position before; ``"fixed"``, the query's own block
+  of ``stride`` positions and the last ``summary_size`` positions of every
+  earlier block. The pattern is laid on absolute positions of the packed
+  stream (not restarted at document starts), and nothing crosses a
+  document. RoPE replaces the paper's learned position embeddings (the LM
+  has none). The cache is a full KV cache of ``max_len`` entries.
+
+  Args:
+    d_model, n_heads, n_kv_heads, rope_base: as in ``CausalAttention``.
+    pattern: ``"strided"`` or ``"fixed"``.
+    stride: ``l``, about ``sqrt(T)`` in the paper (128).
+    summary_size: ``c`` of the fixed pattern, in ``[1, stride]`` (8; the
+      paper uses 8 to 32 for ``l`` of 128 or 256).
+    block_size: positions per block of the block-sparse chunk form (speed
+      only).
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               pattern: str = "strided", stride: int = 128,
+               summary_size: int = 8, n_kv_heads: int | None = None,
+               rope_base: float = 10000.0, block_size: int = 64,
+               dtype=jnp.float32, param_dtype=jnp.float32):
+    check_pattern(pattern, stride, summary_size)
+    checks.check_chunk_size(block_size, "block_size")
+    super().__init__(d_model, n_heads, rngs=rngs, n_kv_heads=n_kv_heads,
+                     rope_base=rope_base, dtype=dtype, param_dtype=param_dtype)
+    self.pattern, self.stride = pattern, stride
+    self.summary_size, self.block_size = summary_size, block_size
+
+  @property
+  def mask_fn(self):
+    return functools.partial(pattern_mask, pattern=self.pattern,
+                             stride=self.stride,
+                             summary_size=self.summary_size, causal=True)
+
+  def attend(self, q, k, v, ctx: Context):
+    kw = dict(pattern=self.pattern, stride=self.stride,
+              summary_size=self.summary_size, segment_ids=ctx.segment_ids)
+    if ctx.mode == "chunk":
+      return parallel_sparse_attn(q, k, v, block_size=self.block_size, **kw)
+    return sparse_attn_reference(q, k, v, **kw)
