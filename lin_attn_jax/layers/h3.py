@@ -5,7 +5,10 @@
 shifted keys and the values, ``kv_t = shift(k)_t v_t^T`` (``[d_h, d_h]``),
 goes through a diagonal SSM (S4D) of each of its ``d_h^2`` entries with the
 head's parameters; the output is ``o_t = q_t^T kv'_t`` per head, then
-``o W_o`` (section 3.3, multi-head H3).
+``o W_o`` (the paper's multi-head H3).
+
+Letters: b batch, t time, h head, k and v the key and value channels of a
+head (``K = V = d_h``).
 """
 
 from __future__ import annotations
@@ -124,7 +127,7 @@ class H3(Mixer):
     def per_channel(p):
       return jnp.repeat(p[...].astype(jnp.float32), entries, axis=0)
 
-    a_real = -jnp.exp(per_channel(self.log_A_real))             # [H d_h^2, M]
+    a_real = -jnp.exp(per_channel(self.log_A_real))        # [H K V, M]
     return (per_channel(self.log_dt), a_real, per_channel(self.A_imag),
             per_channel(self.B), per_channel(self.C), per_channel(self.D))
 
@@ -132,9 +135,9 @@ class H3(Mixer):
     b, t, d_model = x.shape
     h, d_h = self.n_heads, self.head_dim
     cache = ctx.cache
-    q = self.q_proj(x).reshape(b, t, h, d_h)                    # [B, T, H, d]
-    k = self.k_proj(x)                                          # [B, T, D]
-    v = self.v_proj(x).reshape(b, t, h, d_h)                    # [B, T, H, d]
+    q = self.q_proj(x).reshape(b, t, h, d_h)               # [B, T, H, K]
+    k = self.k_proj(x)                                     # [B, T, D]
+    v = self.v_proj(x).reshape(b, t, h, d_h)               # [B, T, H, V]
     s4d = self._s4d_params()
     shift = (self.shift_C[...], self.shift_D[...])
     if ctx.decoding:
@@ -149,9 +152,9 @@ class H3(Mixer):
           k, shift[0], D=shift[1],
           initial_state=None if cache is None else ctx.carried(cache["shift"]),
           output_final_state=cache is not None, segment_ids=ctx.segment_ids)
-    k = k.reshape(b, t, h, d_h)                                 # [B, T, H, d]
-    kv = jnp.einsum("bthi,bthj->bthij", k, v)                   # [B, T, H, d, d]
-    kv = kv.reshape(b, t, h * d_h * d_h)                        # [B, T, H d d]
+    k = k.reshape(b, t, h, d_h)                            # [B, T, H, K]
+    kv = jnp.einsum("bthk,bthv->bthkv", k, v)              # [B, T, H, K, V]
+    kv = kv.reshape(b, t, h * d_h * d_h)                   # [B, T, H K V]
     if ctx.decoding:
       y, s4d_state = s4d_step(kv[:, 0], *s4d[:5], cache["s4d"], D=s4d[5],
                               reset=ctx.restart)
@@ -164,8 +167,8 @@ class H3(Mixer):
           kv, *s4d[:5], D=s4d[5],
           initial_state=None if cache is None else ctx.carried(cache["s4d"]),
           output_final_state=cache is not None, segment_ids=ctx.segment_ids)
-    y = y.reshape(b, t, h, d_h, d_h)                            # [B, T, H, d, d]
-    o = jnp.einsum("bthi,bthij->bthj", q, y)                    # [B, T, H, d]
+    y = y.reshape(b, t, h, d_h, d_h)                       # [B, T, H, K, V]
+    o = jnp.einsum("bthk,bthkv->bthv", q, y)               # [B, T, H, V]
     o = self.o_proj(o.reshape(b, t, d_model))
     if cache is None:
       return o, None

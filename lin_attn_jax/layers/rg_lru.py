@@ -57,7 +57,8 @@ class BlockDiagonalDense(nnx.Module):
   def __call__(self, x):
     """``x: [B, T, W]`` -> ``[B, T, W]``."""
     b, t, _ = x.shape
-    x = x.astype(self.dtype).reshape(b, t, self.n_heads, self.block)
+    x = x.astype(self.dtype).reshape(b, t, self.n_heads,
+                                     self.block)                # [B, T, H, W/H]
     y = jnp.einsum("bthi,hij->bthj", x,
                    self.kernel[...].astype(self.dtype))         # [B, T, H, W/H]
     y = y + self.bias[...].astype(self.dtype)
@@ -81,7 +82,8 @@ class RGLRU(Mixer):
     d_model: ``D``. n_heads: ``H``, the blocks of the gates.
     lru_width: ``W``, the width of the recurrence, or None for ``expand *
       D`` rounded up to a multiple of ``H``.
-    expand: ``W / D`` when ``lru_width`` is None (4/3, the paper's choice).
+    expand: ``W / D`` when ``lru_width`` is None (4/3, about the ratio of
+      the paper's models).
     conv_width: taps of the short convolution (4).
     c: the constant of the recurrence gate's exponent (8).
     a_min, a_max: range of ``a^c`` at initialisation (0.9, 0.999).
