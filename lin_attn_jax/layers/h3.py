@@ -1,0 +1,175 @@
+"""H3, Hungry Hungry Hippos (Fu et al., 2023, arXiv:2212.14052).
+
+``q, k, v = x W_q, x W_k, x W_v``; the shift SSM runs over every channel of
+``k``; per head (``H`` heads of ``d_h = D / H``) the outer product of the
+shifted keys and the values, ``kv_t = shift(k)_t v_t^T`` (``[d_h, d_h]``),
+goes through a diagonal SSM (S4D) of each of its ``d_h^2`` entries with the
+head's parameters; the output is ``o_t = q_t^T kv'_t`` per head, then
+``o W_o`` (the paper's multi-head H3).
+
+Letters: b batch, t time, h head, k and v the key and value channels of a
+head (``K = V = d_h``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from flax import nnx
+
+from lin_attn_jax.layers import modules
+from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.ops import (chunk_shift_ssm, fft_conv_s4d, parallel_s4d,
+                              parallel_shift_ssm, recurrent_s4d,
+                              recurrent_shift_ssm, s4d_step, shift_ssm_step)
+from lin_attn_jax.ops.conv import MAX_WIDTH
+
+
+class H3(Mixer):
+  """Multi-head H3: ``q * S4D(shift_ssm(k) v^T)`` per head.
+
+  Forms of the two SSMs per mode:
+
+  - ``"chunk"``: the shift SSM's chunk form; S4D as an FFT convolution
+    (``fft_conv_s4d``, what H3 trains with) when there are no segment ids,
+    and its parallel form (an associative scan) when there are, since a
+    convolution of packed documents cannot reset at their boundaries;
+  - ``"parallel"``: both parallel forms; ``"recurrent"``: both scans;
+  - decoding: both step forms.
+
+  Initialisation as in the paper's reference: the shift SSM's taps ``C`` and
+  skip standard normal per channel; S4D-Lin per head (Gu et al. 2022,
+  arXiv:2206.11893): ``A_n = -1/2 + i pi n`` for the ``d_state / 2``
+  complex modes (the real part stored as ``log(1/2)`` and read as
+  ``-exp``, so it stays negative), ``B = 1``, ``C`` complex standard normal
+  (variance 1/2 per part), the step ``dt`` log-uniform in ``[dt_min,
+  dt_max]``, the skip ``D`` standard normal; projections LeCun normal with
+  zero biases.
+
+  Args:
+    d_model: ``D``. n_heads: ``H``; the head dimension is ``d_h = D / H``
+      (the state of S4D holds ``H d_h^2`` channels).
+    d_state: real state size of S4D per channel, even: ``d_state / 2``
+      complex modes in conjugate pairs (64).
+    shift_size: state size (taps) of the shift SSM, 2 to 64 (64).
+    dt_min, dt_max: range of S4D's initial time step (1e-3, 1e-1).
+    bias: the projections have biases (True).
+    chunk_size: chunk length of the shift SSM's chunk form (speed only).
+
+  Cache: ``{"shift": [B, shift_size - 1, D], "s4d": [B, H d_h^2,
+  d_state / 2, 2]}`` float32 (the last keys, and the complex S4D states as
+  real and imaginary parts).
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               d_state: int = 64, shift_size: int = 64, dt_min: float = 1e-3,
+               dt_max: float = 1e-1, bias: bool = True, chunk_size: int = 64,
+               dtype=jnp.float32, param_dtype=jnp.float32):
+    if n_heads < 1 or d_model % n_heads:
+      raise ValueError(f"d_model = {d_model} must divide into n_heads = "
+                       f"{n_heads}")
+    if d_state < 2 or d_state % 2:
+      raise ValueError(f"d_state must be even and >= 2 (complex modes come "
+                       f"in conjugate pairs), got {d_state}")
+    if not 2 <= shift_size <= MAX_WIDTH:
+      raise ValueError(f"shift_size must be in [2, {MAX_WIDTH}], got "
+                       f"{shift_size}")
+    if not 0 < dt_min <= dt_max:
+      raise ValueError(f"need 0 < dt_min <= dt_max, got dt_min = {dt_min}, "
+                       f"dt_max = {dt_max}")
+    self.n_heads, self.head_dim = n_heads, d_model // n_heads
+    self.modes, self.shift_size = d_state // 2, shift_size
+    self.chunk_size = chunk_size
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.q_proj = modules.dense(d_model, d_model, use_bias=bias, **kw)
+    self.k_proj = modules.dense(d_model, d_model, use_bias=bias, **kw)
+    self.v_proj = modules.dense(d_model, d_model, use_bias=bias, **kw)
+    normal = nnx.initializers.normal(1.0)
+    self.shift_C = modules.param(rngs, normal, (d_model, shift_size),
+                                 ("heads", "state"), param_dtype)
+    self.shift_D = modules.param(rngs, normal, (d_model,), ("heads",),
+                                 param_dtype)
+    heads_modes = (n_heads, self.modes)
+    self.log_dt = modules.param(
+        rngs, modules.uniform_init(math.log(dt_min), math.log(dt_max)),
+        (n_heads,), ("heads",), param_dtype)
+    self.log_A_real = modules.param(rngs, modules.constant_init(math.log(0.5)),
+                                    heads_modes, ("heads", "state"),
+                                    param_dtype)
+    self.A_imag = modules.param(
+        rngs, modules.constant_init(
+            math.pi * jnp.arange(self.modes, dtype=jnp.float32)),
+        heads_modes, ("heads", "state"), param_dtype)
+    self.B = modules.param(rngs, modules.constant_init(jnp.array([1.0, 0.0])),
+                           heads_modes + (2,), ("heads", "state", None),
+                           param_dtype)
+    self.C = modules.param(rngs, nnx.initializers.normal(math.sqrt(0.5)),
+                           heads_modes + (2,), ("heads", "state", None),
+                           param_dtype)
+    self.D = modules.param(rngs, normal, (n_heads,), ("heads",), param_dtype)
+    self.o_proj = modules.dense(d_model, d_model, ("heads", "embed"),
+                                use_bias=bias, **kw)
+
+  def init_mixer_cache(self, batch_size, max_len, dtype):
+    del max_len, dtype
+    d_model = self.n_heads * self.head_dim
+    return {"shift": jnp.zeros((batch_size, self.shift_size - 1, d_model),
+                               jnp.float32),
+            "s4d": jnp.zeros((batch_size, d_model * self.head_dim,
+                              self.modes, 2), jnp.float32)}
+
+  def _s4d_params(self):
+    """S4D's parameters per channel of ``kv`` (each head's, repeated over
+    its ``d_h^2`` entries): ``(log_dt, A_real, A_imag, B, C, D)``."""
+    entries = self.head_dim ** 2
+
+    def per_channel(p):
+      return jnp.repeat(p[...].astype(jnp.float32), entries, axis=0)
+
+    a_real = -jnp.exp(per_channel(self.log_A_real))        # [H K V, M]
+    return (per_channel(self.log_dt), a_real, per_channel(self.A_imag),
+            per_channel(self.B), per_channel(self.C), per_channel(self.D))
+
+  def mix(self, x, ctx: Context):
+    b, t, d_model = x.shape
+    h, d_h = self.n_heads, self.head_dim
+    cache = ctx.cache
+    q = self.q_proj(x).reshape(b, t, h, d_h)               # [B, T, H, K]
+    k = self.k_proj(x)                                     # [B, T, D]
+    v = self.v_proj(x).reshape(b, t, h, d_h)               # [B, T, H, V]
+    s4d = self._s4d_params()
+    shift = (self.shift_C[...], self.shift_D[...])
+    if ctx.decoding:
+      k, shift_state = shift_ssm_step(k[:, 0], shift[0], cache["shift"],
+                                      D=shift[1], reset=ctx.restart)
+      k = k[:, None]
+    else:
+      form = ctx.pick(chunk=lambda *a, **kw: chunk_shift_ssm(
+          *a, chunk_size=self.chunk_size, **kw), parallel=parallel_shift_ssm,
+                      recurrent=recurrent_shift_ssm)
+      k, shift_state = form(
+          k, shift[0], D=shift[1],
+          initial_state=None if cache is None else ctx.carried(cache["shift"]),
+          output_final_state=cache is not None, segment_ids=ctx.segment_ids)
+    k = k.reshape(b, t, h, d_h)                            # [B, T, H, K]
+    kv = jnp.einsum("bthk,bthv->bthkv", k, v)              # [B, T, H, K, V]
+    kv = kv.reshape(b, t, h * d_h * d_h)                   # [B, T, H K V]
+    if ctx.decoding:
+      y, s4d_state = s4d_step(kv[:, 0], *s4d[:5], cache["s4d"], D=s4d[5],
+                              reset=ctx.restart)
+      y = y[:, None]
+    else:
+      chunk_form = fft_conv_s4d if ctx.segment_ids is None else parallel_s4d
+      form = ctx.pick(chunk=chunk_form, parallel=parallel_s4d,
+                      recurrent=recurrent_s4d)
+      y, s4d_state = form(
+          kv, *s4d[:5], D=s4d[5],
+          initial_state=None if cache is None else ctx.carried(cache["s4d"]),
+          output_final_state=cache is not None, segment_ids=ctx.segment_ids)
+    y = y.reshape(b, t, h, d_h, d_h)                       # [B, T, H, K, V]
+    o = jnp.einsum("bthk,bthkv->bthv", q, y)               # [B, T, H, V]
+    o = self.o_proj(o.reshape(b, t, d_model))
+    if cache is None:
+      return o, None
+    return o, {"shift": shift_state, "s4d": s4d_state}

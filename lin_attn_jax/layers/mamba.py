@@ -1,0 +1,163 @@
+"""Mamba block (Gu & Dao, 2023, arXiv:2312.00752), on the selective scan.
+
+``x, z = x W_in`` (each of width ``E = expand * D``); ``x`` goes through a
+causal depthwise convolution of ``d_conv`` taps and SiLU; ``x W_x`` gives the
+low-rank time step and the input-dependent ``B, C`` (``d_state`` each); the
+time step is projected back to ``E`` channels, ``dt = softplus(dt W_dt +
+b_dt)``; the selective scan with ``A = -exp(A_log)`` and the skip ``D`` is
+gated by ``silu(z)`` and projected back to ``D``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lin_attn_jax.layers import modules
+from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.ops import (chunk_selective_scan, parallel_selective_scan,
+                              recurrent_selective_scan, selective_scan_step)
+
+
+def dt_bias_init(dt_min: float, dt_max: float, floor: float):
+  """The time-step bias of Mamba and Mamba-2: ``softplus(bias)`` is drawn
+  log-uniformly in ``[dt_min, dt_max]`` and clamped below at ``floor``.
+
+  The inverse of softplus is ``dt + log(-expm1(-dt))``, exact for small dt.
+  """
+
+  def init(key, shape, dtype=jnp.float32):
+    log_dt = jax.random.uniform(key, shape, jnp.float32, math.log(dt_min),
+                                math.log(dt_max))
+    dt = jnp.maximum(jnp.exp(log_dt), floor)
+    return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
+
+  return init
+
+
+def check_dt_range(dt_min: float, dt_max: float, floor: float) -> None:
+  if not 0 < dt_min <= dt_max:
+    raise ValueError(f"need 0 < dt_min <= dt_max, got dt_min = {dt_min}, "
+                     f"dt_max = {dt_max}")
+  if floor <= 0:
+    raise ValueError(f"dt_init_floor must be > 0, got {floor}")
+
+
+def inner_width(d_model: int, expand: float) -> int:
+  width = int(expand * d_model)
+  if width < 1 or width != expand * d_model:
+    raise ValueError(f"expand * d_model must be a positive integer, got "
+                     f"{expand} * {d_model}")
+  return width
+
+
+class Mamba(Mixer):
+  """The Mamba (S6) block.
+
+  ``n_heads`` has no role in Mamba-1 (every channel has its own SSM); it is
+  accepted for the common constructor and ignored.
+
+  Initialisation as in the paper's reference: ``A_log[d, n] = log(n + 1)``
+  (S4D-Real, ``A = -(1, ..., N)`` in every channel), ``D = 1``; the time-step
+  projection's weight uniform in ``+-dt_scale * dt_rank ** -0.5`` and its bias
+  the inverse softplus of a time step drawn log-uniformly in ``[dt_min,
+  dt_max]`` (clamped at ``dt_init_floor``); the other projections LeCun
+  normal and the convolution as in ``modules.ShortConv``.
+
+  Args:
+    d_model: ``D``. n_heads: ignored (see above).
+    d_state: ``N``, the state size per channel (16).
+    d_conv: taps of the short convolution (4).
+    expand: inner width ``E = expand * D`` (2).
+    dt_rank: rank of the time-step projection, or ``"auto"`` for
+      ``ceil(D / 16)``.
+    dt_min, dt_max, dt_init_floor, dt_scale: time-step initialisation
+      (1e-3, 1e-1, 1e-4, 1).
+    conv_bias: the convolution has a bias (True).
+    bias: the input and output projections have biases (False).
+    chunk_size: tokens between saved states in the chunk form (speed only).
+
+  Cache: ``{"conv": [B, d_conv - 1, E], "ssm": [B, E, N]}``, float32.
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               d_state: int = 16, d_conv: int = 4, expand: float = 2,
+               dt_rank: int | str = "auto", dt_min: float = 1e-3,
+               dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
+               dt_scale: float = 1.0, conv_bias: bool = True,
+               bias: bool = False, chunk_size: int = 128, dtype=jnp.float32,
+               param_dtype=jnp.float32):
+    del n_heads
+    width = inner_width(d_model, expand)
+    if dt_rank == "auto":
+      dt_rank = math.ceil(d_model / 16)
+    if not isinstance(dt_rank, int) or dt_rank < 1:
+      raise ValueError(f"dt_rank must be a positive int or 'auto', got "
+                       f"{dt_rank!r}")
+    if d_state < 1 or d_conv < 1:
+      raise ValueError(f"d_state and d_conv must be >= 1, got {d_state} and "
+                       f"{d_conv}")
+    check_dt_range(dt_min, dt_max, dt_init_floor)
+    self.width, self.d_state, self.dt_rank = width, d_state, dt_rank
+    self.chunk_size = chunk_size
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.in_proj = modules.dense(d_model, 2 * width, use_bias=bias, **kw)
+    self.conv = modules.ShortConv(width, d_conv, rngs=rngs, activation="silu",
+                                  use_bias=conv_bias, param_dtype=param_dtype)
+    self.x_proj = modules.dense(width, dt_rank + 2 * d_state, ("heads", None),
+                                **kw)
+    bound = dt_scale * dt_rank ** -0.5
+    self.dt_proj = modules.dense(dt_rank, width, ("rank", "heads"),
+                                 kernel_init=modules.uniform_init(-bound,
+                                                                  bound), **kw)
+    self.dt_bias = modules.param(
+        rngs, dt_bias_init(dt_min, dt_max, dt_init_floor), (width,),
+        ("heads",), param_dtype)
+    a_log = jnp.log(jnp.arange(1, d_state + 1, dtype=jnp.float32))
+    self.A_log = modules.param(rngs, modules.constant_init(a_log),
+                               (width, d_state), ("heads", "state"),
+                               param_dtype)
+    self.D = modules.param(rngs, nnx.initializers.ones_init(), (width,),
+                           ("heads",), param_dtype)
+    self.out_proj = modules.dense(width, d_model, ("heads", "embed"),
+                                  use_bias=bias, **kw)
+
+  def init_mixer_cache(self, batch_size, max_len, dtype):
+    del max_len, dtype
+    return {"conv": self.conv.init_state(batch_size),
+            "ssm": jnp.zeros((batch_size, self.width, self.d_state),
+                             jnp.float32)}
+
+  def mix(self, x, ctx: Context):
+    cache = ctx.cache
+    u, z = jnp.split(self.in_proj(x), 2, axis=-1)               # [B, T, E]
+    u, conv_state = self.conv(u, ctx, None if cache is None else cache["conv"])
+    delta, B, C = jnp.split(self.x_proj(u),
+                            [self.dt_rank, self.dt_rank + self.d_state],
+                            axis=-1)                            # [B, T, R|N|N]
+    delta = self.dt_proj(delta)                                 # [B, T, E]
+    A = -jnp.exp(self.A_log[...].astype(jnp.float32))           # [E, N]
+    params = dict(D=self.D[...], delta_bias=self.dt_bias[...],
+                  delta_softplus=True)
+    if ctx.decoding:
+      y, ssm_state = selective_scan_step(
+          u[:, 0], delta[:, 0], A, B[:, 0], C[:, 0], cache["ssm"],
+          z=z[:, 0], reset=ctx.restart, **params)
+      y = y[:, None]
+    else:
+      form = ctx.pick(chunk=lambda *a, **kw: chunk_selective_scan(
+          *a, chunk_size=self.chunk_size, **kw),
+                      parallel=parallel_selective_scan,
+                      recurrent=recurrent_selective_scan)
+      y, ssm_state = form(
+          u, delta, A, B, C, z=z,
+          initial_state=None if cache is None else ctx.carried(cache["ssm"]),
+          output_final_state=cache is not None, segment_ids=ctx.segment_ids,
+          **params)
+    y = self.out_proj(y)
+    if cache is None:
+      return y, None
+    return y, {"conv": conv_state, "ssm": ssm_state}

@@ -1,0 +1,147 @@
+"""Mamba-2 block (Dao & Gu, 2024, arXiv:2405.21060), on SSD.
+
+One input projection gives ``z`` (width ``E = expand * D``), ``x`` (width
+``E``, ``H`` heads of ``P = E / H``), ``B, C`` (``G`` groups of ``d_state``)
+and the time step (one per head). ``x, B, C`` go together through a causal
+depthwise convolution and SiLU; SSD with a scalar decay ``exp(dt A)`` per
+head and the skip ``D x`` follows, then the gated RMSNorm ``norm(y *
+silu(z))`` and the output projection.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+from lin_attn_jax.layers import modules
+from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.mamba import check_dt_range, dt_bias_init, inner_width
+from lin_attn_jax.ops import chunk_ssd, parallel_ssd, recurrent_ssd, ssd_step
+
+
+def _log_uniform_a(low: float, high: float):
+  """``A_log = log(A)`` with ``A`` uniform in ``[low, high]``."""
+
+  def init(key, shape, dtype=jnp.float32):
+    a = modules.uniform_init(low, high)(key, shape, jnp.float32)
+    return jnp.log(a).astype(dtype)
+
+  return init
+
+
+class Mamba2(Mixer):
+  """The Mamba-2 block.
+
+  The output norm is the reference's gated RMSNorm, ``rms_norm(y *
+  silu(z))`` over each group's ``E / G`` channels (the full width with one
+  group, as in the paper), computed by ``modules.HeadNorm`` with one "head"
+  per group and ``gate_first=True``.
+
+  Initialisation as in the paper's reference: ``A`` uniform in
+  ``A_init_range`` per head (stored as ``A_log = log A``, the decay is
+  ``exp(-dt exp(A_log))``), ``dt_bias`` the inverse softplus of a time step
+  drawn log-uniformly in ``[dt_min, dt_max]`` (clamped at ``dt_init_floor``),
+  ``D = 1``, the norm's scale 1; projections LeCun normal and the
+  convolution as in ``modules.ShortConv``.
+
+  Args:
+    d_model: ``D``. n_heads: ``H``; the head dimension is ``P = E / H``.
+    d_state: ``N``, the state size per head (64).
+    d_conv: taps of the short convolution (4).
+    expand: inner width ``E = expand * D`` (2).
+    n_groups: ``G``, groups of heads sharing ``B`` and ``C`` (1).
+    A_init_range: range of the uniform draw of ``A`` ((1, 16)).
+    dt_min, dt_max, dt_init_floor: time-step initialisation (1e-3, 1e-1,
+      1e-4).
+    conv_bias: the convolution has a bias (True).
+    bias: the input and output projections have biases (False).
+    norm_eps: epsilon of the gated RMSNorm (1e-5).
+    chunk_size: chunk length of the chunk form (speed only).
+
+  Cache: ``{"conv": [B, d_conv - 1, E + 2 G N], "ssm": [B, H, N, P]}``,
+  float32.
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               d_state: int = 64, d_conv: int = 4, expand: float = 2,
+               n_groups: int = 1, A_init_range: tuple[float, float] = (1, 16),
+               dt_min: float = 1e-3, dt_max: float = 1e-1,
+               dt_init_floor: float = 1e-4, conv_bias: bool = True,
+               bias: bool = False, norm_eps: float = 1e-5,
+               chunk_size: int = 64, dtype=jnp.float32,
+               param_dtype=jnp.float32):
+    width = inner_width(d_model, expand)
+    if n_heads < 1 or width % n_heads:
+      raise ValueError(f"the inner width expand * d_model = {width} must "
+                       f"divide into n_heads = {n_heads}")
+    if n_groups < 1 or n_heads % n_groups:
+      raise ValueError(f"n_groups = {n_groups} must divide n_heads = "
+                       f"{n_heads}")
+    if d_state < 1 or d_conv < 1:
+      raise ValueError(f"d_state and d_conv must be >= 1, got {d_state} and "
+                       f"{d_conv}")
+    a_low, a_high = A_init_range
+    if not 0 < a_low <= a_high:
+      raise ValueError(f"A_init_range must satisfy 0 < low <= high, got "
+                       f"{A_init_range}")
+    check_dt_range(dt_min, dt_max, dt_init_floor)
+    self.width, self.n_heads, self.head_dim = width, n_heads, width // n_heads
+    self.d_state, self.n_groups, self.chunk_size = d_state, n_groups, chunk_size
+    conv_width = width + 2 * n_groups * d_state
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.in_proj = modules.dense(d_model, width + conv_width + n_heads,
+                                 use_bias=bias, **kw)
+    self.conv = modules.ShortConv(conv_width, d_conv, rngs=rngs,
+                                  activation="silu", use_bias=conv_bias,
+                                  param_dtype=param_dtype)
+    self.dt_bias = modules.param(
+        rngs, dt_bias_init(dt_min, dt_max, dt_init_floor), (n_heads,),
+        ("heads",), param_dtype)
+    self.A_log = modules.param(rngs, _log_uniform_a(a_low, a_high),
+                               (n_heads,), ("heads",), param_dtype)
+    self.D = modules.param(rngs, nnx.initializers.ones_init(), (n_heads,),
+                           ("heads",), param_dtype)
+    self.norm = modules.HeadNorm(n_groups, width // n_groups, rngs=rngs,
+                                 eps=norm_eps, gate_first=True,
+                                 param_dtype=param_dtype)
+    self.out_proj = modules.dense(width, d_model, ("heads", "embed"),
+                                  use_bias=bias, **kw)
+
+  def init_mixer_cache(self, batch_size, max_len, dtype):
+    del max_len, dtype
+    return {"conv": self.conv.init_state(batch_size),
+            "ssm": jnp.zeros((batch_size, self.n_heads, self.d_state,
+                              self.head_dim), jnp.float32)}
+
+  def mix(self, x, ctx: Context):
+    b, t, _ = x.shape
+    e, h, g, n = self.width, self.n_heads, self.n_groups, self.d_state
+    cache = ctx.cache
+    z, xbc, dt = jnp.split(self.in_proj(x), [e, 2 * e + 2 * g * n],
+                           axis=-1)                    # [B, T, E|E+2GN|H]
+    xbc, conv_state = self.conv(xbc, ctx,
+                                None if cache is None else cache["conv"])
+    xs, B, C = jnp.split(xbc, [e, e + g * n], axis=-1)
+    xs = xs.reshape(b, t, h, self.head_dim)                     # [B, T, H, P]
+    B = B.reshape(b, t, g, n)                                   # [B, T, G, N]
+    C = C.reshape(b, t, g, n)                                   # [B, T, G, N]
+    A = -jnp.exp(self.A_log[...].astype(jnp.float32))           # [H]
+    params = dict(D=self.D[...], dt_bias=self.dt_bias[...], dt_softplus=True)
+    if ctx.decoding:
+      y, ssm_state = ssd_step(xs[:, 0], dt[:, 0], A, B[:, 0], C[:, 0],
+                              cache["ssm"], reset=ctx.restart, **params)
+      y = y[:, None]
+    else:
+      form = ctx.pick(chunk=lambda *a, **kw: chunk_ssd(
+          *a, chunk_size=self.chunk_size, **kw), parallel=parallel_ssd,
+                      recurrent=recurrent_ssd)
+      y, ssm_state = form(
+          xs, dt, A, B, C,
+          initial_state=None if cache is None else ctx.carried(cache["ssm"]),
+          output_final_state=cache is not None, segment_ids=ctx.segment_ids,
+          **params)
+    y = y.reshape(b, t, g, e // g)                              # [B, T, G, E/G]
+    y = self.out_proj(self.norm(y, z))
+    if cache is None:
+      return y, None
+    return y, {"conv": conv_state, "ssm": ssm_state}
