@@ -10,7 +10,8 @@ with the number of cached keys. The cache size is exact (bytes of its
 arrays).
 
   python experiments/bench_decode.py --out=benchmarks/RESULTS.md
-  python experiments/bench_decode.py --mixers=gla,softmax_attn --contexts=512,8192
+  python experiments/bench_decode.py --mixers=gla,softmax_attn \
+      --contexts=512,8192
 """
 
 from __future__ import annotations

@@ -106,7 +106,10 @@ class HeadNorm(nnx.Module):
                        (heads * head_dim,), ("heads",), param_dtype)
 
   def __call__(self, x, gate=None):
-    """``x: [B, T, H, V]``, ``gate: [B, T, H * V]`` or None -> ``[B, T, H * V]``."""
+    """``x: [B, T, H, V]``, ``gate: [B, T, H * V]`` or None.
+
+    Returns ``[B, T, H * V]`` in x's dtype.
+    """
     b, t = x.shape[:2]
     dtype = x.dtype
     x = x.astype(jnp.float32)
@@ -173,7 +176,8 @@ def rotary(x, positions, base: float = 10000.0):
   if dim % 2:
     raise ValueError(f"rotary needs an even head dimension, got {dim}")
   freq = base ** (-jnp.arange(0, dim // 2, dtype=jnp.float32) * 2 / dim)
-  angle = positions.astype(jnp.float32)[..., None, None] * freq  # [B, T, 1, K/2]
+  angle = positions.astype(jnp.float32)[..., None, None] * freq
+  # angle: [B, T, 1, K/2]
   cos, sin = jnp.cos(angle), jnp.sin(angle)
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
