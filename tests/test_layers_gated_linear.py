@@ -91,18 +91,18 @@ def test_cache_holds_only_decoding_state(name):
                                                                  nnx.Param)))
 
 
-@pytest.mark.parametrize("name, options", [
-    ("linear_attn", {"feature_map": "identity"}),
-    ("linear_attn", {"feature_map": "softplus"}),
-    ("performer", {"nb_features": 0}),
-    ("based", {"window_size": 0}),
-    ("based", {"feature_dim": 0}),
-    ("retnet", {"expand_v": 1.1}),
-    ("hgrn2", {"lower_bound": 1.0}),
-    ("hgrn2", {"expand_ratio": 0}),
+@pytest.mark.parametrize("name, options, message", [
+    ("linear_attn", {"feature_map": "identity"}, "positive features"),
+    ("linear_attn", {"feature_map": "softplus"}, "feature_map must be"),
+    ("performer", {"nb_features": 0}, "nb_features"),
+    ("based", {"window_size": 0}, "window_size"),
+    ("based", {"feature_dim": 0}, "feature_dim"),
+    ("retnet", {"expand_v": 1.1}, "expand_v"),
+    ("hgrn2", {"lower_bound": 1.0}, "lower_bound"),
+    ("hgrn2", {"expand_ratio": 0}, "expand_ratio"),
 ])
-def test_bad_options_raise(name, options):
-  with pytest.raises(ValueError):
+def test_bad_options_raise(name, options, message):
+  with pytest.raises(ValueError, match=message):
     MIXERS[name](32, 2, rngs=nnx.Rngs(0), **options)
 
 
@@ -125,6 +125,38 @@ def _outputs(layer, x, modes=("chunk",)):
   return [np.asarray(y, np.float64) for y in _apply(graphdef, modes, state, x)]
 
 
+@functools.partial(jax.jit, static_argnums=0,
+                   compiler_options=lm_checks.FAST_COMPILE)
+def _prefill_each_mode(graphdef, state, cache, x, segment_ids):
+  """Two cached prefills (8 tokens, then the rest) in every mode."""
+  layer = nnx.merge(graphdef, state)
+  out = {}
+  for mode in ("chunk", "parallel", "recurrent"):
+    y1, c = layer(x[:, :8], segment_ids=segment_ids[:, :8], mode=mode,
+                  cache=cache)
+    y2, c = layer(x[:, 8:], segment_ids=segment_ids[:, 8:], mode=mode,
+                  cache=c)
+    out[mode] = (jnp.concatenate([y1, y2], axis=1), c)
+  return out
+
+
+def test_based_cached_prefill_agrees_across_modes():
+  # The window branch continues from its KV cache by one softmax_attn_extend
+  # per call (chunk, parallel) or by a step per token (recurrent); the other
+  # mixers pass their cache to the op forms as initial_state in every mode.
+  layer = Based(32, 2, rngs=nnx.Rngs(0), **MIXER_OPTIONS["based"])
+  graphdef, state = nnx.split(layer)
+  segment_ids = jnp.asarray(lm_checks.SEGMENT_IDS[:, :13])
+  out = _prefill_each_mode(graphdef, state, layer.init_cache(2, 13),
+                           _x((2, 13, 32)), segment_ids)
+  y, cache = out["chunk"]
+  for mode in ("parallel", "recurrent"):
+    assert lm_checks.rel_rms(out[mode][0], y) < 1e-5, mode
+    for leaf, ref in zip(jax.tree.leaves(out[mode][1]),
+                         jax.tree.leaves(cache)):
+      np.testing.assert_allclose(leaf, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_performer_redraw_changes_projection_and_outputs_not_gradients():
   layer = Performer(32, 2, rngs=nnx.Rngs(0), nb_features=16)
   x = _x((1, 7, 32))
@@ -137,7 +169,10 @@ def test_performer_redraw_changes_projection_and_outputs_not_gradients():
   assert lm_checks.rel_rms(_outputs(layer, x)[0], y) > 1e-3
 
   graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
-  names = lambda state: {p[0] for p, _ in nnx.to_flat_state(state)}
+
+  def names(state):
+    return {path[0] for path, _ in nnx.to_flat_state(state)}
+
   assert "projection" not in names(params)
   assert names(rest) == {"projection"}
 
@@ -151,7 +186,8 @@ def test_performer_redraw_changes_projection_and_outputs_not_gradients():
 
 
 def _causal_softmax(q, k, v, scale, window=None):
-  """Dense float64 reference: ``[T, H, K]`` x2, ``[T, H, V]`` -> ``[T, H, V]``."""
+  """Dense float64 reference: q, k ``[T, H, K]``, v ``[T, H, V]`` -> o
+  ``[T, H, V]``."""
   t = q.shape[0]
   s = scale * np.einsum("ihk,jhk->hij", q, k)                   # [H, T, T]
   i, j = np.arange(t)[:, None], np.arange(t)[None]

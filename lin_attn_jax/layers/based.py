@@ -38,8 +38,9 @@ class Based(Mixer):
   """Taylor linear attention plus sliding-window softmax attention.
 
   Projections are normal with standard deviation 0.02 (the GPT-2 style
-  initialisation of the paper's code). The cache holds what decoding
-  needs: ``"state"``, the Taylor linear-attention state
+  initialisation of the paper's code, less its depth-dependent shrinking of
+  output projections, which belongs to the model). The cache holds what
+  decoding needs: ``"state"``, the Taylor linear-attention state
   ``[B, H, 1 + F + F^2, D / H + 1]`` float32 (the last column is the
   normalizer), and ``"window"``, a ring-buffer ``KVCache`` of the last ``w``
   rotated keys and values.
@@ -141,8 +142,8 @@ class Based(Mixer):
       return cache, o_t
 
     time_major = [jnp.swapaxes(a, 0, 1) for a in (q, k, v, starts)]
-    cache, o = jax.lax.scan(step, cache, time_major)            # o: [T, B, H, V]
-    return jnp.swapaxes(o, 0, 1), cache if keep else None
+    cache, o = jax.lax.scan(step, cache, time_major)            # [T, B, H, V]
+    return jnp.swapaxes(o, 0, 1), (cache if keep else None)
 
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
@@ -154,9 +155,9 @@ class Based(Mixer):
     v = self.v_proj(x).reshape(b, t, h, dh)                     # [B, T, H, V]
     o_linear, state = self.linear_branch(q, k, v, ctx, cache["state"])
     wq = modules.rotary(self.window_q_proj(x).reshape(b, t, h, dh),
-                        ctx.positions)                          # [B, T, H, V]
+                        ctx.positions)                          # [B, T, H, K]
     wk = modules.rotary(self.window_k_proj(x).reshape(b, t, h, dh),
-                        ctx.positions)                          # [B, T, H, V]
+                        ctx.positions)                          # [B, T, H, K]
     o_window, window = self.window_branch(wq, wk, v, ctx, cache["window"])
     o = o_linear.astype(jnp.float32) + o_window.astype(jnp.float32)
     y = self.o_proj(o.astype(x.dtype).reshape(b, t, -1))

@@ -34,9 +34,9 @@ class HGRN2(Mixer):
   gate.
 
   Projections are initialised uniformly in ``+-1/sqrt(fan_in)`` (PyTorch's
-  default, kept by the paper's code), without biases; the LayerNorm over the
-  ``D`` read-out channels starts at scale one and bias zero. The cache is the
-  state ``[B, H, K, V]`` float32.
+  default, kept by the authors' code), without the biases that code has; the
+  LayerNorm over the ``D`` read-out channels starts at scale one and bias
+  zero. The cache is the state ``[B, H, K, V]`` float32.
 
   In the paper the lower bound grows with depth (a cumulative softmax over
   layers of a model-level parameter, zero in the first layer); a mixer does

@@ -88,7 +88,8 @@ class LinearAttention(Mixer):
       raise ValueError("normalize=True divides by phi(q) . sum phi(k), which "
                        "needs positive features; feature_map='identity' is "
                        "signed (use normalize=False)")
-    self.n_heads, self.chunk_size, self.normalize = n_heads, chunk_size, normalize
+    self.n_heads, self.chunk_size = n_heads, chunk_size
+    self.normalize = normalize
     self.head_dim = head_dim(d_model, n_heads, "d_model")
     self.phi = feature_maps.FEATURE_MAPS[feature_map]
     self.feature_dim = jax.eval_shape(

@@ -7,7 +7,8 @@ random features, ``phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(M)`` with
 ``x' = x / K ** 0.25`` and ``W: [M, K]`` drawn once per layer (shared by the
 heads); then normalized linear attention
 
-    o_t = phi(q_t)^T sum_{j<=t} phi(k_j) v_j^T / (phi(q_t) . sum_{j<=t} phi(k_j))
+    o_t = phi(q_t)^T sum_{j<=t} phi(k_j) v_j^T
+          / (phi(q_t) . sum_{j<=t} phi(k_j))
 
 and ``y = o W_o``. ``W`` is not trained; ``redraw`` draws a new one (the
 paper's feature redrawing).
@@ -44,8 +45,7 @@ class Performer(Mixer):
 
   Args:
     d_model: ``D``. n_heads: ``H``.
-    nb_features: ``M``, the number of random features (256, as in the
-      paper's experiments).
+    nb_features: ``M``, the number of random features (256).
     orthogonal: orthogonal random rows (FAVOR+); False draws i.i.d. rows.
     chunk_size: chunk length of the chunk form (speed only).
   """

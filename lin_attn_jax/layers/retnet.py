@@ -27,7 +27,7 @@ from lin_attn_jax.ops import (chunk_retention, parallel_retention,
 
 
 def xavier_uniform(gain: float):
-  """Glorot uniform scaled by ``gain`` (bound ``gain * sqrt(6 / (in + out))``)."""
+  """Glorot uniform times ``gain``: bound ``gain * sqrt(6 / (in + out))``."""
   return nnx.initializers.variance_scaling(gain ** 2, "fan_avg", "uniform")
 
 
