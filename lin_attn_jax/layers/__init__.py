@@ -7,11 +7,16 @@ mode="chunk", cache=None)``; see ``layers/base.py`` for the contract.
 
 from lin_attn_jax.layers.base import MODES, Context, Mixer
 
+from lin_attn_jax.layers.based import Based
 from lin_attn_jax.layers.gla import GLA
 from lin_attn_jax.layers.h3 import H3
+from lin_attn_jax.layers.hgrn2 import HGRN2
+from lin_attn_jax.layers.linear_attn import LinearAttention
 from lin_attn_jax.layers.linformer import Linformer
 from lin_attn_jax.layers.mamba import Mamba
 from lin_attn_jax.layers.mamba2 import Mamba2
+from lin_attn_jax.layers.performer import Performer
+from lin_attn_jax.layers.retnet import RetNet
 from lin_attn_jax.layers.rg_lru import RGLRU
 from lin_attn_jax.layers.softmax import (SlidingWindowAttention,
                                          SoftmaxAttention, SparseAttention)
@@ -23,7 +28,12 @@ MIXERS: dict[str, type[Mixer]] = {
     "sparse_attn": SparseAttention,
     "linformer": Linformer,
     # Gated-linear-attention core.
+    "linear_attn": LinearAttention,
+    "performer": Performer,
+    "based": Based,
+    "retnet": RetNet,
     "gla": GLA,
+    "hgrn2": HGRN2,
     # Diagonal-SSM core.
     "mamba": Mamba,
     "mamba2": Mamba2,
@@ -31,6 +41,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "rg_lru": RGLRU,
 }
 
-__all__ = ["GLA", "H3", "Linformer", "MIXERS", "MODES", "Context", "Mamba",
-           "Mamba2", "Mixer", "RGLRU", "SlidingWindowAttention",
+__all__ = ["GLA", "H3", "HGRN2", "Based", "LinearAttention", "Linformer",
+           "MIXERS", "MODES", "Context", "Mamba", "Mamba2", "Mixer",
+           "Performer", "RGLRU", "RetNet", "SlidingWindowAttention",
            "SoftmaxAttention", "SparseAttention"]

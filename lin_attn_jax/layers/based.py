@@ -1,0 +1,166 @@
+"""Based layer (Arora et al. 2024, "Simple linear attention language models
+balance the recall-throughput tradeoff", arXiv:2402.18668).
+
+Two branches over the same tokens, summed before the output projection:
+
+- linear attention with the second-order Taylor map on a small feature width
+  ``F`` (16): ``q, k = x W_q, x W_k`` (``[B, T, H, F]``),
+  ``phi(q) . phi(k) = 1 + q.k / sqrt(F) + (q.k)^2 / (2 F)``, normalized;
+- softmax attention in a sliding window of ``w`` tokens (64):
+  ``q', k' = rotary(x W_q'), rotary(x W_k')`` (``[B, T, H, D / H]``), each
+  query seeing itself and the ``w - 1`` tokens before it.
+
+Both read the same values ``v = x W_v`` (``[B, T, H, D / H]``); the layer
+returns ``y = (o_linear + o_window) W_o``. The paper stacks the two as
+separate layers (with short convolutions in others); here one mixer holds
+both.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lin_attn_jax.layers import modules
+from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.linear_attn import head_dim
+from lin_attn_jax.ops import (based_step, chunk_based, chunk_softmax_attn,
+                              init_kv_cache, parallel_based,
+                              parallel_softmax_attn, recurrent_based,
+                              softmax_attn_extend, softmax_attn_step)
+from lin_attn_jax.ops.common.segments import reset_flags
+
+
+class Based(Mixer):
+  """Taylor linear attention plus sliding-window softmax attention.
+
+  Projections are normal with standard deviation 0.02 (the GPT-2 style
+  initialisation of the paper's code, less its depth-dependent shrinking of
+  output projections, which belongs to the model). The cache holds what
+  decoding needs: ``"state"``, the Taylor linear-attention state
+  ``[B, H, 1 + F + F^2, D / H + 1]`` float32 (the last column is the
+  normalizer), and ``"window"``, a ring-buffer ``KVCache`` of the last ``w``
+  rotated keys and values.
+
+  Args:
+    d_model: ``D``. n_heads: ``H``.
+    feature_dim: ``F``, the width of q and k of the linear branch (16).
+    window_size: ``w``, tokens each query of the window branch sees (64).
+    chunk_size: chunk length of the linear chunk form and block length of
+      the blockwise window attention (speed only).
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               feature_dim: int = 16, window_size: int = 64,
+               chunk_size: int = 64, dtype=jnp.float32,
+               param_dtype=jnp.float32):
+    for name, value in (("feature_dim", feature_dim),
+                        ("window_size", window_size)):
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    self.n_heads, self.chunk_size = n_heads, chunk_size
+    self.feature_dim, self.window_size = feature_dim, window_size
+    self.head_dim = head_dim(d_model, n_heads, "d_model")
+    if self.head_dim % 2:
+      raise ValueError(f"the window branch applies rotary embeddings, which "
+                       f"need an even head width; d_model / n_heads = "
+                       f"{self.head_dim}")
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype,
+              kernel_init=nnx.initializers.normal(0.02))
+    self.q_proj = modules.dense(d_model, n_heads * feature_dim, **kw)
+    self.k_proj = modules.dense(d_model, n_heads * feature_dim, **kw)
+    self.v_proj = modules.dense(d_model, d_model, **kw)
+    self.window_q_proj = modules.dense(d_model, d_model, **kw)
+    self.window_k_proj = modules.dense(d_model, d_model, **kw)
+    self.o_proj = modules.dense(d_model, d_model, ("heads", "embed"), **kw)
+
+  def init_mixer_cache(self, batch_size, max_len, dtype):
+    del max_len
+    f = self.feature_dim
+    return {
+        "state": jnp.zeros((batch_size, self.n_heads, 1 + f + f * f,
+                            self.head_dim + 1), jnp.float32),
+        "window": init_kv_cache(batch_size, self.n_heads, self.head_dim,
+                                self.head_dim, window_size=self.window_size,
+                                dtype=dtype),
+    }
+
+  def linear_branch(self, q, k, v, ctx: Context, state):
+    """Taylor linear attention; ``state`` is the cached one or None."""
+    if ctx.decoding:
+      o, state = based_step(q[:, 0], k[:, 0], v[:, 0], state,
+                            reset=ctx.restart)
+      return o[:, None], state
+    form = ctx.pick(
+        chunk=functools.partial(chunk_based, chunk_size=self.chunk_size),
+        parallel=parallel_based, recurrent=recurrent_based)
+    return form(q, k, v, initial_state=ctx.carried(state),
+                output_final_state=state is not None,
+                segment_ids=ctx.segment_ids)
+
+  def window_branch(self, q, k, v, ctx: Context, cache):
+    """Sliding-window softmax attention; ``cache`` is a ``KVCache`` or None.
+
+    Without a cache: the blockwise (chunk), dense (parallel) or stepwise
+    (recurrent) form. With one: a step per token in recurrent mode or when
+    decoding, otherwise one ``softmax_attn_extend`` over the call.
+    """
+    w = self.window_size
+    if ctx.decoding:
+      o, cache = softmax_attn_step(q[:, 0], k[:, 0], v[:, 0], cache,
+                                   reset=ctx.restart)
+      return o[:, None], cache
+    if ctx.mode == "recurrent":
+      return self._window_scan(q, k, v, ctx, cache)
+    if cache is not None:
+      return softmax_attn_extend(q, k, v, cache, segment_ids=ctx.segment_ids,
+                                 reset=ctx.restart)
+    if ctx.mode == "chunk":
+      return chunk_softmax_attn(q, k, v, window_size=w,
+                                segment_ids=ctx.segment_ids,
+                                block_size=self.chunk_size), None
+    return parallel_softmax_attn(q, k, v, window_size=w,
+                                 segment_ids=ctx.segment_ids), None
+
+  def _window_scan(self, q, k, v, ctx: Context, cache):
+    """``softmax_attn_step`` over time, from ``cache`` or an empty buffer."""
+    b, t, h, dk = q.shape
+    keep = cache is not None
+    if not keep:
+      cache = init_kv_cache(b, h, dk, v.shape[-1], window_size=self.window_size,
+                            dtype=k.dtype)
+    starts = reset_flags(ctx.segment_ids, b, t)                 # [B, T]
+    if ctx.restart is not None:
+      starts = starts.at[:, 0].set(ctx.restart)
+
+    def step(cache, inputs):
+      q_t, k_t, v_t, start_t = inputs
+      o_t, cache = softmax_attn_step(q_t, k_t, v_t, cache, reset=start_t)
+      return cache, o_t
+
+    time_major = [jnp.swapaxes(a, 0, 1) for a in (q, k, v, starts)]
+    cache, o = jax.lax.scan(step, cache, time_major)            # [T, B, H, V]
+    return jnp.swapaxes(o, 0, 1), (cache if keep else None)
+
+  def mix(self, x, ctx: Context):
+    b, t, _ = x.shape
+    h, dh, f = self.n_heads, self.head_dim, self.feature_dim
+    cache = ({"state": None, "window": None} if ctx.cache is None
+             else ctx.cache)
+    q = self.q_proj(x).reshape(b, t, h, f)                      # [B, T, H, F]
+    k = self.k_proj(x).reshape(b, t, h, f)                      # [B, T, H, F]
+    v = self.v_proj(x).reshape(b, t, h, dh)                     # [B, T, H, V]
+    o_linear, state = self.linear_branch(q, k, v, ctx, cache["state"])
+    wq = modules.rotary(self.window_q_proj(x).reshape(b, t, h, dh),
+                        ctx.positions)                          # [B, T, H, K]
+    wk = modules.rotary(self.window_k_proj(x).reshape(b, t, h, dh),
+                        ctx.positions)                          # [B, T, H, K]
+    o_window, window = self.window_branch(wq, wk, v, ctx, cache["window"])
+    o = o_linear.astype(jnp.float32) + o_window.astype(jnp.float32)
+    y = self.o_proj(o.astype(x.dtype).reshape(b, t, -1))
+    new_cache = None if ctx.cache is None else {"state": state,
+                                                "window": window}
+    return y, new_cache

@@ -1,0 +1,122 @@
+"""HGRN2 layer (Qin et al. 2024, "HGRN2: Gated Linear RNNs with State
+Expansion", arXiv:2404.07904).
+
+HGRN's element-wise gated recurrence with its state expanded by an outer
+product. Per head, with ``K = expand_ratio`` forget channels and
+``V = D / H`` value channels:
+
+    f_t = lb + (1 - lb) * sigmoid(x_t W_f)       forget gate in (lb, 1), [K]
+    S_t = diag(f_t) S_{t-1} + (1 - f_t) v_t^T    input gate tied to 1 - f_t
+    o_t = S_t^T q_t
+
+with ``q = sigmoid(x W_q)`` (HGRN's output gate, which HGRN2 turns into the
+query), ``v = silu(x W_v)``, and ``y = LayerNorm(o) W_o``. This is the GLA
+recurrence with ``g = log f``, ``k = 1 - f`` and no query scale.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lin_attn_jax.layers import modules
+from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.linear_attn import TORCH_LINEAR_INIT, head_dim
+from lin_attn_jax.ops import chunk_gla, gla_step, parallel_gla, recurrent_gla
+
+
+class HGRN2(Mixer):
+  """Gated linear RNN with an outer-product state and a lower-bounded forget
+  gate.
+
+  Projections are initialised uniformly in ``+-1/sqrt(fan_in)`` (PyTorch's
+  default, kept by the authors' code), without the biases that code has; the
+  LayerNorm over the ``D`` read-out channels starts at scale one and bias
+  zero. The cache is the state ``[B, H, K, V]`` float32.
+
+  In the paper the lower bound grows with depth (a cumulative softmax over
+  layers of a model-level parameter, zero in the first layer); a mixer does
+  not know its depth, so here it is a fixed option, 0 by default (the first
+  layer's value).
+
+  Args:
+    d_model: ``D``. n_heads: ``H``; value width per head ``D / H``.
+    expand_ratio: ``K``, forget (key) channels per head (128 in the paper).
+    lower_bound: ``lb`` in ``[0, 1)``, the least forget-gate value.
+    chunk_size: chunk length of the chunk form (speed only).
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               expand_ratio: int = 128, lower_bound: float = 0.0,
+               chunk_size: int = 64, dtype=jnp.float32,
+               param_dtype=jnp.float32):
+    if not isinstance(expand_ratio, int) or expand_ratio < 1:
+      raise ValueError(f"expand_ratio must be a positive int, got "
+                       f"{expand_ratio!r}")
+    if not 0.0 <= lower_bound < 1.0:
+      raise ValueError(f"lower_bound must be in [0, 1), got {lower_bound!r}")
+    self.n_heads, self.chunk_size = n_heads, chunk_size
+    self.head_k, self.lower_bound = expand_ratio, float(lower_bound)
+    self.head_v = head_dim(d_model, n_heads, "d_model")
+    forget_dim = n_heads * expand_ratio
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype,
+              kernel_init=TORCH_LINEAR_INIT)
+    self.q_proj = modules.dense(d_model, forget_dim, **kw)
+    self.f_proj = modules.dense(d_model, forget_dim, **kw)
+    self.v_proj = modules.dense(d_model, d_model, **kw)
+    self.norm = nnx.LayerNorm(
+        d_model, epsilon=1e-5, dtype=dtype, param_dtype=param_dtype,
+        scale_init=modules.partitioned(nnx.initializers.ones_init(),
+                                       ("heads",)),
+        bias_init=modules.partitioned(nnx.initializers.zeros_init(),
+                                      ("heads",)),
+        rngs=rngs)
+    self.o_proj = modules.dense(d_model, d_model, ("heads", "embed"), **kw)
+
+  def gates(self, x):
+    """``(g, k)``: log forget gate (float32) and input gate ``1 - f``, both
+    ``[B, T, H * K]``."""
+    logits = self.f_proj(x).astype(jnp.float32)
+    lb = self.lower_bound
+    if lb == 0.0:
+      g = jax.nn.log_sigmoid(logits)
+    else:
+      # log(lb + (1 - lb) sigmoid), kept <= 0 against rounding.
+      g = jnp.minimum(jnp.logaddexp(math.log(lb), math.log1p(-lb)
+                                    + jax.nn.log_sigmoid(logits)), 0.0)
+    k = (1.0 - lb) * jax.nn.sigmoid(-logits)
+    return g, k.astype(x.dtype)
+
+  def init_mixer_cache(self, batch_size, max_len, dtype):
+    del max_len, dtype
+    return jnp.zeros((batch_size, self.n_heads, self.head_k, self.head_v),
+                     jnp.float32)
+
+  def mix(self, x, ctx: Context):
+    b, t, _ = x.shape
+    h = self.n_heads
+    q = jax.nn.sigmoid(self.q_proj(x)).reshape(
+        b, t, h, self.head_k)                                   # [B, T, H, K]
+    g, k = self.gates(x)
+    g = g.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
+    k = k.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
+    v = jax.nn.silu(self.v_proj(x)).reshape(
+        b, t, h, self.head_v)                                   # [B, T, H, V]
+    if ctx.decoding:
+      o, state = gla_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], ctx.cache,
+                          scale=1.0, reset=ctx.restart)
+      o = o[:, None]
+    else:
+      form = ctx.pick(
+          chunk=functools.partial(chunk_gla, chunk_size=self.chunk_size),
+          parallel=parallel_gla, recurrent=recurrent_gla)
+      o, state = form(q, k, v, g, scale=1.0,
+                      initial_state=ctx.carried(ctx.cache),
+                      output_final_state=ctx.cache is not None,
+                      segment_ids=ctx.segment_ids)
+    y = self.o_proj(self.norm(o.reshape(b, t, -1)))             # [B, T, D]
+    return y, state

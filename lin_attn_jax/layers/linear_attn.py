@@ -1,0 +1,117 @@
+"""Linear attention layer (Katharopoulos et al. 2020, "Transformers are RNNs",
+arXiv:2006.16236).
+
+``q, k, v = x W_q, x W_k, x W_v`` split over ``H`` heads of ``D / H``; with a
+feature map ``phi`` (``elu(x) + 1`` in the paper)
+
+    o_t = phi(q_t)^T S_t / (phi(q_t) . z_t),
+    S_t = sum_{j<=t} phi(k_j) v_j^T,  z_t = sum_{j<=t} phi(k_j),
+
+and ``y = o W_o``. The normalizer ``z`` rides in the state as one extra value
+column (``normalize=True`` of the ``linear_attn`` ops).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lin_attn_jax import feature_maps
+from lin_attn_jax.layers import modules
+from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.ops import (chunk_linear_attn, linear_attn_step,
+                              parallel_linear_attn, recurrent_linear_attn)
+
+# PyTorch's nn.Linear default, uniform in +-1/sqrt(fan_in), which the paper's
+# code (fast-transformers) keeps.
+TORCH_LINEAR_INIT = nnx.initializers.variance_scaling(1 / 3, "fan_in",
+                                                      "uniform")
+
+
+def head_dim(width: int, n_heads: int, name: str) -> int:
+  """``width // n_heads``, or a ``ValueError`` when it does not divide."""
+  if n_heads < 1 or width < 1 or width % n_heads:
+    raise ValueError(f"{name} = {width} must divide into n_heads = {n_heads}")
+  return width // n_heads
+
+
+def run_linear_attn(q, k, v, ctx: Context, *, normalize: bool,
+                    chunk_size: int):
+  """Linear attention of mapped features in the form ``ctx`` asks for.
+
+  ``q, k: [B, T, H, F]`` (features, no further scale), ``v: [B, T, H, V]``;
+  the state is ``ctx.cache``, ``[B, H, F, V + 1]`` when normalizing.
+  Returns ``(o [B, T, H, V], new state or None)``.
+  """
+  if ctx.decoding:
+    o, state = linear_attn_step(q[:, 0], k[:, 0], v[:, 0], ctx.cache,
+                                scale=1.0, normalize=normalize,
+                                reset=ctx.restart)
+    return o[:, None], state
+  form = ctx.pick(
+      chunk=functools.partial(chunk_linear_attn, chunk_size=chunk_size),
+      parallel=parallel_linear_attn, recurrent=recurrent_linear_attn)
+  return form(q, k, v, scale=1.0, normalize=normalize,
+              initial_state=ctx.carried(ctx.cache),
+              output_final_state=ctx.cache is not None,
+              segment_ids=ctx.segment_ids)
+
+
+class LinearAttention(Mixer):
+  """Kernelized linear attention with a fixed feature map.
+
+  Projections are initialised uniformly in ``+-1/sqrt(fan_in)`` (PyTorch's
+  default, kept by the paper's code). The cache is the state
+  ``[B, H, F, V (+ 1)]`` float32, ``F`` the feature width.
+
+  Args:
+    d_model: ``D``. n_heads: ``H``; q, k and v heads have ``D / H`` channels.
+    feature_map: a name in ``feature_maps.FEATURE_MAPS`` (``"elu_plus_one"``,
+      the paper's; ``"taylor"`` widens ``F`` to ``1 + K + K^2``).
+    normalize: divide by ``phi(q_t) . sum_j phi(k_j)`` (the paper does); needs
+      a map whose kernel is positive, so ``"identity"`` is refused.
+    chunk_size: chunk length of the chunk form (speed only).
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               feature_map: str = "elu_plus_one", normalize: bool = True,
+               chunk_size: int = 64, dtype=jnp.float32,
+               param_dtype=jnp.float32):
+    if feature_map not in feature_maps.FEATURE_MAPS:
+      raise ValueError(f"feature_map must be one of "
+                       f"{sorted(feature_maps.FEATURE_MAPS)}, got "
+                       f"{feature_map!r}")
+    if normalize and feature_map == "identity":
+      raise ValueError("normalize=True divides by phi(q) . sum phi(k), which "
+                       "needs positive features; feature_map='identity' is "
+                       "signed (use normalize=False)")
+    self.n_heads, self.chunk_size = n_heads, chunk_size
+    self.normalize = normalize
+    self.head_dim = head_dim(d_model, n_heads, "d_model")
+    self.phi = feature_maps.FEATURE_MAPS[feature_map]
+    self.feature_dim = jax.eval_shape(
+        self.phi, jax.ShapeDtypeStruct((self.head_dim,), jnp.float32)).shape[-1]
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype,
+              kernel_init=TORCH_LINEAR_INIT)
+    self.q_proj = modules.dense(d_model, d_model, **kw)
+    self.k_proj = modules.dense(d_model, d_model, **kw)
+    self.v_proj = modules.dense(d_model, d_model, **kw)
+    self.o_proj = modules.dense(d_model, d_model, ("heads", "embed"), **kw)
+
+  def init_mixer_cache(self, batch_size, max_len, dtype):
+    del max_len, dtype
+    return jnp.zeros((batch_size, self.n_heads, self.feature_dim,
+                      self.head_dim + int(self.normalize)), jnp.float32)
+
+  def mix(self, x, ctx: Context):
+    b, t, _ = x.shape
+    shape = (b, t, self.n_heads, self.head_dim)
+    q = self.phi(self.q_proj(x).reshape(shape))                 # [B, T, H, F]
+    k = self.phi(self.k_proj(x).reshape(shape))                 # [B, T, H, F]
+    v = self.v_proj(x).reshape(shape)                           # [B, T, H, V]
+    o, state = run_linear_attn(q, k, v, ctx, normalize=self.normalize,
+                               chunk_size=self.chunk_size)
+    return self.o_proj(o.reshape(b, t, -1)), state

@@ -1,0 +1,104 @@
+"""Performer layer: FAVOR+ attention (Choromanski et al. 2021, "Rethinking
+Attention with Performers", arXiv:2009.14794).
+
+``q, k, v = x W_q, x W_k, x W_v`` over ``H`` heads of ``K = D / H``. Softmax
+attention's ``exp(q . k / sqrt(K))`` is estimated by positive orthogonal
+random features, ``phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(M)`` with
+``x' = x / K ** 0.25`` and ``W: [M, K]`` drawn once per layer (shared by the
+heads); then normalized linear attention
+
+    o_t = phi(q_t)^T sum_{j<=t} phi(k_j) v_j^T
+          / (phi(q_t) . sum_{j<=t} phi(k_j))
+
+and ``y = o W_o``. ``W`` is not trained; ``redraw`` draws a new one (the
+paper's feature redrawing).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lin_attn_jax import feature_maps
+from lin_attn_jax.layers import modules
+from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.linear_attn import head_dim, run_linear_attn
+
+
+class RandomProjection(nnx.Variable):
+  """A random, non-trainable projection. Not an ``nnx.Param``: gradients and
+  optimizers taken over ``nnx.Param`` leave it alone."""
+
+
+class Performer(Mixer):
+  """Causal FAVOR+ attention with a redrawable random projection.
+
+  The projection ``[M, K]`` is float32 (a ``RandomProjection``, drawn by
+  ``feature_maps.favor_plus_projection`` from the ``params`` stream at
+  construction); the q/k/v/o projections are LeCun normal (the Flax
+  ``Dense`` default of the paper's code). Query features are shifted by
+  their own maximum exponent before the ``exp`` (a per-query constant that
+  cancels in the normalization) so that a long query cannot underflow them
+  all; key exponents ``w . x - |x|^2 / 2`` are at most ``|w|^2 / 2`` and need
+  no shift. The cache is the state ``[B, H, M, K + 1]`` float32.
+
+  Args:
+    d_model: ``D``. n_heads: ``H``.
+    nb_features: ``M``, the number of random features (256).
+    orthogonal: orthogonal random rows (FAVOR+); False draws i.i.d. rows.
+    chunk_size: chunk length of the chunk form (speed only).
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               nb_features: int = 256, orthogonal: bool = True,
+               chunk_size: int = 64, dtype=jnp.float32,
+               param_dtype=jnp.float32):
+    if not isinstance(nb_features, int) or nb_features < 1:
+      raise ValueError(f"nb_features must be a positive int, got "
+                       f"{nb_features!r}")
+    self.n_heads, self.chunk_size = n_heads, chunk_size
+    self.head_dim = head_dim(d_model, n_heads, "d_model")
+    self.nb_features, self.orthogonal = nb_features, orthogonal
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.q_proj = modules.dense(d_model, d_model, **kw)
+    self.k_proj = modules.dense(d_model, d_model, **kw)
+    self.v_proj = modules.dense(d_model, d_model, **kw)
+    self.o_proj = modules.dense(d_model, d_model, ("heads", "embed"), **kw)
+    self.projection = RandomProjection(self._draw(rngs.params()))
+
+  def _draw(self, key):
+    return feature_maps.favor_plus_projection(
+        key, self.nb_features, self.head_dim, orthogonal=self.orthogonal)
+
+  def redraw(self, key) -> None:
+    """Replaces the random projection by a new draw from ``key``."""
+    self.projection[...] = self._draw(key)
+
+  def features(self, x, *, query: bool):
+    """FAVOR+ features ``[B, T, H, K] -> [B, T, H, M]``."""
+    x = x * self.head_dim ** -0.25
+    w = self.projection[...]
+    stabilizer = None
+    if query:
+      xf = x.astype(jnp.float32)
+      exponent = (jnp.einsum("bthk,mk->bthm", xf, w)
+                  - 0.5 * jnp.sum(xf * xf, -1, keepdims=True))  # [B, T, H, M]
+      stabilizer = jax.lax.stop_gradient(
+          jnp.max(exponent, axis=-1, keepdims=True))            # [B, T, H, 1]
+    return feature_maps.favor_plus(x, w, stabilizer=stabilizer)
+
+  def init_mixer_cache(self, batch_size, max_len, dtype):
+    del max_len, dtype
+    return jnp.zeros((batch_size, self.n_heads, self.nb_features,
+                      self.head_dim + 1), jnp.float32)
+
+  def mix(self, x, ctx: Context):
+    b, t, _ = x.shape
+    shape = (b, t, self.n_heads, self.head_dim)
+    q = self.features(self.q_proj(x).reshape(shape), query=True)  # [B, T, H, M]
+    k = self.features(self.k_proj(x).reshape(shape), query=False)
+    v = self.v_proj(x).reshape(shape)                           # [B, T, H, K]
+    o, state = run_linear_attn(q, k, v, ctx, normalize=True,
+                               chunk_size=self.chunk_size)
+    return self.o_proj(o.reshape(b, t, -1)), state

@@ -1,0 +1,94 @@
+"""RetNet multi-scale retention layer (Sun et al. 2023, "Retentive Network: A
+Successor to Transformer for Large Language Models", arXiv:2307.08621).
+
+``q, k = rotary(x W_q), rotary(x W_k)`` (``[B, T, H, K]``, ``K = D / H``),
+``v = x W_v`` (``[B, T, H, V]``, ``V = expand_v * D / H``); head ``h``
+retains with the fixed decay ``gamma_h = 1 - 2 ** (-5 - h)``:
+
+    S_t = gamma_h S_{t-1} + k_t v_t^T,   o_t = S_t^T q_t / sqrt(K)
+
+then ``y = (swish(x W_G) * GroupNorm(o)) W_O`` with one normalization group
+per head. The rotation by absolute position plays the part of the paper's
+xPos phase ``e^{i n theta}`` (the decay is applied by the recurrence).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+from flax import nnx
+
+from lin_attn_jax.layers import modules
+from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.linear_attn import head_dim
+from lin_attn_jax.ops import (chunk_retention, parallel_retention,
+                              recurrent_retention, retention_step)
+
+
+def xavier_uniform(gain: float):
+  """Glorot uniform times ``gain``: bound ``gain * sqrt(6 / (in + out))``."""
+  return nnx.initializers.variance_scaling(gain ** 2, "fan_avg", "uniform")
+
+
+class RetNet(Mixer):
+  """Multi-scale retention with a swish output gate.
+
+  Initialisation as in the paper's code (torchscale): Xavier uniform with
+  gain ``2 ** -2.5`` for ``W_q, W_k, W_v, W_G`` and ``2 ** -1`` for ``W_O``;
+  the GroupNorm scale starts at one. The cache is the retention state
+  ``[B, H, K, V]`` float32.
+
+  Args:
+    d_model: ``D``. n_heads: ``H``; ``D / H`` must be even (rotary pairs).
+    expand_v: value width per head is ``expand_v * D / H`` (2 in the paper).
+    chunk_size: chunk length of the chunk form (speed only).
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               expand_v: float = 2.0, chunk_size: int = 64,
+               dtype=jnp.float32, param_dtype=jnp.float32):
+    value_dim = int(d_model * expand_v)
+    self.n_heads, self.chunk_size = n_heads, chunk_size
+    self.head_k = head_dim(d_model, n_heads, "d_model")
+    self.head_v = head_dim(value_dim, n_heads, "expand_v * d_model")
+    if self.head_k % 2:
+      raise ValueError(f"rotary embeddings need an even key width per head; "
+                       f"d_model / n_heads = {self.head_k}")
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    small = xavier_uniform(2 ** -2.5)
+    self.q_proj = modules.dense(d_model, d_model, kernel_init=small, **kw)
+    self.k_proj = modules.dense(d_model, d_model, kernel_init=small, **kw)
+    self.v_proj = modules.dense(d_model, value_dim, kernel_init=small, **kw)
+    self.g_proj = modules.dense(d_model, value_dim, kernel_init=small, **kw)
+    self.norm = modules.HeadNorm(n_heads, self.head_v, rngs=rngs, kind="layer",
+                                 param_dtype=param_dtype)
+    self.o_proj = modules.dense(value_dim, d_model, ("heads", "embed"),
+                                kernel_init=xavier_uniform(2 ** -1), **kw)
+
+  def init_mixer_cache(self, batch_size, max_len, dtype):
+    del max_len, dtype
+    return jnp.zeros((batch_size, self.n_heads, self.head_k, self.head_v),
+                     jnp.float32)
+
+  def mix(self, x, ctx: Context):
+    b, t, _ = x.shape
+    h = self.n_heads
+    q = modules.rotary(self.q_proj(x).reshape(b, t, h, self.head_k),
+                       ctx.positions)                           # [B, T, H, K]
+    k = modules.rotary(self.k_proj(x).reshape(b, t, h, self.head_k),
+                       ctx.positions)                           # [B, T, H, K]
+    v = self.v_proj(x).reshape(b, t, h, self.head_v)            # [B, T, H, V]
+    if ctx.decoding:
+      o, state = retention_step(q[:, 0], k[:, 0], v[:, 0], ctx.cache,
+                                reset=ctx.restart)
+      o = o[:, None]
+    else:
+      form = ctx.pick(
+          chunk=functools.partial(chunk_retention, chunk_size=self.chunk_size),
+          parallel=parallel_retention, recurrent=recurrent_retention)
+      o, state = form(q, k, v, initial_state=ctx.carried(ctx.cache),
+                      output_final_state=ctx.cache is not None,
+                      segment_ids=ctx.segment_ids)
+    y = self.o_proj(self.norm(o, self.g_proj(x)))
+    return y, state
