@@ -8,7 +8,8 @@ kernel is chosen by binding the op's sweep to it. Every kernel is also
 exported for ``tpu`` and ``cuda``, forward and backward, and the exported
 module must hold that platform's Pallas custom call. The cases cover odd
 lengths, K != V, grouped value heads, segment ids, initial state, strong
-gates, beta up to 2, several value blocks per head, bfloat16, and T = 1
+gates, beta up to 2, several value blocks per head, chunks padded to the
+tiles (C = 24 on GPU, C = 8 at T = 1 on TPU), bfloat16, and T = 1
 without state or segments; each case runs one kernel and one reference.
 """
 
@@ -73,7 +74,8 @@ CASES = [
     KernelCase(_case("delta_rule", 37, heads=1), "tpu"),
     KernelCase(_case("gated_delta_rule", 50, strong=True), "tpu"),
     KernelCase(_case("gated_delta_rule", 50, dim_v=24, heads=1,
-                     use_qk_l2norm=True), "gpu", blocks=GPU_BLOCKS),
+                     use_qk_l2norm=True, chunk_size=24), "gpu",
+               blocks=GPU_BLOCKS),
     KernelCase(_case("kda", 45, strong=True, dim_v=130), "tpu",
                blocks=TPU_TWO_BLOCKS),
     KernelCase(_case("kda", 45, use_qk_l2norm=True), "gpu"),

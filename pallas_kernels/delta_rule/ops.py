@@ -81,7 +81,7 @@ def _prepare(cfg: _Config, backend: str, terms: ChunkTerms):
   return blocks, lay, KernelSpec(bf16_dots=cfg.bf16_dots)
 
 
-def _states_kernel(backend, blocks, arrays, spec, lay, interpret, **wanted):
+def _forward_sweep(backend, blocks, arrays, spec, lay, interpret, **wanted):
   if backend == "tpu":
     return tpu.forward(arrays, spec, lay, interpret=interpret, **wanted)
   return gpu.forward(arrays, spec, lay, blocks, interpret=interpret, **wanted)
@@ -91,7 +91,7 @@ def _forward(cfg: _Config, backend: str, interpret: bool, terms, s0):
   blocks, lay, spec = _prepare(cfg, backend, terms)
   arrays = layout.kernel_arrays(terms, s0, lay, bf16_dots=cfg.bf16_dots)
   out_dtype = jnp.bfloat16 if cfg.bf16_dots else _F32
-  o, final, _ = _states_kernel(
+  o, final, _ = _forward_sweep(
       backend, blocks, arrays, spec, lay, interpret, out_dtype=out_dtype,
       outputs=True, final_state=cfg.output_final_state, states=False)
   o = layout.from_kernel(o, lay.chunk, lay.dim_v)               # [B,N,H,C,V]
@@ -102,7 +102,7 @@ def _backward(cfg: _Config, backend: str, interpret: bool, terms, s0, do,
               d_final):
   blocks, lay, spec = _prepare(cfg, backend, terms)
   arrays = layout.kernel_arrays(terms, s0, lay, bf16_dots=cfg.bf16_dots)
-  _, _, states = _states_kernel(
+  _, _, states = _forward_sweep(
       backend, blocks, arrays, spec, lay, interpret, out_dtype=_F32,
       outputs=False, final_state=False, states=True)
   arrays = {name: x for name, x in arrays.items() if name != "initial_state"}
