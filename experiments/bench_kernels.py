@@ -1,14 +1,17 @@
-"""Pallas kernels of the gated-linear core against the XLA chunk form, and on
-a CUDA GPU against flash-linear-attention's Triton kernels.
+"""Pallas kernels against the XLA chunk forms, and on a CUDA GPU against
+flash-linear-attention's Triton kernels.
 
-For each op (``simple_gla``: a scalar decay per head, ``gla``: a decay per
-key channel) and each shape, it times the forward pass and forward+backward
+For each op (gated-linear core: ``simple_gla``, a scalar decay per head,
+``gla``, a decay per key channel; delta-rule core: ``delta_rule``,
+``gated_delta_rule``, ``kda``, with L2-normalised q and k and beta =
+sigmoid) and each shape, it times the forward pass and forward+backward
 (gradients of every input for a random cotangent) of
 
-- ``impl="pallas"`` (the Mosaic kernel on TPU, the Triton kernel on GPU),
+- ``impl="pallas"`` (the Mosaic kernel on TPU, the Triton kernel on GPU;
+  for the delta-rule ops the sweep over chunks, its WY terms in XLA),
 - ``impl="xla"`` (the chunk form in XLA),
 - on a CUDA GPU with ``torch`` and ``fla`` importable: ``fla.ops``'s
-  ``chunk_simple_gla`` / ``chunk_gla`` on the same shapes and dtype,
+  ``chunk_<op>`` of the same name on the same shapes and dtype,
 
 and reports time ratios (``> 1``: the kernel is faster). Times are the
 median of ``--iters`` runs after ``--warmup`` runs, on compiled functions.
@@ -27,6 +30,7 @@ Run:
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import statistics
 import time
@@ -40,7 +44,8 @@ import numpy as np
 from lin_attn_jax import ops
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("ops", ["simple_gla", "gla"], "Ops to time.")
+flags.DEFINE_list("ops", ["simple_gla", "gla", "delta_rule",
+                          "gated_delta_rule", "kda"], "Ops to time.")
 flags.DEFINE_list("lengths", ["2048", "8192"], "Sequence lengths T.")
 flags.DEFINE_list("heads", ["16"], "Head counts H.")
 flags.DEFINE_list("dims", ["128"], "Head dimensions K = V.")
@@ -53,27 +58,45 @@ flags.DEFINE_bool("smoke", False, "Tiny shapes; interpret mode on CPU.")
 flags.DEFINE_string("out", "", "Also write the markdown table to this file.")
 
 _DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+# op -> (chunk form, gate: None, "scalar" per head or "channel" per key).
+_OPS = {
+    "simple_gla": (ops.chunk_simple_gla, "scalar"),
+    "gla": (ops.chunk_gla, "channel"),
+    "delta_rule": (ops.chunk_delta_rule, None),
+    "gated_delta_rule": (ops.chunk_gated_delta_rule, "scalar"),
+    "kda": (ops.chunk_kda, "channel"),
+}
+_DELTA_RULE = ("delta_rule", "gated_delta_rule", "kda")
 
 
 def make_inputs(op, b, t, h, d, dtype, seed=0):
-  keys = jax.random.split(jax.random.PRNGKey(seed), 5)
+  """``(inputs by name, do)``: q, k, v ``[B, T, H, D]`` in ``dtype``, g and
+  beta float32."""
+  keys = jax.random.split(jax.random.PRNGKey(seed), 6)
   q, k, v = (jax.random.normal(key, (b, t, h, d), dtype) for key in keys[:3])
-  gate_shape = (b, t, h) if op == "simple_gla" else (b, t, h, d)
-  # GLA-style gates: log-sigmoid of a logit, divided by 16 as in the paper.
-  g = jax.nn.log_sigmoid(jax.random.normal(keys[3], gate_shape)) / 16.0
-  do = jax.random.normal(keys[4], (b, t, h, d), dtype)
-  return q, k, v, g, do
+  inputs = {"q": q, "k": k, "v": v}
+  gate = _OPS[op][1]
+  if gate is not None:
+    gate_shape = (b, t, h) if gate == "scalar" else (b, t, h, d)
+    # GLA-style gates: log-sigmoid of a logit, divided by 16 as in the paper.
+    inputs["g"] = jax.nn.log_sigmoid(
+        jax.random.normal(keys[3], gate_shape)) / 16.0
+  if op in _DELTA_RULE:
+    inputs["beta"] = jax.nn.sigmoid(jax.random.normal(keys[4], (b, t, h)))
+  do = jax.random.normal(keys[5], (b, t, h, d), dtype)
+  return inputs, do
 
 
 def jax_functions(op, impl):
-  """``(forward, forward_backward)``, both jitted."""
-  chunk = ops.chunk_simple_gla if op == "simple_gla" else ops.chunk_gla
+  """``(forward(inputs), forward_backward(inputs, do))``, both jitted."""
+  chunk = _OPS[op][0]
+  options = {"use_qk_l2norm": True} if op in _DELTA_RULE else {}
 
-  def forward(q, k, v, g):
-    return chunk(q, k, v, g, impl=impl)[0]
+  def forward(inputs):
+    return chunk(**inputs, impl=impl, **options)[0]
 
-  def forward_backward(q, k, v, g, do):
-    o, vjp = jax.vjp(forward, q, k, v, g)
+  def forward_backward(inputs, do):
+    o, vjp = jax.vjp(forward, inputs)
     return o, vjp(do)
 
   return jax.jit(forward), jax.jit(forward_backward)
@@ -94,24 +117,26 @@ def fla_timer():
   """A function timing fla's kernels, or ``(None, why not)``."""
   try:
     import torch
-    from fla.ops.gla import chunk_gla
-    from fla.ops.simple_gla import chunk_simple_gla
+    import fla  # noqa: F401
   except ImportError as error:
     return None, f"torch/fla not importable ({error})"
   if not torch.cuda.is_available():
     return None, "torch sees no CUDA device"
-  kernels = {"simple_gla": chunk_simple_gla, "gla": chunk_gla}
   torch_dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
-  def run(op, arrays, backward, warmup, iters):
-    q, k, v, g, do = (torch.from_numpy(np.asarray(x, np.float32)).cuda()
-                      for x in arrays)
+  def run(op, inputs, do, backward, warmup, iters):
+    kernel = getattr(importlib.import_module(f"fla.ops.{op}"), f"chunk_{op}")
+    options = {"use_qk_l2norm_in_kernel": True} if op in _DELTA_RULE else {}
     dtype = torch_dtypes[FLAGS.dtype]
-    q, k, v, do = (x.to(dtype) for x in (q, k, v, do))
-    leaves = [x.requires_grad_(backward) for x in (q, k, v, g)]
+    leaves = {}
+    for name, x in inputs.items():
+      x = torch.from_numpy(np.asarray(x, np.float32)).cuda()
+      x = x.to(dtype) if name in ("q", "k", "v") else x
+      leaves[name] = x.requires_grad_(backward)
+    do = torch.from_numpy(np.asarray(do, np.float32)).cuda().to(dtype)
 
     def step():
-      o, _ = kernels[op](*leaves, output_final_state=False)
+      o, _ = kernel(**leaves, output_final_state=False, **options)
       if backward:
         o.backward(do)
 
@@ -140,17 +165,17 @@ def benchmark():
   for op, t, h, d in itertools.product(FLAGS.ops, FLAGS.lengths, FLAGS.heads,
                                        FLAGS.dims):
     t, h, d = int(t), int(h), int(d)
-    q, k, v, g, do = make_inputs(op, FLAGS.batch, t, h, d, dtype)
+    inputs, do = make_inputs(op, FLAGS.batch, t, h, d, dtype)
     row = {"op": op, "T": t, "H": h, "D": d}
     for impl in ("pallas", "xla"):
       forward, forward_backward = jax_functions(op, impl)
-      row[f"{impl} fwd"] = time_jax(forward, (q, k, v, g), FLAGS.warmup,
+      row[f"{impl} fwd"] = time_jax(forward, (inputs,), FLAGS.warmup,
                                     FLAGS.iters)
-      row[f"{impl} fwd+bwd"] = time_jax(forward_backward, (q, k, v, g, do),
+      row[f"{impl} fwd+bwd"] = time_jax(forward_backward, (inputs, do),
                                         FLAGS.warmup, FLAGS.iters)
     if fla_run is not None:
       for backward, name in ((False, "fla fwd"), (True, "fla fwd+bwd")):
-        row[name] = fla_run(op, (q, k, v, g, do), backward, FLAGS.warmup,
+        row[name] = fla_run(op, inputs, do, backward, FLAGS.warmup,
                             FLAGS.iters)
     rows.append(row)
     print(row, flush=True)
@@ -188,13 +213,13 @@ def smoke():
       "| op | B, T, H, K=V | dtype | max rel. diff o | max rel. diff grads |",
       "|---|---|---|---|---|"]
   for op in FLAGS.ops:
-    b, t, h, d = 1, 40, 2, 32
-    q, k, v, g, do = make_inputs(op, b, t, h, d, _DTYPES[FLAGS.dtype])
+    # T = 150: several chunks of the default sizes (64 tokens).
+    b, t, h, d = 1, 150, 2, 32
+    inputs, do = make_inputs(op, b, t, h, d, _DTYPES[FLAGS.dtype])
     results = {}
     for impl in ("pallas", "xla"):
       _, forward_backward = jax_functions(op, impl)
-      results[impl] = jax.block_until_ready(
-          forward_backward(q, k, v, g, do))
+      results[impl] = jax.block_until_ready(forward_backward(inputs, do))
     diffs = [_rel_diff(a, b) for a, b in zip(
         jax.tree.leaves(results["pallas"]), jax.tree.leaves(results["xla"]))]
     lines.append(f"| {op} | {b}, {t}, {h}, {d} | {FLAGS.dtype} | "

@@ -18,6 +18,12 @@ README.md. Five steps:
    ``lax.scan`` over chunks for the state entering each chunk.
 5. Outputs ``o = (exp(G) * Q) S_in + P (U - W S_in)``.
 
+Steps 1-3 (``chunk_terms``) are chunk-local and run in XLA. Steps 4-5, the
+sequential sweep over chunks, run in XLA (``sweep_xla``) or, with
+``impl="pallas"`` (or ``"auto"`` on TPU/GPU), as the Pallas kernels of
+``pallas_kernels.delta_rule``, which walk the chunks with the state in
+VMEM (TPU) or registers (GPU) and never form the ``[K, K]`` transitions.
+
 Letters: b batch, n chunk, s sub-chunk, i and j position in a chunk, h value
 head (q and k are repeated to the value heads first), k and l key channels,
 v value channel, g gate width (1 or K).
@@ -28,7 +34,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common import checks, dispatch
 from lin_attn_jax.ops.common.chunk_scores import (intra_chunk_scores,
                                                   sub_chunk_log_decays)
 from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
@@ -36,6 +42,7 @@ from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.delta_rule.inputs import (default_scale,
                                                 expand_query_key, validate)
+from pallas_kernels.delta_rule import ChunkTerms, chunk_delta_rule_sweep
 
 _F32 = jnp.float32
 
@@ -146,58 +153,27 @@ def invert_unit_lower(a):
   return inverse[..., 0, :c, :c]
 
 
-def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
-                     output_final_state=False, segment_ids=None,
-                     chunk_size=64, sub_chunk_size=8, use_qk_l2norm=False):
-  """The delta rule, chunkwise (WY representation); the training path.
-
-  ``S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T``,
-  ``o_t = S_t^T (scale * q_t)``. With ``g=None`` this is DeltaNet, with a
-  scalar ``g`` per head Gated DeltaNet, with ``g`` per key channel KDA.
+def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk,
+                sub_chunk):
+  """Steps 1-3: the WY terms of every chunk (no dependence on the state).
 
   Args:
-    q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``, ``HV`` a multiple of ``H``
-      (value head j uses query/key head ``j // (HV // H)``).
-    beta: ``[B, T, HV]`` writing strength; in (0, 1) the state transition is
-      a contraction for unit keys, in (0, 2) it may have negative eigenvalues.
-    g: natural-log decay ``<= 0``: ``[B, T, HV]``, ``[B, T, HV, K]`` or None.
-    scale: query scale, ``K ** -0.5`` when None.
-    initial_state: ``[B, HV, K, V]`` float32, or None for zeros.
-    output_final_state: also return the state after the last token.
-    segment_ids: ``[B, T]`` int, the state resets where the id changes.
-    chunk_size: tokens per chunk (speed only, not results).
-    sub_chunk_size: tokens per sub-chunk of the decay factors; divides
-      ``chunk_size``.
-    use_qk_l2norm: L2-normalise q and k inside the op (unit keys keep the
-      transition stable).
+    q, k: ``[B, T_pad, HV, K]``, v: ``[B, T_pad, HV, V]``, beta: ``[B,
+      T_pad, HV]``, g: ``[B, T_pad, HV, G]``, all float32, padded to whole
+      chunks of ``chunk`` tokens with zeros (a zero key and beta write
+      nothing, a zero log-decay decays nothing);
+    scale: query scale; segment_ids: ``[B, T]`` or None; length: ``T``;
+    sub_chunk: tokens per sub-chunk of the per-channel decay factors.
   Returns:
-    ``(o [B, T, HV, V] in v's dtype, final_state [B, HV, K, V] float32 or
-    None)``.
-
-  Example:
-    >>> q = k = jnp.ones((1, 100, 2, 16)); v = jnp.ones((1, 100, 4, 32))
-    >>> beta = jnp.full((1, 100, 4), 0.5); g = jnp.full((1, 100, 4), -0.1)
-    >>> o, s = chunk_delta_rule(q, k, v, beta, g, use_qk_l2norm=True,
-    ...                         output_final_state=True)
-    >>> o.shape, s.shape
-    ((1, 100, 4, 32), (1, 4, 16, 32))
+    ``ChunkTerms`` (head-major ``[B, N, HV, C, .]``): ``w``, ``u`` (before
+    subtracting ``W S_in``), the queries ``q`` and keys ``k`` with their
+    decays and masks, the scores ``P`` and the chunk decays.
   """
-  b, t, h, hv, dk, dv, g = validate(q, k, v, beta, g, initial_state,
-                                    segment_ids)
-  check_chunk_sizes(chunk_size, sub_chunk_size)
-  scale = default_scale(scale, dk)
-  chunk, c = chunk_layout(t, chunk_size, sub_chunk_size)
-  if g is None:
-    g = jnp.zeros((b, t, hv, 1), _F32)
-  out_dtype = v.dtype
-  q, k = expand_query_key(q, k, hv, use_qk_l2norm)              # [B,T,HV,K]
-  q, k, v, beta, g = (pad_time(jnp.asarray(x, _F32), chunk)
-                      for x in (q, k, v, beta, g))
-  same_doc, reached, in_last_doc, passes = document_masks(segment_ids, b, t,
-                                                          chunk)
+  same_doc, reached, in_last_doc, passes = document_masks(
+      segment_ids, q.shape[0], length, chunk)
 
   def sub_chunks(x):                                            # [B,N,S,c,...]
-    return split_chunks(split_chunks(x, chunk), c, axis=2)
+    return split_chunks(split_chunks(x, chunk), sub_chunk, axis=2)
 
   def head_major(x):                                            # [B,N,H,C,...]
     return jnp.moveaxis(split_chunks(x, chunk), 3, 2)
@@ -221,25 +197,109 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
                  0.0)                                           # [B,N,H,C,C]
 
   # Step 3: W and U from one triangular inverse per chunk.
+  dk = k.shape[-1]
   k_from_start = jnp.where(reached, k_h * jnp.exp(from_start), 0.0)
   rhs = beta_h[..., None] * jnp.concatenate([k_from_start, v_h], axis=-1)
   wu = _mm("bnhij,bnhjx->bnhix", invert_unit_lower(a), rhs)     # [B,N,H,C,K+V]
-  w, u = wu[..., :dk], wu[..., dk:]
+  return ChunkTerms(
+      w=wu[..., :dk], u=wu[..., dk:],
+      q=jnp.where(reached, q_h * jnp.exp(from_start), 0.0),     # [B,N,H,C,K]
+      scores=qk,
+      k=jnp.where(in_last_doc, k_h * jnp.exp(to_end), 0.0),     # [B,N,H,C,K]
+      decay=jnp.where(passes, jnp.exp(decays.chunk_total), 0.0))  # [B,N,H,G]
 
-  # Step 4: chunk transitions, then the state entering every chunk.
-  k_to_end = jnp.where(in_last_doc, k_h * jnp.exp(to_end), 0.0)  # [B,N,H,C,K]
-  decay = jnp.where(passes, jnp.exp(decays.chunk_total), 0.0)   # [B,N,H,G]
-  transition = (decay[..., :, None] * jnp.eye(dk, dtype=_F32)
-                - _mm("bnhjk,bnhjl->bnhkl", k_to_end, w))       # [B,N,H,K,K]
-  own = _mm("bnhjk,bnhjv->bnhkv", k_to_end, u)                  # [B,N,H,K,V]
-  state0 = (jnp.zeros((b, hv, dk, dv), _F32) if initial_state is None
-            else jnp.asarray(initial_state, _F32))
+
+def sweep_xla(terms: ChunkTerms, state0):
+  """Steps 4-5 in XLA: ``(o [B, N, H, C, V], final state [B, H, K, V])``.
+
+  The chunk transitions ``S_out = (D - K_end^T W) S_in + K_end^T U`` and a
+  ``lax.scan`` over chunks for the state entering each chunk, then the
+  outputs ``o = (exp(G) * Q) S_in + P (U - W S_in)``.
+  """
+  dk = terms.w.shape[-1]
+  transition = (terms.decay[..., :, None] * jnp.eye(dk, dtype=_F32)
+                - _mm("bnhjk,bnhjl->bnhkl", terms.k, terms.w))  # [B,N,H,K,K]
+  own = _mm("bnhjk,bnhjv->bnhkv", terms.k, terms.u)             # [B,N,H,K,V]
   final_state, entering = scan_chunk_states(transition, own, state0)
+  u = terms.u - _mm("bnhjk,bnhkv->bnhjv", terms.w, entering)    # [B,N,H,C,V]
+  o = (_mm("bnhij,bnhjv->bnhiv", terms.scores, u)
+       + _mm("bnhik,bnhkv->bnhiv", terms.q, entering))          # [B,N,H,C,V]
+  return o, final_state
 
-  # Step 5: outputs from the entering state and the true pseudo-values.
-  u = u - _mm("bnhjk,bnhkv->bnhjv", w, entering)                # [B,N,H,C,V]
-  q_from_start = jnp.where(reached, q_h * jnp.exp(from_start), 0.0)
-  o = (_mm("bnhij,bnhjv->bnihv", qk, u)
-       + _mm("bnhik,bnhkv->bnihv", q_from_start, entering))     # [B,N,C,H,V]
-  o = merge_chunks(o)[:, :t]
-  return o.astype(out_dtype), (final_state if output_final_state else None)
+
+def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
+                     output_final_state=False, segment_ids=None,
+                     chunk_size=64, sub_chunk_size=8, use_qk_l2norm=False,
+                     impl="auto"):
+  """The delta rule, chunkwise (WY representation); the training path.
+
+  ``S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T``,
+  ``o_t = S_t^T (scale * q_t)``. With ``g=None`` this is DeltaNet, with a
+  scalar ``g`` per head Gated DeltaNet, with ``g`` per key channel KDA.
+
+  Args:
+    q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``, ``HV`` a multiple of ``H``
+      (value head j uses query/key head ``j // (HV // H)``).
+    beta: ``[B, T, HV]`` writing strength; in (0, 1) the state transition is
+      a contraction for unit keys, in (0, 2) it may have negative eigenvalues.
+    g: natural-log decay ``<= 0``: ``[B, T, HV]``, ``[B, T, HV, K]`` or None.
+    scale: query scale, ``K ** -0.5`` when None.
+    initial_state: ``[B, HV, K, V]`` float32, or None for zeros.
+    output_final_state: also return the state after the last token.
+    segment_ids: ``[B, T]`` int, the state resets where the id changes.
+    chunk_size: tokens per chunk (speed only, not results), for both
+      implementations; the kernels pad a chunk's rows to their tiles.
+    sub_chunk_size: tokens per sub-chunk of the decay factors; divides
+      ``chunk_size``.
+    use_qk_l2norm: L2-normalise q and k inside the op (unit keys keep the
+      transition stable).
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"`` (see
+      ``lin_attn_jax.ops.common.dispatch``). Steps 1-3 (the WY terms of
+      every chunk) run in XLA either way, differentiated by JAX's autodiff;
+      ``"pallas"`` runs steps 4-5, the sweep over chunks, and its backward
+      pass as Pallas kernels (``pallas_kernels.delta_rule``; bfloat16
+      matmul operands when q, k and v are bfloat16).
+  Returns:
+    ``(o [B, T, HV, V] in v's dtype, final_state [B, HV, K, V] float32 or
+    None)``.
+
+  Example:
+    >>> q = k = jnp.ones((1, 100, 2, 16)); v = jnp.ones((1, 100, 4, 32))
+    >>> beta = jnp.full((1, 100, 4), 0.5); g = jnp.full((1, 100, 4), -0.1)
+    >>> o, s = chunk_delta_rule(q, k, v, beta, g, use_qk_l2norm=True,
+    ...                         output_final_state=True)
+    >>> o.shape, s.shape
+    ((1, 100, 4, 32), (1, 4, 16, 32))
+  """
+  b, t, h, hv, dk, dv, g = validate(q, k, v, beta, g, initial_state,
+                                    segment_ids)
+  check_chunk_sizes(chunk_size, sub_chunk_size)
+  dispatch.check_impl(impl)
+  scale = default_scale(scale, dk)
+  chunk, c = chunk_layout(t, chunk_size, sub_chunk_size)
+  if g is None:
+    g = jnp.zeros((b, t, hv, 1), _F32)
+  out_dtype = v.dtype
+  bf16 = all(jnp.result_type(x) == jnp.bfloat16 for x in (q, k, v))
+  q, k = expand_query_key(q, k, hv, use_qk_l2norm)              # [B,T,HV,K]
+  q, k, v, beta, g = (pad_time(jnp.asarray(x, _F32), chunk)
+                      for x in (q, k, v, beta, g))
+  terms = chunk_terms(q, k, v, beta, g, scale=scale, segment_ids=segment_ids,
+                      length=t, chunk=chunk, sub_chunk=c)
+
+  def finish(o, final_state):
+    o = merge_chunks(jnp.moveaxis(o, 2, 3))[:, :t]              # [B,T,HV,V]
+    return (o.astype(out_dtype),
+            final_state if output_final_state else None)
+
+  def xla():
+    state0 = (jnp.zeros((b, hv, dk, dv), _F32) if initial_state is None
+              else jnp.asarray(initial_state, _F32))
+    return finish(*sweep_xla(terms, state0))
+
+  def pallas():
+    return finish(*chunk_delta_rule_sweep(
+        terms, initial_state=initial_state,
+        output_final_state=output_final_state, bf16_dots=bf16))
+
+  return dispatch.run(impl, xla, pallas)

@@ -42,7 +42,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, **options):
     q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; g: ``[B, T, HV]`` log-decay
       ``<= 0``; beta: ``[B, T, HV]``.
     **options: ``scale, initial_state, output_final_state, segment_ids,
-      chunk_size, sub_chunk_size, use_qk_l2norm`` as in ``chunk_delta_rule``.
+      chunk_size, sub_chunk_size, use_qk_l2norm, impl`` as in
+      ``chunk_delta_rule`` (``impl="pallas"``: the sweep over chunks and its
+      backward pass as Pallas kernels, the WY terms in XLA).
   Returns:
     ``(o [B, T, HV, V], final_state [B, HV, K, V] or None)``.
 

@@ -1,0 +1,321 @@
+"""Pallas kernels of the delta-rule core (the chunk sweep) against the naive
+recurrence, through ``chunk_delta_rule``, ``chunk_gated_delta_rule`` and
+``chunk_kda`` with ``impl="pallas"``.
+
+Every check runs twice: in interpret mode (always, on CPU) and compiled on
+the accelerator's own kernel (skipped without a TPU or GPU). The backend's
+kernel is chosen by binding the op's sweep to it. Every kernel is also
+exported for ``tpu`` and ``cuda``, forward and backward, and the exported
+module must hold that platform's Pallas custom call. The cases cover odd
+lengths, K != V, grouped value heads, segment ids, initial state, strong
+gates, beta up to 2, several value blocks per head, chunks padded to the
+tiles (C = 24 on GPU, C = 8 at T = 1 on TPU), bfloat16, and T = 1
+without state or segments; each case runs one kernel and one reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lin_attn_jax import ops
+from lin_attn_jax.ops.common import dispatch
+from lin_attn_jax.ops.delta_rule import chunk as delta_rule_chunk
+from pallas_kernels.delta_rule import (BlockSizes, ChunkTerms,
+                                       chunk_delta_rule_sweep,
+                                       chunk_delta_rule_sweep_reference)
+from tests.form_checks import assert_close_errors, rel_rms
+from tests.test_delta_rule import Case, make_inputs
+from tests.test_kernels_gated_linear import (CUSTOM_CALLS, cpu_jit,
+                                             exported_text)
+
+GRAD_ARGS = ("q", "k", "v", "beta", "g", "initial_state")
+ACCELERATOR = {"tpu": "tpu", "gpu": "gpu"}.get(jax.default_backend())
+
+# op -> (chunk form, naive form); both take (q, k, v, beta, g) by name.
+OPS = {
+    "delta_rule": (ops.chunk_delta_rule, ops.naive_recurrent_delta_rule),
+    "gated_delta_rule": (ops.chunk_gated_delta_rule,
+                         ops.naive_recurrent_gated_delta_rule),
+    "kda": (ops.chunk_kda, ops.naive_recurrent_kda),
+}
+
+# Two value blocks per head on each backend: V = 130 pads to 256 lanes on
+# TPU; V = 24 pads to 32 columns on GPU.
+TPU_TWO_BLOCKS = BlockSizes("tpu", block_v=128)
+GPU_BLOCKS = BlockSizes("gpu", block_v=16, num_warps=4, num_stages=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCase:
+  case: Case                    # inputs and options (tests.test_delta_rule)
+  backend: str                  # "tpu" or "gpu": whose kernel runs
+  dtype: str = "float32"        # dtype of q, k, v, beta, g
+  final_state: bool = True      # output_final_state
+  blocks: BlockSizes | None = None  # None: the backend's default
+
+  def __str__(self):
+    return f"{self.backend}-{self.dtype}-{self.case}-V{self.case.dim_v}"
+
+
+def _case(op, length, **options):
+  options = {"segments": True, "beta_max": 2.0, "chunk_size": 16,
+             "sub_chunk_size": 8, **options}
+  return Case(op, length, **options)
+
+
+CASES = [
+    KernelCase(_case("delta_rule", 37, heads=1), "tpu"),
+    KernelCase(_case("gated_delta_rule", 50, strong=True), "tpu"),
+    KernelCase(_case("gated_delta_rule", 50, dim_v=24, heads=1,
+                     use_qk_l2norm=True, chunk_size=24), "gpu",
+               blocks=GPU_BLOCKS),
+    KernelCase(_case("kda", 45, strong=True, dim_v=130), "tpu",
+               blocks=TPU_TWO_BLOCKS),
+    KernelCase(_case("kda", 45, use_qk_l2norm=True), "gpu"),
+    KernelCase(_case("gated_delta_rule", 1, segments=False,
+                     initial_state=False), "tpu", final_state=False),
+]
+BFLOAT16_CASES = [
+    KernelCase(_case("delta_rule", 37, dim_v=24), "gpu", "bfloat16",
+               blocks=GPU_BLOCKS),
+    KernelCase(_case("kda", 45, strong=True), "tpu", "bfloat16"),
+]
+
+
+def _outputs_and_grads(fn, inputs):
+  """Outputs, final state and the gradients of every ``GRAD_ARGS`` input
+  for fixed random cotangents, compiled as one program with ``cpu_jit``."""
+  diff = {n: inputs[n] for n in GRAD_ARGS if inputs.get(n) is not None}
+  rest = {n: x for n, x in inputs.items() if n not in diff}
+  o_shape, s_shape = jax.eval_shape(lambda d: fn(**rest, **d), diff)
+  rng = np.random.default_rng(1)
+  co = jnp.asarray(rng.standard_normal(o_shape.shape, np.float32),
+                   o_shape.dtype)
+  cs = (None if s_shape is None else
+        jnp.asarray(rng.standard_normal(s_shape.shape, np.float32)))
+
+  def run(diff, rest, co, cs):
+    (o, state), vjp = jax.vjp(lambda d: fn(**rest, **d), diff)
+    return o, state, vjp((co, cs))[0]
+
+  return cpu_jit(run)(diff, rest, co, cs)
+
+
+def kernel_errors(kc: KernelCase, *, interpret: bool, monkeypatch):
+  """Relative RMS errors of the op on the case's kernel against the naive
+  form, given the same (rounded) inputs in float32."""
+  monkeypatch.setattr(delta_rule_chunk, "chunk_delta_rule_sweep",
+                      functools.partial(chunk_delta_rule_sweep,
+                                        backend=kc.backend,
+                                        interpret=interpret,
+                                        block_sizes=kc.blocks))
+  case = kc.case
+  chunk, naive = OPS[case.op]
+  options = dict(output_final_state=kc.final_state,
+                 use_qk_l2norm=case.use_qk_l2norm)
+  dtype = jnp.dtype(kc.dtype)
+  inputs = {name: (x.astype(dtype) if name in ("q", "k", "v", "beta", "g")
+                   else x) for name, x in make_inputs(case, 0).items()}
+  o, state, grads = _outputs_and_grads(
+      functools.partial(chunk, impl="pallas", chunk_size=case.chunk_size,
+                        sub_chunk_size=case.sub_chunk_size, **options),
+      inputs)
+  reference = {name: (x.astype(jnp.float32) if x.dtype == dtype else x)
+               for name, x in inputs.items()}
+  ref_o, ref_state, ref_grads = _outputs_and_grads(
+      functools.partial(naive, **options), reference)
+  assert o.dtype == dtype
+  errors = {"o": rel_rms(o, ref_o)}
+  if kc.final_state:
+    assert state.dtype == jnp.float32
+    errors["state"] = rel_rms(state, ref_state)
+  else:
+    assert state is None
+  for name, grad in grads.items():
+    assert grad.dtype == inputs[name].dtype, name
+    finite = np.all(np.isfinite(np.asarray(grad, np.float32)))
+    errors["d" + name] = (rel_rms(grad, ref_grads[name]) if finite
+                          else float("inf"))
+  assert set(errors) >= {"o", "dq", "dk", "dv", "dbeta"}
+  return errors
+
+
+class _KernelChecks:
+  """The checks; subclasses say whether they run in interpret mode."""
+  interpret: bool
+
+  def skip_unless_runnable(self, backend):
+    if not self.interpret and backend != ACCELERATOR:
+      pytest.skip(f"the {backend} kernel compiles only on a {backend}")
+
+  @pytest.mark.parametrize("kc", CASES, ids=str)
+  def test_matches_naive(self, kc, monkeypatch):
+    self.skip_unless_runnable(kc.backend)
+    errors = kernel_errors(kc, interpret=self.interpret,
+                           monkeypatch=monkeypatch)
+    assert_close_errors(errors, 1e-5, label=str(kc))
+
+  @pytest.mark.parametrize("kc", BFLOAT16_CASES, ids=str)
+  def test_bfloat16(self, kc, monkeypatch):
+    self.skip_unless_runnable(kc.backend)
+    errors = kernel_errors(kc, interpret=self.interpret,
+                           monkeypatch=monkeypatch)
+    assert_close_errors(errors, 1e-2, label=str(kc))
+
+
+class TestKernelsInterpret(_KernelChecks):
+  interpret = True
+
+
+@pytest.mark.skipif(ACCELERATOR is None, reason="needs a TPU or a GPU")
+class TestKernelsCompiled(_KernelChecks):
+  interpret = False
+
+
+def _sweep_terms(seed=0, b=1, n=3, h=2, c=16, dk=8, dv=12, width=8):
+  rng = np.random.default_rng(seed)
+  x = lambda *shape: jnp.asarray(  # noqa: E731
+      0.3 * rng.standard_normal(shape, np.float32))
+  return ChunkTerms(w=x(b, n, h, c, dk), u=x(b, n, h, c, dv),
+                    q=x(b, n, h, c, dk), scores=x(b, n, h, c, c),
+                    k=x(b, n, h, c, dk),
+                    decay=jnp.exp(-jnp.abs(x(b, n, h, width))))
+
+
+def test_sweep_by_platform_matches_its_reference():
+  """Without a backend, the platform dispatch picks the Mosaic kernel in
+  interpret mode on CPU: the sweep against its plain-jnp reference."""
+  terms = _sweep_terms()
+  s0 = jnp.ones((1, 2, 8, 12))
+  o, state = cpu_jit(lambda t, s: chunk_delta_rule_sweep(
+      t, initial_state=s, output_final_state=True))(terms, s0)
+  ref_o, ref_state = chunk_delta_rule_sweep_reference(
+      terms, initial_state=s0, output_final_state=True)
+  assert_close_errors({"o": rel_rms(o, ref_o),
+                       "state": rel_rms(state, ref_state)}, 1e-5,
+                      label="sweep")
+
+
+def _export_inputs(op, dtype=jnp.float32):
+  case = Case(op, 20, heads=1, value_heads=2, segments=True)
+  inputs = make_inputs(case, 0)
+  return {name: (x.astype(dtype) if name in ("q", "k", "v") else x)
+          for name, x in inputs.items()}
+
+
+def _custom_calls(text):
+  return set(re.findall(r"custom_call @([\w$.]+)", text))
+
+
+@pytest.mark.parametrize("op, dtype", [("delta_rule", jnp.float32),
+                                       ("gated_delta_rule", jnp.bfloat16),
+                                       ("kda", jnp.float32)])
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_exports_kernels(platform, op, dtype):
+  """Forward and backward lower to the platform's Pallas kernels."""
+  inputs = _export_inputs(op, dtype)
+  names = [name for name in GRAD_ARGS if name in inputs]
+  chunk = OPS[op][0]
+
+  def forward(*args):
+    return chunk(**{**inputs, **dict(zip(names, args))}, impl="pallas",
+                 output_final_state=True)
+
+  def loss(*args):
+    o, state = forward(*args)
+    return jnp.sum(o.astype(jnp.float32)) + jnp.sum(state)
+
+  args = [inputs[name] for name in names]
+  forward_text = exported_text(forward, platform, *args)
+  backward_text = exported_text(
+      jax.grad(loss, argnums=tuple(range(len(args)))), platform, *args)
+  for text, kernels in ((forward_text, ["delta_rule_forward"]),
+                        (backward_text, ["delta_rule_states",
+                                         "delta_rule_backward"])):
+    assert _custom_calls(text) == {CUSTOM_CALLS[platform]}
+    for kernel in kernels:
+      assert f'"{kernel}' in text, f"{kernel} missing for {platform}"
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_invalid_impl_raises(op):
+  with pytest.raises(ValueError, match="impl must be one of"):
+    OPS[op][0](**_export_inputs(op), impl="triton")
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_auto_runs_xla_on_cpu(op, monkeypatch):
+  monkeypatch.setattr(dispatch, "_default_backend", lambda: "cpu")
+  inputs = _export_inputs(op)
+  jaxpr = jax.make_jaxpr(lambda x: OPS[op][0](**x, impl="auto"))(inputs)
+  assert "pallas_call" not in str(jaxpr)
+
+
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
+def test_auto_on_an_accelerator_picks_by_platform(backend, monkeypatch):
+  """With a TPU or GPU default backend, impl="auto" lowers to the kernel on
+  tpu and cuda and to the XLA form on cpu, gradients included."""
+  monkeypatch.setattr(dispatch, "_default_backend", lambda: backend)
+  inputs = _export_inputs("gated_delta_rule")
+  names = [name for name in GRAD_ARGS if name in inputs]
+
+  def loss(*args):
+    o, state = ops.chunk_gated_delta_rule(
+        **{**inputs, **dict(zip(names, args))}, impl="auto",
+        output_final_state=True)
+    return jnp.sum(o) + jnp.sum(state)
+
+  grad = jax.grad(loss, argnums=tuple(range(len(names))))
+  args = [inputs[name] for name in names]
+  for platform, calls in (("tpu", {CUSTOM_CALLS["tpu"]}),
+                          ("cuda", {CUSTOM_CALLS["cuda"]}), ("cpu", set())):
+    assert _custom_calls(exported_text(grad, platform, *args)) == calls
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"backend": "cpu"}, "backend"),
+    ({"interpret": True}, "explicit backend"),
+    ({"block_sizes": 16}, "BlockSizes"),
+])
+def test_sweep_rejects_bad_arguments(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    chunk_delta_rule_sweep(_sweep_terms(), **kwargs)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"scores": jnp.zeros((1, 3, 2, 16, 8))}, "scores must be"),
+    ({"u": jnp.zeros((1, 3, 2, 8, 12))}, "u must be"),
+    ({"decay": jnp.zeros((1, 3, 2, 4))}, "decay must be"),
+])
+def test_sweep_rejects_bad_shapes(change, message):
+  terms = _sweep_terms()._replace(**change)
+  with pytest.raises(ValueError, match=message):
+    chunk_delta_rule_sweep(terms)
+  with pytest.raises(ValueError, match="initial_state"):
+    chunk_delta_rule_sweep(_sweep_terms(), initial_state=jnp.zeros((1, 2)))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"backend": "tpu", "block_v": 64}, "multiple of 128"),
+    ({"backend": "tpu", "num_warps": 4}, "GPU settings"),
+    ({"backend": "gpu", "block_v": 24}, "power of two"),
+    ({"backend": "gpu", "block_v": 8}, "power of two"),
+    ({"backend": "gpu", "num_warps": 3}, "num_warps"),
+    ({"backend": "gpu", "num_stages": 0}, "num_stages"),
+    ({"backend": "mps"}, "backend"),
+])
+def test_block_sizes_validate(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    BlockSizes(**kwargs)
+
+
+def test_block_size_defaults_are_valid():
+  for backend in ("tpu", "gpu"):
+    assert BlockSizes.default(backend).backend == backend
