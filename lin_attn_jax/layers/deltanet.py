@@ -20,7 +20,9 @@ and ``W_o norm(o)`` with a per-head RMSNorm. They differ in the decay
   same decay per key channel from a low-rank projection, and a low-rank
   sigmoid output gate after the RMSNorm.
 
-The cache is the last ``conv_size - 1`` inputs of each of the three
+The layers call the core's forms (``chunk_delta_rule`` and its siblings)
+directly: the ``gated_delta_rule`` and ``kda`` ops are those forms with a
+scalar or a per-channel ``g``. The cache is the last ``conv_size - 1`` inputs of each of the three
 convolutions and the ``[B, H, K, V]`` float32 state.
 
 Dense projections use the package's LeCun normal init (the papers do not fix

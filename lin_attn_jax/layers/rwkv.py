@@ -56,7 +56,7 @@ def check_heads(d_model: int, n_heads: int):
   return d_model // n_heads
 
 
-def check_rank(name: str, value):
+def check_positive(name: str, value):
   if not isinstance(value, int) or value < 1:
     raise ValueError(f"{name} must be a positive int, got {value!r}")
   return value
@@ -90,10 +90,12 @@ class RWKV6(Mixer):
 
   - data-dependent interpolation (ddlerp): ``x_c = x + d * (mu_c +
     lora_c(x + d * mu_x))`` for ``c`` in ``w, k, v, r, g``, the five LoRAs
-    ``tanh(. A) B_c`` sharing ``A``;
+    ``tanh(. A) B_c`` sharing ``A`` (``mu_x`` is ``lerp_base``, the other
+    ``mu`` are ``lerp_weights``, ``A, B`` are ``lerp_down, lerp_up``);
   - ``r, k, v = x_r W_r, x_k W_k, x_v W_v``, ``g = silu(x_g W_g)``;
   - a decay per channel ``exp(-exp(w))`` with ``w = w_0 + tanh(x_w A_w)
-    B_w``, and a bonus ``u`` per channel for the current token;
+    B_w`` (``decay_base, decay_down, decay_up``), and a bonus ``u`` per
+    channel for the current token (``bonus``);
   - the RWKV-6 op (``scale = 1``), a per-head GroupNorm with bias, and
     ``W_o (group_norm(o) * g)``.
 
@@ -101,9 +103,9 @@ class RWKV6(Mixer):
   the channel index and depth, LoRA matrices uniform in ``+-1e-4``,
   ``w_0`` from -6 to -1 over the channels (decays from 0.9975 down to 0.69),
   ``u`` a depth-graded ramp with a +-0.1 zigzag. The dense projections use
-  the package's LeCun normal init (the reference trainer zeroes some of
-  them, which leaves the rest of the block without a gradient at the first
-  step).
+  the package's LeCun normal init (the reference trainer zeroes ``W_r, W_k,
+  W_o``, which leaves every parameter of the block without a gradient at
+  the first step).
 
   Args:
     d_model: ``D``. n_heads: ``H`` (head width ``D / H`` for keys and
@@ -122,8 +124,8 @@ class RWKV6(Mixer):
                norm_eps: float = 64e-5, chunk_size: int = 64, dtype=_F32,
                param_dtype=_F32):
     self.head_dim = check_heads(d_model, n_heads)
-    check_rank("mix_low_rank_dim", mix_low_rank_dim)
-    check_rank("decay_low_rank_dim", decay_low_rank_dim)
+    check_positive("mix_low_rank_dim", mix_low_rank_dim)
+    check_positive("decay_low_rank_dim", decay_low_rank_dim)
     rising, falling = depth_ratios(layer_index, n_layers)
     self.n_heads, self.chunk_size = n_heads, chunk_size
     d = d_model
@@ -240,10 +242,16 @@ class RWKV7(Mixer):
   - the removal key ``kappa = l2_normalize(k * k_k)`` per head and the
     replacement key ``k * (1 + (a - 1) * k_a)``;
   - the state update ``S_t = S_{t-1} (diag(w_t) - kappa^T (a * kappa)) +
-    v^T k`` (the RWKV-7 op with ``a = -kappa``, ``b = kappa * a``,
-    ``scale = 1``), a per-head GroupNorm with bias, plus the bonus
-    ``(sum(r * k * r_k) per head) v``;
+    v^T k`` (RWKV's ``[V, K]`` orientation; the RWKV-7 op with ``a =
+    -kappa``, ``b = kappa * a``, ``scale = 1``), a per-head GroupNorm with
+    bias, plus the bonus ``(sum(r * k * r_k) per head) v``;
   - the output gate ``g = sigmoid(x_g A_g) B_g`` and ``W_o ((.) * g)``.
+
+  Attributes by the paper's names: ``mu`` is ``lerp_weights``; ``w_0, A_w,
+  B_w`` are ``decay_base, decay_down, decay_up``; ``a_0, A_a, B_a`` are
+  ``iclr_base, iclr_down, iclr_up``; ``A_g, B_g`` are ``gate_down,
+  gate_up``; ``k_k, k_a, r_k`` are ``key_norm_scale, key_iclr_mix,
+  bonus``.
 
   The value residual (mixing in the first layer's values in later layers)
   needs the first layer's values, which a mixer does not see; it is left
@@ -286,7 +294,7 @@ class RWKV7(Mixer):
                                 ("iclr_low_rank_dim", iclr_low_rank_dim, 2.5),
                                 ("gate_low_rank_dim", gate_low_rank_dim, 5.0)):
       ranks.append(lora_rank(d_model, factor) if value is None
-                   else check_rank(name, value))
+                   else check_positive(name, value))
     decay_rank, iclr_rank, gate_rank = ranks
     rising, falling = depth_ratios(layer_index, n_layers)
     self.n_heads, self.chunk_size = n_heads, chunk_size
