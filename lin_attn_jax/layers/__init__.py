@@ -8,6 +8,7 @@ mode="chunk", cache=None)``; see ``layers/base.py`` for the contract.
 from lin_attn_jax.layers.base import MODES, Context, Mixer
 
 from lin_attn_jax.layers.based import Based
+from lin_attn_jax.layers.deltanet import KDA, DeltaNet, GatedDeltaNet
 from lin_attn_jax.layers.gla import GLA
 from lin_attn_jax.layers.h3 import H3
 from lin_attn_jax.layers.hgrn2 import HGRN2
@@ -18,6 +19,7 @@ from lin_attn_jax.layers.mamba2 import Mamba2
 from lin_attn_jax.layers.performer import Performer
 from lin_attn_jax.layers.retnet import RetNet
 from lin_attn_jax.layers.rg_lru import RGLRU
+from lin_attn_jax.layers.rwkv import RWKV6, RWKV7
 from lin_attn_jax.layers.softmax import (SlidingWindowAttention,
                                          SoftmaxAttention, SparseAttention)
 
@@ -39,9 +41,16 @@ MIXERS: dict[str, type[Mixer]] = {
     "mamba2": Mamba2,
     "h3": H3,
     "rg_lru": RGLRU,
+    # Delta-rule core and RWKV.
+    "deltanet": DeltaNet,
+    "gated_deltanet": GatedDeltaNet,
+    "kda": KDA,
+    "rwkv6": RWKV6,
+    "rwkv7": RWKV7,
 }
 
-__all__ = ["GLA", "H3", "HGRN2", "Based", "LinearAttention", "Linformer",
-           "MIXERS", "MODES", "Context", "Mamba", "Mamba2", "Mixer",
-           "Performer", "RGLRU", "RetNet", "SlidingWindowAttention",
+__all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
+           "Context", "DeltaNet", "GatedDeltaNet", "LinearAttention",
+           "Linformer", "MIXERS", "MODES", "Mamba", "Mamba2", "Mixer",
+           "Performer", "RetNet", "SlidingWindowAttention",
            "SoftmaxAttention", "SparseAttention"]

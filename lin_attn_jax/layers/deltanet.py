@@ -1,0 +1,314 @@
+"""Delta-rule layers: DeltaNet, Gated DeltaNet and Kimi Delta Attention.
+
+All three share one skeleton: ``q, k, v = silu(short_conv(x W))`` (a causal
+depthwise convolution of 4 taps on each), q and k L2-normalised inside the
+op, a writing strength ``beta = sigmoid(x W_b)`` per head, the delta rule
+
+    S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T
+    o_t = S_t^T (q_t / sqrt(K))
+
+and ``W_o norm(o)`` with a per-head RMSNorm. They differ in the decay
+``g_t`` and the output gate:
+
+- DeltaNet (Yang et al. 2024, https://arxiv.org/abs/2406.06484): no decay,
+  optional silu output gate;
+- Gated DeltaNet (Yang, Kautz, Hatamizadeh 2025,
+  https://arxiv.org/abs/2412.06464): a scalar decay per head
+  ``g = -exp(A_log) * softplus(x W_a + dt_bias)`` as in Mamba-2, and a gated
+  RMSNorm ``rms_norm(o) * silu(x W_g)``;
+- KDA (Kimi Team 2025, "Kimi Linear", https://arxiv.org/abs/2510.26692): the
+  same decay per key channel from a low-rank projection, and a low-rank
+  sigmoid output gate after the RMSNorm.
+
+The layers call the core's forms (``chunk_delta_rule`` and its siblings)
+directly: the ``gated_delta_rule`` and ``kda`` ops are those forms with a
+scalar or a per-channel ``g``. The cache is the last ``conv_size - 1`` inputs of each of the three
+convolutions and the ``[B, H, K, V]`` float32 state.
+
+Dense projections use the package's LeCun normal init (the papers do not fix
+one), the convolutions PyTorch's ``Conv1d`` init without bias as in the
+papers' code; ``A_log`` and ``dt_bias`` follow the references named in each
+class.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lin_attn_jax.layers import modules
+from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.ops import (chunk_delta_rule, delta_rule_step,
+                              parallel_delta_rule, recurrent_delta_rule)
+
+_F32 = jnp.float32
+
+
+def head_dims(d_model: int, n_heads: int, expand_k: float, expand_v: float):
+  """Key and value widths per head, ``expand * d_model / n_heads``."""
+  key_dim, value_dim = d_model * expand_k, d_model * expand_v
+  if (key_dim != int(key_dim) or value_dim != int(value_dim)
+      or int(key_dim) % n_heads or int(value_dim) % n_heads
+      or key_dim < n_heads or value_dim < n_heads):
+    raise ValueError(f"expand_k * d_model = {key_dim} and expand_v * d_model "
+                     f"= {value_dim} must be whole multiples of n_heads = "
+                     f"{n_heads}")
+  return int(key_dim) // n_heads, int(value_dim) // n_heads
+
+
+def a_log_init(low: float = 1.0, high: float = 16.0):
+  """An initializer of ``A_log = log(A)`` with ``A ~ U(low, high)``."""
+
+  def init(key, shape, dtype=_F32):
+    return jnp.log(jax.random.uniform(key, shape, _F32, low, high)).astype(
+        dtype)
+
+  return init
+
+
+def mamba2_decay_params(rngs: nnx.Rngs, shape, *, dt_min=1e-3, dt_max=0.1,
+                        dt_floor=1e-4, param_dtype=_F32):
+  """``A_log`` and ``dt_bias`` initialised as in Mamba-2.
+
+  ``A ~ U(1, 16)``, ``A_log = log(A)``; ``dt`` log-uniform in ``[dt_min,
+  dt_max]`` (at least ``dt_floor``) and ``dt_bias = softplus^-1(dt)``.
+  """
+
+  def dt_bias_init(key, shape, dtype=_F32):
+    u = jax.random.uniform(key, shape, _F32)
+    dt = jnp.exp(u * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+    dt = jnp.maximum(dt, dt_floor)
+    return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)        # softplus^-1
+
+  return (modules.param(rngs, a_log_init(), shape, ("heads",), param_dtype),
+          modules.param(rngs, dt_bias_init, shape, ("heads",), param_dtype))
+
+
+def run_delta_rule(ctx: Context, q, k, v, beta, g, state, chunk_size: int):
+  """The delta-rule op of ``ctx``'s mode (or its step when decoding).
+
+  ``q, k: [B, T, H, K]``, ``v: [B, T, H, V]``, ``beta: [B, T, H]``, ``g``
+  None, ``[B, T, H]`` or ``[B, T, H, K]``; q and k are L2-normalised by the
+  op. Returns ``(o [B, T, H, V], final state or None)``.
+  """
+  if ctx.decoding:
+    o, state = delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0],
+                               None if g is None else g[:, 0], state,
+                               reset=ctx.restart, use_qk_l2norm=True)
+    return o[:, None], state
+  form = ctx.pick(
+      chunk=functools.partial(chunk_delta_rule, chunk_size=chunk_size),
+      parallel=parallel_delta_rule, recurrent=recurrent_delta_rule)
+  return form(q, k, v, beta, g, initial_state=ctx.carried(state),
+              output_final_state=state is not None,
+              segment_ids=ctx.segment_ids, use_qk_l2norm=True)
+
+
+class DeltaNet(Mixer):
+  """DeltaNet (Yang et al. 2024, https://arxiv.org/abs/2406.06484).
+
+  ``q, k, v = silu(short_conv(x W_{q,k,v}))``, L2-normalised q and k,
+  ``beta = sigmoid(x W_b)`` per head, the delta rule without decay, and
+  ``W_o rms_norm(o)`` per head (``rms_norm(o) * silu(x W_g)`` with
+  ``use_output_gate``).
+
+  Args:
+    d_model: ``D``. n_heads: ``H``.
+    expand_k: key width per head is ``expand_k * D / H`` (1.0).
+    expand_v: value width per head is ``expand_v * D / H`` (1.0).
+    conv_size: taps of the short convolutions (4).
+    use_output_gate: gate the normalised output with ``silu(x W_g)``
+      (False, as in the paper's models).
+    allow_neg_eigval: ``beta = 2 sigmoid(.)`` in (0, 2), so that the
+      transition may have a negative eigenvalue (Grazzi et al.,
+      https://arxiv.org/abs/2411.12537); False keeps (0, 1).
+    norm_eps: epsilon of the per-head RMSNorm (1e-5).
+    chunk_size: chunk length of the chunk form (speed only).
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               expand_k: float = 1.0, expand_v: float = 1.0,
+               conv_size: int = 4, use_output_gate: bool = False,
+               allow_neg_eigval: bool = False, norm_eps: float = 1e-5,
+               chunk_size: int = 64, dtype=_F32, param_dtype=_F32):
+    self.head_k, self.head_v = head_dims(d_model, n_heads, expand_k, expand_v)
+    if conv_size < 1:
+      raise ValueError(f"conv_size must be >= 1, got {conv_size}")
+    self.n_heads, self.chunk_size = n_heads, chunk_size
+    self.allow_neg_eigval = allow_neg_eigval
+    key_dim, value_dim = n_heads * self.head_k, n_heads * self.head_v
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.q_proj = modules.dense(d_model, key_dim, **kw)
+    self.k_proj = modules.dense(d_model, key_dim, **kw)
+    self.v_proj = modules.dense(d_model, value_dim, **kw)
+    conv = functools.partial(modules.ShortConv, width=conv_size, rngs=rngs,
+                             use_bias=False, param_dtype=param_dtype)
+    self.q_conv, self.k_conv = conv(key_dim), conv(key_dim)
+    self.v_conv = conv(value_dim)
+    self.b_proj = modules.dense(d_model, n_heads, **kw)
+    self.init_decay(d_model, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.init_output_gate(d_model, use_output_gate, rngs=rngs, dtype=dtype,
+                          param_dtype=param_dtype)
+    self.norm = modules.HeadNorm(n_heads, self.head_v, rngs=rngs, eps=norm_eps,
+                                 param_dtype=param_dtype)
+    self.o_proj = modules.dense(value_dim, d_model, ("heads", "embed"), **kw)
+
+  def init_decay(self, d_model, *, rngs, dtype, param_dtype):
+    """Creates the decay's parameters (DeltaNet has none)."""
+    del d_model, rngs, dtype, param_dtype
+
+  def init_output_gate(self, d_model, use_output_gate, *, rngs, dtype,
+                       param_dtype):
+    """Creates the output gate's projection (``None`` without a gate)."""
+    self.g_proj = (modules.dense(d_model, self.n_heads * self.head_v,
+                                 rngs=rngs, dtype=dtype,
+                                 param_dtype=param_dtype)
+                   if use_output_gate else None)
+
+  def log_decay(self, x):
+    """The log-decay ``g`` of every token: None (no decay)."""
+    del x
+
+  def gated_norm(self, o, x):
+    """``norm(o)`` with the output gate: ``[B, T, H, V] -> [B, T, H * V]``."""
+    return self.norm(o, None if self.g_proj is None else self.g_proj(x))
+
+  def beta(self, x):
+    """Writing strength ``[B, T, H]`` float32, in (0, 1) (or (0, 2))."""
+    beta = jax.nn.sigmoid(self.b_proj(x).astype(_F32))
+    return 2.0 * beta if self.allow_neg_eigval else beta
+
+  def init_mixer_cache(self, batch_size, max_len, dtype):
+    del max_len, dtype
+    return {
+        "conv_q": self.q_conv.init_state(batch_size),
+        "conv_k": self.k_conv.init_state(batch_size),
+        "conv_v": self.v_conv.init_state(batch_size),
+        "state": jnp.zeros((batch_size, self.n_heads, self.head_k,
+                            self.head_v), _F32),
+    }
+
+  def mix(self, x, ctx: Context):
+    b, t, _ = x.shape
+    h = self.n_heads
+    cache = {} if ctx.cache is None else ctx.cache
+    q, conv_q = self.q_conv(self.q_proj(x), ctx, cache.get("conv_q"))
+    k, conv_k = self.k_conv(self.k_proj(x), ctx, cache.get("conv_k"))
+    v, conv_v = self.v_conv(self.v_proj(x), ctx, cache.get("conv_v"))
+    q = q.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
+    k = k.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
+    v = v.reshape(b, t, h, self.head_v)                         # [B, T, H, V]
+    o, state = run_delta_rule(ctx, q, k, v, self.beta(x), self.log_decay(x),
+                              cache.get("state"), self.chunk_size)
+    y = self.o_proj(self.gated_norm(o, x))
+    if ctx.cache is None:
+      return y, None
+    return y, {"conv_q": conv_q, "conv_k": conv_k, "conv_v": conv_v,
+               "state": state}
+
+
+class GatedDeltaNet(DeltaNet):
+  """Gated DeltaNet (Yang, Kautz, Hatamizadeh 2025,
+  https://arxiv.org/abs/2412.06464).
+
+  DeltaNet plus a scalar decay per head, ``g = -exp(A_log) * softplus(x W_a
+  + dt_bias)`` (Mamba-2's parameterisation and init: ``A ~ U(1, 16)``,
+  ``dt`` log-uniform in [1e-3, 0.1]), and the output through a gated
+  RMSNorm, ``W_o (rms_norm(o) * silu(x W_g))``.
+
+  Args:
+    d_model: ``D``. n_heads: ``H``.
+    expand_k: key width per head is ``expand_k * D / H`` (0.75).
+    expand_v: value width per head is ``expand_v * D / H`` (1.5); the
+      defaults are the paper's 1.3B shape (6 heads of 256 keys and 512
+      values at ``D = 2048``).
+    conv_size, allow_neg_eigval, norm_eps, chunk_size: as in ``DeltaNet``.
+    use_output_gate: the gated RMSNorm (True).
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               expand_k: float = 0.75, expand_v: float = 1.5,
+               conv_size: int = 4, use_output_gate: bool = True,
+               allow_neg_eigval: bool = False, norm_eps: float = 1e-5,
+               chunk_size: int = 64, dtype=_F32, param_dtype=_F32):
+    super().__init__(d_model, n_heads, rngs=rngs, expand_k=expand_k,
+                     expand_v=expand_v, conv_size=conv_size,
+                     use_output_gate=use_output_gate,
+                     allow_neg_eigval=allow_neg_eigval, norm_eps=norm_eps,
+                     chunk_size=chunk_size, dtype=dtype,
+                     param_dtype=param_dtype)
+
+  def init_decay(self, d_model, *, rngs, dtype, param_dtype):
+    self.a_proj = modules.dense(d_model, self.n_heads, rngs=rngs, dtype=dtype,
+                                param_dtype=param_dtype)
+    self.A_log, self.dt_bias = mamba2_decay_params(
+        rngs, (self.n_heads,), param_dtype=param_dtype)
+
+  def log_decay(self, x):
+    """``[B, T, H]`` float32, ``<= 0``."""
+    dt = jax.nn.softplus(self.a_proj(x).astype(_F32)
+                         + self.dt_bias[...].astype(_F32))
+    return -jnp.exp(self.A_log[...].astype(_F32)) * dt          # [B, T, H]
+
+
+class KDA(DeltaNet):
+  """Kimi Delta Attention (Kimi Team 2025, "Kimi Linear",
+  https://arxiv.org/abs/2510.26692).
+
+  Gated DeltaNet with a decay per key channel from a low-rank projection,
+  ``g = -exp(A_log) * softplus(f_up(f_down(x)) + dt_bias)`` of shape
+  ``[B, T, H, K]`` (``A_log`` per head, ``A ~ U(1, 16)``; ``dt_bias`` per
+  key channel, zeros; as in the paper's code), and a low-rank sigmoid output
+  gate, ``W_o (rms_norm(o) * sigmoid(g_up(g_down(x))))`` (``g_up`` with a
+  bias). Both low ranks are the value width of a head.
+
+  Args:
+    d_model: ``D``. n_heads: ``H``.
+    expand_k, expand_v: key and value widths per head are ``expand * D / H``
+      (1.0 each).
+    conv_size, allow_neg_eigval, norm_eps, chunk_size: as in ``DeltaNet``.
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               expand_k: float = 1.0, expand_v: float = 1.0,
+               conv_size: int = 4, allow_neg_eigval: bool = False,
+               norm_eps: float = 1e-5, chunk_size: int = 64, dtype=_F32,
+               param_dtype=_F32):
+    super().__init__(d_model, n_heads, rngs=rngs, expand_k=expand_k,
+                     expand_v=expand_v, conv_size=conv_size,
+                     use_output_gate=True, allow_neg_eigval=allow_neg_eigval,
+                     norm_eps=norm_eps, chunk_size=chunk_size, dtype=dtype,
+                     param_dtype=param_dtype)
+
+  def init_decay(self, d_model, *, rngs, dtype, param_dtype):
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    key_dim = self.n_heads * self.head_k
+    self.f_down = modules.dense(d_model, self.head_v, ("embed", "rank"), **kw)
+    self.f_up = modules.dense(self.head_v, key_dim, ("rank", "heads"), **kw)
+    self.A_log = modules.param(rngs, a_log_init(), (self.n_heads,),
+                               ("heads",), param_dtype)
+    self.dt_bias = modules.param(rngs, nnx.initializers.zeros_init(),
+                                 (key_dim,), ("heads",), param_dtype)
+
+  def init_output_gate(self, d_model, use_output_gate, *, rngs, dtype,
+                       param_dtype):
+    del use_output_gate
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.g_down = modules.dense(d_model, self.head_v, ("embed", "rank"), **kw)
+    self.g_up = modules.dense(self.head_v, self.n_heads * self.head_v,
+                              ("rank", "heads"), use_bias=True, **kw)
+
+  def log_decay(self, x):
+    """``[B, T, H, K]`` float32, ``<= 0``."""
+    b, t, _ = x.shape
+    f = self.f_up(self.f_down(x)).astype(_F32) + self.dt_bias[...].astype(_F32)
+    f = jax.nn.softplus(f).reshape(b, t, self.n_heads, self.head_k)
+    return -jnp.exp(self.A_log[...].astype(_F32))[:, None] * f  # [B, T, H, K]
+
+  def gated_norm(self, o, x):
+    gate = jax.nn.sigmoid(self.g_up(self.g_down(x)).astype(_F32))
+    return (self.norm(o).astype(_F32) * gate).astype(o.dtype)   # [B, T, H*V]
