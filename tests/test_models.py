@@ -125,3 +125,15 @@ def test_linen_bridge_matches_the_nnx_layer():
       variables["params"])
   assert all(np.any(np.asarray(g) != 0) for g in
              jax.tree.leaves(nn.meta.unbox(grads)))
+
+
+def test_depth_dependent_inits_see_their_layer():
+  from lin_attn_jax.layers import RWKV6
+  lm = LM(LMConfig(vocab_size=16, d_model=32, n_layers=3, n_heads=2,
+                   mixer="rwkv6"), rngs=nnx.Rngs(0))
+  for i, block in enumerate(lm.blocks):
+    alone = RWKV6(32, 2, layer_index=i, n_layers=3, rngs=nnx.Rngs(0))
+    np.testing.assert_array_equal(block.mixer.decay_base[...],
+                                  alone.decay_base[...])
+  assert not np.array_equal(lm.blocks[0].mixer.decay_base[...],
+                            lm.blocks[2].mixer.decay_base[...])

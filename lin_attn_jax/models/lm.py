@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 from typing import Any, Mapping
 
@@ -121,12 +122,20 @@ class SwiGLU(nnx.Module):
 class Block(nnx.Module):
   """``x + mixer(norm(x))``, then ``x + mlp(norm(x))``."""
 
-  def __init__(self, config: LMConfig, mixer: str, *, rngs: nnx.Rngs):
+  def __init__(self, config: LMConfig, mixer: str, *, rngs: nnx.Rngs,
+               layer_index: int = 0):
     kw = dict(dtype=config.dtype, param_dtype=config.param_dtype)
     self.mixer_norm = modules.rms_norm(config.d_model, eps=config.norm_eps,
                                        rngs=rngs, **kw)
+    options = config.options_for(mixer)
+    # Mixers whose inits depend on depth (RWKV) learn where they are.
+    accepted = inspect.signature(MIXERS[mixer].__init__).parameters
+    for name, value in (("layer_index", layer_index),
+                        ("n_layers", config.n_layers)):
+      if name in accepted:
+        options.setdefault(name, value)
     self.mixer = MIXERS[mixer](config.d_model, config.n_heads, rngs=rngs,
-                               **kw, **config.options_for(mixer))
+                               **kw, **options)
     self.mlp_norm = modules.rms_norm(config.d_model, eps=config.norm_eps,
                                      rngs=rngs, **kw)
     self.mlp = SwiGLU(config.d_model, config.hidden_dim, rngs=rngs, **kw)
@@ -153,8 +162,9 @@ class LM(nnx.Module):
         embedding_init=modules.partitioned(
             nnx.initializers.normal(stddev=d ** -0.5), ("vocab", "embed")),
         rngs=rngs)
-    self.blocks = nnx.List([Block(config, name, rngs=rngs)
-                            for name in config.layer_mixers])
+    self.blocks = nnx.List([
+        Block(config, name, rngs=rngs, layer_index=i)
+        for i, name in enumerate(config.layer_mixers)])
     self.final_norm = modules.rms_norm(d, eps=config.norm_eps, rngs=rngs,
                                        dtype=config.dtype,
                                        param_dtype=config.param_dtype)
