@@ -91,32 +91,160 @@ def _diagonal_outputs(q_s, k_s, v_s, g_s, doc_s, strict=False):
   g_s: ``[B, N, S, c, H, G]``; doc_s: ``[B, N, S, c]`` or None (one
   document); strict: i reads the state before its token (no ``d = 0``, and
   offset d decays over ``j < m < i``). Returns ``[B, N, S, c, H, V]``.
-  """
-  c = q_s.shape[3]
-  decay = jnp.exp(g_s)                                          # [B,N,S,c,H,G]
-  position = jnp.arange(c)
 
-  def shifted(x, d):                                            # x_{i-d}, 0 for i < d
-    keep = (position >= d).reshape((1, 1, 1, c) + (1,) * (x.ndim - 4))
-    return jnp.where(keep, jnp.roll(x, d, axis=3), 0)
+  The backward pass is written by hand (``_diagonal_bwd``): it walks the
+  offsets once more, forward, instead of storing every offset's running
+  product as autodiff of the loop would.
+  """
+  if doc_s is None:
+    return _diagonal_one_document(q_s, k_s, v_s, g_s, strict)
+  return _diagonal_packed(q_s, k_s, v_s, g_s, doc_s, strict)
+
+
+class _Offsets:
+  """Shifts within a sub-chunk (axis 3) for the offset loops."""
+
+  def __init__(self, c: int):
+    self.c = c
+    self.position = jnp.arange(c)
+
+  def _keep(self, ok, ndim):
+    return ok.reshape((1, 1, 1, self.c) + (1,) * (ndim - 4))
+
+  def back(self, x, d):
+    """``x_{i-d}`` at i, 0 for ``i < d``."""
+    return jnp.where(self._keep(self.position >= d, x.ndim),
+                     jnp.roll(x, d, axis=3), 0)
+
+  def ahead(self, x, d):
+    """``x_{j+d}`` at j, 0 for ``j + d >= c`` (the transpose of ``back``)."""
+    return jnp.where(self._keep(self.position < self.c - d, x.ndim),
+                     jnp.roll(x, -d, axis=3), 0)
+
+
+def _span_factor(decay, shift: _Offsets, d, strict):
+  """What offset d's running decay product gains over offset d - 1."""
+  factor = shift.back(decay, d - 1)
+  if strict:
+    factor = jnp.where(d > 1, factor, 1.0)                      # not g_i itself
+  return factor
+
+
+def _same_document(doc_s, shift: _Offsets, d):
+  if doc_s is None:
+    return None
+  return (doc_s == shift.back(doc_s, d))[..., None]             # [B,N,S,c,1]
+
+
+def _diagonal_forward(q_s, k_s, v_s, g_s, doc_s, strict):
+  shift = _Offsets(q_s.shape[3])
+  decay = jnp.exp(g_s)                                          # [B,N,S,c,H,G]
 
   def offset_step(carry, d):
     span, o = carry
-    factor = shifted(decay, d - 1)
-    if strict:
-      factor = jnp.where(d > 1, factor, 1.0)                    # not g_i itself
-    span = span * factor                                        # i-d+1 .. i
-    score = jnp.sum(q_s * shifted(k_s, d) * span, -1)           # [B,N,S,c,H]
-    if doc_s is not None:
-      same_doc = (doc_s == shifted(doc_s, d))[..., None]        # [B,N,S,c,1]
-      score = jnp.where(same_doc, score, 0.0)
-    return (span, o + score[..., None] * shifted(v_s, d)), None
+    span = span * _span_factor(decay, shift, d, strict)         # i-d+1 .. i
+    score = jnp.sum(q_s * shift.back(k_s, d) * span, -1)        # [B,N,S,c,H]
+    same = _same_document(doc_s, shift, d)
+    if same is not None:
+      score = jnp.where(same, score, 0.0)
+    return (span, o + score[..., None] * shift.back(v_s, d)), None
 
   o = (jnp.zeros_like(v_s) if strict
        else jnp.sum(q_s * k_s, -1)[..., None] * v_s)
   (_, o), _ = jax.lax.scan(offset_step, (jnp.ones_like(decay), o),
-                           jnp.arange(1, c))
+                           jnp.arange(1, shift.c))
   return o
+
+
+def _diagonal_bwd_impl(q_s, k_s, v_s, g_s, doc_s, strict, do):
+  """Gradients of ``_diagonal_forward`` for the cotangent ``do``.
+
+  With ``T[i, j, k] = ds_ij q_ik k_jk P_ijk`` (``ds_ij = do_i . v_j``, ``P``
+  the decay from j to i), a gate ``g_m`` sits in ``P`` of every pair with
+  ``j < m <= i`` (strict: ``j < m < i``), so its gradient is the sum of
+  ``T`` over those pairs: with ``A_i = sum_j T[i, j]`` and ``B_j = sum_i
+  T[i, j]``, ``dg_m = sum_{i>=m} A_i - sum_{j>=m} B_j`` (strict: the sums
+  over ``> m``, minus ``B_m``). Both sums stay inside one sub-chunk.
+  """
+  shift = _Offsets(q_s.shape[3])
+  decay = jnp.exp(g_s)
+  if strict:
+    dq, dk, dv = (jnp.zeros_like(x) for x in (q_s, k_s, v_s))
+  else:
+    d_diag = jnp.sum(do * v_s, -1)[..., None]                   # [B,N,S,c,H,1]
+    dq, dk = d_diag * k_s, d_diag * q_s
+    dv = jnp.sum(q_s * k_s, -1)[..., None] * do
+  as_i = jnp.zeros_like(q_s)                                    # A_i, [..., K]
+  as_j = jnp.zeros_like(q_s)                                    # B_j, [..., K]
+
+  def offset_step(carry, d):
+    span, dq, dk, dv, as_i, as_j = carry
+    span = span * _span_factor(decay, shift, d, strict)
+    k_d, v_d = shift.back(k_s, d), shift.back(v_s, d)           # j = i - d
+    q_span = q_s * span                                         # [B,N,S,c,H,K]
+    score = jnp.sum(q_span * k_d, -1)                           # [B,N,S,c,H]
+    d_score = jnp.sum(do * v_d, -1)
+    same = _same_document(doc_s, shift, d)
+    if same is not None:
+      score = jnp.where(same, score, 0.0)
+      d_score = jnp.where(same, d_score, 0.0)
+    d_score = d_score[..., None]
+    pair = d_score * q_span * k_d                               # T[i, i - d]
+    if strict:
+      # Pairs of neighbours carry no gate; leaving them out of A and B
+      # spares their exact cancellation in floating point.
+      pair = jnp.where(d > 1, pair, 0.0)
+    dq = dq + d_score * k_d * span
+    dk = dk + shift.ahead(d_score * q_span, d)
+    dv = dv + shift.ahead(score[..., None] * do, d)
+    return (span, dq, dk, dv, as_i + pair, as_j + shift.ahead(pair, d)), None
+
+  (_, dq, dk, dv, as_i, as_j), _ = jax.lax.scan(
+      offset_step, (jnp.ones_like(decay), dq, dk, dv, as_i, as_j),
+      jnp.arange(1, shift.c))
+  if g_s.shape[-1] != q_s.shape[-1]:                            # scalar gate
+    as_i, as_j = (jnp.sum(x, -1, keepdims=True) for x in (as_i, as_j))
+  later = reverse_exclusive_cumsum(as_i - as_j, axis=3)         # sums over > m
+  dg = later - as_j if strict else later + as_i - as_j
+  return dq, dk, dv, dg
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _diagonal_one_document(q_s, k_s, v_s, g_s, strict):
+  return _diagonal_forward(q_s, k_s, v_s, g_s, None, strict)
+
+
+def _diagonal_one_document_fwd(q_s, k_s, v_s, g_s, strict):
+  return (_diagonal_forward(q_s, k_s, v_s, g_s, None, strict),
+          (q_s, k_s, v_s, g_s))
+
+
+def _diagonal_one_document_bwd(strict, residuals, do):
+  q_s, k_s, v_s, g_s = residuals
+  return _diagonal_bwd_impl(q_s, k_s, v_s, g_s, None, strict, do)
+
+
+_diagonal_one_document.defvjp(_diagonal_one_document_fwd,
+                              _diagonal_one_document_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _diagonal_packed(q_s, k_s, v_s, g_s, doc_s, strict):
+  return _diagonal_forward(q_s, k_s, v_s, g_s, doc_s, strict)
+
+
+def _diagonal_packed_fwd(q_s, k_s, v_s, g_s, doc_s, strict):
+  return (_diagonal_forward(q_s, k_s, v_s, g_s, doc_s, strict),
+          (q_s, k_s, v_s, g_s, doc_s))
+
+
+def _diagonal_packed_bwd(strict, residuals, do):
+  q_s, k_s, v_s, g_s, doc_s = residuals
+  grads = _diagonal_bwd_impl(q_s, k_s, v_s, g_s, doc_s, strict, do)
+  return grads + (None,)
+
+
+_diagonal_packed.defvjp(_diagonal_packed_fwd, _diagonal_packed_bwd)
 
 
 def _decays(g_c, sub):
