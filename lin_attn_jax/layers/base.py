@@ -78,6 +78,11 @@ class Context:
         self.mode]
 
 
+def zero_state(batch_size: int, heads: int, dim_k: int, dim_v: int):
+  """An empty matrix state ``[B, H, K, V]``, float32 whatever the dtype."""
+  return jnp.zeros((batch_size, heads, dim_k, dim_v), jnp.float32)
+
+
 def check_mode(mode) -> None:
   if mode not in MODES:
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")

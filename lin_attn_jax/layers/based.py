@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.base import Context, Mixer, zero_state
 from lin_attn_jax.layers.linear_attn import head_dim
 from lin_attn_jax.ops import (based_step, chunk_based, chunk_softmax_attn,
                               init_kv_cache, parallel_based,
@@ -81,8 +81,8 @@ class Based(Mixer):
     del max_len
     f = self.feature_dim
     return {
-        "state": jnp.zeros((batch_size, self.n_heads, 1 + f + f * f,
-                            self.head_dim + 1), jnp.float32),
+        "state": zero_state(batch_size, self.n_heads, 1 + f + f * f,
+                            self.head_dim + 1),
         "window": init_kv_cache(batch_size, self.n_heads, self.head_dim,
                                 self.head_dim, window_size=self.window_size,
                                 dtype=dtype),

@@ -22,8 +22,9 @@ and ``W_o norm(o)`` with a per-head RMSNorm. They differ in the decay
 
 The layers call the core's forms (``chunk_delta_rule`` and its siblings)
 directly: the ``gated_delta_rule`` and ``kda`` ops are those forms with a
-scalar or a per-channel ``g``. The cache is the last ``conv_size - 1`` inputs of each of the three
-convolutions and the ``[B, H, K, V]`` float32 state.
+scalar or a per-channel ``g``. The cache is the last ``conv_size - 1``
+inputs of each of the three convolutions and the ``[B, H, K, V]`` float32
+state.
 
 Dense projections use the package's LeCun normal init (the papers do not fix
 one), the convolutions PyTorch's ``Conv1d`` init without bias as in the
@@ -41,7 +42,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.base import Context, Mixer, zero_state
 from lin_attn_jax.ops import (chunk_delta_rule, delta_rule_step,
                               parallel_delta_rule, recurrent_delta_rule)
 
@@ -188,8 +189,7 @@ class DeltaNet(Mixer):
         "conv_q": self.q_conv.init_state(batch_size),
         "conv_k": self.k_conv.init_state(batch_size),
         "conv_v": self.v_conv.init_state(batch_size),
-        "state": jnp.zeros((batch_size, self.n_heads, self.head_k,
-                            self.head_v), _F32),
+        "state": zero_state(batch_size, self.n_heads, self.head_k, self.head_v),
     }
 
   def mix(self, x, ctx: Context):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.base import Context, Mixer, zero_state
 from lin_attn_jax.ops import chunk_gla, gla_step, parallel_gla, recurrent_gla
 
 
@@ -58,8 +58,7 @@ class GLA(Mixer):
 
   def init_mixer_cache(self, batch_size, max_len, dtype):
     del max_len, dtype
-    return jnp.zeros((batch_size, self.n_heads, self.head_k, self.head_v),
-                     jnp.float32)
+    return zero_state(batch_size, self.n_heads, self.head_k, self.head_v)
 
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape

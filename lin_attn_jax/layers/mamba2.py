@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.base import Context, Mixer, zero_state
 from lin_attn_jax.layers.mamba import check_dt_range, dt_bias_init, inner_width
 from lin_attn_jax.ops import chunk_ssd, parallel_ssd, recurrent_ssd, ssd_step
 
@@ -110,8 +110,8 @@ class Mamba2(Mixer):
   def init_mixer_cache(self, batch_size, max_len, dtype):
     del max_len, dtype
     return {"conv": self.conv.init_state(batch_size),
-            "ssm": jnp.zeros((batch_size, self.n_heads, self.d_state,
-                              self.head_dim), jnp.float32)}
+            "ssm": zero_state(batch_size, self.n_heads, self.d_state,
+                              self.head_dim)}
 
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape

@@ -22,7 +22,7 @@ from flax import nnx
 
 from lin_attn_jax import feature_maps
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.base import Context, Mixer, zero_state
 from lin_attn_jax.layers.linear_attn import head_dim, run_linear_attn
 
 
@@ -90,8 +90,8 @@ class Performer(Mixer):
 
   def init_mixer_cache(self, batch_size, max_len, dtype):
     del max_len, dtype
-    return jnp.zeros((batch_size, self.n_heads, self.nb_features,
-                      self.head_dim + 1), jnp.float32)
+    return zero_state(batch_size, self.n_heads, self.nb_features,
+                      self.head_dim + 1)
 
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape

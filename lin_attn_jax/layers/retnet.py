@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.base import Context, Mixer, zero_state
 from lin_attn_jax.layers.linear_attn import head_dim
 from lin_attn_jax.ops import (chunk_retention, parallel_retention,
                               recurrent_retention, retention_step)
@@ -68,8 +68,7 @@ class RetNet(Mixer):
 
   def init_mixer_cache(self, batch_size, max_len, dtype):
     del max_len, dtype
-    return jnp.zeros((batch_size, self.n_heads, self.head_k, self.head_v),
-                     jnp.float32)
+    return zero_state(batch_size, self.n_heads, self.head_k, self.head_v)
 
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape

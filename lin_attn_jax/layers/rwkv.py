@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.base import Context, Mixer, zero_state
 from lin_attn_jax.ops import (chunk_rwkv6, chunk_rwkv7, parallel_rwkv6,
                               parallel_rwkv7, recurrent_rwkv6, recurrent_rwkv7,
                               rwkv6_step, rwkv7_step)
@@ -170,8 +170,8 @@ class RWKV6(Mixer):
     del max_len, dtype
     d = self.n_heads * self.head_dim
     return {"shift": jnp.zeros((batch_size, d), _F32),
-            "state": jnp.zeros((batch_size, self.n_heads, self.head_dim,
-                                self.head_dim), _F32)}
+            "state": zero_state(batch_size, self.n_heads, self.head_dim,
+                                self.head_dim)}
 
   def log_decay(self, xw):
     """``-exp(w_0 + tanh(x_w A_w) B_w)``: ``[B, T, D]`` float32, < 0."""
@@ -350,8 +350,8 @@ class RWKV7(Mixer):
     del max_len, dtype
     d = self.n_heads * self.head_dim
     return {"shift": jnp.zeros((batch_size, d), _F32),
-            "state": jnp.zeros((batch_size, self.n_heads, self.head_dim,
-                                self.head_dim), _F32)}
+            "state": zero_state(batch_size, self.n_heads, self.head_dim,
+                                self.head_dim)}
 
   def log_decay(self, xw):
     """``-exp(w)`` with ``w = -softplus(-(w_0 + lora(x_w))) - 0.5``:
