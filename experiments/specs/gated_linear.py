@@ -56,12 +56,27 @@ def _forms(prefix, step, step_names, **static):
   return forms
 
 
+def _normalized_state(key, dims, feature_map, dim_k, prior=16):
+  """A state a normalized op can have reached: ``sum_j phi(k_j) [v_j, 1]``
+  over ``prior`` random earlier tokens (a random normalizer column could put
+  a denominator ``q . z`` near 0, where no float32 form is accurate)."""
+  kk, kv = jax.random.split(key)
+  b, h = dims.batch, dims.heads
+  k = feature_map(jax.random.normal(kk, (b, prior, h, dim_k), jnp.float32))
+  v = jax.random.normal(kv, (b, prior, h, dims.dim_v), jnp.float32)
+  v = jnp.concatenate([v, jnp.ones_like(v[..., :1])], axis=-1)
+  return jnp.einsum("bjhk,bjhv->bhkv", k, v)
+
+
 def _linear_inputs(key, dims, strong, normalize=False):
   del strong
+  key, ks = jax.random.split(key)
   inputs = _qkv(key, dims, state_v=dims.dim_v + 1 if normalize else None)
   if normalize:
     inputs["q"] = feature_maps.elu_plus_one(inputs["q"])
     inputs["k"] = feature_maps.elu_plus_one(inputs["k"])
+    inputs["initial_state"] = _normalized_state(
+        ks, dims, feature_maps.elu_plus_one, dims.dim_k)
   return inputs
 
 
@@ -91,10 +106,13 @@ BASED_FEATURE_DIM = 8
 def _based_inputs(key, dims, strong):
   del strong
   dk = BASED_FEATURE_DIM
+  key, ks = jax.random.split(key)
   inputs = _qkv(key, dims, dim_k=dk, state_k=1 + dk + dk * dk,
                 state_v=dims.dim_v + 1)
   inputs["q"] = 0.5 * inputs["q"]
   inputs["k"] = 0.5 * inputs["k"]
+  inputs["initial_state"] = _normalized_state(
+      ks, dims, lambda x: feature_maps.taylor(0.5 * x), dk)
   return inputs
 
 
