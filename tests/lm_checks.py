@@ -151,3 +151,10 @@ def check_gradients(lm, *, use_segments: bool,
       param_gradients(lm, use_segments=use_segments))
          if not any(a in p for a in allowed_zero)]
   assert not bad, f"parameters with zero or non-finite gradients: {bad}"
+
+
+def check_mixer(lm, *, use_segments: bool, allowed_zero=()):
+  """All three checks for ``lm`` (a ``tiny_lm``): modes, decoding, gradients."""
+  reference, _ = check_modes(lm, use_segments=use_segments)
+  check_decoding(lm, use_segments=use_segments, reference=reference)
+  check_gradients(lm, use_segments=use_segments, allowed_zero=allowed_zero)

@@ -64,9 +64,7 @@ def jitted(fn, *modules):
 def test_modes_decoding_and_gradients(name, use_segments):
   lm = redraw(lm_checks.tiny_lm(name, MIXER_OPTIONS[name]),
               REDRAWN.get(name, ()))
-  reference, _ = lm_checks.check_modes(lm, use_segments=use_segments)
-  lm_checks.check_decoding(lm, use_segments=use_segments, reference=reference)
-  lm_checks.check_gradients(lm, use_segments=use_segments)
+  lm_checks.check_mixer(lm, use_segments=use_segments)
 
 
 def test_registered():

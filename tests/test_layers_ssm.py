@@ -27,10 +27,8 @@ MIXER_OPTIONS = {
                          ids=["noseg", "seg"])
 @pytest.mark.parametrize("name", sorted(MIXER_OPTIONS))
 def test_modes_decoding_and_gradients(name, use_segments):
-  lm = lm_checks.tiny_lm(name, MIXER_OPTIONS[name])
-  reference, _ = lm_checks.check_modes(lm, use_segments=use_segments)
-  lm_checks.check_decoding(lm, use_segments=use_segments, reference=reference)
-  lm_checks.check_gradients(lm, use_segments=use_segments)
+  lm_checks.check_mixer(lm_checks.tiny_lm(name, MIXER_OPTIONS[name]),
+                        use_segments=use_segments)
 
 
 def test_mamba_init():

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.common.segments import reset_flags
-from lin_attn_jax.ops.softmax_attn.inputs import (check_heads, check_window,
+from lin_attn_jax.ops.softmax_attn.inputs import (check_grouped_qkv,
+                                                  check_heads, check_window,
                                                   default_scale)
 
 _F32 = jnp.float32
@@ -170,17 +171,12 @@ def softmax_attn_extend(q, k, v, cache: KVCache, *, scale=None,
   Returns:
     ``(o [B, T, H, V] in v's dtype, the updated cache)``.
   """
-  checks.check_rank("q", q, 4, "[B, T, H, K]")
-  checks.check_rank("k", k, 4, "[B, T, Hkv, K]")
-  checks.check_rank("v", v, 4, "[B, T, Hkv, V]")
-  for name, x in (("q", q), ("k", k), ("v", v)):
-    checks.check_float(name, x)
-  b, t, h, dk = checks.shape_of(q)
-  _, size, hkv, _ = cache.k.shape
-  dv = cache.v.shape[-1]
-  checks.check_shape("k", k, (b, t, hkv, dk), "[B, T, Hkv, K] of the cache")
-  checks.check_shape("v", v, (b, t, hkv, dv), "[B, T, Hkv, V] of the cache")
-  check_heads(h, hkv, checks.shape_of(q), checks.shape_of(k))
+  b, t, h, hkv, dk, dv = check_grouped_qkv(q, k, v)
+  size = cache.k.shape[1]
+  checks.check_shape("k", k, (b, t) + cache.k.shape[2:],
+                     "[B, T, Hkv, K] of the cache")
+  checks.check_shape("v", v, (b, t) + cache.v.shape[2:],
+                     "[B, T, Hkv, V] of the cache")
   checks.check_reset(reset, b)
   if segment_ids is not None:
     checks.check_segment_ids(segment_ids, b, t)
@@ -200,7 +196,8 @@ def softmax_attn_extend(q, k, v, cache: KVCache, *, scale=None,
       cache.doc_start[:, None],
       jax.lax.cummax(jnp.where(starts, pos, -1), axis=1))       # [B, T]
 
-  keys = jnp.concatenate([cache.k, k.astype(cache.k.dtype)], 1)  # [B, S+T, Hkv, K]
+  # keys: [B, S+T, Hkv, K]; values: [B, S+T, Hkv, V]
+  keys = jnp.concatenate([cache.k, k.astype(cache.k.dtype)], 1)
   values = jnp.concatenate([cache.v, v.astype(cache.v.dtype)], 1)
   key_pos = jnp.concatenate([cache.position, pos], axis=1)      # [B, S+T]
   i, j = pos[:, :, None], key_pos[:, None, :]                   # [B, T, S+T]
@@ -209,9 +206,9 @@ def softmax_attn_extend(q, k, v, cache: KVCache, *, scale=None,
     visible &= j > i - cache.window_size
   if mask_fn is not None:
     visible &= mask_fn(i, j)
-  qg = jnp.asarray(q, _F32).reshape(b, t, hkv, h // hkv, dk)    # [B, T, h, g, K]
+  qg = jnp.asarray(q, _F32).reshape(b, t, hkv, h // hkv, dk)  # [B,T,h,g,K]
   s = scale * jnp.einsum("bthgk,bjhk->bhgtj", qg, keys,
-                         preferred_element_type=_F32)           # [B, h, g, T, S+T]
+                         preferred_element_type=_F32)  # [B,h,g,T,S+T]
   s = jnp.where(visible[:, None, None], s, -jnp.inf)
   p = jax.nn.softmax(s, axis=-1)
   o = jnp.einsum("bhgtj,bjhv->bthgv", p, values,
