@@ -30,7 +30,10 @@ def gated_linear_step(q, k, v, g=None, state=None, *, scale=None, reset=None):
   if reset is not None:
     state = jnp.where(jnp.asarray(reset)[:, None, None, None], 0.0, state)
   if g is not None:
-    state = jnp.exp(g)[..., None] * state                 # [B, H, K, V]
+    # [B, H, K, V]; as a dot_general, whose gradient XLA:CPU runs faster
+    # than that of a broadcast multiply.
+    state = jnp.einsum("bhk,bhkv->bhkv", jnp.exp(g), state,
+                       preferred_element_type=jnp.float32)
   state = state + jnp.einsum("bhk,bhv->bhkv", k, v,
                              preferred_element_type=jnp.float32)
   o = jnp.einsum("bhk,bhkv->bhv", (scale * q).astype(jnp.float32), state)
