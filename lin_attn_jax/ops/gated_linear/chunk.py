@@ -133,6 +133,14 @@ def _chunk_states(q_c, k_c, v_c, g_c, doc_c, doc_before, *, sub):
   return own, jnp.where(passes, jnp.exp(total), 0.0)
 
 
+def _halves(x, half):
+  """Blocks of ``2 * half`` tokens (axis 2) -> their left and right halves,
+  each ``[B, N, P, half, ...]``."""
+  blocks = x.shape[2] // (2 * half)
+  x = x.reshape(x.shape[:2] + (blocks, 2, half) + x.shape[3:])
+  return x[:, :, :, 0], x[:, :, :, 1]
+
+
 def _pairs_in_chunk(q_c, k_c, v_c, g_c, doc_c, strict):
   """Step 3: the part of each output from its own chunk, exactly.
 
@@ -155,12 +163,8 @@ def _pairs_in_chunk(q_c, k_c, v_c, g_c, doc_c, strict):
        else _dot_last(q_c, k_c)[..., None] * v_c)                # i = j
   half = size // 2
   while half >= 1:
-    def halves(x):                                              # [B,N,P,2,half,...]
-      x = x.reshape(x.shape[:2] + (size // (2 * half), 2, half) + x.shape[3:])
-      return x[:, :, :, 0], x[:, :, :, 1]
-    (q_left, q_right), (k_left, _), (v_left, _), (g_left, g_right) = (
-        halves(x) for x in (q_c, k_c, v_c, g_c))
-    del q_left
+    (_, q_right), (k_left, _), (v_left, _), (g_left, g_right) = (
+        _halves(x, half) for x in (q_c, k_c, v_c, g_c))
     to_i = jnp.cumsum(g_right, axis=3)                          # mid < m <= i
     if strict:
       to_i = _shift(to_i, 1, axis=3)                            # mid < m < i
@@ -169,7 +173,7 @@ def _pairs_in_chunk(q_c, k_c, v_c, g_c, doc_c, strict):
     k_write = k_left * jnp.exp(from_j)                          # [B,N,P,j,H,K]
     scores = _mm("bnpihk,bnpjhk->bnphij", q_read, k_write)
     if doc_c is not None:
-      doc_left, doc_right = halves(doc_c)                       # [B,N,P,half]
+      doc_left, doc_right = _halves(doc_c, half)                # [B,N,P,half]
       same = doc_right[..., :, None] == doc_left[..., None, :]
       scores = jnp.where(same[:, :, :, None], scores, 0.0)
     o_right = _mm("bnphij,bnpjhv->bnpihv", scores, v_left)
