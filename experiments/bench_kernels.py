@@ -32,16 +32,20 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import os
 import statistics
-import time
+import sys
 
-from absl import app
-from absl import flags
-import jax
-import jax.numpy as jnp
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lin_attn_jax import ops
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from experiments.bench_utils import median_time  # noqa: E402
+from lin_attn_jax import ops  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("ops", ["simple_gla", "gla", "delta_rule",
@@ -102,17 +106,6 @@ def jax_functions(op, impl):
   return jax.jit(forward), jax.jit(forward_backward)
 
 
-def time_jax(fn, args, warmup, iters):
-  for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(iters):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
 def fla_timer():
   """A function timing fla's kernels, or ``(None, why not)``."""
   try:
@@ -169,10 +162,10 @@ def benchmark():
     row = {"op": op, "T": t, "H": h, "D": d}
     for impl in ("pallas", "xla"):
       forward, forward_backward = jax_functions(op, impl)
-      row[f"{impl} fwd"] = time_jax(forward, (inputs,), FLAGS.warmup,
-                                    FLAGS.iters)
-      row[f"{impl} fwd+bwd"] = time_jax(forward_backward, (inputs, do),
-                                        FLAGS.warmup, FLAGS.iters)
+      row[f"{impl} fwd"] = median_time(forward, (inputs,), FLAGS.iters,
+                                       FLAGS.warmup)
+      row[f"{impl} fwd+bwd"] = median_time(forward_backward, (inputs, do),
+                                           FLAGS.iters, FLAGS.warmup)
     if fla_run is not None:
       for backward, name in ((False, "fla fwd"), (True, "fla fwd+bwd")):
         row[name] = fla_run(op, inputs, do, backward, FLAGS.warmup,

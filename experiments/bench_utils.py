@@ -10,10 +10,11 @@ import time
 import jax
 
 
-def median_time(fn, args, repeats: int) -> float:
-  """Median wall time of ``fn(*args)`` over ``repeats`` runs, after one
-  warm-up run (which compiles)."""
-  jax.block_until_ready(fn(*args))
+def median_time(fn, args, repeats: int, warmup: int = 1) -> float:
+  """Median wall time of ``fn(*args)`` over ``repeats`` runs, after
+  ``warmup`` untimed runs (the first compiles)."""
+  for _ in range(max(warmup, 1)):
+    jax.block_until_ready(fn(*args))
   times = []
   for _ in range(repeats):
     start = time.perf_counter()

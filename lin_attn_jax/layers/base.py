@@ -161,3 +161,11 @@ class Mixer(nnx.Module):
     }
     return y, new_cache
 
+
+class MatrixStateMixer(Mixer):
+  """A mixer whose cache is one matrix state ``[B, H, head_k, head_v]``
+  (``self.n_heads``, ``self.head_k``, ``self.head_v``)."""
+
+  def init_mixer_cache(self, batch_size: int, max_len: int, dtype):
+    del max_len, dtype
+    return zero_state(batch_size, self.n_heads, self.head_k, self.head_v)

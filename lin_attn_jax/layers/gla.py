@@ -13,11 +13,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer, zero_state
+from lin_attn_jax.layers.base import Context, MatrixStateMixer
 from lin_attn_jax.ops import chunk_gla, gla_step, parallel_gla, recurrent_gla
 
 
-class GLA(Mixer):
+class GLA(MatrixStateMixer):
   """Gated linear attention with a low-rank per-channel forget gate.
 
   Args:
@@ -55,10 +55,6 @@ class GLA(Mixer):
     self.norm = modules.HeadNorm(n_heads, self.head_v, rngs=rngs,
                                  param_dtype=param_dtype)
     self.o_proj = modules.dense(value_dim, d_model, ("heads", "embed"), **kw)
-
-  def init_mixer_cache(self, batch_size, max_len, dtype):
-    del max_len, dtype
-    return zero_state(batch_size, self.n_heads, self.head_k, self.head_v)
 
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape

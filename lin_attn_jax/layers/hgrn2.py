@@ -24,12 +24,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer, zero_state
+from lin_attn_jax.layers.base import Context, MatrixStateMixer
 from lin_attn_jax.layers.linear_attn import TORCH_LINEAR_INIT, head_dim
 from lin_attn_jax.ops import chunk_gla, gla_step, parallel_gla, recurrent_gla
 
 
-class HGRN2(Mixer):
+class HGRN2(MatrixStateMixer):
   """Gated linear RNN with an outer-product state and a lower-bounded forget
   gate.
 
@@ -90,10 +90,6 @@ class HGRN2(Mixer):
                                     + jax.nn.log_sigmoid(logits)), 0.0)
     k = (1.0 - lb) * jax.nn.sigmoid(-logits)
     return g, k.astype(x.dtype)
-
-  def init_mixer_cache(self, batch_size, max_len, dtype):
-    del max_len, dtype
-    return zero_state(batch_size, self.n_heads, self.head_k, self.head_v)
 
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape

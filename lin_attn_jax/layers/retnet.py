@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer, zero_state
+from lin_attn_jax.layers.base import Context, MatrixStateMixer
 from lin_attn_jax.layers.linear_attn import head_dim
 from lin_attn_jax.ops import (chunk_retention, parallel_retention,
                               recurrent_retention, retention_step)
@@ -31,7 +31,7 @@ def xavier_uniform(gain: float):
   return nnx.initializers.variance_scaling(gain ** 2, "fan_avg", "uniform")
 
 
-class RetNet(Mixer):
+class RetNet(MatrixStateMixer):
   """Multi-scale retention with a swish output gate.
 
   Initialisation as in the paper's code (torchscale): Xavier uniform with
@@ -65,10 +65,6 @@ class RetNet(Mixer):
                                  param_dtype=param_dtype)
     self.o_proj = modules.dense(value_dim, d_model, ("heads", "embed"),
                                 kernel_init=xavier_uniform(2 ** -1), **kw)
-
-  def init_mixer_cache(self, batch_size, max_len, dtype):
-    del max_len, dtype
-    return zero_state(batch_size, self.n_heads, self.head_k, self.head_v)
 
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
