@@ -92,6 +92,10 @@ class Mixer(nnx.Module):
   """Base class of the token mixers in ``lin_attn_jax.layers``."""
 
   causal: bool = True
+  # Parameters (attribute names, dotted for submodules) that are decays,
+  # gates or SSM dynamics rather than weights: the optimizer's weight decay
+  # leaves them alone (``train.optim.weight_decay_mask``).
+  no_weight_decay: tuple[str, ...] = ()
 
   def init_mixer_cache(self, batch_size: int, max_len: int, dtype):
     raise NotImplementedError

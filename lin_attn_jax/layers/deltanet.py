@@ -230,6 +230,8 @@ class GatedDeltaNet(DeltaNet):
     use_output_gate: the gated RMSNorm (True).
   """
 
+  no_weight_decay = ("A_log", "dt_bias")
+
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 0.75, expand_v: float = 1.5,
                conv_size: int = 4, use_output_gate: bool = True,
@@ -272,6 +274,8 @@ class KDA(DeltaNet):
       (1.0 each).
     conv_size, allow_neg_eigval, norm_eps, chunk_size: as in ``DeltaNet``.
   """
+
+  no_weight_decay = ("A_log", "dt_bias")
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 1.0, expand_v: float = 1.0,

@@ -62,6 +62,8 @@ class Mamba2(Mixer):
   float32.
   """
 
+  no_weight_decay = ("A_log", "dt_bias", "D")
+
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                d_state: int = 64, d_conv: int = 4, expand: float = 2,
                n_groups: int = 1, A_init_range: tuple[float, float] = (1, 16),

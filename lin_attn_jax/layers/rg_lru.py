@@ -92,6 +92,8 @@ class RGLRU(Mixer):
   Cache: ``{"conv": [B, conv_width - 1, W], "lru": [B, W]}``, float32.
   """
 
+  no_weight_decay = ("a_param",)
+
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                lru_width: int | None = None, expand: float = 4 / 3,
                conv_width: int = 4, c: float = 8.0, a_min: float = 0.9,

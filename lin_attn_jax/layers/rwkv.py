@@ -118,6 +118,8 @@ class RWKV6(Mixer):
     chunk_size: chunk length of the chunk form (speed only).
   """
 
+  no_weight_decay = ("lerp_base", "lerp_weights", "decay_base", "bonus")
+
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                mix_low_rank_dim: int = 32, decay_low_rank_dim: int = 64,
                layer_index: int = 0, n_layers: int = 1,
@@ -280,6 +282,9 @@ class RWKV7(Mixer):
     norm_eps: epsilon of the GroupNorm (64e-5).
     chunk_size: chunk length of the chunk form (speed only).
   """
+
+  no_weight_decay = ("lerp_weights", "decay_base", "iclr_base",
+                     "key_norm_scale", "key_iclr_mix", "bonus")
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                decay_low_rank_dim: int | None = None,

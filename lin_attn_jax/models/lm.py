@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lin_attn_jax import sharding
 from lin_attn_jax.layers import MIXERS
 from lin_attn_jax.layers import modules
 from lin_attn_jax.layers.base import check_mode
@@ -37,6 +38,31 @@ def _frozen_options(options) -> tuple:
     return options
   return tuple(sorted((name, tuple(sorted(dict(kw).items())))
                       for name, kw in dict(options).items()))
+
+
+def _jsonable(value):
+  if isinstance(value, tuple):
+    return [_jsonable(v) for v in value]
+  return value
+
+
+def _tupled(value):
+  if isinstance(value, list):
+    return tuple(_tupled(v) for v in value)
+  return value
+
+
+# Rematerialisation settings: None is no remat, otherwise the jax.checkpoint
+# policy (``None`` inside the tuple recomputes everything).
+REMAT_POLICIES = {
+    "none": None,
+    "block": (None,),
+    "block_save_dots": (
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,),
+}
+
+# The logical axes of the residual stream between blocks.
+RESIDUAL_AXES = ("batch", "length", "act_embed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +95,11 @@ class LMConfig:
   dtype: Any = jnp.float32
   # Dtype the parameters are stored in.
   param_dtype: Any = jnp.float32
+  # Rematerialisation of the blocks in training (calls without a cache):
+  # "none" keeps every activation for the backward pass; "block" keeps only
+  # each block's input and recomputes the rest; "block_save_dots" also keeps
+  # the results of matmuls without batch dimensions (less recomputation).
+  remat: str = "none"
 
   def __post_init__(self):
     object.__setattr__(self, "mixer_options",
@@ -84,6 +115,42 @@ class LMConfig:
     unknown = sorted(set(dict(self.mixer_options)) - set(MIXERS))
     if unknown:
       raise ValueError(f"mixer_options names unknown mixer(s) {unknown}")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got "
+                       f"{self.remat!r}")
+
+  def to_dict(self) -> dict:
+    """Plain JSON-able values (dtypes by name, tuples as lists)."""
+    out = {}
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if field.name in ("dtype", "param_dtype"):
+        value = jnp.dtype(value).name
+      elif field.name == "mixer_options":
+        value = {name: {k: _jsonable(v) for k, v in kw} for name, kw in value}
+      else:
+        value = _jsonable(value)
+      out[field.name] = value
+    return out
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> "LMConfig":
+    """The inverse of ``to_dict``; unknown fields raise ``ValueError``."""
+    known = {field.name for field in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ValueError(f"unknown LMConfig fields {unknown}")
+    values = dict(values)
+    for name in ("dtype", "param_dtype"):
+      if name in values:
+        values[name] = jnp.dtype(values[name]).type
+    if isinstance(values.get("mixer"), list):
+      values["mixer"] = tuple(values["mixer"])
+    if "mixer_options" in values:
+      values["mixer_options"] = {
+          name: {k: _tupled(v) for k, v in dict(kw).items()}
+          for name, kw in dict(values["mixer_options"]).items()}
+    return cls(**values)
 
   @property
   def layer_mixers(self) -> tuple[str, ...]:
@@ -199,11 +266,21 @@ class LM(nnx.Module):
     if cache is not None and len(cache) != len(self.blocks):
       raise ValueError(f"cache has {len(cache)} layers, the model "
                        f"{len(self.blocks)}; build it with LM.init_cache")
-    x = self.embed(tokens)                                      # [B, T, D]
+    x = sharding.constrain(self.embed(tokens), RESIDUAL_AXES)   # [B, T, D]
     new_cache = []
+    remat = REMAT_POLICIES[self.config.remat]
     for i, block in enumerate(self.blocks):
-      x, layer_cache = block(x, segment_ids=segment_ids, mode=mode,
-                             cache=None if cache is None else cache[i])
+      if cache is None and remat is not None:
+
+        def run(block, x, segment_ids):
+          return block(x, segment_ids=segment_ids, mode=mode, cache=None)[0]
+
+        x = nnx.remat(run, policy=remat[0])(block, x, segment_ids)
+        layer_cache = None
+      else:
+        x, layer_cache = block(x, segment_ids=segment_ids, mode=mode,
+                               cache=None if cache is None else cache[i])
+      x = sharding.constrain(x, RESIDUAL_AXES)
       new_cache.append(layer_cache)
     x = self.final_norm(x)
     if self.lm_head is None:
