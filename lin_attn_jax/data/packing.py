@@ -10,7 +10,14 @@ attention resets between documents.
 
 Random access (``row(i)`` costs a binary search) is what makes a batch a
 pure function of ``(seed, step)``: resuming, or changing the number of
-devices or processes, reads the same rows.
+devices or processes, reads the same rows. grain's packers
+(``FirstFitPackIterDataset``, ``ConcatThenSplitIterDataset``) are
+iterators: row ``i`` is known only after rows ``0 .. i - 1`` were packed,
+so a process that reads only its own rows, or a resumed run, would have to
+replay the stream (or restore an iterator state saved by the same process
+layout). The packing here is the concatenate-then-split of
+``ConcatThenSplitIterDataset`` made random-access; grain serves the
+per-step source and the read-ahead (``pipeline.py``).
 """
 
 from __future__ import annotations
