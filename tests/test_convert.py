@@ -247,8 +247,11 @@ LM_VARIANTS = {
 }
 
 
+@pytest.mark.benchmark
 @pytest.mark.parametrize("variant", sorted(LM_VARIANTS))
 def test_loading_options_agree_over_modes_and_decoding(variant):
+  """The options in every mode, with packed documents (the parity tests
+  cover the chunk mode and decoding without them); slow to compile."""
   kw = dict(LM_VARIANTS[variant])
   lm = lm_checks.LM(lm_checks.LMConfig(
       vocab_size=lm_checks.VOCAB, d_model=32, n_layers=2, n_heads=2, **kw),
