@@ -31,6 +31,7 @@ from tests import train_worker
 HYBRID = ("gla", "gated_deltanet", "mamba2", "softmax_attn")
 SMALL_CHUNKS = {name: {"chunk_size": 8} for name in HYBRID[:3]}
 WORKER = os.path.join(os.path.dirname(__file__), "train_worker.py")
+FAST = train_worker.FAST_COMPILE
 
 
 @functools.cache
@@ -52,7 +53,8 @@ def configs(mixers=HYBRID, steps=3, **train_kw):
 def run_steps(spec, rules, devices, mixers=HYBRID, steps=3, **train_kw):
   model, train = configs(mixers, steps, **train_kw)
   mesh = shd.make_mesh(spec, jax.devices()[:devices])
-  trainer = Trainer(model, train, mesh=mesh, rules=rules)
+  trainer = Trainer(model, train, mesh=mesh, rules=rules,
+                    compiler_options=FAST)
   state = trainer.init()
   source = BatchSource(train_rows(), train.batch_size)
   losses = []
@@ -121,7 +123,7 @@ def test_accumulation_remat_and_bfloat16_compute():
   model = LMConfig(**{**model.__dict__, "remat": "block"})
   trainer = Trainer(model, train, mesh=shd.make_mesh("fsdp=2",
                                                       jax.devices()[:2]),
-                    rules="fsdp")
+                    rules="fsdp", compiler_options=FAST)
   state = trainer.init()
   source = BatchSource(train_rows(), train.batch_size)
   losses = []
@@ -134,7 +136,8 @@ def test_accumulation_remat_and_bfloat16_compute():
   model, train = configs(mixers, steps=2)
   model = LMConfig(**{**model.__dict__, "dtype": jnp.bfloat16})
   trainer = Trainer(model, train, mesh=shd.make_mesh("fsdp=1",
-                                                      jax.devices()[:1]))
+                                                      jax.devices()[:1]),
+                    compiler_options=FAST)
   state = trainer.init()
   state, metrics = trainer.step(state, source.batch(0))
   assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(
@@ -157,7 +160,8 @@ def randomised(state, seed=0):
 
 def test_checkpoint_restores_onto_other_meshes(tmp_path):
   model, train = configs(("gla", "mamba2"))
-  saver = Trainer(model, train, mesh=shd.make_mesh("fsdp=8"), rules="fsdp")
+  saver = Trainer(model, train, mesh=shd.make_mesh("fsdp=8"), rules="fsdp",
+                  compiler_options=FAST)
   state = randomised(saver.init())
   checkpointer = Checkpointer(str(tmp_path), async_save=True)
   checkpointer.save(5, state, {"step": 5}, saver.config_record())
@@ -166,7 +170,8 @@ def test_checkpoint_restores_onto_other_meshes(tmp_path):
   for spec, rules, devices in (("fsdp=2,tensor=2", "fsdp_tp", 4),
                                ("fsdp=1", "dp", 1)):
     trainer = Trainer(model, train, rules=rules,
-                      mesh=shd.make_mesh(spec, jax.devices()[:devices]))
+                      mesh=shd.make_mesh(spec, jax.devices()[:devices]),
+                      compiler_options=FAST)
     restored, data, step = trainer.restore(Checkpointer(str(tmp_path)))
     assert (step, data["step"]) == (5, 5)
     for a, b in zip(jax.tree.leaves(jax.device_get(restored)),
@@ -209,16 +214,22 @@ def test_killed_run_resumes_on_the_same_loss_curve(tmp_path):
   reference = losses_of(tmp_path / "whole")
   assert sorted(reference) == list(range(1, steps + 1))
 
+  # Killed at a random step once a checkpoint is complete (saving runs in
+  # the background, so a kill may also land while one is being written).
   kill_at = random.Random().randint(3, 8)
   killed = tmp_path / "killed"
   process = subprocess.Popen(worker(killed, steps), stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True)
   for line in process.stdout:
-    if line.startswith(f"step {kill_at} "):
+    step = int(line.split()[1]) if line.startswith("step ") else 0
+    saved = [d for d in os.listdir(killed / "checkpoints") if d.isdigit()] \
+        if (killed / "checkpoints").exists() else []
+    if step >= kill_at and saved:
       process.send_signal(signal.SIGKILL)
       break
   process.wait(timeout=600)
-  assert process.returncode == -signal.SIGKILL, f"not killed at {kill_at}"
+  assert process.returncode == -signal.SIGKILL, (
+      f"the run ended before a checkpoint was complete at step {kill_at}")
   resumed = run_worker(killed, steps)
   assert "resuming from the checkpoint at step" in resumed, resumed
   got = losses_of(killed)
@@ -263,7 +274,8 @@ def test_two_processes_train_as_one(tmp_path):
   multi = losses_of(tmp_path / "multi")
 
   model, train = train_worker.model_and_train_config(steps)
-  trainer = Trainer(model, train, mesh=shd.make_mesh("fsdp=8"))
+  trainer = Trainer(model, train, mesh=shd.make_mesh("fsdp=8"),
+                    compiler_options=FAST)
   rows = PackedRows(stdlib_corpus("train"), train.seq_len, seed=train.seed)
   result = fit(trainer, rows)
   single = [r["loss"] for r in result.history if "loss" in r]
@@ -436,7 +448,8 @@ def test_fit_writes_metrics_and_evaluates(tmp_path):
   loss."""
   model, train = configs(("gla",), steps=2)
   trainer = Trainer(model, train, mesh=shd.make_mesh("fsdp=1",
-                                                      jax.devices()[:1]))
+                                                      jax.devices()[:1]),
+                    compiler_options=FAST)
   held = PackedRows(stdlib_corpus("heldout"), 16, seed=0)
   seen = []
   result = fit(trainer, train_rows(), workdir=str(tmp_path),

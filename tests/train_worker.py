@@ -17,6 +17,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MIXERS = ("gla",)
+# Tests compile many small programs: faster compilation, slower code.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
 
 def model_and_train_config(steps: int, batch_size: int = 8, seq_len: int = 16,
@@ -56,7 +58,7 @@ def main():
 
   model, train = model_and_train_config(args.steps)
   trainer = Trainer(model, train, mesh=sharding.make_mesh(args.mesh),
-                    rules=args.rules)
+                    rules=args.rules, compiler_options=FAST_COMPILE)
   rows = PackedRows(stdlib_corpus("train"), train.seq_len, seed=train.seed)
 
   def report(record, state):

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+from jax.experimental import multihost_utils
 
 ITEMS = ("state", "data", "config")
 
@@ -121,6 +122,8 @@ class Checkpointer:
              "trying the one before it")
     if jax.process_index() == 0 and os.path.exists(path):
       os.rename(path, aside)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"set aside checkpoint {step}")
     self.manager.reload()
 
   def wait(self) -> None:

@@ -86,6 +86,9 @@ class Trainer:
     mesh: a mesh from ``sharding.make_mesh`` (default: every device on
       ``fsdp``).
     rules: a ``sharding.PRESETS`` name or a ``sharding.Rules``.
+    compiler_options: XLA options for compiling the init, train and eval
+      steps (``jax.jit(..., compiler_options=...)``), e.g.
+      ``{"xla_backend_optimization_level": 0}`` to compile faster.
 
   Raises:
     ValueError: a batch that does not divide over ``data`` x ``fsdp`` (or
@@ -95,8 +98,10 @@ class Trainer:
 
   def __init__(self, model_config: LMConfig, train_config: TrainConfig, *,
                mesh: jax.sharding.Mesh | None = None,
-               rules: str | shd.Rules = "fsdp"):
+               rules: str | shd.Rules = "fsdp",
+               compiler_options: dict | None = None):
     self.model_config, self.config = model_config, train_config
+    self.compiler_options = compiler_options
     self.mesh = shd.make_mesh() if mesh is None else mesh
     self.rules = shd.get_rules(rules)
     parts = shd.batch_divisor(self.mesh)
@@ -149,15 +154,17 @@ class Trainer:
                          in_shardings=(self.state_shardings,
                                        self.batch_shardings),
                          out_shardings=(self.state_shardings, None),
-                         donate_argnums=0)
+                         donate_argnums=0, compiler_options=compiler_options)
     self._eval = jax.jit(self._eval_step,
                          in_shardings=(self.state_shardings,
-                                       self.batch_shardings))
+                                       self.batch_shardings),
+                         compiler_options=compiler_options)
 
   def init(self) -> TrainState:
     """A fresh state, created sharded on the mesh."""
     with jax.set_mesh(self.mesh), shd.use_rules(self.rules):
-      return jax.jit(self._init_fn, out_shardings=self.state_shardings)()
+      return jax.jit(self._init_fn, out_shardings=self.state_shardings,
+                     compiler_options=self.compiler_options)()
 
   def model(self, state: TrainState) -> LM:
     """The ``LM`` holding ``state``'s parameters (for evaluation and
