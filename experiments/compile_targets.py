@@ -178,12 +178,11 @@ _PTXAS_REGS = re.compile(r"Used (\d+) registers")
 
 def ptxas() -> str:
   """The ptxas of nvidia-cuda-nvcc-cu12 in this environment (as XLA uses)."""
-  try:
-    import nvidia.cuda_nvcc
-    base = os.path.dirname(nvidia.cuda_nvcc.__file__)
-  except ImportError:
-    base = os.path.join(sys.prefix, "lib")
-  found = glob.glob(os.path.join(base, "**", "bin", "ptxas"), recursive=True)
+  found = glob.glob(os.path.join(sys.prefix, "lib", "python3*",
+                                 "site-packages", "nvidia", "cuda_nvcc", "bin",
+                                 "ptxas"))
+  if not found and not shutil.which("ptxas"):
+    raise FileNotFoundError("no ptxas: install nvidia-cuda-nvcc-cu12")
   return found[0] if found else shutil.which("ptxas")
 
 

@@ -56,3 +56,8 @@ def cost(*, flops: float, transcendentals: float, arrays) -> pl.CostEstimate:
   moved = sum(nbytes(a.shape, a.dtype) for a in arrays)
   return pl.CostEstimate(flops=int(flops), transcendentals=int(transcendentals),
                          bytes_accessed=int(moved))
+
+
+def block_bytes(block_shape, dtype) -> int:
+  """Bytes of one buffer of a block (``None`` dimensions squeezed)."""
+  return nbytes([1 if n is None else n for n in block_shape], dtype)

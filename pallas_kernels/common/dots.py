@@ -1,9 +1,18 @@
 """Float32-accumulated matmuls for the kernel bodies.
 
-bfloat16 operands run on the MXU / tensor cores (``mma``) with float32
-accumulation. float32 operands run at the highest precision: IEEE float32
-on GPU (no TF32, whose 10-bit mantissa would put the kernels' errors near
-1e-3, far over the tests' 1e-5) and the multi-pass float32 MXU mode on TPU.
+- bfloat16 operands run on the MXU / tensor cores (``mma``) with float32
+  accumulation.
+- float32 operands on TPU run at the highest precision (the MXU's multi-pass
+  float32 mode).
+- float32 operands on GPU run as three TF32 products on the tensor cores
+  ("3xTF32"): ``a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi`` with ``a_hi`` the
+  operand truncated to TF32's 10-bit mantissa and ``a_lo = a - a_hi``. The
+  dropped ``a_lo b_lo`` and the rounding of the low parts are ``~2^-21`` of
+  each product, so the kernels keep float32 accuracy (the kernel tests'
+  ``1e-5``, checked in interpret mode, where the same split runs on the
+  CPU). Plain TF32 (one product, ``~1e-3``) would not; IEEE float32
+  (``Precision.HIGHEST`` in Triton) runs on the CUDA cores without ``mma``
+  and needs so many registers that the kernels spill.
 """
 
 from __future__ import annotations
@@ -16,13 +25,37 @@ NN = (((1,), (0,)), ((), ()))  # a @ b
 NT = (((1,), (1,)), ((), ()))  # a @ b.T
 TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
+MODES = ("bf16", "f32", "tf32x3")
 
-def dot(a, b, dims, *, bf16: bool):
-  """``lax.dot_general(a, b, dims)`` accumulated in float32; ``bf16``:
-  bfloat16 operands, else float32 operands at the highest precision."""
+
+def mode(*, bf16: bool, backend: str) -> str:
+  """The matmul mode of a kernel: bfloat16 operands, or float32 ones as
+  each backend runs them accurately."""
   if bf16:
+    return "bf16"
+  return "tf32x3" if backend == "gpu" else "f32"
+
+
+def _tf32_high(x):
+  """``x`` with the 13 low mantissa bits cleared (exact in TF32)."""
+  bits = lax.bitcast_convert_type(x, jnp.uint32)
+  return lax.bitcast_convert_type(bits & jnp.uint32(0xFFFFE000), _F32)
+
+
+def dot(a, b, dims, *, mode: str):
+  """``lax.dot_general(a, b, dims)`` accumulated in float32, in ``mode``
+  (one of ``MODES``)."""
+  if mode == "bf16":
     return lax.dot_general(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
                            dims, preferred_element_type=_F32)
-  return lax.dot_general(a.astype(_F32), b.astype(_F32), dims,
-                         precision=lax.Precision.HIGHEST,
-                         preferred_element_type=_F32)
+  a, b = a.astype(_F32), b.astype(_F32)
+  if mode == "f32":
+    return lax.dot_general(a, b, dims, precision=lax.Precision.HIGHEST,
+                           preferred_element_type=_F32)
+
+  def tf32(x, y):
+    return lax.dot_general(x, y, dims, precision=lax.Precision.DEFAULT,
+                           preferred_element_type=_F32)
+
+  a_hi, b_hi = _tf32_high(a), _tf32_high(b)
+  return tf32(a_hi, b_hi) + (tf32(a_hi, b - b_hi) + tf32(a - a_hi, b_hi))

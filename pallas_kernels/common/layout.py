@@ -43,8 +43,9 @@ def padded_rows(n: int, backend: str) -> int:
 
 def feature_blocks(padded: int, block: int | None, default: int,
                    name: str) -> int:
-  """Columns per program of a feature axis ``padded`` wide: ``block`` (or
-  ``default``), at most ``padded``; it must divide ``padded``."""
+  """The tile of an axis ``padded`` long (feature columns per program, or
+  rows or columns per product): ``block`` (or ``default``), at most
+  ``padded``; it must divide ``padded``."""
   width = min(default if block is None else block, padded)
   if padded % width:
     raise ValueError(f"{name} ({block}) must divide the padded width "

@@ -13,16 +13,23 @@ from pallas_kernels.common import blocks as common
 
 BACKENDS = common.BACKENDS
 
-# Feature columns per program when a BlockSizes field is None, per backend
-# and pass: (block_k, block_v). GPU programs keep their float32 state block
-# in registers: the forward one [32, <= 256] (64 per thread at 4 warps...
-# 32 at 8), the backward ones a state and its gradient of [64, <= 64].
-# TPU programs keep them in VMEM.
+# Feature columns per program when a BlockSizes field is None, per backend,
+# pass and gate kind ("channel": a decay per key channel; "other"):
+# (block_k, block_v). GPU programs keep their float32 state block (and in
+# the reverse sweep its gradient and the entering state) in registers, with
+# a sub-chunk's [16, block] tiles beside it; these are the largest blocks
+# that ptxas fits in 255 registers per thread at 4 warps without spilling,
+# in float32 and bfloat16 (make compile-check). TPU programs keep them in
+# VMEM.
 DEFAULT_FEATURES = {
-    ("tpu", "forward"): (256, 256),
-    ("tpu", "backward"): (256, 256),
-    ("gpu", "forward"): (256, 32),
-    ("gpu", "backward"): (64, 64),
+    ("tpu", "forward", "channel"): (256, 256),
+    ("tpu", "backward", "channel"): (256, 256),
+    ("tpu", "forward", "other"): (256, 256),
+    ("tpu", "backward", "other"): (256, 256),
+    ("gpu", "forward", "channel"): (32, 32),
+    ("gpu", "backward", "channel"): (32, 16),
+    ("gpu", "forward", "other"): (64, 32),
+    ("gpu", "backward", "other"): (32, 16),
 }
 
 
@@ -43,6 +50,7 @@ class BlockSizes:
   backward_block_v: int | None = None  # value columns per backward program
   num_warps: int | None = None  # GPU only: warps per program
   num_stages: int | None = None  # GPU only: software pipelining stages
+  per_channel: bool = False     # the defaults of a decay per key channel
 
   def __post_init__(self):
     common.check_backend(self.backend)
@@ -61,7 +69,8 @@ class BlockSizes:
     "backward"), defaults filled in (the layout caps them at K and V)."""
     k, v = ((self.block_k, self.block_v) if direction == "forward"
             else (self.backward_block_k, self.backward_block_v))
-    default_k, default_v = DEFAULT_FEATURES[(self.backend, direction)]
+    default_k, default_v = DEFAULT_FEATURES[
+        (self.backend, direction, "channel" if self.per_channel else "other")]
     return (default_k if k is None else k), (default_v if v is None else v)
 
   @classmethod
@@ -71,8 +80,8 @@ class BlockSizes:
 
     A decay per key channel needs a ``[c, K]`` exponential per key row of a
     sub-chunk, so its sub-chunks are short (16); a scalar decay (or none)
-    builds the ``[c, c]`` scores with one matmul and uses 64 where the chunk
-    allows. ``chunk_size`` (an op's chunk length) sets the chunk, rounded
+    builds the ``[c, c]`` scores with one matmul and uses 64 on TPU where
+    the chunk allows. GPU sub-chunks are 16 tokens (registers). ``chunk_size`` (an op's chunk length) sets the chunk, rounded
     up to whole 16-token tiles; else 128 (per channel) or 256 on TPU and 64
     on GPU.
     """
@@ -82,8 +91,11 @@ class BlockSizes:
     else:
       common.check_positive("chunk_size", chunk_size)
       chunk = -(-chunk_size // 16) * 16
-    sub_chunk = 16 if per_channel or chunk % 64 else 64
     if backend == "tpu":
-      return cls("tpu", sub_chunk=sub_chunk, chunk=chunk)
-    return cls("gpu", sub_chunk=sub_chunk, chunk=chunk, num_warps=8,
-               num_stages=2)
+      sub_chunk = 16 if per_channel or chunk % 64 else 64
+      return cls("tpu", sub_chunk=sub_chunk, chunk=chunk,
+                 per_channel=per_channel)
+    # Registers: [16, .] sub-chunks and one pipelining stage (a second would
+    # hold the next sub-chunk's loads beside the current one).
+    return cls("gpu", sub_chunk=16, chunk=chunk, num_warps=4, num_stages=1,
+               per_channel=per_channel)

@@ -13,10 +13,10 @@ for ``tl.dot``).
 - ``forward``: outputs (parts over key blocks) and the final state.
 - ``dq``: the forward sweep of the backward pass (recomputes the states and,
   with a decay, writes the state entering each chunk as a checkpoint).
-- ``dkv``: the reverse sweep, one chunk per loop step, its sub-chunks
-  unrolled. With a decay it recomputes the state entering each sub-chunk
-  from the chunk's checkpoint, for the log-decays' gradient: ``s`` state
-  updates for sub-chunk ``s``, since registers hold one state at a time.
+- ``dkv``: the reverse sweep, one sub-chunk per loop step. With a decay it
+  recomputes the state entering each sub-chunk from its chunk's checkpoint,
+  for the log-decays' gradient: ``s`` state updates (an inner loop) for
+  sub-chunk ``s`` of a chunk, since registers hold one state at a time.
 """
 
 from __future__ import annotations
@@ -106,32 +106,33 @@ def dq(arrays, spec, lay: Layout, blocks: BlockSizes, *, cost,
                name="gated_linear_dq", cost=cost, interpret=interpret)
 
 
-def _dkv_kernel(r, *, spec, n_chunks, subs, tiles):
+def _dkv_kernel(r, *, spec, n_sub, subs, tiles):
   c = spec.sub_chunk
 
   def body(i, d_state):
-    n = n_chunks - 1 - i
-    for s in reversed(range(subs)):
-      index = n * subs + s
-      state_in = None
-      if "checkpoints" in r:
-        # The state entering sub-chunk s, recomputed from the chunk's entry
-        # (registers hold one state at a time, so each s starts over).
-        state_in = r["checkpoints"][n]                          # [V, K]
-        for t in range(s):
-          state_in = sub_chunk.advance_from(
-              r, spec, pl.multiple_of((n * subs + t) * c, c), n * subs + t,
-              state_in)
-      start = pl.multiple_of(index * c, c)
-      dk, dv, d_state, terms = sub_chunk.dkv_step(r, spec, start, index,
-                                                  d_state, state_in)
-      r["dk"][pl.ds(start, c), :] = dk
-      r["dv"][pl.ds(start, c), :] = dv
-      if terms is not None:
-        sub_chunk.store_gate_terms(r, terms, start, index, spec)
+    index = n_sub - 1 - i
+    state_in = None
+    if "checkpoints" in r:
+      # The state entering the sub-chunk, recomputed from its chunk's entry
+      # (registers hold one state at a time, so each sub-chunk starts over).
+      first = index - lax.rem(index, subs)
+
+      def advance(j, state):
+        start = pl.multiple_of(j * c, c)
+        return sub_chunk.advance_from(r, spec, start, j, state)
+
+      state_in = lax.fori_loop(first, index, advance,
+                               r["checkpoints"][lax.div(index, subs)])
+    start = pl.multiple_of(index * c, c)
+    dk, dv, d_state, terms = sub_chunk.dkv_step(r, spec, start, index,
+                                                d_state, state_in)
+    r["dk"][pl.ds(start, c), :] = dk
+    r["dv"][pl.ds(start, c), :] = dv
+    if terms is not None:
+      sub_chunk.store_gate_terms(r, terms, start, index, spec)
     return d_state
 
-  d_state = lax.fori_loop(0, n_chunks, body, _initial(r, "d_final", tiles))
+  d_state = lax.fori_loop(0, n_sub, body, _initial(r, "d_final", tiles))
   if "d_initial" in r:
     r["d_initial"][...] = d_state
 
@@ -141,7 +142,7 @@ def dkv(arrays, spec, lay: Layout, blocks: BlockSizes, *, d_initial: bool,
   """As ``tpu.dkv``."""
   grid = grids.Grid("gpu", lay.backward, lay)
   kernel = functools.partial(_dkv_kernel, spec=spec,
-                             n_chunks=lay.t_pad // lay.chunk,
+                             n_sub=lay.t_pad // lay.sub_chunk,
                              subs=lay.chunk // lay.sub_chunk,
                              tiles=lay.backward)
   return _call(kernel, grid, arrays,

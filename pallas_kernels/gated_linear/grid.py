@@ -15,13 +15,12 @@ has a leading part axis (``parts``: "k", "v" or "kv"), added up in XLA.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 
+from pallas_kernels.common import compiler
 from pallas_kernels.gated_linear import sub_chunk
 from pallas_kernels.gated_linear.layout import Layout, Tiles
 
@@ -171,11 +170,6 @@ def _input_field(name: str, lay: Layout) -> Field:
   return INPUTS[name]
 
 
-def block_bytes(spec: pl.BlockSpec, dtype) -> int:
-  return math.prod(1 if n is None else n for n in spec.block_shape) * \
-      np.dtype(dtype).itemsize
-
-
 def call(kernel, grid: Grid, arrays, outputs, *, name: str, cost,
          interpret: bool, compiler_params, scratch_shapes=()):
   """``pl.pallas_call`` of ``kernel(*refs, names=...)`` over ``grid``.
@@ -189,9 +183,9 @@ def call(kernel, grid: Grid, arrays, outputs, *, name: str, cost,
   in_specs = [grid.spec(_input_field(n, grid.lay)) for n in names]
   out_specs = [grid.spec(field) for _, field, _ in outputs]
   out_shape = [grid.out_shape(field, dtype) for _, field, dtype in outputs]
-  window_bytes = (sum(block_bytes(s, arrays[n].dtype)
+  window_bytes = (sum(compiler.block_bytes(s.block_shape, arrays[n].dtype)
                       for s, n in zip(in_specs, names))
-                  + sum(block_bytes(s, o.dtype)
+                  + sum(compiler.block_bytes(s.block_shape, o.dtype)
                         for s, o in zip(out_specs, out_shape)))
   all_names = (names + [n for n, _, _ in outputs]
                + [n for n, _ in scratch_shapes])

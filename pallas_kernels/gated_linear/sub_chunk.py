@@ -82,13 +82,13 @@ _F32 = jnp.float32
 class KernelSpec:
   """What a kernel body is specialised for (all static)."""
   backend: str       # "tpu" or "gpu": how key rows are read
-                     # (see _over_key_rows)
+                     # (see _over_key_rows), how float32 matmuls run
   gate: str          # "none", "scalar" (one log-decay per head) or "channel"
   segments: bool     # document indices are given
   scale: float       # query scale s
   sub_chunk: int     # c
   bf16_dots: bool    # matmul operands in bfloat16 (bfloat16 inputs); else
-                     # float32 operands at the highest precision
+                     # float32 (``pallas_kernels.common.dots``)
 
 
 def dot(a, b, dims, spec: KernelSpec, *, exact=False):
@@ -97,7 +97,10 @@ def dot(a, b, dims, spec: KernelSpec, *, exact=False):
   ``exact``: float32 operands at the highest precision whatever the inputs
   (for the 0/1 matmuls that sum log-decays).
   """
-  return dots.dot(a, b, dims, bf16=spec.bf16_dots and not exact)
+  if exact:
+    return dots.dot(a, b, dims, mode="f32")
+  return dots.dot(a, b, dims, mode=dots.mode(bf16=spec.bf16_dots,
+                                              backend=spec.backend))
 
 
 def _iotas(shape):
