@@ -4,15 +4,16 @@
   accumulation.
 - float32 operands on TPU run at the highest precision (the MXU's multi-pass
   float32 mode).
-- float32 operands on GPU run as three TF32 products on the tensor cores
-  ("3xTF32"): ``a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi`` with ``a_hi`` the
+- float32 operands of the delta-rule kernels on GPU run as three TF32
+  products on the tensor cores ("3xTF32"): ``a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi`` with ``a_hi`` the
   operand truncated to TF32's 10-bit mantissa and ``a_lo = a - a_hi``. The
   dropped ``a_lo b_lo`` and the rounding of the low parts are ``~2^-21`` of
   each product, so the kernels keep float32 accuracy (the kernel tests'
   ``1e-5``, checked in interpret mode, where the same split runs on the
-  CPU). Plain TF32 (one product, ``~1e-3``) would not; IEEE float32
-  (``Precision.HIGHEST`` in Triton) runs on the CUDA cores without ``mma``
-  and needs so many registers that the kernels spill.
+  CPU). Plain TF32 (one product, ``~1e-3``) would not. IEEE float32
+  (``Precision.HIGHEST`` in Triton, mode ``"f32"``) runs on the CUDA cores
+  without ``mma``; the gated-linear kernels use it on GPU, where 3xTF32's
+  extra operands make ptxas spill on sm_80.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ _F32 = jnp.float32
 class KernelSpec:
   """What a kernel body is specialised for (all static)."""
   backend: str       # "tpu" or "gpu": how key rows are read
-                     # (see _over_key_rows), how float32 matmuls run
+                     # (see _over_key_rows)
   gate: str          # "none", "scalar" (one log-decay per head) or "channel"
   segments: bool     # document indices are given
   scale: float       # query scale s
@@ -97,10 +97,10 @@ def dot(a, b, dims, spec: KernelSpec, *, exact=False):
   ``exact``: float32 operands at the highest precision whatever the inputs
   (for the 0/1 matmuls that sum log-decays).
   """
-  if exact:
-    return dots.dot(a, b, dims, mode="f32")
-  return dots.dot(a, b, dims, mode=dots.mode(bf16=spec.bf16_dots,
-                                              backend=spec.backend))
+  # float32 stays IEEE float32 on GPU too: 3xTF32 (the delta-rule kernels')
+  # needs more registers than these kernels have left (it spills on sm_80).
+  bf16 = spec.bf16_dots and not exact
+  return dots.dot(a, b, dims, mode="bf16" if bf16 else "f32")
 
 
 def _iotas(shape):
