@@ -11,10 +11,11 @@
   inside each sub-chunk in plain XLA: elementwise work over ``[B, T, H,
   G]``, no kernel.
 
+Programs own blocks of key and value columns (``layout.Tiles``); the parts
+they return of sums over key or value channels are added here.
+
 The kernel is picked by ``backend`` or, when it is None, by the platform the
-call is lowered for (``jax.lax.platform_dependent``): ``tpu`` -> Mosaic,
-``cuda`` -> Triton, anything else -> the Mosaic kernel in interpret mode
-(slow; for tests and debugging on CPU).
+call is lowered for (``pallas_kernels.common.dispatch``).
 """
 
 from __future__ import annotations
