@@ -44,9 +44,13 @@ def padded_rows(n: int, backend: str) -> int:
 def feature_blocks(padded: int, block: int | None, default: int,
                    name: str) -> int:
   """The tile of an axis ``padded`` long (feature columns per program, or
-  rows or columns per product): ``block`` (or ``default``), at most
-  ``padded``; it must divide ``padded``."""
+  rows or columns per product): ``block``, at most ``padded``, which must
+  divide ``padded``; or with ``block`` None, ``default`` halved until it
+  divides ``padded`` (256 -> 128 for 384 lanes)."""
   width = min(default if block is None else block, padded)
+  if block is None:
+    while padded % width:
+      width //= 2
   if padded % width:
     raise ValueError(f"{name} ({block}) must divide the padded width "
                      f"{padded}")
