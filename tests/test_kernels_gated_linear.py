@@ -217,7 +217,7 @@ def exported_text(fn, platform, *args):
   return exported(*args).mlir_module()
 
 
-def _custom_calls(text):
+def custom_calls(text):
   return set(re.findall(r"custom_call @([\w$.]+)", text))
 
 
@@ -237,18 +237,27 @@ def test_exports_kernels(platform, gate, dtype):
     return chunk_gated_linear_attention(
         **{**inputs, **dict(zip(names, args))}, output_final_state=True)
 
+  check_exports(forward, [inputs[name] for name in names], platform,
+                ["gated_linear_forward"],
+                ["gated_linear_dq", "gated_linear_dkv"])
+
+
+def check_exports(forward, args, platform, forward_kernels,
+                  backward_kernels):
+  """``forward(*args) -> (o, state)`` and the gradient of a loss over both,
+  exported for ``platform``, hold only its Pallas custom call, with the
+  named kernels."""
+
   def loss(*args):
     o, state = forward(*args)
     return jnp.sum(o.astype(jnp.float32)) + jnp.sum(state)
 
-  args = [inputs[name] for name in names]
   forward_text = exported_text(forward, platform, *args)
   backward_text = exported_text(
       jax.grad(loss, argnums=tuple(range(len(args)))), platform, *args)
-  for text, kernels in ((forward_text, ["gated_linear_forward"]),
-                        (backward_text, ["gated_linear_dq",
-                                         "gated_linear_dkv"])):
-    assert _custom_calls(text) == {CUSTOM_CALLS[platform]}
+  for text, kernels in ((forward_text, forward_kernels),
+                        (backward_text, backward_kernels)):
+    assert custom_calls(text) == {CUSTOM_CALLS[platform]}
     for kernel in kernels:
       assert f'"{kernel}' in text, f"{kernel} missing for {platform}"
 
