@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench clean
+.PHONY: run test bench compile-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,5 +21,35 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) experiments/bench_forms.py
 
+# Deviceless compile checks of the Pallas kernels (TPU through libtpu, GPU
+# through jax-cuda12-plugin and ptxas), each toolchain in its own virtual
+# environment; writes benchmarks/RESULTS_compile.md and fails if a kernel
+# does not compile, overflows VMEM or shared memory, or spills on GPU.
+VENV_TPU := .venv-tpu
+VENV_CUDA := .venv-cuda
+COMPILE_OUT := build/compile
+TOOLCHAIN_PIP = -m pip install --quiet --disable-pip-version-check -c constraints.txt -c constraints-compile.txt
+
+$(VENV_TPU)/.installed: constraints.txt constraints-compile.txt
+	$(PYTHON) -m venv $(VENV_TPU)
+	$(VENV_TPU)/bin/python $(TOOLCHAIN_PIP) 'jax[tpu]' flatbuffers absl-py pytest
+	touch $@
+
+$(VENV_CUDA)/.installed: constraints.txt constraints-compile.txt
+	$(PYTHON) -m venv $(VENV_CUDA)
+	$(VENV_CUDA)/bin/python $(TOOLCHAIN_PIP) jax jax-cuda12-plugin jax-cuda12-pjrt nvidia-cuda-nvcc-cu12 absl-py pytest
+	touch $@
+
+compile-check: $(VENV_TPU)/.installed $(VENV_CUDA)/.installed
+	mkdir -p $(COMPILE_OUT)
+	$(VENV_TPU)/bin/python -m pytest -q -p no:cacheprovider tests/test_compile_check.py
+	$(VENV_CUDA)/bin/python -m pytest -q -p no:cacheprovider tests/test_compile_check.py
+	status=0; \
+	$(VENV_TPU)/bin/python experiments/compile_kernels.py --toolchain=tpu --out=$(COMPILE_OUT)/tpu.json > $(COMPILE_OUT)/tpu.log 2>&1 & tpu=$$!; \
+	$(VENV_CUDA)/bin/python experiments/compile_kernels.py --toolchain=cuda --out=$(COMPILE_OUT)/cuda.json > $(COMPILE_OUT)/cuda.log 2>&1 || status=1; \
+	wait $$tpu || status=1; \
+	$(VENV_TPU)/bin/python experiments/compile_kernels.py --report=$(COMPILE_OUT)/tpu.json,$(COMPILE_OUT)/cuda.json --out=benchmarks/RESULTS_compile.md || status=1; \
+	exit $$status
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VENV_TPU) $(VENV_CUDA) build *.egg-info

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +31,8 @@ from pallas_kernels.delta_rule import (BlockSizes, ChunkTerms,
                                        chunk_delta_rule_sweep_reference)
 from tests.form_checks import assert_close_errors, rel_rms
 from tests.test_delta_rule import Case, make_inputs
-from tests.test_kernels_gated_linear import (CUSTOM_CALLS, cpu_jit,
+from tests.test_kernels_gated_linear import (CUSTOM_CALLS, check_exports,
+                                             cpu_jit, custom_calls,
                                              exported_text)
 
 GRAD_ARGS = ("q", "k", "v", "beta", "g", "initial_state")
@@ -79,6 +79,11 @@ CASES = [
     KernelCase(_case("kda", 45, strong=True, dim_v=130), "tpu",
                blocks=TPU_TWO_BLOCKS),
     KernelCase(_case("kda", 45, use_qk_l2norm=True), "gpu"),
+    # Key-column and row blocks inside a GPU program: K = 32 in two blocks,
+    # chunks of 32 rows in two.
+    KernelCase(_case("kda", 40, dim_k=32, chunk_size=32, strong=True), "gpu",
+               blocks=BlockSizes("gpu", block_v=16, block_k=16, block_c=16,
+                                 num_warps=4, num_stages=1)),
     KernelCase(_case("gated_delta_rule", 1, segments=False,
                      initial_state=False), "tpu", final_state=False),
 ]
@@ -210,10 +215,6 @@ def _export_inputs(op, dtype=jnp.float32):
           for name, x in inputs.items()}
 
 
-def _custom_calls(text):
-  return set(re.findall(r"custom_call @([\w$.]+)", text))
-
-
 @pytest.mark.parametrize("op, dtype", [("delta_rule", jnp.float32),
                                        ("gated_delta_rule", jnp.bfloat16),
                                        ("kda", jnp.float32)])
@@ -228,20 +229,9 @@ def test_exports_kernels(platform, op, dtype):
     return chunk(**{**inputs, **dict(zip(names, args))}, impl="pallas",
                  output_final_state=True)
 
-  def loss(*args):
-    o, state = forward(*args)
-    return jnp.sum(o.astype(jnp.float32)) + jnp.sum(state)
-
-  args = [inputs[name] for name in names]
-  forward_text = exported_text(forward, platform, *args)
-  backward_text = exported_text(
-      jax.grad(loss, argnums=tuple(range(len(args)))), platform, *args)
-  for text, kernels in ((forward_text, ["delta_rule_forward"]),
-                        (backward_text, ["delta_rule_states",
-                                         "delta_rule_backward"])):
-    assert _custom_calls(text) == {CUSTOM_CALLS[platform]}
-    for kernel in kernels:
-      assert f'"{kernel}' in text, f"{kernel} missing for {platform}"
+  check_exports(forward, [inputs[name] for name in names], platform,
+                ["delta_rule_forward"],
+                ["delta_rule_states", "delta_rule_backward"])
 
 
 @pytest.mark.parametrize("op", sorted(OPS))
@@ -276,7 +266,7 @@ def test_auto_on_an_accelerator_picks_by_platform(backend, monkeypatch):
   args = [inputs[name] for name in names]
   for platform, calls in (("tpu", {CUSTOM_CALLS["tpu"]}),
                           ("cuda", {CUSTOM_CALLS["cuda"]}), ("cpu", set())):
-    assert _custom_calls(exported_text(grad, platform, *args)) == calls
+    assert custom_calls(exported_text(grad, platform, *args)) == calls
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -307,6 +297,8 @@ def test_sweep_rejects_bad_shapes(change, message):
     ({"backend": "tpu", "num_warps": 4}, "GPU settings"),
     ({"backend": "gpu", "block_v": 24}, "power of two"),
     ({"backend": "gpu", "block_v": 8}, "power of two"),
+    ({"backend": "gpu", "block_k": 24}, "power of two"),
+    ({"backend": "tpu", "block_c": 8}, "multiple of 16"),
     ({"backend": "gpu", "num_warps": 3}, "num_warps"),
     ({"backend": "gpu", "num_stages": 0}, "num_stages"),
     ({"backend": "mps"}, "backend"),

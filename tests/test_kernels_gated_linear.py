@@ -173,18 +173,24 @@ class _KernelChecks:
                            interpret=self.interpret, blocks=TPU_STEP_BLOCKS)
     assert_close_errors(errors, 1e-5, label=f"{backend} {gate} strong")
 
-  def test_several_value_blocks_on_tpu(self):
-    """V = 130 pads to 256 lanes: two 128-column programs per head."""
-    inputs = make_inputs(gate="scalar", dv=130, b=1)
-    blocks = (BlockSizes("tpu", sub_chunk=16, chunk=32, block_v=128),)
-    kernel = functools.partial(
-        chunk_gated_linear_attention, backend=self.backend("tpu"),
-        interpret=self.interpret, block_sizes=blocks, output_final_state=True)
-    o, state = cpu_jit(kernel)(**inputs)
-    ref_o, ref_state = _naive(**inputs)
-    assert_close_errors({"o": rel_rms(o, ref_o),
-                         "state": rel_rms(state, ref_state)},
-                        1e-5, label="tpu value blocks")
+  @pytest.mark.parametrize("backend, gate", [("tpu", "scalar"),
+                                             ("gpu", "channel")])
+  def test_several_key_and_value_blocks(self, backend, gate):
+    """Programs own blocks of key and value columns in every pass; their
+    parts of the sums over key and value channels (outputs, ``dq``, ``dk``,
+    ``dv``, the log-decays' gradient) are added in XLA. TPU: K = V = 130
+    pad to 256 lanes, blocks of 128; GPU: K = 32, V = 24 (pads to 32),
+    blocks of 16."""
+    dims = {"tpu": (130, 130), "gpu": (32, 24)}[backend]
+    inputs = make_inputs(gate=gate, dk=dims[0], dv=dims[1], b=1, t=40)
+    width = 128 if backend == "tpu" else 16
+    gpu = {"num_warps": 4, "num_stages": 1} if backend == "gpu" else {}
+    blocks = (BlockSizes(backend, sub_chunk=16, chunk=32, block_k=width,
+                         block_v=width, backward_block_k=width,
+                         backward_block_v=width, **gpu),)
+    errors = kernel_errors(self.backend(backend), inputs,
+                           interpret=self.interpret, blocks=blocks)
+    assert_close_errors(errors, 1e-5, label=f"{backend} blocks")
 
 
 class TestKernelsInterpret(_KernelChecks):
@@ -211,7 +217,7 @@ def exported_text(fn, platform, *args):
   return exported(*args).mlir_module()
 
 
-def _custom_calls(text):
+def custom_calls(text):
   return set(re.findall(r"custom_call @([\w$.]+)", text))
 
 
@@ -231,18 +237,27 @@ def test_exports_kernels(platform, gate, dtype):
     return chunk_gated_linear_attention(
         **{**inputs, **dict(zip(names, args))}, output_final_state=True)
 
+  check_exports(forward, [inputs[name] for name in names], platform,
+                ["gated_linear_forward"],
+                ["gated_linear_dq", "gated_linear_dkv"])
+
+
+def check_exports(forward, args, platform, forward_kernels,
+                  backward_kernels):
+  """``forward(*args) -> (o, state)`` and the gradient of a loss over both,
+  exported for ``platform``, hold only its Pallas custom call, with the
+  named kernels."""
+
   def loss(*args):
     o, state = forward(*args)
     return jnp.sum(o.astype(jnp.float32)) + jnp.sum(state)
 
-  args = [inputs[name] for name in names]
   forward_text = exported_text(forward, platform, *args)
   backward_text = exported_text(
       jax.grad(loss, argnums=tuple(range(len(args)))), platform, *args)
-  for text, kernels in ((forward_text, ["gated_linear_forward"]),
-                        (backward_text, ["gated_linear_dq",
-                                         "gated_linear_dkv"])):
-    assert _custom_calls(text) == {CUSTOM_CALLS[platform]}
+  for text, kernels in ((forward_text, forward_kernels),
+                        (backward_text, backward_kernels)):
+    assert custom_calls(text) == {CUSTOM_CALLS[platform]}
     for kernel in kernels:
       assert f'"{kernel}' in text, f"{kernel} missing for {platform}"
 
@@ -290,4 +305,9 @@ def test_block_size_defaults_are_valid():
     for per_channel in (False, True):
       blocks = BlockSizes.default(backend, per_channel=per_channel)
       assert blocks.backend == backend
-      assert blocks.sub_chunk == (16 if per_channel else 64)
+      wide = backend == "tpu" and not per_channel
+      assert blocks.sub_chunk == (64 if wide else 16)
+      # An op's chunk size, rounded up to whole 16-token tiles.
+      blocks = BlockSizes.default(backend, per_channel=per_channel,
+                                  chunk_size=40)
+      assert blocks.chunk == 48 and blocks.sub_chunk == 16

@@ -27,13 +27,14 @@ mixers set ``causal = False`` and refuse a cache and the recurrent mode.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common import checks, dispatch
 
 MODES = ("chunk", "parallel", "recurrent")
 
@@ -98,6 +99,17 @@ class Context:
 def zero_state(batch_size: int, heads: int, dim_k: int, dim_v: int):
   """An empty matrix state ``[B, H, K, V]``, float32 whatever the dtype."""
   return jnp.zeros((batch_size, heads, dim_k, dim_v), jnp.float32)
+
+
+def checked_impl(impl: str) -> str:
+  """``impl`` of a mixer, validated: ``"auto"``, ``"xla"`` or ``"pallas"``."""
+  dispatch.check_impl(impl)
+  return impl
+
+
+def chunk_form(op: Callable, chunk_size: int, impl: str) -> Callable:
+  """The chunk form ``op`` with a mixer's ``chunk_size`` and ``impl``."""
+  return functools.partial(op, chunk_size=chunk_size, impl=impl)
 
 
 def check_mode(mode) -> None:

@@ -18,14 +18,13 @@ both.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer, zero_state
+from lin_attn_jax.layers.base import (Context, Mixer, checked_impl,
+                                      chunk_form, zero_state)
 from lin_attn_jax.layers.linear_attn import head_dim
 from lin_attn_jax.ops import (based_step, chunk_based, chunk_softmax_attn,
                               init_kv_cache, parallel_based,
@@ -51,17 +50,20 @@ class Based(Mixer):
     window_size: ``w``, tokens each query of the window branch sees (64).
     chunk_size: chunk length of the linear chunk form and block length of
       the blockwise window attention (speed only).
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the linear chunk form's
+      implementation (``lin_attn_jax.ops.common.dispatch``).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                feature_dim: int = 16, window_size: int = 64,
-               chunk_size: int = 64, dtype=jnp.float32,
+               chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
                param_dtype=jnp.float32):
     for name, value in (("feature_dim", feature_dim),
                         ("window_size", window_size)):
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     self.n_heads, self.chunk_size = n_heads, chunk_size
+    self.impl = checked_impl(impl)
     self.feature_dim, self.window_size = feature_dim, window_size
     self.head_dim = head_dim(d_model, n_heads, "d_model")
     if self.head_dim % 2:
@@ -95,7 +97,7 @@ class Based(Mixer):
                             reset=ctx.restart)
       return o[:, None], state
     form = ctx.pick(
-        chunk=functools.partial(chunk_based, chunk_size=self.chunk_size),
+        chunk=chunk_form(chunk_based, self.chunk_size, self.impl),
         parallel=parallel_based, recurrent=recurrent_based)
     return form(q, k, v, initial_state=ctx.carried(state),
                 output_final_state=state is not None,

@@ -42,7 +42,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer, zero_state
+from lin_attn_jax.layers.base import (Context, Mixer, checked_impl, chunk_form,
+                                      zero_state)
 from lin_attn_jax.ops import (chunk_delta_rule, delta_rule_step,
                               parallel_delta_rule, recurrent_delta_rule)
 
@@ -89,7 +90,8 @@ def mamba2_decay_params(rngs: nnx.Rngs, shape, *, dt_min=1e-3, dt_max=0.1,
           modules.param(rngs, dt_bias_init, shape, ("heads",), param_dtype))
 
 
-def run_delta_rule(ctx: Context, q, k, v, beta, g, state, chunk_size: int):
+def run_delta_rule(ctx: Context, q, k, v, beta, g, state, chunk_size: int,
+                   impl: str = "auto"):
   """The delta-rule op of ``ctx``'s mode (or its step when decoding).
 
   ``q, k: [B, T, H, K]``, ``v: [B, T, H, V]``, ``beta: [B, T, H]``, ``g``
@@ -102,7 +104,7 @@ def run_delta_rule(ctx: Context, q, k, v, beta, g, state, chunk_size: int):
                                reset=ctx.restart, use_qk_l2norm=True)
     return o[:, None], state
   form = ctx.pick(
-      chunk=functools.partial(chunk_delta_rule, chunk_size=chunk_size),
+      chunk=chunk_form(chunk_delta_rule, chunk_size, impl),
       parallel=parallel_delta_rule, recurrent=recurrent_delta_rule)
   return form(q, k, v, beta, g, initial_state=ctx.carried(state),
               output_final_state=state is not None,
@@ -135,6 +137,8 @@ class DeltaNet(Mixer):
     head_k_dim, head_v_dim: explicit key and value widths per head; they
       replace ``expand_k`` and ``expand_v`` (None: from those).
     chunk_size: chunk length of the chunk form (speed only).
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
+      implementation (``lin_attn_jax.ops.common.dispatch``).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
@@ -143,7 +147,7 @@ class DeltaNet(Mixer):
                allow_neg_eigval: bool = False, norm_eps: float = 1e-5,
                n_v_heads: int | None = None, head_k_dim: int | None = None,
                head_v_dim: int | None = None, chunk_size: int = 64,
-               dtype=_F32, param_dtype=_F32):
+               impl: str = "auto", dtype=_F32, param_dtype=_F32):
     for name, value in (("n_v_heads", n_v_heads), ("head_k_dim", head_k_dim),
                         ("head_v_dim", head_v_dim)):
       if value is not None and (not isinstance(value, int) or value < 1):
@@ -162,6 +166,7 @@ class DeltaNet(Mixer):
       raise ValueError(f"conv_size must be >= 1, got {conv_size}")
     self.n_heads, self.n_v_heads = n_heads, n_v_heads
     self.chunk_size = chunk_size
+    self.impl = checked_impl(impl)
     self.allow_neg_eigval = allow_neg_eigval
     key_dim, value_dim = n_heads * self.head_k, n_v_heads * self.head_v
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
@@ -226,7 +231,7 @@ class DeltaNet(Mixer):
     k = k.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
     v = v.reshape(b, t, self.n_v_heads, self.head_v)            # [B, T, HV, V]
     o, state = run_delta_rule(ctx, q, k, v, self.beta(x), self.log_decay(x),
-                              cache.get("state"), self.chunk_size)
+                              cache.get("state"), self.chunk_size, self.impl)
     y = self.o_proj(self.gated_norm(o, x))
     if ctx.cache is None:
       return y, None
@@ -250,7 +255,7 @@ class GatedDeltaNet(DeltaNet):
       defaults are the paper's 1.3B shape (6 heads of 256 keys and 512
       values at ``D = 2048``).
     conv_size, allow_neg_eigval, norm_eps, n_v_heads, head_k_dim,
-      head_v_dim, chunk_size: as in ``DeltaNet``.
+      head_v_dim, chunk_size, impl: as in ``DeltaNet``.
     use_output_gate: the gated RMSNorm (True).
   """
 
@@ -262,13 +267,13 @@ class GatedDeltaNet(DeltaNet):
                allow_neg_eigval: bool = False, norm_eps: float = 1e-5,
                n_v_heads: int | None = None, head_k_dim: int | None = None,
                head_v_dim: int | None = None, chunk_size: int = 64,
-               dtype=_F32, param_dtype=_F32):
+               impl: str = "auto", dtype=_F32, param_dtype=_F32):
     super().__init__(d_model, n_heads, rngs=rngs, expand_k=expand_k,
                      expand_v=expand_v, conv_size=conv_size,
                      use_output_gate=use_output_gate,
                      allow_neg_eigval=allow_neg_eigval, norm_eps=norm_eps,
                      n_v_heads=n_v_heads, head_k_dim=head_k_dim,
-                     head_v_dim=head_v_dim, chunk_size=chunk_size,
+                     head_v_dim=head_v_dim, chunk_size=chunk_size, impl=impl,
                      dtype=dtype, param_dtype=param_dtype)
 
   def init_decay(self, d_model, *, rngs, dtype, param_dtype):
@@ -299,7 +304,8 @@ class KDA(DeltaNet):
     d_model: ``D``. n_heads: ``H``.
     expand_k, expand_v: key and value widths per head are ``expand * D / H``
       (1.0 each).
-    conv_size, allow_neg_eigval, norm_eps, chunk_size: as in ``DeltaNet``.
+    conv_size, allow_neg_eigval, norm_eps, chunk_size, impl: as in
+      ``DeltaNet``.
   """
 
   no_weight_decay = ("A_log", "dt_bias")
@@ -307,13 +313,13 @@ class KDA(DeltaNet):
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 1.0, expand_v: float = 1.0,
                conv_size: int = 4, allow_neg_eigval: bool = False,
-               norm_eps: float = 1e-5, chunk_size: int = 64, dtype=_F32,
-               param_dtype=_F32):
+               norm_eps: float = 1e-5, chunk_size: int = 64,
+               impl: str = "auto", dtype=_F32, param_dtype=_F32):
     super().__init__(d_model, n_heads, rngs=rngs, expand_k=expand_k,
                      expand_v=expand_v, conv_size=conv_size,
                      use_output_gate=True, allow_neg_eigval=allow_neg_eigval,
-                     norm_eps=norm_eps, chunk_size=chunk_size, dtype=dtype,
-                     param_dtype=param_dtype)
+                     norm_eps=norm_eps, chunk_size=chunk_size, impl=impl,
+                     dtype=dtype, param_dtype=param_dtype)
 
   def init_decay(self, d_model, *, rngs, dtype, param_dtype):
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, MatrixStateMixer
+from lin_attn_jax.layers.base import (Context, MatrixStateMixer, checked_impl,
+                                      chunk_form)
 from lin_attn_jax.ops import chunk_gla, gla_step, parallel_gla, recurrent_gla
 
 
@@ -29,12 +30,15 @@ class GLA(MatrixStateMixer):
       close to 1.
     norm_eps: epsilon of the per-head RMSNorm (1e-5).
     chunk_size: chunk length of the chunk form (speed only).
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
+      implementation (``lin_attn_jax.ops.common.dispatch``).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 0.5, expand_v: float = 1.0,
                gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0,
-               norm_eps: float = 1e-5, chunk_size: int = 64, dtype=jnp.float32,
+               norm_eps: float = 1e-5, chunk_size: int = 64,
+               impl: str = "auto", dtype=jnp.float32,
                param_dtype=jnp.float32):
     key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
     if key_dim % n_heads or value_dim % n_heads:
@@ -42,6 +46,7 @@ class GLA(MatrixStateMixer):
                        f"d_model = {value_dim} must divide into n_heads = "
                        f"{n_heads}")
     self.n_heads, self.chunk_size = n_heads, chunk_size
+    self.impl = checked_impl(impl)
     self.head_k, self.head_v = key_dim // n_heads, value_dim // n_heads
     self.gate_logit_normalizer = gate_logit_normalizer
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
@@ -71,9 +76,8 @@ class GLA(MatrixStateMixer):
                           reset=ctx.restart)
       o = o[:, None]
     else:
-      form = ctx.pick(chunk=lambda *a, **kw: chunk_gla(
-          *a, chunk_size=self.chunk_size, **kw), parallel=parallel_gla,
-                      recurrent=recurrent_gla)
+      form = ctx.pick(chunk=chunk_form(chunk_gla, self.chunk_size, self.impl),
+                      parallel=parallel_gla, recurrent=recurrent_gla)
       o, state = form(q, k, v, g, initial_state=ctx.carried(ctx.cache),
                       output_final_state=ctx.cache is not None,
                       segment_ids=ctx.segment_ids)

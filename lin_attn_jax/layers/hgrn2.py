@@ -16,7 +16,6 @@ recurrence with ``g = log f``, ``k = 1 - f`` and no query scale.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -24,7 +23,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, MatrixStateMixer
+from lin_attn_jax.layers.base import (Context, MatrixStateMixer, checked_impl,
+                                      chunk_form)
 from lin_attn_jax.layers.linear_attn import TORCH_LINEAR_INIT, head_dim
 from lin_attn_jax.ops import chunk_gla, gla_step, parallel_gla, recurrent_gla
 
@@ -48,11 +48,13 @@ class HGRN2(MatrixStateMixer):
     expand_ratio: ``K``, forget (key) channels per head (128 in the paper).
     lower_bound: ``lb`` in ``[0, 1)``, the least forget-gate value.
     chunk_size: chunk length of the chunk form (speed only).
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
+      implementation (``lin_attn_jax.ops.common.dispatch``).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_ratio: int = 128, lower_bound: float = 0.0,
-               chunk_size: int = 64, dtype=jnp.float32,
+               chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
                param_dtype=jnp.float32):
     if not isinstance(expand_ratio, int) or expand_ratio < 1:
       raise ValueError(f"expand_ratio must be a positive int, got "
@@ -60,6 +62,7 @@ class HGRN2(MatrixStateMixer):
     if not 0.0 <= lower_bound < 1.0:
       raise ValueError(f"lower_bound must be in [0, 1), got {lower_bound!r}")
     self.n_heads, self.chunk_size = n_heads, chunk_size
+    self.impl = checked_impl(impl)
     self.head_k, self.lower_bound = expand_ratio, float(lower_bound)
     self.head_v = head_dim(d_model, n_heads, "d_model")
     forget_dim = n_heads * expand_ratio
@@ -107,7 +110,7 @@ class HGRN2(MatrixStateMixer):
       o = o[:, None]
     else:
       form = ctx.pick(
-          chunk=functools.partial(chunk_gla, chunk_size=self.chunk_size),
+          chunk=chunk_form(chunk_gla, self.chunk_size, self.impl),
           parallel=parallel_gla, recurrent=recurrent_gla)
       o, state = form(q, k, v, g, scale=1.0,
                       initial_state=ctx.carried(ctx.cache),

@@ -13,15 +13,13 @@ column (``normalize=True`` of the ``linear_attn`` ops).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax import feature_maps
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.base import Context, Mixer, checked_impl, chunk_form
 from lin_attn_jax.ops import (chunk_linear_attn, linear_attn_step,
                               parallel_linear_attn, recurrent_linear_attn)
 
@@ -39,7 +37,7 @@ def head_dim(width: int, n_heads: int, name: str) -> int:
 
 
 def run_linear_attn(q, k, v, ctx: Context, *, normalize: bool,
-                    chunk_size: int):
+                    chunk_size: int, impl: str = "auto"):
   """Linear attention of mapped features in the form ``ctx`` asks for.
 
   ``q, k: [B, T, H, F]`` (features, no further scale), ``v: [B, T, H, V]``;
@@ -52,7 +50,7 @@ def run_linear_attn(q, k, v, ctx: Context, *, normalize: bool,
                                 reset=ctx.restart)
     return o[:, None], state
   form = ctx.pick(
-      chunk=functools.partial(chunk_linear_attn, chunk_size=chunk_size),
+      chunk=chunk_form(chunk_linear_attn, chunk_size, impl),
       parallel=parallel_linear_attn, recurrent=recurrent_linear_attn)
   return form(q, k, v, scale=1.0, normalize=normalize,
               initial_state=ctx.carried(ctx.cache),
@@ -74,11 +72,13 @@ class LinearAttention(Mixer):
     normalize: divide by ``phi(q_t) . sum_j phi(k_j)`` (the paper does); needs
       a map whose kernel is positive, so ``"identity"`` is refused.
     chunk_size: chunk length of the chunk form (speed only).
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
+      implementation (``lin_attn_jax.ops.common.dispatch``).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                feature_map: str = "elu_plus_one", normalize: bool = True,
-               chunk_size: int = 64, dtype=jnp.float32,
+               chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
                param_dtype=jnp.float32):
     if feature_map not in feature_maps.FEATURE_MAPS:
       raise ValueError(f"feature_map must be one of "
@@ -89,6 +89,7 @@ class LinearAttention(Mixer):
                        "needs positive features; feature_map='identity' is "
                        "signed (use normalize=False)")
     self.n_heads, self.chunk_size = n_heads, chunk_size
+    self.impl = checked_impl(impl)
     self.normalize = normalize
     self.head_dim = head_dim(d_model, n_heads, "d_model")
     self.phi = feature_maps.FEATURE_MAPS[feature_map]
@@ -113,5 +114,5 @@ class LinearAttention(Mixer):
     k = self.phi(self.k_proj(x).reshape(shape))                 # [B, T, H, F]
     v = self.v_proj(x).reshape(shape)                           # [B, T, H, V]
     o, state = run_linear_attn(q, k, v, ctx, normalize=self.normalize,
-                               chunk_size=self.chunk_size)
+                               chunk_size=self.chunk_size, impl=self.impl)
     return self.o_proj(o.reshape(b, t, -1)), state

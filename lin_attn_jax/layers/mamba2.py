@@ -15,7 +15,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer, zero_state
+from lin_attn_jax.layers.base import (Context, Mixer, checked_impl, chunk_form,
+                                      zero_state)
 from lin_attn_jax.layers.mamba import check_dt_range, dt_bias_init, inner_width
 from lin_attn_jax.ops import chunk_ssd, parallel_ssd, recurrent_ssd, ssd_step
 
@@ -64,6 +65,8 @@ class Mamba2(Mixer):
       dt_bias)`` is clamped to it, in every form (the reference's
       ``time_step_limit``; ``(0, inf)`` is no clamp).
     chunk_size: chunk length of the chunk form (speed only).
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
+      implementation (``lin_attn_jax.ops.common.dispatch``).
 
   Cache: ``{"conv": [B, d_conv - 1, E + 2 G N], "ssm": [B, H, N, P]}``,
   float32.
@@ -79,7 +82,7 @@ class Mamba2(Mixer):
                bias: bool = False, norm_eps: float = 1e-5,
                head_dim: int | None = None,
                time_step_limit: tuple[float, float] = (0.0, float("inf")),
-               chunk_size: int = 64, dtype=jnp.float32,
+               chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
                param_dtype=jnp.float32):
     if head_dim is None:
       width = inner_width(d_model, expand)
@@ -110,6 +113,7 @@ class Mamba2(Mixer):
     check_dt_range(dt_min, dt_max, dt_init_floor)
     self.width, self.n_heads, self.head_dim = width, n_heads, width // n_heads
     self.d_state, self.n_groups, self.chunk_size = d_state, n_groups, chunk_size
+    self.impl = checked_impl(impl)
     conv_width = width + 2 * n_groups * d_state
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.in_proj = modules.dense(d_model, width + conv_width + n_heads,
@@ -160,9 +164,8 @@ class Mamba2(Mixer):
                               cache["ssm"], reset=ctx.restart, **params)
       y = y[:, None]
     else:
-      form = ctx.pick(chunk=lambda *a, **kw: chunk_ssd(
-          *a, chunk_size=self.chunk_size, **kw), parallel=parallel_ssd,
-                      recurrent=recurrent_ssd)
+      form = ctx.pick(chunk=chunk_form(chunk_ssd, self.chunk_size, self.impl),
+                      parallel=parallel_ssd, recurrent=recurrent_ssd)
       y, ssm_state = form(
           xs, dt, A, B, C,
           initial_state=None if cache is None else ctx.carried(cache["ssm"]),

@@ -22,7 +22,7 @@ from flax import nnx
 
 from lin_attn_jax import feature_maps
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer, zero_state
+from lin_attn_jax.layers.base import Context, Mixer, checked_impl, zero_state
 from lin_attn_jax.layers.linear_attn import head_dim, run_linear_attn
 
 
@@ -48,16 +48,19 @@ class Performer(Mixer):
     nb_features: ``M``, the number of random features (256).
     orthogonal: orthogonal random rows (FAVOR+); False draws i.i.d. rows.
     chunk_size: chunk length of the chunk form (speed only).
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
+      implementation (``lin_attn_jax.ops.common.dispatch``).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                nb_features: int = 256, orthogonal: bool = True,
-               chunk_size: int = 64, dtype=jnp.float32,
+               chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
                param_dtype=jnp.float32):
     if not isinstance(nb_features, int) or nb_features < 1:
       raise ValueError(f"nb_features must be a positive int, got "
                        f"{nb_features!r}")
     self.n_heads, self.chunk_size = n_heads, chunk_size
+    self.impl = checked_impl(impl)
     self.head_dim = head_dim(d_model, n_heads, "d_model")
     self.nb_features, self.orthogonal = nb_features, orthogonal
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
@@ -100,5 +103,5 @@ class Performer(Mixer):
     k = self.features(self.k_proj(x).reshape(shape), query=False)
     v = self.v_proj(x).reshape(shape)                           # [B, T, H, K]
     o, state = run_linear_attn(q, k, v, ctx, normalize=True,
-                               chunk_size=self.chunk_size)
+                               chunk_size=self.chunk_size, impl=self.impl)
     return self.o_proj(o.reshape(b, t, -1)), state

@@ -14,13 +14,12 @@ xPos phase ``e^{i n theta}`` (the decay is applied by the recurrence).
 
 from __future__ import annotations
 
-import functools
-
 import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, MatrixStateMixer
+from lin_attn_jax.layers.base import (Context, MatrixStateMixer, checked_impl,
+                                      chunk_form)
 from lin_attn_jax.layers.linear_attn import head_dim
 from lin_attn_jax.ops import (chunk_retention, parallel_retention,
                               recurrent_retention, retention_step)
@@ -43,13 +42,16 @@ class RetNet(MatrixStateMixer):
     d_model: ``D``. n_heads: ``H``; ``D / H`` must be even (rotary pairs).
     expand_v: value width per head is ``expand_v * D / H`` (2 in the paper).
     chunk_size: chunk length of the chunk form (speed only).
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
+      implementation (``lin_attn_jax.ops.common.dispatch``).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
-               expand_v: float = 2.0, chunk_size: int = 64,
+               expand_v: float = 2.0, chunk_size: int = 64, impl: str = "auto",
                dtype=jnp.float32, param_dtype=jnp.float32):
     value_dim = int(d_model * expand_v)
     self.n_heads, self.chunk_size = n_heads, chunk_size
+    self.impl = checked_impl(impl)
     self.head_k = head_dim(d_model, n_heads, "d_model")
     self.head_v = head_dim(value_dim, n_heads, "expand_v * d_model")
     if self.head_k % 2:
@@ -80,7 +82,7 @@ class RetNet(MatrixStateMixer):
       o = o[:, None]
     else:
       form = ctx.pick(
-          chunk=functools.partial(chunk_retention, chunk_size=self.chunk_size),
+          chunk=chunk_form(chunk_retention, self.chunk_size, self.impl),
           parallel=parallel_retention, recurrent=recurrent_retention)
       o, state = form(q, k, v, initial_state=ctx.carried(ctx.cache),
                       output_final_state=ctx.cache is not None,

@@ -25,12 +25,18 @@ Each value column of the state evolves on its own (``W S`` mixes key
 channels only), so a program may own a block of value columns: ``U``,
 ``o``, ``dU`` and the states split by columns; ``dW``, ``dQ``, ``dP``,
 ``dK`` and ``dd`` are sums over value columns, which each program returns
-for its own block.
+for its own block. Inside a program the state is held as blocks of key
+columns, ``[V, block_k]`` each, and every product runs on blocks of
+``block_c`` rows and ``block_k`` key columns (``W S``, ``Q S`` summed block
+by block), so no ``[C, K]`` or ``[C, C]`` term is loaded whole: the
+registers a GPU program needs do not grow with ``K`` or ``C`` beyond the
+state itself.
 
 Numerics: the state, every product and every accumulation are float32.
 bfloat16 inputs use bfloat16 matmul operands (the state and the
 pseudo-values rounded for the product, as the inputs are) with float32
-accumulation; float32 inputs use float32 matmuls at the highest precision.
+accumulation; float32 inputs use float32 matmuls (on GPU as three TF32
+products on the tensor cores, ``pallas_kernels.common.dots``).
 
 Letters: i and j rows of a chunk, k key channel, v value channel.
 """
@@ -38,84 +44,112 @@ Letters: i and j rows of a chunk, k key channel, v value channel.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Callable
 
-import jax
 import jax.numpy as jnp
-from jax import lax
+
+from pallas_kernels.common import dots
+from pallas_kernels.common.dots import NN, NT, TN
 
 _F32 = jnp.float32
-NN = (((1,), (0,)), ((), ()))  # a @ b
-NT = (((1,), (1,)), ((), ()))  # a @ b.T
-TN = (((0,), (0,)), ((), ()))  # a.T @ b
+GRAD_NAMES = ("w", "u", "q", "scores", "k", "decay")
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
   """What a kernel body is specialised for (all static)."""
   bf16_dots: bool    # matmul operands in bfloat16 (bfloat16 inputs); else
-                     # float32 operands at the highest precision
+                     # float32 (``pallas_kernels.common.dots``)
+  backend: str = "tpu"  # "tpu" or "gpu": how float32 matmuls run
 
 
 def dot(a, b, dims, spec: KernelSpec):
   """A float32-accumulated matmul (dims: ``NN``, ``NT`` or ``TN``)."""
-  if spec.bf16_dots:
-    return lax.dot_general(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
-                           dims, preferred_element_type=_F32)
-  return lax.dot_general(a.astype(_F32), b.astype(_F32), dims,
-                         precision=lax.Precision.HIGHEST,
-                         preferred_element_type=_F32)
+  return dots.dot(a, b, dims, mode=dots.mode(bf16=spec.bf16_dots,
+                                              backend=spec.backend))
 
 
-class Chunk(NamedTuple):
-  """The prepared terms of one chunk, as loaded (input dtype)."""
-  w: jax.Array        # [C, K] W
-  u: jax.Array        # [C, V] U' (a block of value columns)
-  q: jax.Array        # [C, K] Q
-  scores: jax.Array   # [C, C] P
-  k: jax.Array        # [C, K] K
-  decay: jax.Array    # [1, K] d, float32
+# load(name, rb, cb): block (rb, cb) of the chunk's term ``name`` as loaded
+# (input dtype): rows in blocks of ``block_c`` (rb None: the one row of
+# ``decay``), columns in blocks of ``block_k`` key channels (``w``, ``q``,
+# ``k``, ``decay``), of ``block_c`` rows (``scores``), or all of this
+# program's value columns (``u``, ``do``: cb None).
+Load = Callable[[str, "int | None", "int | None"], object]
 
 
-class ChunkGrads(NamedTuple):
-  """Gradients of one chunk's terms, float32 (sums over this program's
-  value columns, except ``u``, which is its columns)."""
-  w: jax.Array        # [C, K]
-  u: jax.Array        # [C, V]
-  q: jax.Array        # [C, K]
-  scores: jax.Array   # [C, C]
-  k: jax.Array        # [C, K]
-  decay: jax.Array    # [1, K]
+def _pseudo_values(load: Load, state, spec: KernelSpec, row_blocks: int):
+  """``U = U' - W S`` by row blocks: ``[block_c, V]`` float32 each."""
+  u = []
+  for rb in range(row_blocks):
+    u_r = load("u", rb, None).astype(_F32)
+    for kb, s in enumerate(state):
+      u_r = u_r - dot(load("w", rb, kb), s, NT, spec)           # [c, V]
+    u.append(u_r)
+  return u
 
 
-def forward(chunk: Chunk, state, spec: KernelSpec, *, outputs: bool = True):
-  """``(o [C, V] float32 or None, state leaving the chunk [V, K])`` from
-  the state entering it, ``[V, K]`` float32."""
-  u = chunk.u.astype(_F32) - dot(chunk.w, state, NT, spec)     # [C, V]
+def forward(load: Load, state, spec: KernelSpec, row_blocks: int, *,
+            outputs: bool = True):
+  """``(o, state leaving the chunk)`` from the state entering it.
+
+  States are tuples of ``[V, block_k]`` float32 blocks; ``o`` is None or a
+  list of ``[block_c, V]`` float32 row blocks. ``P`` is lower triangular,
+  so row block ``rb`` of ``P U`` reads the row blocks ``cb <= rb`` of
+  ``U``.
+  """
+  u = _pseudo_values(load, state, spec, row_blocks)
   o = None
   if outputs:
-    o = (dot(chunk.q, state, NT, spec)
-         + dot(chunk.scores, u, NN, spec))                      # [C, V]
-  state = state * chunk.decay + dot(u, chunk.k, TN, spec)       # [V, K]
-  return o, state
+    o = []
+    for rb in range(row_blocks):
+      o_r = dot(load("scores", rb, 0), u[0], NN, spec)          # [c, V]
+      for cb in range(1, rb + 1):
+        o_r = o_r + dot(load("scores", rb, cb), u[cb], NN, spec)
+      for kb, s in enumerate(state):
+        o_r = o_r + dot(load("q", rb, kb), s, NT, spec)
+      o.append(o_r)
+  new_state = []
+  for kb, s in enumerate(state):
+    s = s * load("decay", None, kb)                             # [V, K]
+    for rb in range(row_blocks):
+      s = s + dot(u[rb], load("k", rb, kb), TN, spec)
+    new_state.append(s)
+  return o, tuple(new_state)
 
 
-def backward(chunk: Chunk, do, state, d_state, spec: KernelSpec):
-  """``(ChunkGrads, gradient of the state entering the chunk [V, K])``.
+def backward(load: Load, state, d_state, spec: KernelSpec, row_blocks: int,
+             store):
+  """The gradient of the state entering the chunk (a tuple of blocks).
 
-  ``do: [C, V]``; ``state``: the state entering the chunk, ``d_state``: the
-  gradient of the state leaving it, both ``[V, K]`` float32.
+  ``state``: the state entering the chunk, ``d_state``: the gradient of the
+  state leaving it, both tuples of ``[V, block_k]`` float32 blocks.
+  ``store(name, rb, cb, grad)`` receives the float32 gradient of each block
+  of each term (blocks as in ``load``): sums over this program's value
+  columns, except ``u``, which is its columns.
   """
-  u = chunk.u.astype(_F32) - dot(chunk.w, state, NT, spec)     # [C, V]
-  du = (dot(chunk.scores, do, TN, spec)
-        + dot(chunk.k, d_state, NT, spec))                      # [C, V]
-  grads = ChunkGrads(
-      w=-dot(du, state, NN, spec),                              # [C, K]
-      u=du,
-      q=dot(do, state, NN, spec),                               # [C, K]
-      scores=dot(do, u, NT, spec),                              # [C, C]
-      k=dot(u, d_state, NN, spec),                              # [C, K]
-      decay=jnp.sum(state * d_state, axis=0, keepdims=True))    # [1, K]
-  d_state = (d_state * chunk.decay + dot(do, chunk.q, TN, spec)
-             - dot(du, chunk.w, TN, spec))                      # [V, K]
-  return grads, d_state
+  u = _pseudo_values(load, state, spec, row_blocks)             # [c, V]
+  do = [load("do", rb, None) for rb in range(row_blocks)]
+  du = []
+  for rb in range(row_blocks):
+    du_r = dot(load("scores", rb, rb), do[rb], TN, spec)        # [c, V]
+    for later in range(rb + 1, row_blocks):
+      du_r = du_r + dot(load("scores", later, rb), do[later], TN, spec)
+    for kb, ds in enumerate(d_state):
+      du_r = du_r + dot(load("k", rb, kb), ds, NT, spec)
+    store("u", rb, None, du_r)
+    du.append(du_r)
+  for rb in range(row_blocks):
+    for cb in range(row_blocks):
+      store("scores", rb, cb, dot(do[rb], u[cb], NT, spec))     # [c, c]
+  d_entering = []
+  for kb, (s, ds) in enumerate(zip(state, d_state)):
+    store("decay", None, kb, jnp.sum(s * ds, axis=0, keepdims=True))
+    d_s = ds * load("decay", None, kb)                          # [V, K]
+    for rb in range(row_blocks):
+      store("w", rb, kb, -dot(du[rb], s, NN, spec))             # [c, K]
+      store("q", rb, kb, dot(do[rb], s, NN, spec))
+      store("k", rb, kb, dot(u[rb], ds, NN, spec))
+      d_s = (d_s + dot(do[rb], load("q", rb, kb), TN, spec)
+             - dot(du[rb], load("w", rb, kb), TN, spec))
+    d_entering.append(d_s)
+  return tuple(d_entering)

@@ -4,9 +4,10 @@ Triton programs run independently and have no scratch memory, so each
 program owns one (batch, head, block of value columns) for the whole
 sequence: grid ``(B, H, V blocks)``, a ``fori_loop`` over the chunks with
 the ``[block_v, K]`` float32 state (or state gradient) in registers as the
-loop carry, reading chunk ``n`` of each input as ``ref[n]``. Tiles have
-power-of-two sizes (chunk rows, ``K`` and ``V`` padded to a power of two
->= 16, as ``tl.dot`` needs).
+loop carry as a tuple of ``[block_v, block_k]`` blocks of key columns,
+reading chunk ``n`` of each input as ``ref[n]`` (a term with key columns one
+block at a time). Tiles have power-of-two sizes (chunk rows, ``K`` and
+``V`` padded to a power of two >= 16, as ``tl.dot`` needs).
 
 - ``forward``: outputs, the final state, and (for the backward pass) the
   state entering each chunk, each optional.
@@ -22,14 +23,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.common import compiler
 from pallas_kernels.delta_rule import chunk_step
 from pallas_kernels.delta_rule.block_sizes import BlockSizes
 from pallas_kernels.delta_rule.layout import Layout
+from pallas_kernels.delta_rule.tpu import tile
 
 _F32 = jnp.float32
-_CHUNK_TERMS = ("w", "u", "q", "scores", "k", "decay")
 
 
 def _in_specs(names, arrays, lay: Layout):
@@ -56,39 +57,64 @@ def _in_specs(names, arrays, lay: Layout):
   return out
 
 
-def _params(blocks: BlockSizes):
-  return pltriton.CompilerParams(num_warps=blocks.num_warps,
-                                 num_stages=blocks.num_stages)
+def _key_block(lay: Layout, kb):
+  return pl.ds(kb * lay.block_k, lay.block_k)
 
 
-def _initial(r, name, shape):
-  return r[name][...] if name in r else jnp.zeros(shape, _F32)
+def _read_blocks(ref, lay: Layout, *index):
+  """``ref[*index]``, a ``[V, K]`` state, as ``[V, block_k]`` blocks."""
+  return tuple(ref[(*index, slice(None), _key_block(lay, kb))]
+               for kb in range(lay.k_blocks))
 
 
-def _load_chunk(r, n) -> chunk_step.Chunk:
-  return chunk_step.Chunk(*(r[name][n] for name in _CHUNK_TERMS))
+def _write_blocks(ref, blocks, lay: Layout, *index):
+  for kb, block in enumerate(blocks):
+    ref[(*index, slice(None), _key_block(lay, kb))] = block
 
 
-def _forward_kernel(*refs, names, spec, n_chunks, shape):
+def _initial(r, name, lay: Layout):
+  if name in r:
+    return _read_blocks(r[name], lay)
+  return tuple(jnp.zeros((lay.block_v, lay.block_k), _F32)
+               for _ in range(lay.k_blocks))
+
+
+def _loader(r, lay: Layout, n):
+  return lambda name, rb, cb: r[name][(n, *tile(lay, name, rb, cb))]
+
+
+def _call(kernel, names, arrays, lay, blocks, outputs, *, name, cost,
+          interpret):
+  return pl.pallas_call(
+      kernel, out_shape=[shape for _, shape, _ in outputs],
+      grid=(lay.batch, lay.heads, lay.v_blocks),
+      in_specs=_in_specs(names, arrays, lay),
+      out_specs=[spec for _, _, spec in outputs],
+      compiler_params=compiler.gpu_params(blocks.num_warps, blocks.num_stages),
+      cost_estimate=cost, interpret=interpret, name=name,
+  )(*arrays.values())
+
+
+def _forward_kernel(*refs, names, spec, lay):
   r = dict(zip(names, refs))
 
   def body(n, state):
     if "states" in r:
-      r["states"][n] = state
-    o, state = chunk_step.forward(_load_chunk(r, n), state, spec,
-                                  outputs="o" in r)
+      _write_blocks(r["states"], state, lay, n)
+    o, state = chunk_step.forward(_loader(r, lay, n), state, spec,
+                                  lay.c_blocks, outputs="o" in r)
     if o is not None:
-      r["o"][n] = o.astype(r["o"].dtype)                        # [C, V]
+      for rb, o_r in enumerate(o):
+        r["o"][(n, *tile(lay, "o", rb, None))] = o_r.astype(r["o"].dtype)
     return state
 
-  state = lax.fori_loop(0, n_chunks, body,
-                        _initial(r, "initial_state", shape))    # [V, K]
+  state = lax.fori_loop(0, lay.chunks, body, _initial(r, "initial_state", lay))
   if "final_state" in r:
-    r["final_state"][...] = state
+    _write_blocks(r["final_state"], state, lay)
 
 
 def forward(arrays, spec, lay: Layout, blocks: BlockSizes, *, out_dtype,
-            outputs: bool, final_state: bool, states: bool,
+            outputs: bool, final_state: bool, states: bool, cost,
             interpret: bool = False):
   """``(o [B, H, N, C_pad, V_pad] or None, final state [B, H, V_pad, K_pad]
   or None, entering states [B, H, N, V_pad, K_pad] or None)``."""
@@ -111,40 +137,35 @@ def forward(arrays, spec, lay: Layout, blocks: BlockSizes, *, out_dtype,
                    pl.BlockSpec((None, None, n_chunks, lay.block_v, lay.k_pad),
                                 lambda b, h, vb: (b, h, 0, vb, 0))))
   out_names = [name for name, _, _ in wanted]
-  kernel = functools.partial(
-      _forward_kernel, names=names + out_names, spec=spec, n_chunks=n_chunks,
-      shape=(lay.block_v, lay.k_pad))
-  outs = pl.pallas_call(
-      kernel, out_shape=[shape for _, shape, _ in wanted],
-      grid=(b, h, lay.v_blocks),
-      in_specs=_in_specs(names, arrays, lay),
-      out_specs=[block for _, _, block in wanted],
-      compiler_params=_params(blocks), interpret=interpret,
-      name="delta_rule_forward" if outputs else "delta_rule_states",
-  )(*arrays.values())
+  kernel = functools.partial(_forward_kernel, names=names + out_names,
+                             spec=spec, lay=lay)
+  outs = _call(kernel, names, arrays, lay, blocks, wanted,
+               name="delta_rule_forward" if outputs else "delta_rule_states",
+               cost=cost, interpret=interpret)
   found = dict(zip(out_names, outs))
   return found.get("o"), found.get("final_state"), found.get("states")
 
 
-def _backward_kernel(*refs, names, spec, n_chunks, shape):
+def _backward_kernel(*refs, names, spec, lay):
   r = dict(zip(names, refs))
 
   def body(i, d_state):
-    n = n_chunks - 1 - i
-    grads, d_state = chunk_step.backward(
-        _load_chunk(r, n), r["do"][n], r["states"][n], d_state, spec)
-    for name, grad in zip(chunk_step.ChunkGrads._fields, grads):
-      r["d_" + name][n] = grad
-    return d_state
+    n = lay.chunks - 1 - i
 
-  d_state = lax.fori_loop(0, n_chunks, body,
-                          _initial(r, "d_final", shape))        # [V, K]
+    def store(name, rb, cb, grad):
+      r["d_" + name][(n, *tile(lay, name, rb, cb))] = grad
+
+    return chunk_step.backward(_loader(r, lay, n),
+                               _read_blocks(r["states"], lay, n), d_state,
+                               spec, lay.c_blocks, store)
+
+  d_state = lax.fori_loop(0, lay.chunks, body, _initial(r, "d_final", lay))
   if "d_initial" in r:
-    r["d_initial"][...] = d_state
+    _write_blocks(r["d_initial"], d_state, lay)
 
 
 def backward(arrays, spec, lay: Layout, blocks: BlockSizes, *,
-             d_initial: bool, interpret: bool = False):
+             d_initial: bool, cost, interpret: bool = False):
   """The reverse sweep: ``({name: gradient}, d_initial [B, H, V_pad, K_pad]
   or None)``, float32.
 
@@ -154,34 +175,29 @@ def backward(arrays, spec, lay: Layout, blocks: BlockSizes, *,
   """
   names = list(arrays)
   b, h, n_chunks, vbs = lay.batch, lay.heads, lay.chunks, lay.v_blocks
-  out_names, out_shape, out_specs = [], [], []
-  for name in chunk_step.ChunkGrads._fields:
+  wanted = []
+  for name in chunk_step.GRAD_NAMES:
     rows, width = arrays[name].shape[-2:]
-    out_names.append("d_" + name)
     if name == "u":
-      out_shape.append(jax.ShapeDtypeStruct(
-          (b, h, n_chunks, rows, lay.v_pad), _F32))
-      out_specs.append(pl.BlockSpec((None, None, n_chunks, rows, lay.block_v),
-                                    lambda b, h, vb: (b, h, 0, 0, vb)))
+      wanted.append(("d_u", jax.ShapeDtypeStruct(
+          (b, h, n_chunks, rows, lay.v_pad), _F32), pl.BlockSpec(
+              (None, None, n_chunks, rows, lay.block_v),
+              lambda b, h, vb: (b, h, 0, 0, vb))))
     else:
-      out_shape.append(jax.ShapeDtypeStruct(
-          (b, h, vbs, n_chunks, rows, width), _F32))
-      out_specs.append(pl.BlockSpec(
-          (None, None, None, n_chunks, rows, width),
-          lambda b, h, vb: (b, h, vb, 0, 0, 0)))
+      wanted.append(("d_" + name, jax.ShapeDtypeStruct(
+          (b, h, vbs, n_chunks, rows, width), _F32), pl.BlockSpec(
+              (None, None, None, n_chunks, rows, width),
+              lambda b, h, vb: (b, h, vb, 0, 0, 0))))
   if d_initial:
-    out_names.append("d_initial")
-    out_shape.append(jax.ShapeDtypeStruct((b, h, lay.v_pad, lay.k_pad), _F32))
-    out_specs.append(pl.BlockSpec((None, None, lay.block_v, lay.k_pad),
-                                  lambda b, h, vb: (b, h, vb, 0)))
-  kernel = functools.partial(
-      _backward_kernel, names=names + out_names, spec=spec, n_chunks=n_chunks,
-      shape=(lay.block_v, lay.k_pad))
-  outs = pl.pallas_call(
-      kernel, out_shape=out_shape, grid=(b, h, vbs),
-      in_specs=_in_specs(names, arrays, lay), out_specs=out_specs,
-      compiler_params=_params(blocks), interpret=interpret,
-      name="delta_rule_backward")(*arrays.values())
+    wanted.append(("d_initial", jax.ShapeDtypeStruct(
+        (b, h, lay.v_pad, lay.k_pad), _F32), pl.BlockSpec(
+            (None, None, lay.block_v, lay.k_pad),
+            lambda b, h, vb: (b, h, vb, 0))))
+  out_names = [name for name, _, _ in wanted]
+  kernel = functools.partial(_backward_kernel, names=names + out_names,
+                             spec=spec, lay=lay)
+  outs = _call(kernel, names, arrays, lay, blocks, wanted,
+               name="delta_rule_backward", cost=cost, interpret=interpret)
   found = dict(zip(out_names, outs))
   d_init = found.pop("d_initial", None)
   return {name[2:]: grad for name, grad in found.items()}, d_init

@@ -1,19 +1,14 @@
-"""Hardware helpers: the sweep kernels' array layout and its padding.
+"""The sweep kernels' array layout and its padding.
 
 The kernels walk the chunks of one (batch, head) pair, so the per-chunk
 inputs ``[B, N, H, R, F]`` (R rows of a chunk: C tokens, or 1 for the chunk
 decay) become ``[B, H, N, R_pad, F_pad]``, with:
 
-- chunk rows zero-padded to the backend's tiles (a multiple of 16 on TPU,
-  which bfloat16 packs per sublane tile; a power of two >= 16 on GPU). A
-  zero row of ``w``, ``u`` and ``k`` writes nothing to the state, a zero row
-  of ``q`` and of ``scores`` reads nothing; padded output rows are cut off;
-- feature axes (K, V) zero-padded to a multiple of 128 lanes on TPU and a
-  power of two >= 16 on GPU: zero key channels add nothing, padded value
-  columns are cut off;
-- the state kept transposed, ``[B, H, V, K]``, so that a decay per key
-  channel is a row vector ``[1, K]`` that scales the state's columns (a
-  row broadcasts on both backends);
+- chunk rows and feature axes zero-padded to the backend's tiles and the
+  state kept transposed (``pallas_kernels.common.layout``). A zero row of
+  ``w``, ``u`` and ``k`` writes nothing to the state, a zero row of ``q``
+  and of ``scores`` reads nothing; padded output rows and value columns are
+  cut off;
 - a scalar decay per head broadcast to every key channel (one kernel for
   the three gate kinds; its gradient sums the channels back).
 
@@ -27,27 +22,12 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from pallas_kernels.common import layout as common
 from pallas_kernels.delta_rule.block_sizes import BlockSizes
 
 _F32 = jnp.float32
-
-
-def round_up(n: int, multiple: int) -> int:
-  return -(-n // multiple) * multiple
-
-
-def _power_of_two_at_least_16(n: int) -> int:
-  return max(16, 1 << (n - 1).bit_length())
-
-
-def padded_features(n: int, backend: str) -> int:
-  """Feature width a backend's tiles need for ``n`` channels."""
-  return round_up(n, 128) if backend == "tpu" else _power_of_two_at_least_16(n)
-
-
-def padded_rows(n: int, backend: str) -> int:
-  """Chunk rows a backend's tiles need for a chunk of ``n`` tokens."""
-  return round_up(n, 16) if backend == "tpu" else _power_of_two_at_least_16(n)
+padded_features = common.padded_features
+padded_rows = common.padded_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,29 +43,38 @@ class Layout:
   k_pad: int       # K padded to the backend's tiles
   v_pad: int       # V padded to the backend's tiles
   block_v: int     # value columns per program
+  block_k: int     # key columns per product inside a program
+  block_c: int     # chunk rows per product inside a program
 
   @property
   def v_blocks(self) -> int:
     return self.v_pad // self.block_v
+
+  @property
+  def k_blocks(self) -> int:
+    return self.k_pad // self.block_k
+
+  @property
+  def c_blocks(self) -> int:
+    return self.c_pad // self.block_c
 
 
 def make_layout(b: int, n: int, h: int, c: int, dk: int, dv: int,
                 blocks: BlockSizes) -> Layout:
   backend = blocks.backend
   k_pad, v_pad = padded_features(dk, backend), padded_features(dv, backend)
-  block_v = v_pad if blocks.block_v is None else min(blocks.block_v, v_pad)
-  if v_pad % block_v:
-    raise ValueError(f"block_v ({blocks.block_v}) must divide the padded "
-                     f"value width {v_pad} (V = {dv})")
-  return Layout(b, n, h, c, dk, dv, padded_rows(c, backend), k_pad, v_pad,
-                block_v)
+  block_v = common.feature_blocks(v_pad, blocks.block_v, v_pad, "block_v")
+  block_k = common.feature_blocks(k_pad, blocks.block_k, k_pad, "block_k")
+  c_pad = padded_rows(c, backend)
+  block_c = common.feature_blocks(c_pad, blocks.block_c, c_pad, "block_c")
+  return Layout(b, n, h, c, dk, dv, c_pad, k_pad, v_pad, block_v, block_k,
+                block_c)
 
 
 def to_kernel(x, rows_pad: int, f_pad: int, dtype):
   """``[B, N, H, R, F] -> [B, H, N, R_pad, F_pad]``, zero-padded."""
-  x = jnp.asarray(x, dtype)
-  x = jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, rows_pad - x.shape[3]),
-                  (0, f_pad - x.shape[4])))
+  b, n, h = x.shape[:3]
+  x = common.pad_to(x, (b, n, h, rows_pad, f_pad), dtype)
   return jnp.transpose(x, (0, 2, 1, 3, 4))                      # [B,H,N,R,F]
 
 
@@ -109,15 +98,12 @@ def decay_from_kernel(d_decay, lay: Layout, width: int):
 
 def state_to_kernel(state, lay: Layout):
   """``[B, H, K, V]`` float32 -> ``[B, H, V_pad, K_pad]``."""
-  state = jnp.asarray(state, _F32)
-  state = jnp.pad(state, ((0, 0), (0, 0), (0, lay.k_pad - lay.dim_k),
-                          (0, lay.v_pad - lay.dim_v)))
-  return jnp.swapaxes(state, 2, 3)
+  return common.state_to_kernel(state, lay.k_pad, lay.v_pad)
 
 
 def state_from_kernel(state, lay: Layout):
   """``[B, H, V_pad, K_pad] -> [B, H, K, V]``."""
-  return jnp.swapaxes(state, 2, 3)[:, :, :lay.dim_k, :lay.dim_v]
+  return common.state_from_kernel(state, lay.dim_k, lay.dim_v)
 
 
 def kernel_arrays(terms, initial_state, lay: Layout, *, bf16_dots: bool):

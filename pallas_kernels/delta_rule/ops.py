@@ -37,8 +37,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels.common import blocks as common_blocks
+from pallas_kernels.common import compiler, dispatch
+from pallas_kernels.common.layout import sum_parts
 from pallas_kernels.delta_rule import gpu, layout, tpu
-from pallas_kernels.delta_rule.block_sizes import BACKENDS, BlockSizes
+from pallas_kernels.delta_rule.block_sizes import BlockSizes
 from pallas_kernels.delta_rule.chunk_step import KernelSpec
 
 _F32 = jnp.float32
@@ -70,21 +73,33 @@ class _Config:
   bf16_dots: bool               # bfloat16 matmul operands
   backend: str | None           # "tpu", "gpu", or None: by lowering platform
   interpret: bool               # run the kernels in interpret mode
-  tpu_blocks: BlockSizes        # tile sizes of the Mosaic kernels
-  gpu_blocks: BlockSizes        # tile sizes of the Triton kernels
+  blocks: tuple                 # ((backend, BlockSizes), ...) per backend
 
 
 def _prepare(cfg: _Config, backend: str, terms: ChunkTerms):
-  blocks = cfg.tpu_blocks if backend == "tpu" else cfg.gpu_blocks
+  blocks = dict(cfg.blocks)[backend]
   b, n, h, c, dk = terms.w.shape
   lay = layout.make_layout(b, n, h, c, dk, terms.u.shape[-1], blocks)
-  return blocks, lay, KernelSpec(bf16_dots=cfg.bf16_dots)
+  return blocks, lay, KernelSpec(bf16_dots=cfg.bf16_dots, backend=backend)
+
+
+def _cost(lay: layout.Layout, arrays, passes: int):
+  """A cost estimate: ``passes`` times the forward sweep's products per
+  chunk (``W S``, ``Q S``, ``K^T U``: ``3 C K V`` multiply-adds; ``P U``:
+  ``C^2 V``)."""
+  per_chunk = 2 * lay.c_pad * lay.v_pad * (3 * lay.k_pad + lay.c_pad)
+  return compiler.cost(flops=lay.batch * lay.heads * lay.chunks * per_chunk
+                       * passes, transcendentals=0,
+                       arrays=list(arrays.values()))
 
 
 def _forward_sweep(backend, blocks, arrays, spec, lay, interpret, **wanted):
+  cost = _cost(lay, arrays, 1)
   if backend == "tpu":
-    return tpu.forward(arrays, spec, lay, interpret=interpret, **wanted)
-  return gpu.forward(arrays, spec, lay, blocks, interpret=interpret, **wanted)
+    return tpu.forward(arrays, spec, lay, cost=cost, interpret=interpret,
+                       **wanted)
+  return gpu.forward(arrays, spec, lay, blocks, cost=cost,
+                     interpret=interpret, **wanted)
 
 
 def _forward(cfg: _Config, backend: str, interpret: bool, terms, s0):
@@ -111,15 +126,17 @@ def _backward(cfg: _Config, backend: str, interpret: bool, terms, s0, do,
   arrays["states"] = states
   if d_final is not None:
     arrays["d_final"] = layout.state_to_kernel(d_final, lay)
+  cost = _cost(lay, arrays, 2)
   if backend == "tpu":
     grads, ds0 = tpu.backward(arrays, spec, lay, d_initial=s0 is not None,
-                              interpret=interpret)
+                              cost=cost, interpret=interpret)
   else:
     grads, ds0 = gpu.backward(arrays, spec, lay, blocks,
-                              d_initial=s0 is not None, interpret=interpret)
+                              d_initial=s0 is not None, cost=cost,
+                              interpret=interpret)
   # Parts from the programs of different value columns: [B, H, VB, N, R, F].
-  parts = {name: jnp.sum(grad, axis=2) for name, grad in grads.items()
-           if name != "u"}
+  parts = {name: sum_parts(jnp.moveaxis(grad, 2, 0))
+           for name, grad in grads.items() if name != "u"}
   d_terms = ChunkTerms(
       w=layout.from_kernel(parts["w"], lay.chunk, lay.dim_k),
       u=layout.from_kernel(grads["u"], lay.chunk, lay.dim_v),
@@ -132,12 +149,8 @@ def _backward(cfg: _Config, backend: str, interpret: bool, terms, s0, do,
 
 
 def _dispatch(cfg: _Config, fn, *args):
-  if cfg.backend is not None:
-    return fn(cfg, cfg.backend, cfg.interpret, *args)
-  return jax.lax.platform_dependent(
-      *args, tpu=functools.partial(fn, cfg, "tpu", False),
-      cuda=functools.partial(fn, cfg, "gpu", False),
-      default=functools.partial(fn, cfg, "tpu", True))
+  return dispatch.by_platform(cfg.backend, cfg.interpret,
+                              functools.partial(fn, cfg), *args)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -183,24 +196,6 @@ def _check(terms: ChunkTerms, initial_state):
                      f"got {np.shape(initial_state)}")
 
 
-def _blocks_by_backend(block_sizes):
-  if block_sizes is None:
-    given = []
-  elif isinstance(block_sizes, BlockSizes):
-    given = [block_sizes]
-  elif isinstance(block_sizes, (list, tuple)):
-    given = list(block_sizes)
-  else:
-    raise ValueError(f"block_sizes must be BlockSizes or a sequence of them, "
-                     f"got {block_sizes!r}")
-  chosen = {backend: BlockSizes.default(backend) for backend in BACKENDS}
-  for blocks in given:
-    if not isinstance(blocks, BlockSizes):
-      raise ValueError(f"block_sizes must hold BlockSizes, got {blocks!r}")
-    chosen[blocks.backend] = blocks
-  return chosen["tpu"], chosen["gpu"]
-
-
 def chunk_delta_rule_sweep(
     terms: ChunkTerms, *, initial_state=None, output_final_state=False,
     bf16_dots: bool = False, backend: str | None = None,
@@ -240,18 +235,12 @@ def chunk_delta_rule_sweep(
   """
   terms = ChunkTerms(*terms)
   _check(terms, initial_state)
-  if backend is not None and backend not in BACKENDS:
-    raise ValueError(f"backend must be one of {BACKENDS} or None, got "
-                     f"{backend!r}")
-  if interpret and backend is None:
-    raise ValueError("interpret=True needs an explicit backend ('tpu' or "
-                     "'gpu'); with backend=None a CPU call already runs in "
-                     "interpret mode")
-  tpu_blocks, gpu_blocks = _blocks_by_backend(block_sizes)
+  dispatch.check_call(backend, interpret)
+  blocks = common_blocks.by_backend(block_sizes, BlockSizes,
+                                    BlockSizes.default)
   cfg = _Config(output_final_state=bool(output_final_state),
                 bf16_dots=bool(bf16_dots), backend=backend,
-                interpret=bool(interpret), tpu_blocks=tpu_blocks,
-                gpu_blocks=gpu_blocks)
+                interpret=bool(interpret), blocks=tuple(blocks.items()))
   terms = ChunkTerms(*(jnp.asarray(x, _F32) for x in terms))
   s0 = None if initial_state is None else jnp.asarray(initial_state, _F32)
   return _sweep(cfg, terms, s0)

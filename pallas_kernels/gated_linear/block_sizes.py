@@ -1,18 +1,36 @@
 """Tile sizes of the chunked gated-linear-attention kernels.
 
 They change speed and memory use, never results beyond float rounding: every
-sub-chunk is computed exactly, whatever its size.
+sub-chunk is computed exactly, whatever its size, and a program that owns a
+block of key or value columns computes its part of every sum over them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-BACKENDS = ("tpu", "gpu")
+from pallas_kernels.common import blocks as common
 
+BACKENDS = common.BACKENDS
 
-def _is_power_of_two(n: int) -> bool:
-  return n >= 1 and n & (n - 1) == 0
+# Feature columns per program when a BlockSizes field is None, per backend,
+# pass and gate kind ("channel": a decay per key channel; "other"):
+# (block_k, block_v). GPU programs keep their float32 state block (and in
+# the reverse sweep its gradient and the entering state) in registers, with
+# a sub-chunk's [16, block] tiles beside it; these are the largest blocks
+# that ptxas fits in 255 registers per thread at 4 warps without spilling,
+# in float32 and bfloat16 (make compile-check). TPU programs keep them in
+# VMEM.
+DEFAULT_FEATURES = {
+    ("tpu", "forward", "channel"): (256, 256),
+    ("tpu", "backward", "channel"): (256, 256),
+    ("tpu", "forward", "other"): (256, 256),
+    ("tpu", "backward", "other"): (256, 256),
+    ("gpu", "forward", "channel"): (32, 32),
+    ("gpu", "backward", "channel"): (32, 16),
+    ("gpu", "forward", "other"): (64, 32),
+    ("gpu", "backward", "other"): (32, 16),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,73 +42,60 @@ class BlockSizes:
   chunk: int                    # a multiple of sub_chunk: tokens per grid
                                 # step on TPU, and on both backends between
                                 # the state checkpoints of the backward pass
-  block_v: int | None = None    # value columns per program in the forward
-                                # pass (None: all); the backward takes all
+  block_k: int | None = None    # key columns per forward program (None:
+                                # DEFAULT_FEATURES); more than one block
+                                # returns the outputs as parts to add
+  block_v: int | None = None    # value columns per forward program
+  backward_block_k: int | None = None  # key columns per backward program
+  backward_block_v: int | None = None  # value columns per backward program
   num_warps: int | None = None  # GPU only: warps per program
   num_stages: int | None = None  # GPU only: software pipelining stages
+  per_channel: bool = False     # the defaults of a decay per key channel
 
   def __post_init__(self):
-    if self.backend not in BACKENDS:
-      raise ValueError(f"backend must be one of {BACKENDS}, got "
-                       f"{self.backend!r}")
-    for name in ("sub_chunk", "chunk"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    common.check_backend(self.backend)
+    common.check_rows("sub_chunk", self.sub_chunk, self.backend)
+    common.check_positive("chunk", self.chunk)
     if self.chunk % self.sub_chunk:
       raise ValueError(f"sub_chunk ({self.sub_chunk}) must divide chunk "
                        f"({self.chunk})")
-    if self.block_v is not None and (not isinstance(self.block_v, int)
-                                     or self.block_v < 1):
-      raise ValueError(f"block_v must be None or a positive int, got "
-                       f"{self.block_v!r}")
-    if self.backend == "tpu":
-      self._check_tpu()
-    else:
-      self._check_gpu()
+    for name in ("block_k", "block_v", "backward_block_k",
+                 "backward_block_v"):
+      common.check_width(name, getattr(self, name), self.backend)
+    common.check_gpu_settings(self.backend, self.num_warps, self.num_stages)
 
-  def _check_tpu(self):
-    # bfloat16 packs 16 rows per (16, 128) tile: sub-chunks that start on a
-    # multiple of 16 rows are tile aligned for every input dtype.
-    if self.sub_chunk % 16:
-      raise ValueError(f"on TPU sub_chunk must be a multiple of 16, got "
-                       f"{self.sub_chunk}")
-    if self.block_v is not None and self.block_v % 128:
-      raise ValueError(f"on TPU block_v must be a multiple of 128 (lanes), "
-                       f"got {self.block_v}")
-    if self.num_warps is not None or self.num_stages is not None:
-      raise ValueError("num_warps and num_stages are GPU settings; leave them "
-                       "None on TPU")
-
-  def _check_gpu(self):
-    # Triton tiles have power-of-two sizes and tl.dot needs 16 rows or more.
-    if not _is_power_of_two(self.sub_chunk) or self.sub_chunk < 16:
-      raise ValueError(f"on GPU sub_chunk must be a power of two >= 16, got "
-                       f"{self.sub_chunk}")
-    if self.block_v is not None and (not _is_power_of_two(self.block_v)
-                                     or self.block_v < 16):
-      raise ValueError(f"on GPU block_v must be a power of two >= 16, got "
-                       f"{self.block_v}")
-    if self.num_warps is not None and not _is_power_of_two(self.num_warps):
-      raise ValueError(f"num_warps must be a power of two, got "
-                       f"{self.num_warps}")
-    if self.num_stages is not None and self.num_stages < 1:
-      raise ValueError(f"num_stages must be >= 1, got {self.num_stages}")
+  def features(self, direction: str) -> tuple[int, int]:
+    """``(block_k, block_v)`` requested for ``direction`` ("forward" or
+    "backward"), defaults filled in (the layout caps them at K and V)."""
+    k, v = ((self.block_k, self.block_v) if direction == "forward"
+            else (self.backward_block_k, self.backward_block_v))
+    default_k, default_v = DEFAULT_FEATURES[
+        (self.backend, direction, "channel" if self.per_channel else "other")]
+    return (default_k if k is None else k), (default_v if v is None else v)
 
   @classmethod
-  def default(cls, backend: str, *, per_channel: bool) -> BlockSizes:
+  def default(cls, backend: str, *, per_channel: bool,
+              chunk_size: int | None = None) -> BlockSizes:
     """Defaults per backend and gate kind.
 
     A decay per key channel needs a ``[c, K]`` exponential per key row of a
     sub-chunk, so its sub-chunks are short (16); a scalar decay (or none)
-    builds the ``[c, c]`` scores with one matmul and uses 64.
+    builds the ``[c, c]`` scores with one matmul and uses 64 on TPU where
+    the chunk allows. GPU sub-chunks are 16 tokens (registers). ``chunk_size`` (an op's chunk length) sets the chunk, rounded
+    up to whole 16-token tiles; else 128 (per channel) or 256 on TPU and 64
+    on GPU.
     """
-    sub_chunk = 16 if per_channel else 64
+    common.check_backend(backend)
+    if chunk_size is None:
+      chunk = (128 if per_channel else 256) if backend == "tpu" else 64
+    else:
+      common.check_positive("chunk_size", chunk_size)
+      chunk = -(-chunk_size // 16) * 16
     if backend == "tpu":
-      return cls("tpu", sub_chunk=sub_chunk, chunk=128 if per_channel else 256)
-    if backend == "gpu":
-      # The backward programs hold the whole [V, K] float32 state in
-      # registers: 8 warps keep it at 64 registers per thread for 128 x 128.
-      return cls("gpu", sub_chunk=sub_chunk, chunk=64, block_v=64,
-                 num_warps=8, num_stages=2)
-    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+      sub_chunk = 16 if per_channel or chunk % 64 else 64
+      return cls("tpu", sub_chunk=sub_chunk, chunk=chunk,
+                 per_channel=per_channel)
+    # Registers: [16, .] sub-chunks and one pipelining stage (a second would
+    # hold the next sub-chunk's loads beside the current one).
+    return cls("gpu", sub_chunk=16, chunk=chunk, num_warps=4, num_stages=1,
+               per_channel=per_channel)

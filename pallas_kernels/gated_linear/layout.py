@@ -1,21 +1,21 @@
-"""Hardware helpers: the kernels' array layout and its padding.
+"""The kernels' array layout, padding and tiling.
 
 The kernels walk one (batch, head) pair along time, so the public layout
-``[B, T, H, F]`` becomes ``[B, H, T, F]``, with:
+``[B, T, H, F]`` becomes ``[B, H, T, F]``, with (``pallas_kernels.common.
+layout``) feature axes zero-padded to the backend's tiles and the state
+kept transposed, ``[B, H, V, K]``, and:
 
-- feature axes (K, V) zero-padded to the tiles of the backend: a multiple of
-  128 lanes on TPU, a power of two >= 16 on GPU. Zero query and key channels
-  add nothing; padded value columns are cut off the outputs;
 - time zero-padded to whole chunks: a zero key adds nothing to the state and
   a zero log-decay decays nothing; document indices repeat the last one, so
   padding never starts a document;
-- the state kept transposed, ``[B, H, V, K]``, so that a decay per key
-  channel scales its columns (a row vector, which broadcasts on both
-  backends) rather than its rows;
 - per-token scalars that a kernel needs along lanes given as rows
   ``[.., T / c, 1, c]`` (one row per sub-chunk), so that no kernel
   transposes: the document index (also given as a column ``[.., T, 1]``) and
-  a scalar log-decay.
+  a scalar log-decay;
+- each program owning a block of key columns and a block of value columns
+  (``Tiles``): its state block is ``[block_v, block_k]``. Every sum over key
+  columns (the outputs, ``dv``) and over value columns (``dq``, ``dk``)
+  comes back as one part per block, which XLA adds.
 
 Letters: b batch, t time, h head, f feature (k key channel, v value
 channel, g gate width: 1 or K), c tokens per sub-chunk.
@@ -27,20 +27,20 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from pallas_kernels.common import layout as common
 from pallas_kernels.gated_linear.block_sizes import BlockSizes
 
 _F32 = jnp.float32
+round_up = common.round_up
 
 
-def round_up(n: int, multiple: int) -> int:
-  return -(-n // multiple) * multiple
-
-
-def padded_features(n: int, backend: str) -> int:
-  """Feature width a backend's tiles need for ``n`` channels."""
-  if backend == "tpu":
-    return round_up(n, 128)
-  return max(16, 1 << (n - 1).bit_length())
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+  """Feature columns per program of one pass."""
+  block_k: int     # key columns per program
+  block_v: int     # value columns per program
+  k_blocks: int    # K_pad / block_k
+  v_blocks: int    # V_pad / block_v
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +56,16 @@ class Layout:
   v_pad: int       # V padded to the backend's tiles
   chunk: int       # tokens per grid step (TPU) and between checkpoints
   sub_chunk: int   # c
-  block_v: int     # value columns per forward program
+  forward: Tiles   # the forward kernel's programs
+  backward: Tiles  # the backward kernels' programs
+
+
+def _tiles(blocks: BlockSizes, direction: str, k_pad: int, v_pad: int):
+  block_k, block_v = blocks.features(direction)
+  prefix = "" if direction == "forward" else "backward_"
+  bk = common.feature_blocks(k_pad, block_k, block_k, prefix + "block_k")
+  bv = common.feature_blocks(v_pad, block_v, block_v, prefix + "block_v")
+  return Tiles(bk, bv, k_pad // bk, v_pad // bv)
 
 
 def make_layout(b: int, t: int, h: int, dk: int, dv: int,
@@ -64,21 +73,17 @@ def make_layout(b: int, t: int, h: int, dk: int, dv: int,
   c = blocks.sub_chunk
   # A sequence shorter than a chunk needs only enough whole sub-chunks.
   chunk = min(blocks.chunk, round_up(t, c))
-  k_pad = padded_features(dk, blocks.backend)
-  v_pad = padded_features(dv, blocks.backend)
-  block_v = v_pad if blocks.block_v is None else min(blocks.block_v, v_pad)
-  if v_pad % block_v:
-    raise ValueError(f"block_v ({blocks.block_v}) must divide the padded "
-                     f"value width {v_pad} (V = {dv})")
+  k_pad = common.padded_features(dk, blocks.backend)
+  v_pad = common.padded_features(dv, blocks.backend)
   return Layout(b, t, h, dk, dv, round_up(t, chunk), k_pad, v_pad, chunk, c,
-                block_v)
+                _tiles(blocks, "forward", k_pad, v_pad),
+                _tiles(blocks, "backward", k_pad, v_pad))
 
 
 def to_kernel(x, lay: Layout, f_pad: int, dtype=None):
   """``[B, T, H, F] -> [B, H, T_pad, F_pad]``, zero-padded."""
-  x = jnp.asarray(x) if dtype is None else jnp.asarray(x, dtype)
-  x = jnp.pad(x, ((0, 0), (0, lay.t_pad - x.shape[1]), (0, 0),
-                  (0, f_pad - x.shape[3])))
+  b, _, h, _ = x.shape
+  x = common.pad_to(x, (b, lay.t_pad, h, f_pad), dtype)
   return jnp.transpose(x, (0, 2, 1, 3))                        # [B, H, T, F]
 
 
@@ -108,15 +113,12 @@ def document_columns(doc, lay: Layout):
 
 def state_to_kernel(state, lay: Layout):
   """``[B, H, K, V]`` float32 -> ``[B, H, V_pad, K_pad]``."""
-  state = jnp.asarray(state, _F32)
-  state = jnp.pad(state, ((0, 0), (0, 0), (0, lay.k_pad - lay.dim_k),
-                          (0, lay.v_pad - lay.dim_v)))
-  return jnp.swapaxes(state, 2, 3)
+  return common.state_to_kernel(state, lay.k_pad, lay.v_pad)
 
 
 def state_from_kernel(state, lay: Layout):
   """``[B, H, V_pad, K_pad] -> [B, H, K, V]``."""
-  return jnp.swapaxes(state, 2, 3)[:, :, :lay.dim_k, :lay.dim_v]
+  return common.state_from_kernel(state, lay.dim_k, lay.dim_v)
 
 
 def kernel_arrays(q, k, v, g, initial_state, doc, lay: Layout, *,

@@ -11,10 +11,11 @@
   inside each sub-chunk in plain XLA: elementwise work over ``[B, T, H,
   G]``, no kernel.
 
+Programs own blocks of key and value columns (``layout.Tiles``); the parts
+they return of sums over key or value channels are added here.
+
 The kernel is picked by ``backend`` or, when it is None, by the platform the
-call is lowered for (``jax.lax.platform_dependent``): ``tpu`` -> Mosaic,
-``cuda`` -> Triton, anything else -> the Mosaic kernel in interpret mode
-(slow; for tests and debugging on CPU).
+call is lowered for (``pallas_kernels.common.dispatch``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels.common import blocks as common_blocks
+from pallas_kernels.common import compiler, dispatch
+from pallas_kernels.common.layout import sum_parts
 from pallas_kernels.gated_linear import gpu, layout, tpu
-from pallas_kernels.gated_linear.block_sizes import BACKENDS, BlockSizes
+from pallas_kernels.gated_linear.block_sizes import BlockSizes
 from pallas_kernels.gated_linear.sub_chunk import KernelSpec
 
 _F32 = jnp.float32
@@ -41,8 +45,7 @@ class _Config:
   output_final_state: bool      # return the final state
   backend: str | None           # "tpu", "gpu", or None: by lowering platform
   interpret: bool               # run the kernels in interpret mode
-  tpu_blocks: BlockSizes        # tile sizes of the Mosaic kernels
-  gpu_blocks: BlockSizes        # tile sizes of the Triton kernels
+  blocks: tuple                 # ((backend, BlockSizes), ...) per backend
 
 
 def _gate_kind(g) -> str:
@@ -52,7 +55,7 @@ def _gate_kind(g) -> str:
 
 
 def _prepare(cfg: _Config, backend, q, k, v, g, doc):
-  blocks = cfg.tpu_blocks if backend == "tpu" else cfg.gpu_blocks
+  blocks = dict(cfg.blocks)[backend]
   b, t, h, dk = q.shape
   lay = layout.make_layout(b, t, h, dk, v.shape[-1], blocks)
   bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
@@ -62,20 +65,31 @@ def _prepare(cfg: _Config, backend, q, k, v, g, doc):
   return blocks, lay, spec, bf16
 
 
+def _cost(spec: KernelSpec, lay: layout.Layout, arrays, passes: int):
+  """A cost estimate of one kernel: ``passes`` times the forward pass's
+  work (the state product and update, ``2 K V`` multiply-adds per token,
+  and the ``[c, c]`` scores and their product with the values)."""
+  tokens = lay.batch * lay.heads * lay.t_pad
+  k, v, c = lay.k_pad, lay.v_pad, lay.sub_chunk
+  flops = 2 * tokens * (2 * k * v + c * (k + v)) * passes
+  exps = {"none": 0, "scalar": c, "channel": c * k}[spec.gate]
+  return compiler.cost(flops=flops, transcendentals=tokens * exps * passes,
+                       arrays=list(arrays.values()))
+
+
 def _forward(cfg: _Config, backend: str, interpret: bool, q, k, v, g, s0,
              doc):
   blocks, lay, spec, bf16 = _prepare(cfg, backend, q, k, v, g, doc)
   arrays = layout.kernel_arrays(q, k, v, g, s0, doc, lay, bf16_dots=bf16)
-  out_dtype = jnp.bfloat16 if bf16 else _F32
+  kwargs = dict(out_dtype=jnp.bfloat16 if bf16 else _F32,
+                final_state=cfg.output_final_state,
+                cost=_cost(spec, lay, arrays, 1), interpret=interpret)
   if backend == "tpu":
-    o, final = tpu.forward(arrays, spec, lay, out_dtype=out_dtype,
-                           final_state=cfg.output_final_state,
-                           interpret=interpret)
+    outs = tpu.forward(arrays, spec, lay, **kwargs)
   else:
-    o, final = gpu.forward(arrays, spec, lay, blocks, out_dtype=out_dtype,
-                           final_state=cfg.output_final_state,
-                           interpret=interpret)
-  o = layout.from_kernel(o, lay, lay.dim_v).astype(v.dtype)
+    outs = gpu.forward(arrays, spec, lay, blocks, **kwargs)
+  o = layout.from_kernel(sum_parts(outs["o"]), lay, lay.dim_v).astype(v.dtype)
+  final = outs.get("final_state")
   return o, (None if final is None else layout.state_from_kernel(final, lay))
 
 
@@ -84,29 +98,30 @@ def _backward(cfg: _Config, backend: str, interpret: bool, q, k, v, g, s0,
   blocks, lay, spec, bf16 = _prepare(cfg, backend, q, k, v, g, doc)
   arrays = layout.kernel_arrays(q, k, v, g, s0, doc, lay, bf16_dots=bf16,
                                 do=do)
-  if backend == "tpu":
-    dq, gate_q, checkpoints = tpu.dq(arrays, spec, lay, interpret=interpret)
-  else:
-    dq, gate_q, checkpoints = gpu.dq(arrays, spec, lay, blocks,
-                                     interpret=interpret)
+  run = functools.partial(tpu.dq if backend == "tpu" else gpu.dq,
+                          arrays, spec, lay)
+  if backend == "gpu":
+    run = functools.partial(run, blocks)
+  outs = run(cost=_cost(spec, lay, arrays, 2), interpret=interpret)
   if d_final is not None:
     arrays["d_final"] = layout.state_to_kernel(d_final, lay)
-  if checkpoints is not None:
-    arrays["checkpoints"] = checkpoints
-  if backend == "tpu":
-    dk, dv, ds0, gate_terms = tpu.dkv(arrays, spec, lay,
-                                      d_initial=s0 is not None,
-                                      interpret=interpret)
-  else:
-    dk, dv, ds0, gate_terms = gpu.dkv(arrays, spec, lay, blocks,
-                                      d_initial=s0 is not None,
-                                      interpret=interpret)
+  if "checkpoints" in outs:
+    arrays["checkpoints"] = outs["checkpoints"]
+  run = functools.partial(tpu.dkv if backend == "tpu" else gpu.dkv,
+                          arrays, spec, lay)
+  if backend == "gpu":
+    run = functools.partial(run, blocks)
+  grads = run(d_initial=s0 is not None, cost=_cost(spec, lay, arrays, 3),
+              interpret=interpret)
+  grads = {name: x if name == "d_initial" else sum_parts(x)
+           for name, x in grads.items()}
   dg = None
   if g is not None:
-    dg = gate_gradient(gate_q, gate_terms, lay, g.shape[-1])
-  return (layout.from_kernel(dq, lay, lay.dim_k),
-          layout.from_kernel(dk, lay, lay.dim_k),
-          layout.from_kernel(dv, lay, lay.dim_v), dg,
+    dg = gate_gradient(sum_parts(outs["gate_q"]), grads, lay, g.shape[-1])
+  ds0 = grads.get("d_initial")
+  return (layout.from_kernel(sum_parts(outs["dq"]), lay, lay.dim_k),
+          layout.from_kernel(grads["dk"], lay, lay.dim_k),
+          layout.from_kernel(grads["dv"], lay, lay.dim_v), dg,
           None if ds0 is None else layout.state_from_kernel(ds0, lay))
 
 
@@ -142,12 +157,8 @@ def gate_gradient(gate_q, terms, lay: layout.Layout, width: int):
 
 
 def _dispatch(cfg: _Config, fn, *args):
-  if cfg.backend is not None:
-    return fn(cfg, cfg.backend, cfg.interpret, *args)
-  return jax.lax.platform_dependent(
-      *args, tpu=functools.partial(fn, cfg, "tpu", False),
-      cuda=functools.partial(fn, cfg, "gpu", False),
-      default=functools.partial(fn, cfg, "tpu", True))
+  return dispatch.by_platform(cfg.backend, cfg.interpret,
+                              functools.partial(fn, cfg), *args)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -194,25 +205,6 @@ def _check(q, k, v, g, initial_state, segment_ids):
                      f"{np.shape(segment_ids)}")
 
 
-def _blocks_by_backend(block_sizes, per_channel: bool):
-  if block_sizes is None:
-    given = []
-  elif isinstance(block_sizes, BlockSizes):
-    given = [block_sizes]
-  elif isinstance(block_sizes, (list, tuple)):
-    given = list(block_sizes)
-  else:
-    raise ValueError(f"block_sizes must be BlockSizes or a sequence of them, "
-                     f"got {block_sizes!r}")
-  chosen = {backend: BlockSizes.default(backend, per_channel=per_channel)
-            for backend in BACKENDS}
-  for blocks in given:
-    if not isinstance(blocks, BlockSizes):
-      raise ValueError(f"block_sizes must hold BlockSizes, got {blocks!r}")
-    chosen[blocks.backend] = blocks
-  return chosen["tpu"], chosen["gpu"]
-
-
 def document_index(segment_ids):
   """``[B, T]`` float32: the number of id changes up to and including t."""
   ids = jnp.asarray(segment_ids)
@@ -222,7 +214,8 @@ def document_index(segment_ids):
 
 def chunk_gated_linear_attention(
     q, k, v, g=None, *, scale=None, initial_state=None,
-    output_final_state=False, segment_ids=None, backend: str | None = None,
+    output_final_state=False, segment_ids=None, chunk_size: int | None = None,
+    backend: str | None = None,
     block_sizes: BlockSizes | Sequence[BlockSizes] | None = None,
     interpret: bool = False):
   """Gated linear attention, chunked, on Pallas kernels (forward and backward).
@@ -236,11 +229,14 @@ def chunk_gated_linear_attention(
     initial_state: ``[B, H, K, V]`` or None (zeros); float32.
     output_final_state: also return the state after the last token.
     segment_ids: ``[B, T]`` int; the state resets where the id changes.
+    chunk_size: tokens per chunk (the op's or layer's chunk length; speed
+      only): the default blocks' chunk, rounded up to whole 16-token tiles.
+      None: ``BlockSizes.default``'s own.
     backend: "tpu" (Mosaic), "gpu" (Triton), or None: by the platform the
       call is lowered for (tpu, cuda; any other platform runs the Mosaic
       kernel in interpret mode).
     block_sizes: ``BlockSizes`` for one or more backends (speed only); the
-      others take ``BlockSizes.default``.
+      others take ``BlockSizes.default`` (with ``chunk_size``).
     interpret: run the kernels of ``backend`` in interpret mode (needs an
       explicit ``backend``).
   Returns:
@@ -257,23 +253,18 @@ def chunk_gated_linear_attention(
     ((1, 100, 2, 32), (1, 2, 16, 32))
   """
   _check(q, k, v, g, initial_state, segment_ids)
-  if backend is not None and backend not in BACKENDS:
-    raise ValueError(f"backend must be one of {BACKENDS} or None, got "
-                     f"{backend!r}")
-  if interpret and backend is None:
-    raise ValueError("interpret=True needs an explicit backend ('tpu' or "
-                     "'gpu'); with backend=None a CPU call already runs in "
-                     "interpret mode")
+  dispatch.check_call(backend, interpret)
   b, t, h, dk = np.shape(q)
   if g is not None:
     g = jnp.asarray(g, _F32)
     g = g[..., None] if g.ndim == 3 else g
   per_channel = g is not None and g.shape[-1] != 1
-  tpu_blocks, gpu_blocks = _blocks_by_backend(block_sizes, per_channel)
+  blocks = common_blocks.by_backend(
+      block_sizes, BlockSizes, functools.partial(
+          BlockSizes.default, per_channel=per_channel, chunk_size=chunk_size))
   cfg = _Config(scale=float(dk ** -0.5 if scale is None else scale),
                 output_final_state=bool(output_final_state), backend=backend,
-                interpret=bool(interpret), tpu_blocks=tpu_blocks,
-                gpu_blocks=gpu_blocks)
+                interpret=bool(interpret), blocks=tuple(blocks.items()))
   if not all(jnp.issubdtype(jnp.result_type(x), jnp.floating)
              for x in (q, k, v)):
     raise ValueError("q, k and v must have floating dtypes")

@@ -72,10 +72,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from pallas_kernels.common import dots
+from pallas_kernels.common.dots import NN, NT, TN
+
 _F32 = jnp.float32
-NN = (((1,), (0,)), ((), ()))  # a @ b
-NT = (((1,), (1,)), ((), ()))  # a @ b.T
-TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +88,7 @@ class KernelSpec:
   scale: float       # query scale s
   sub_chunk: int     # c
   bf16_dots: bool    # matmul operands in bfloat16 (bfloat16 inputs); else
-                     # float32 operands at the highest precision
+                     # float32 (``pallas_kernels.common.dots``)
 
 
 def dot(a, b, dims, spec: KernelSpec, *, exact=False):
@@ -97,12 +97,10 @@ def dot(a, b, dims, spec: KernelSpec, *, exact=False):
   ``exact``: float32 operands at the highest precision whatever the inputs
   (for the 0/1 matmuls that sum log-decays).
   """
-  if spec.bf16_dots and not exact:
-    return lax.dot_general(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
-                           dims, preferred_element_type=_F32)
-  return lax.dot_general(a.astype(_F32), b.astype(_F32), dims,
-                         precision=lax.Precision.HIGHEST,
-                         preferred_element_type=_F32)
+  # float32 stays IEEE float32 on GPU too: 3xTF32 (the delta-rule kernels')
+  # needs more registers than these kernels have left (it spills on sm_80).
+  bf16 = spec.bf16_dots and not exact
+  return dots.dot(a, b, dims, mode="bf16" if bf16 else "f32")
 
 
 def _iotas(shape):
@@ -292,20 +290,15 @@ class GateTerms(NamedTuple):
   entry: jax.Array             # [1, g] sum_v exp(L_c) [...] S dS'
 
 
-def gate_width(spec: KernelSpec, k_pad: int) -> int:
-  """``g`` of the gate-gradient outputs: 1 for a scalar decay, else K."""
-  return 1 if spec.gate == "scalar" else k_pad
-
-
-def gate_term_outputs(spec: KernelSpec, k_pad: int):
+def gate_term_outputs(spec: KernelSpec):
   """``(name, per_token, width)`` of the reverse sweep's ``GateTerms``
   outputs: per token ``[T, width]``, else per sub-chunk ``[T / c, 1,
-  width]``."""
-  width = gate_width(spec, k_pad)
+  width]``; ``width`` is ``"k"`` (key channels) or a number."""
   if spec.gate == "none":
     return []
+  width = 1 if spec.gate == "scalar" else "k"
   middle = (("gate_pairs", False, spec.sub_chunk) if spec.gate == "scalar"
-            else ("gate_k_intra", True, k_pad))
+            else ("gate_k_intra", True, "k"))
   return [("gate_k_inter", True, width), middle, ("entry_grad", False, width)]
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import checks, dispatch
+from lin_attn_jax.ops.common import checks, dispatch, kernel_sharding
 from lin_attn_jax.ops.common.chunk_scores import (intra_chunk_scores,
                                                   sub_chunk_log_decays)
 from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
@@ -298,8 +298,15 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
     return finish(*sweep_xla(terms, state0))
 
   def pallas():
-    return finish(*chunk_delta_rule_sweep(
-        terms, initial_state=initial_state,
-        output_final_state=output_final_state, bf16_dots=bf16))
+    layouts = ChunkTerms(w="bnhck", u="bnhcv", q="bnhck", scores="bnhcc",
+                         k="bnhck", decay="bnhg")
+    return finish(*kernel_sharding.per_shard(
+        lambda terms, initial_state: chunk_delta_rule_sweep(
+            terms, initial_state=initial_state,
+            output_final_state=output_final_state, bf16_dots=bf16),
+        dict(terms=terms, initial_state=initial_state),
+        dict(terms=layouts, initial_state="bhkv"),
+        ("bnhcv", "bhkv" if output_final_state else None), batch=b,
+        heads=hv))
 
   return dispatch.run(impl, xla, pallas)

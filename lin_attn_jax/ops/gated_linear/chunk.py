@@ -49,7 +49,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import checks, dispatch
+from lin_attn_jax.ops.common import checks, dispatch, kernel_sharding
 from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunks
 from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
 from lin_attn_jax.ops.common.segments import document_index
@@ -243,13 +243,19 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
     initial_state: ``[B, H, K, V]`` float32, or None for zeros.
     output_final_state: also return the state after the last token.
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
-    chunk_size: tokens per chunk ``C`` (speed only, not results).
+    chunk_size: tokens per chunk ``C`` (speed only, not results). The
+      Pallas kernels take it too, rounded up to whole 16-token tiles: the
+      tokens per TPU grid step and between the backward pass's state
+      checkpoints.
     sub_chunk_size: tokens per sub-chunk ``c`` of the log-decay sums (step
-      1); must divide ``chunk_size``. Both are tile sizes of the XLA form; the Pallas kernels take theirs
-      from ``pallas_kernels.gated_linear.BlockSizes.default``.
+      1) of the XLA form; must divide ``chunk_size``. The kernels' own
+      sub-chunks are ``pallas_kernels.gated_linear.BlockSizes.default``'s
+      (16 or 64 tokens, the tiles of their exact ``[c, c]`` blocks).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"`` (see
       ``lin_attn_jax.ops.common.dispatch``): the Pallas kernel on TPU and
-      GPU, or this chunk form in XLA.
+      GPU, or this chunk form in XLA. Under a mesh set with ``jax.set_mesh``
+      the kernel runs per shard of the batch and heads
+      (``lin_attn_jax.ops.common.kernel_sharding``).
     strictly_causal: ``o_t = S_{t-1}^T q_t``, the state before token t
       (RWKV-6), instead of ``S_t^T q_t``; the final state is the same. XLA
       only (``impl="pallas"`` raises).
@@ -282,10 +288,17 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
       raise ValueError("strictly_causal=True has no Pallas kernel; use "
                        "impl='auto' or 'xla'")
     return xla()
-  pallas = functools.partial(
-      chunk_gated_linear_attention, q, k, v, g, scale=scale,
-      initial_state=initial_state, output_final_state=output_final_state,
-      segment_ids=segment_ids)
+  def pallas():
+    return kernel_sharding.per_shard(
+        functools.partial(chunk_gated_linear_attention, scale=scale,
+                          output_final_state=output_final_state,
+                          chunk_size=chunk_size),
+        dict(q=q, k=k, v=v, g=g, initial_state=initial_state,
+             segment_ids=segment_ids),
+        dict(q="bthk", k="bthk", v="bthv", g="bthg",
+             initial_state="bhkv", segment_ids="bt"),
+        ("bthv", "bhkv" if output_final_state else None), batch=b, heads=h)
+
   return dispatch.run(impl, xla, pallas)
 
 

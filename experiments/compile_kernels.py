@@ -1,0 +1,309 @@
+"""Compile checks of the Pallas kernels for TPU and GPU, without the hardware.
+
+Every kernel of ``pallas_kernels`` (the gated-linear family: ``none``,
+``scalar`` and ``channel`` gates, Based's Taylor features; the delta-rule
+sweep of DeltaNet, Gated DeltaNet and KDA) is compiled, forward and
+backward, in float32 and bfloat16, at the kernel tests' shapes and at the
+per-head shapes of the layers' papers, for TPU v4, v5e, v5p, v6e (libtpu)
+and GPU sm_80, sm_90 (jax-cuda12-plugin). One program per case holds the
+forward kernel and the backward kernels (``jax.value_and_grad`` of a loss
+over the outputs and the final state, with an initial state and segment
+ids, so every optional input and output is compiled). A case fails on a
+compile error (VMEM or shared-memory overflow included) or, on GPU, on a
+register spill. ``compile_targets.py`` reads the resources.
+
+Run (each toolchain in its own environment; ``make compile-check`` builds
+them, runs both and writes the report):
+  .venv-tpu/bin/python experiments/compile_kernels.py --toolchain=tpu \
+      --out=build/compile/tpu.json
+  .venv-cuda/bin/python experiments/compile_kernels.py --toolchain=cuda \
+      --out=build/compile/cuda.json
+  python experiments/compile_kernels.py --report=build/compile/tpu.json,\
+build/compile/cuda.json --out=benchmarks/RESULTS_compile.md
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+from experiments import compile_targets  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("toolchain", None, list(compile_targets.TOOLCHAINS),
+                  "Compile for this toolchain's targets.")
+flags.DEFINE_list("targets", [], "Targets (default: all of the toolchain).")
+flags.DEFINE_list("cases", [], "Case names to run (default: all).")
+flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Input dtypes.")
+flags.DEFINE_list("report", [], "JSON results to merge into the report.")
+flags.DEFINE_string("out", None, "Output: JSON results, or with --report "
+                    "the markdown report.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One kernel configuration: the per-head shape a layer gives it."""
+  name: str         # unique: family, op and shape
+  family: str       # "gated_linear" or "delta_rule"
+  gate: str         # "none", "scalar" or "channel"
+  dim_k: int        # K per head, as the kernel sees it
+  dim_v: int        # V per head, as the kernel sees it
+  chunk: int = 64   # the layer's chunk_size
+  layers: str = ""  # which layers and d_model give this shape
+  heads: int = 2    # H of the compiled program (the grid; speed only)
+  length: int = 512  # T of the compiled program
+
+
+# Per-head widths (K, V) at d_model 2048 with each paper's head count, and
+# at d_model 4096 with the same head count (twice the widths: the larger
+# per-program state; a model that doubles its heads instead keeps the
+# d_model 2048 widths). Based's kernel sees the Taylor features (1 + F +
+# F^2 for F = 16) and the values plus a normalizer column.
+CASES = [
+    Case("gla_test", "gated_linear", "channel", 16, 24, layers="kernel tests"),
+    Case("simple_gla_test", "gated_linear", "scalar", 16, 24,
+         layers="kernel tests"),
+    Case("linear_attn_test", "gated_linear", "none", 16, 24,
+         layers="kernel tests"),
+    Case("gla_2048", "gated_linear", "channel", 256, 512,
+         layers="GLA D=2048 H=4 (GLA 1.3B)"),
+    Case("gla_4096", "gated_linear", "channel", 512, 1024,
+         layers="GLA D=4096 H=4"),
+    Case("retnet_2048", "gated_linear", "scalar", 256, 512,
+         layers="RetNet D=2048 H=8 (RetNet 1.3B)"),
+    Case("retnet_4096", "gated_linear", "scalar", 512, 1024,
+         layers="RetNet D=4096 H=8"),
+    Case("based_2048", "gated_linear", "none", 273, 129,
+         layers="Based D=2048 H=16 F=16 (Based 1.3B)"),
+    Case("based_4096", "gated_linear", "none", 273, 257,
+         layers="Based D=4096 H=16 F=16"),
+    Case("delta_rule_test", "delta_rule", "none", 8, 12, chunk=16,
+         layers="kernel tests"),
+    Case("kda_test", "delta_rule", "channel", 8, 130, chunk=16,
+         layers="kernel tests"),
+    Case("deltanet_2048", "delta_rule", "none", 128, 128,
+         layers="DeltaNet D=2048 H=16 (DeltaNet 1.3B)"),
+    Case("deltanet_4096", "delta_rule", "none", 256, 256,
+         layers="DeltaNet D=4096 H=16"),
+    Case("gated_deltanet_2048", "delta_rule", "scalar", 256, 512,
+         layers="GatedDeltaNet D=2048 H=6 (Gated DeltaNet 1.3B)"),
+    Case("gated_deltanet_4096", "delta_rule", "scalar", 512, 1024,
+         layers="GatedDeltaNet D=4096 H=6"),
+    Case("kda_2048", "delta_rule", "channel", 128, 128,
+         layers="KDA D=2048 H=16 (Kimi Linear's 128-wide heads)"),
+    Case("kda_4096", "delta_rule", "channel", 256, 256,
+         layers="KDA D=4096 H=16"),
+]
+CASES_BY_NAME = {case.name: case for case in CASES}
+
+
+def program(case: Case, dtype: str, backend: str, block_sizes=None):
+  """``(fn, args)``: forward and backward of ``case``'s kernel as one
+  program, ``args`` as ``jax.ShapeDtypeStruct``s."""
+  import jax
+  import jax.numpy as jnp
+  dt = jnp.dtype(dtype)
+  f32 = jnp.float32
+  b, t, h, dk, dv = 1, case.length, case.heads, case.dim_k, case.dim_v
+  if case.family == "gated_linear":
+    from pallas_kernels.gated_linear import chunk_gated_linear_attention
+    g_shape = {"none": None, "scalar": (b, t, h),
+               "channel": (b, t, h, dk)}[case.gate]
+    args = [jax.ShapeDtypeStruct((b, t, h, dk), dt),
+            jax.ShapeDtypeStruct((b, t, h, dk), dt),
+            jax.ShapeDtypeStruct((b, t, h, dv), dt),
+            jax.ShapeDtypeStruct((b, h, dk, dv), f32),
+            jax.ShapeDtypeStruct((b, t), jnp.int32)]
+    if g_shape is not None:
+      args.append(jax.ShapeDtypeStruct(g_shape, f32))
+
+    def loss(q, k, v, s0, ids, g=None):
+      o, s = chunk_gated_linear_attention(
+          q, k, v, g, initial_state=s0, segment_ids=ids,
+          output_final_state=True, backend=backend, chunk_size=case.chunk,
+          block_sizes=block_sizes)
+      return jnp.sum(o.astype(f32)) + jnp.sum(s)
+
+    argnums = (0, 1, 2, 3) + ((5,) if g_shape is not None else ())
+  else:
+    from pallas_kernels.delta_rule import ChunkTerms, chunk_delta_rule_sweep
+    n, c = -(-t // case.chunk), case.chunk
+    g = dk if case.gate == "channel" else 1
+    shapes = ChunkTerms(w=(b, n, h, c, dk), u=(b, n, h, c, dv),
+                        q=(b, n, h, c, dk), scores=(b, n, h, c, c),
+                        k=(b, n, h, c, dk), decay=(b, n, h, g))
+    args = [ChunkTerms(*(jax.ShapeDtypeStruct(s, f32) for s in shapes)),
+            jax.ShapeDtypeStruct((b, h, dk, dv), f32)]
+
+    def loss(terms, s0):
+      o, s = chunk_delta_rule_sweep(
+          terms, initial_state=s0, output_final_state=True,
+          bf16_dots=dtype == "bfloat16", backend=backend,
+          block_sizes=block_sizes)
+      return jnp.sum(o.astype(f32)) + jnp.sum(s)
+
+    argnums = (0, 1)
+  return jax.value_and_grad(loss, argnums=argnums), args
+
+
+def check(case: Case, dtype: str, target: str, dump_dir: str,
+          block_sizes=None) -> dict:
+  """Compiles one case; a dict with the kernels' resources, the compile
+  time and ``ok`` / ``error``."""
+  backend = "tpu" if target in compile_targets.TPU_TARGETS else "gpu"
+  fn, args = program(case, dtype, backend, block_sizes)
+  start = time.perf_counter()
+  result = {"case": case.name, "dtype": dtype, "target": target}
+  try:
+    kernels = compile_targets.compile_kernels(fn, args, target, dump_dir)
+  except Exception as e:  # noqa: BLE001 -- any compiler error fails the case
+    first = str(e).strip().splitlines()
+    result.update(ok=False, error=first[0][:300] if first else repr(e),
+                  kernels=[])
+  else:
+    spills = [k.kernel for k in kernels if backend == "gpu"
+              and (k.spill_bytes or k.spill_loads)]
+    result.update(ok=not spills, kernels=[dataclasses.asdict(k)
+                                          for k in kernels],
+                  error=f"register spills in {spills}" if spills else None)
+  result["seconds"] = round(time.perf_counter() - start, 1)
+  return result
+
+
+def run_checks(toolchain, targets, cases, dtypes, out):
+  dump_dir = tempfile.mkdtemp(prefix="compile_kernels_")
+  for key, value in compile_targets.environment(toolchain, dump_dir).items():
+    os.environ[key] = value
+  results = []
+  for target in targets:
+    for case in cases:
+      for dtype in dtypes:
+        result = check(case, dtype, target, dump_dir)
+        results.append(result)
+        print(f"{target:6s} {case.name:22s} {dtype:9s} "
+              f"{'ok  ' if result['ok'] else 'FAIL'} {result['seconds']:6.1f}s"
+              + (f"  {result['error']}" if result["error"] else ""),
+              flush=True)
+        if out:
+          os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+          with open(out, "w") as f:
+            json.dump(results, f, indent=1)
+  return results
+
+
+def _mib(n):
+  return "-" if n is None else f"{n / 2**20:.2f}"
+
+
+def _kb(n):
+  return "-" if n is None else f"{n / 1024:.1f}"
+
+
+def report(paths, out):
+  """Merges JSON results into the markdown report."""
+  results = []
+  for path in paths:
+    with open(path) as f:
+      results += json.load(f)
+  failed = [r for r in results if not r["ok"]]
+  done = {(r["target"], r["case"], r["dtype"]) for r in results}
+  missing = [(t, c.name, d) for toolchain in compile_targets.TOOLCHAINS
+             for t in compile_targets.TOOLCHAINS[toolchain] for c in CASES
+             for d in ("float32", "bfloat16") if (t, c.name, d) not in done]
+  lines = [
+      "# Compile checks and resources of the Pallas kernels",
+      "",
+      "Deviceless compilation (no TPU or GPU was used): libtpu for TPU "
+      "topologies, jax-cuda12-plugin with target configs for GPUs "
+      "(`experiments/gpu_targets/`). Nothing ran: these are the compilers' "
+      "figures, not measurements of speed. Regenerate with "
+      "`make compile-check`.",
+      "",
+      f"{len(results)} programs, {len(failed)} failed"
+      + (f"; {len(missing)} of the full set not compiled in this run "
+         f"(listed at the end)." if missing else "."),
+      "",
+      "Columns: TPU `VMEM` is the scoped VMEM of the kernel (MiB), `spill` "
+      "the vector registers spilled to VMEM (KiB), `MXU` the vmatmul "
+      "instructions; GPU `regs` registers per thread, `spill` ptxas spill "
+      "stores (KiB), `smem` shared memory per block (KiB), `mma` tensor-core "
+      "instructions in the PTX. Each program is the forward kernel and the "
+      "backward kernels of one case, dtype and target.",
+      "",
+  ]
+  if failed:
+    lines += ["## Failures", "", "| target | case | dtype | error |",
+              "|---|---|---|---|"]
+    lines += [f"| {r['target']} | {r['case']} | {r['dtype']} | "
+              f"{r['error']} |" for r in failed]
+    lines.append("")
+  lines += ["## Cases", "", "| case | family | gate | K | V | chunk | shape of |",
+            "|---|---|---|---|---|---|---|"]
+  for case in CASES:
+    lines.append(f"| {case.name} | {case.family} | {case.gate} | {case.dim_k} "
+                 f"| {case.dim_v} | {case.chunk} | {case.layers} |")
+  lines.append("")
+  for toolchain, targets in compile_targets.TOOLCHAINS.items():
+    rows = [r for r in results if r["target"] in targets]
+    if not rows:
+      continue
+    lines += [f"## {'TPU' if toolchain == 'tpu' else 'GPU'}", ""]
+    if toolchain == "tpu":
+      lines += ["| target | case | dtype | kernel | VMEM | spill | MXU | "
+                "compile s |", "|---|---|---|---|---|---|---|---|"]
+    else:
+      lines += ["| target | case | dtype | kernel | regs | spill | smem | "
+                "threads | mma | compile s |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+      if not r["kernels"]:
+        lines.append(f"| {r['target']} | {r['case']} | {r['dtype']} | "
+                     f"FAILED: {r['error']} |")
+      for k in r["kernels"]:
+        head = f"| {r['target']} | {r['case']} | {r['dtype']} | {k['kernel']} "
+        if toolchain == "tpu":
+          lines.append(head + f"| {_mib(k['vmem_bytes'])} | "
+                       f"{_kb(k['spill_bytes'])} | {k['matmuls']} | "
+                       f"{r['seconds']} |")
+        else:
+          lines.append(head + f"| {k['registers']} | "
+                       f"{_kb(k['spill_bytes'])} | {_kb(k['shared_bytes'])} | "
+                       f"{k['threads']} | {k['matmuls']} | {r['seconds']} |")
+    lines.append("")
+  if missing:
+    lines += ["## Not compiled in this run", "",
+              ", ".join(f"{t}/{c}/{d}" for t, c, d in missing), ""]
+  with open(out, "w") as f:
+    f.write("\n".join(lines))
+  return failed + [{"missing": m} for m in missing]
+
+
+def main(argv):
+  del argv
+  if FLAGS.report:
+    failed = report(FLAGS.report, FLAGS.out)
+    print(f"report: {FLAGS.out}; {len(failed)} failed")
+    return 1 if failed else 0
+  if FLAGS.toolchain is None:
+    raise app.UsageError("give --toolchain or --report")
+  targets = FLAGS.targets or compile_targets.TOOLCHAINS[FLAGS.toolchain]
+  cases = ([CASES_BY_NAME[name] for name in FLAGS.cases] if FLAGS.cases
+           else CASES)
+  results = run_checks(FLAGS.toolchain, targets, cases, FLAGS.dtypes,
+                       FLAGS.out)
+  failed = [r for r in results if not r["ok"]]
+  print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  app.run(main)

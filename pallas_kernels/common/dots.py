@@ -1,0 +1,62 @@
+"""Float32-accumulated matmuls for the kernel bodies.
+
+- bfloat16 operands run on the MXU / tensor cores (``mma``) with float32
+  accumulation.
+- float32 operands on TPU run at the highest precision (the MXU's multi-pass
+  float32 mode).
+- float32 operands of the delta-rule kernels on GPU run as three TF32
+  products on the tensor cores ("3xTF32"): ``a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi`` with ``a_hi`` the
+  operand truncated to TF32's 10-bit mantissa and ``a_lo = a - a_hi``. The
+  dropped ``a_lo b_lo`` and the rounding of the low parts are ``~2^-21`` of
+  each product, so the kernels keep float32 accuracy (the kernel tests'
+  ``1e-5``, checked in interpret mode, where the same split runs on the
+  CPU). Plain TF32 (one product, ``~1e-3``) would not. IEEE float32
+  (``Precision.HIGHEST`` in Triton, mode ``"f32"``) runs on the CUDA cores
+  without ``mma``; the gated-linear kernels use it on GPU, where 3xTF32's
+  extra operands make ptxas spill on sm_80.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+_F32 = jnp.float32
+NN = (((1,), (0,)), ((), ()))  # a @ b
+NT = (((1,), (1,)), ((), ()))  # a @ b.T
+TN = (((0,), (0,)), ((), ()))  # a.T @ b
+
+MODES = ("bf16", "f32", "tf32x3")
+
+
+def mode(*, bf16: bool, backend: str) -> str:
+  """The matmul mode of a kernel: bfloat16 operands, or float32 ones as
+  each backend runs them accurately."""
+  if bf16:
+    return "bf16"
+  return "tf32x3" if backend == "gpu" else "f32"
+
+
+def _tf32_high(x):
+  """``x`` with the 13 low mantissa bits cleared (exact in TF32)."""
+  bits = lax.bitcast_convert_type(x, jnp.uint32)
+  return lax.bitcast_convert_type(bits & jnp.uint32(0xFFFFE000), _F32)
+
+
+def dot(a, b, dims, *, mode: str):
+  """``lax.dot_general(a, b, dims)`` accumulated in float32, in ``mode``
+  (one of ``MODES``)."""
+  if mode == "bf16":
+    return lax.dot_general(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                           dims, preferred_element_type=_F32)
+  a, b = a.astype(_F32), b.astype(_F32)
+  if mode == "f32":
+    return lax.dot_general(a, b, dims, precision=lax.Precision.HIGHEST,
+                           preferred_element_type=_F32)
+
+  def tf32(x, y):
+    return lax.dot_general(x, y, dims, precision=lax.Precision.DEFAULT,
+                           preferred_element_type=_F32)
+
+  a_hi, b_hi = _tf32_high(a), _tf32_high(b)
+  return tf32(a_hi, b_hi) + (tf32(a_hi, b - b_hi) + tf32(a - a_hi, b_hi))
