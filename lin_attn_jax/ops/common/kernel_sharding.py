@@ -25,8 +25,11 @@ from typing import Callable
 import jax
 from jax.sharding import PartitionSpec
 
-BATCH_AXES = ("data", "fsdp")
-HEAD_AXES = ("tensor",)
+from lin_attn_jax import sharding
+
+# The mesh axes of lin_attn_jax.sharding that split batch rows and heads.
+BATCH_AXES = sharding.BATCH_AXES
+HEAD_AXES = (sharding.TENSOR_AXIS,)
 
 
 def split_axes(mesh, names, size: int) -> tuple[str, ...]:
