@@ -1,7 +1,7 @@
 """Specs of the diagonal-SSM core and the ops on it.
 
-Every recurrent form here is already the ``lax.scan`` of the op's step, so
-the step is verified through it. ``Dims.heads`` is the number of groups of
+Every op's step is also checked on its own (``StepForm``, given the inputs
+it takes one token of). ``Dims.heads`` is the number of groups of
 ``B``/``C`` for the selective scan (1: the ungrouped ``[B, T, N]`` layout)
 and the number of heads for SSD (with ``heads // 2`` groups when even).
 The FFT convolution forms of H3 cannot reset at document boundaries, so they
@@ -17,7 +17,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from experiments.specs.base import OpSpec
+from experiments.specs.base import OpSpec, StepForm
 from lin_attn_jax import ops
 
 _F32 = jnp.float32
@@ -41,12 +41,16 @@ def _log_decay(key, shape, strong):
 
 
 def _forms(op, names=("naive_recurrent", "parallel", "chunk", "recurrent"),
-           **static):
+           tokens=(), **static):
+  """The forms ``names`` of ``op``, and its step if ``tokens`` (the inputs
+  it takes one token of) are given."""
   forms = {}
   for name in names:
     fn = getattr(ops, f"{name}_{op}")
     forms["naive" if name == "naive_recurrent" else name] = (
         functools.partial(fn, **static) if static else fn)
+  if tokens:
+    forms["step"] = StepForm(getattr(ops, f"{op}_step"), tokens, static)
   return forms
 
 
@@ -159,23 +163,28 @@ def _hgrn_inputs(key, dims, strong):
 
 
 SPECS = [
-    OpSpec("linear_scan", _forms("linear_scan"), _linear_scan_inputs,
-           ("a", "b", "initial_state")),
-    OpSpec("selective_scan", _forms("selective_scan", delta_softplus=True),
+    OpSpec("linear_scan", _forms("linear_scan", tokens=("a", "b")),
+           _linear_scan_inputs, ("a", "b", "initial_state")),
+    OpSpec("selective_scan",
+           _forms("selective_scan", tokens=("u", "delta", "B", "C", "z"),
+                  delta_softplus=True),
            _selective_scan_inputs,
            ("u", "delta", "A", "B", "C", "D", "z", "delta_bias",
             "initial_state")),
-    OpSpec("ssd", _forms("ssd", dt_softplus=True), _ssd_inputs,
+    OpSpec("ssd", _forms("ssd", tokens=("x", "dt", "B", "C"), dt_softplus=True),
+           _ssd_inputs,
            ("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_state")),
-    OpSpec("causal_conv1d", _forms("causal_conv1d", activation="silu"),
+    OpSpec("causal_conv1d",
+           _forms("causal_conv1d", tokens=("x",), activation="silu"),
            _conv_inputs, ("x", "weight", "bias", "initial_state")),
-    OpSpec("shift_ssm", _forms("shift_ssm"), _shift_ssm_inputs,
+    OpSpec("shift_ssm", _forms("shift_ssm", tokens=("u",)), _shift_ssm_inputs,
            ("u", "C", "D", "initial_state")),
     OpSpec("shift_ssm_fft",
            _forms("shift_ssm", ("naive_recurrent", "fft_conv")),
            functools.partial(_shift_ssm_inputs, segments=False),
            ("u", "C", "D", "initial_state"), chunked=()),
-    OpSpec("s4d", _forms("s4d", ("naive_recurrent", "parallel", "recurrent")),
+    OpSpec("s4d", _forms("s4d", ("naive_recurrent", "parallel", "recurrent"),
+                        tokens=("u",)),
            _s4d_inputs,
            ("u", "log_dt", "A_real", "A_imag", "B", "C", "D", "initial_state"),
            chunked=()),
@@ -183,7 +192,9 @@ SPECS = [
            functools.partial(_s4d_inputs, segments=False),
            ("u", "log_dt", "A_real", "A_imag", "B", "C", "D", "initial_state"),
            chunked=()),
-    OpSpec("rg_lru", _forms("rg_lru"), _rg_lru_inputs,
+    OpSpec("rg_lru", _forms("rg_lru", tokens=("x", "a_gate", "x_gate")),
+           _rg_lru_inputs,
            ("x", "a_gate", "x_gate", "a_param", "initial_state")),
-    OpSpec("hgrn", _forms("hgrn"), _hgrn_inputs, ("x", "g", "initial_state")),
+    OpSpec("hgrn", _forms("hgrn", tokens=("x", "g")), _hgrn_inputs,
+           ("x", "g", "initial_state")),
 ]
