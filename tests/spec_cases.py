@@ -85,13 +85,14 @@ def op_calls() -> tuple[Call, ...]:
         options["chunk_size"] = CHUNK_SIZE
       calls.append(Call(f"{spec.name}.{form_name}", form, arrays,
                         {**static, **options}))
-      if isinstance(form, StepForm):
-        step_arrays, step_static = _abstract(
-            lambda form=form: _step_inputs(form, make()))
-        step_name = getattr(form.step, "__name__", "step").strip("_")
-        calls.append(Call(f"{spec.name}.{step_name}",
-                          functools.partial(form.step, **form.static),
-                          step_arrays, step_static))
+    steps = [f for f in spec.forms.values() if isinstance(f, StepForm)]
+    for form in steps + ([spec.step] if spec.step is not None else []):
+      step_arrays, step_static = _abstract(
+          lambda form=form: _step_inputs(form, make()))
+      step_name = getattr(form.step, "__name__", "step").strip("_")
+      calls.append(Call(f"{spec.name}.{step_name}",
+                        functools.partial(form.step, **form.static),
+                        step_arrays, step_static))
   return tuple(calls)
 
 

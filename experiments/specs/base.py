@@ -31,6 +31,9 @@ class OpSpec:
   tol: float = 1e-5                           # float32 relative RMS, outputs
   grad_tol: float = 1e-5                      # float32 relative RMS, gradients
   low_precision_tol: float = 1e-2             # bfloat16 inputs, all quantities
+  # The op's decoding step where no form in ``forms`` scans it on its own
+  # (for the tests that call every step; not verified separately).
+  step: StepForm | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Specs of the diagonal-SSM core and the ops on it.
 
-Every op's step is also checked on its own (``StepForm``, given the inputs
-it takes one token of). ``Dims.heads`` is the number of groups of
+Every recurrent form here is already the ``lax.scan`` of the op's step, so
+the step is verified through it (``OpSpec.step`` names the step and the
+inputs it takes one token of, for the tests that call every step). ``Dims.heads`` is the number of groups of
 ``B``/``C`` for the selective scan (1: the ungrouped ``[B, T, N]`` layout)
 and the number of heads for SSD (with ``heads // 2`` groups when even).
 The FFT convolution forms of H3 cannot reset at document boundaries, so they
@@ -41,17 +42,18 @@ def _log_decay(key, shape, strong):
 
 
 def _forms(op, names=("naive_recurrent", "parallel", "chunk", "recurrent"),
-           tokens=(), **static):
-  """The forms ``names`` of ``op``, and its step if ``tokens`` (the inputs
-  it takes one token of) are given."""
+           **static):
   forms = {}
   for name in names:
     fn = getattr(ops, f"{name}_{op}")
     forms["naive" if name == "naive_recurrent" else name] = (
         functools.partial(fn, **static) if static else fn)
-  if tokens:
-    forms["step"] = StepForm(getattr(ops, f"{op}_step"), tokens, static)
   return forms
+
+
+def _step(op, tokens, **static):
+  """``op``'s step, taking one token of the inputs ``tokens``."""
+  return StepForm(getattr(ops, f"{op}_step"), tokens, static)
 
 
 def _linear_scan_inputs(key, dims, strong):
@@ -163,38 +165,37 @@ def _hgrn_inputs(key, dims, strong):
 
 
 SPECS = [
-    OpSpec("linear_scan", _forms("linear_scan", tokens=("a", "b")),
-           _linear_scan_inputs, ("a", "b", "initial_state")),
-    OpSpec("selective_scan",
-           _forms("selective_scan", tokens=("u", "delta", "B", "C", "z"),
-                  delta_softplus=True),
+    OpSpec("linear_scan", _forms("linear_scan"), _linear_scan_inputs,
+           ("a", "b", "initial_state"), step=_step("linear_scan", ("a", "b"))),
+    OpSpec("selective_scan", _forms("selective_scan", delta_softplus=True),
            _selective_scan_inputs,
            ("u", "delta", "A", "B", "C", "D", "z", "delta_bias",
-            "initial_state")),
-    OpSpec("ssd", _forms("ssd", tokens=("x", "dt", "B", "C"), dt_softplus=True),
-           _ssd_inputs,
-           ("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_state")),
-    OpSpec("causal_conv1d",
-           _forms("causal_conv1d", tokens=("x",), activation="silu"),
-           _conv_inputs, ("x", "weight", "bias", "initial_state")),
-    OpSpec("shift_ssm", _forms("shift_ssm", tokens=("u",)), _shift_ssm_inputs,
-           ("u", "C", "D", "initial_state")),
+            "initial_state"),
+           step=_step("selective_scan", ("u", "delta", "B", "C", "z"),
+                      delta_softplus=True)),
+    OpSpec("ssd", _forms("ssd", dt_softplus=True), _ssd_inputs,
+           ("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_state"),
+           step=_step("ssd", ("x", "dt", "B", "C"), dt_softplus=True)),
+    OpSpec("causal_conv1d", _forms("causal_conv1d", activation="silu"),
+           _conv_inputs, ("x", "weight", "bias", "initial_state"),
+           step=_step("causal_conv1d", ("x",), activation="silu")),
+    OpSpec("shift_ssm", _forms("shift_ssm"), _shift_ssm_inputs,
+           ("u", "C", "D", "initial_state"), step=_step("shift_ssm", ("u",))),
     OpSpec("shift_ssm_fft",
            _forms("shift_ssm", ("naive_recurrent", "fft_conv")),
            functools.partial(_shift_ssm_inputs, segments=False),
            ("u", "C", "D", "initial_state"), chunked=()),
-    OpSpec("s4d", _forms("s4d", ("naive_recurrent", "parallel", "recurrent"),
-                        tokens=("u",)),
+    OpSpec("s4d", _forms("s4d", ("naive_recurrent", "parallel", "recurrent")),
            _s4d_inputs,
            ("u", "log_dt", "A_real", "A_imag", "B", "C", "D", "initial_state"),
-           chunked=()),
+           chunked=(), step=_step("s4d", ("u",))),
     OpSpec("s4d_fft", _forms("s4d", ("naive_recurrent", "fft_conv")),
            functools.partial(_s4d_inputs, segments=False),
            ("u", "log_dt", "A_real", "A_imag", "B", "C", "D", "initial_state"),
            chunked=()),
-    OpSpec("rg_lru", _forms("rg_lru", tokens=("x", "a_gate", "x_gate")),
-           _rg_lru_inputs,
-           ("x", "a_gate", "x_gate", "a_param", "initial_state")),
-    OpSpec("hgrn", _forms("hgrn", tokens=("x", "g")), _hgrn_inputs,
-           ("x", "g", "initial_state")),
+    OpSpec("rg_lru", _forms("rg_lru"), _rg_lru_inputs,
+           ("x", "a_gate", "x_gate", "a_param", "initial_state"),
+           step=_step("rg_lru", ("x", "a_gate", "x_gate"))),
+    OpSpec("hgrn", _forms("hgrn"), _hgrn_inputs, ("x", "g", "initial_state"),
+           step=_step("hgrn", ("x", "g"))),
 ]
