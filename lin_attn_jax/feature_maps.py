@@ -87,7 +87,8 @@ def favor_plus_projection(key, num_features: int, dim: int, *,
 
 @jax.jit
 def orthonormal_columns(x):
-  """``Q`` of ``x = Q R`` with ``R``'s diagonal positive, ``x: [..., K, K]``.
+  """``Q`` of ``x = Q R`` with ``R``'s diagonal positive, ``x: [..., M, K]``
+  with ``M >= K`` (``Q``: ``[..., M, K]``, orthonormal columns).
 
   Classical Gram-Schmidt applied twice per column (CGS2, orthogonal to
   float32 rounding), matrix-vector products only: a LAPACK QR on CPU is a
@@ -105,9 +106,9 @@ def orthonormal_columns(x):
 
   def add_column(j, q):
     # The columns of q after j-1 are still zero: q q^T projects on 0..j-1.
-    v = jax.lax.dynamic_index_in_dim(x, j, axis=-1, keepdims=False)  # [..., K]
+    v = jax.lax.dynamic_index_in_dim(x, j, axis=-1, keepdims=False)  # [..., M]
     for _ in range(2):
-      v = v - mm("...kl,...l->...k", q, mm("...kl,...k->...l", q, v))
+      v = v - mm("...mk,...k->...m", q, mm("...mk,...m->...k", q, v))
     v = v / jnp.sqrt(jnp.sum(v * v, axis=-1, keepdims=True))
     return jax.lax.dynamic_update_index_in_dim(q, v, j, axis=-1)
 

@@ -18,6 +18,8 @@ calls on CPU, which can deadlock XLA's intra-op thread pool.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.extend as jex
 import jax.numpy as jnp
@@ -111,6 +113,7 @@ def test_op_concrete_inside_trace(call):
 BATCH, LENGTH, D_MODEL, HEADS = 2, 5, 16, 2
 
 
+@functools.lru_cache(maxsize=None)
 def _abstract_mixer(name):
   """``(graphdef, params, rest)`` of the mixer, abstract (nothing runs)."""
   model = nnx.eval_shape(lambda: MIXERS[name](D_MODEL, HEADS,
@@ -163,3 +166,12 @@ def test_mixer_concrete_inside_trace(name, mode):
   model = nnx.merge(graphdef, concrete_arrays(params), concrete_arrays(rest))
   x, segment_ids = _inputs(name)
   traced_closed_over(lambda: _run_mode(model, mode, x, segment_ids))
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_mixer_init_has_no_custom_calls(name):
+  """Building a mixer (e.g. Performer's orthogonal random features) calls
+  no LAPACK either: models are often built inside a jit."""
+  def build():
+    return nnx.state(MIXERS[name](D_MODEL, HEADS, rngs=nnx.Rngs(0)))
+  check_custom_calls(f"{name}.init", jax.make_jaxpr(build)())
