@@ -38,7 +38,7 @@ CUSTOM_CALL_PRIMITIVES = {
     "fft",
 }
 # H3's FFT convolution forms (their replacement is issue 19).
-FFT_ALLOWED = ("shift_ssm_fft.fft_conv", "s4d_fft.fft_conv", "h3.chunk")
+FFT_ALLOWED = ("shift_ssm_fft.fft_conv", "s4d_fft.fft_conv")
 
 
 def _sub_jaxprs(value):
