@@ -17,14 +17,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# With XLA's concurrency-optimised CPU scheduler, the compiled forward and
-# gradient of parallel_kda wedged in most runs (every XLA thread idle, the
-# result never ready); the default scheduler ran 10 of 10.
-if "concurrency_optimized_scheduler" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (
-      os.environ.get("XLA_FLAGS", "")
-      + " --xla_cpu_enable_concurrency_optimized_scheduler=false").strip()
-
 from absl import app, flags  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

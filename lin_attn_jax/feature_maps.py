@@ -75,18 +75,44 @@ def favor_plus_projection(key, num_features: int, dim: int, *,
     return jax.random.normal(key, (num_features, dim), jnp.float32)
   blocks = -(-num_features // dim)
   keys = jax.random.split(key, blocks + 1)
-  rows = []
-  for i in range(blocks):
-    gaussian = jax.random.normal(keys[i], (dim, dim), jnp.float32)
-    basis, upper = jnp.linalg.qr(gaussian)
-    # Q of a QR is uniformly distributed only with R's diagonal made
-    # positive; otherwise the directions (and the estimator) are biased.
-    basis = basis * jnp.sign(jnp.diag(upper))[None, :]
-    rows.append(basis.T)
-  directions = jnp.concatenate(rows, axis=0)[:num_features]
+  gaussian = jnp.stack([jax.random.normal(keys[i], (dim, dim), jnp.float32)
+                        for i in range(blocks)])                # [blocks, K, K]
+  basis = orthonormal_columns(gaussian)                         # [blocks, K, K]
+  directions = jnp.swapaxes(basis, -1, -2).reshape(
+      blocks * dim, dim)[:num_features]                         # [M, K]
   norms = jnp.linalg.norm(
       jax.random.normal(keys[-1], (num_features, dim), jnp.float32), axis=-1)
   return directions * norms[:, None]
+
+
+@jax.jit
+def orthonormal_columns(x):
+  """``Q`` of ``x = Q R`` with ``R``'s diagonal positive, ``x: [..., M, K]``
+  with ``M >= K`` (``Q``: ``[..., M, K]``, orthonormal columns).
+
+  Classical Gram-Schmidt applied twice per column (CGS2, orthogonal to
+  float32 rounding), matrix-vector products only: a LAPACK QR on CPU is a
+  custom call that can starve XLA's intra-op thread pool when two run at
+  once. With ``R``'s diagonal positive, ``Q`` of a Gaussian matrix is
+  uniformly distributed over orthogonal matrices (a sign-free LAPACK ``Q``
+  is not). Jitted: compiled once per shape when called eagerly.
+  """
+  x = jnp.asarray(x, jnp.float32)
+  dim = x.shape[-1]
+
+  def mm(subscripts, *operands):
+    return jnp.einsum(subscripts, *operands,
+                      precision=jax.lax.Precision.HIGHEST)
+
+  def add_column(j, q):
+    # The columns of q after j-1 are still zero: q q^T projects on 0..j-1.
+    v = jax.lax.dynamic_index_in_dim(x, j, axis=-1, keepdims=False)  # [..., M]
+    for _ in range(2):
+      v = v - mm("...mk,...k->...m", q, mm("...mk,...m->...k", q, v))
+    v = v / jnp.sqrt(jnp.sum(v * v, axis=-1, keepdims=True))
+    return jax.lax.dynamic_update_index_in_dim(q, v, j, axis=-1)
+
+  return jax.lax.fori_loop(0, dim, add_column, jnp.zeros_like(x))
 
 
 def favor_plus(x, projection, *, stabilizer=None):

@@ -101,3 +101,15 @@ def test_focused_keeps_norm_and_sharpens():
   cos_before = float(r[0, 1] / jnp.linalg.norm(r))
   cos_after = float(y[0, 1] / jnp.linalg.norm(y))
   assert cos_after > cos_before
+
+
+def test_orthonormal_columns_is_the_q_of_qr():
+  """The Gram-Schmidt Q (matmuls, no LAPACK) is LAPACK's Q with R's
+  diagonal made positive, to float32 rounding."""
+  x = np.random.default_rng(0).standard_normal((3, 24, 24))
+  q = np.asarray(feature_maps.orthonormal_columns(jnp.asarray(x, jnp.float32)))
+  expected, upper = np.linalg.qr(x)
+  expected = expected * np.sign(np.diagonal(upper, axis1=-2, axis2=-1))[:, None]
+  np.testing.assert_allclose(q, expected, rtol=0, atol=2e-5)
+  np.testing.assert_allclose(np.swapaxes(q, -1, -2) @ q,
+                             np.broadcast_to(np.eye(24), q.shape), atol=2e-6)

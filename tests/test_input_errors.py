@@ -1,9 +1,14 @@
 """Bad input raises ValueError naming the argument and the shapes seen."""
 
+import re
+
+import jax
 import jax.numpy as jnp
 import pytest
 
+from experiments.specs.base import StepForm
 from lin_attn_jax import ops
+from tests.spec_cases import op_calls
 
 B, T, H, K, V = 2, 10, 3, 4, 5
 q = jnp.ones((B, T, H, K))
@@ -74,3 +79,26 @@ def test_concrete_gate_captured_by_jit():
   positive = -g_scalar
   with pytest.raises(ValueError, match="must be <= 0"):
     jax.jit(lambda x: ops.chunk_simple_gla(x, x, x, positive)[0])(q)
+
+
+# Every form of every op spec and every op's step, except the specs' own
+# scans of a step (test scaffolding; the step is checked directly).
+RANK_CALLS = [c for c in op_calls() if not isinstance(c.fn, StepForm)]
+
+
+@pytest.mark.parametrize("call", RANK_CALLS, ids=[c.name for c in RANK_CALLS])
+def test_wrong_rank_names_the_argument(call):
+  """Each array argument in turn gets one axis too many, then one too few:
+  the ValueError names that argument (before ' must ...'), whatever the
+  other arguments are. Traced abstractly: nothing runs."""
+  for name, x in call.arrays.items():
+    if not isinstance(x, jax.ShapeDtypeStruct):
+      continue                       # a pytree state (a KV cache)
+    for shape in ((1,) + x.shape, x.shape[1:]):
+      arrays = dict(call.arrays, **{name: jax.ShapeDtypeStruct(shape,
+                                                               x.dtype)})
+      with pytest.raises(ValueError) as error:
+        jax.eval_shape(call.run, arrays)
+      subject = str(error.value).split(" must ")[0]
+      assert re.search(rf"\b{re.escape(name)}\b", subject), (
+          f"{call.name}: {name} of shape {shape} gave: {error.value}")

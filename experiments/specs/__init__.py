@@ -7,6 +7,7 @@ _MODULES = (
     "experiments.specs.gated_linear",
     "experiments.specs.diagonal_ssm",
     "experiments.specs.delta_rule",
+    "experiments.specs.softmax",
 )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +31,48 @@ class OpSpec:
   tol: float = 1e-5                           # float32 relative RMS, outputs
   grad_tol: float = 1e-5                      # float32 relative RMS, gradients
   low_precision_tol: float = 1e-2             # bfloat16 inputs, all quantities
+  # The op's decoding step where no form in ``forms`` scans it on its own
+  # (for the tests that call every step; not verified separately).
+  step: StepForm | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepForm:
+  """An op's decoding step run over a whole sequence: a sequence form.
+
+  ``step(**token_inputs, **other_inputs, state=..., reset=..., **static)``
+  returns ``(o_t, state)``; it gets one token (``x[:, t]``) of each of
+  ``token_args`` and the other inputs whole. Floating inputs other than the
+  tokens (parameters read at every step) are cast to float32 once, before
+  the scan, so that their gradients sum over time in float32 (as in the
+  recurrent forms). The harness of the tests calls ``step`` directly too.
+  """
+  step: Callable
+  token_args: tuple[str, ...]
+  static: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  # inputs -> the state before the first token when initial_state is None
+  # (default: the step's own state for state=None, zeroed).
+  init_state: Callable[..., Any] | None = None
+  # False: the state is internal (a KV cache) and no final state is returned.
+  final_state: bool = True
+
+  def __call__(self, *, initial_state=None, segment_ids=None,
+               output_final_state=False, **inputs):
+    import jax.numpy as jnp
+
+    tokens = {n: inputs.pop(n) for n in self.token_args}
+    params = {n: (jnp.asarray(x, jnp.float32)
+                  if x is not None and jnp.issubdtype(jnp.result_type(x),
+                                                      jnp.floating) else x)
+              for n, x in inputs.items()}
+    if initial_state is None and self.init_state is not None:
+      initial_state = self.init_state(**tokens, **params)
+    o, state = scan_steps(
+        self.step, tokens, initial_state=initial_state,
+        segment_ids=segment_ids,
+        output_final_state=output_final_state and self.final_state,
+        **params, **self.static)
+    return o, state
 
 
 def scan_steps(step, sequence_inputs, *, initial_state=None, segment_ids=None,

@@ -56,18 +56,6 @@ def _rwkv7_inputs(key, dims, strong):
   return inputs
 
 
-def _rwkv6_forms():
-  forms = _forms("rwkv6", ops.rwkv6_step, ("r", "k", "v", "w"))
-  scanned_steps = forms["step"]
-
-  def step(*, u, **inputs):
-    # u is the same at every step: float32 before the scan, so that its
-    # gradient sums over time in float32 (as in recurrent_rwkv6).
-    return scanned_steps(u=jnp.asarray(u, jnp.float32), **inputs)
-
-  return {**forms, "step": step}
-
-
 _DELTA_GRADS = ("q", "k", "v", "beta", "initial_state")
 
 SPECS = [
@@ -85,7 +73,8 @@ SPECS = [
                   use_qk_l2norm=True),
            functools.partial(_delta_inputs, gate="channel"),
            _DELTA_GRADS + ("g",)),
-    OpSpec("rwkv6", _rwkv6_forms(), _rwkv6_inputs,
+    OpSpec("rwkv6", _forms("rwkv6", ops.rwkv6_step, ("r", "k", "v", "w")),
+           _rwkv6_inputs,
            ("r", "k", "v", "w", "u", "initial_state")),
     OpSpec("rwkv7",
            _forms("rwkv7", ops.rwkv7_step, ("r", "w", "k", "v", "a", "b")),

@@ -1,7 +1,8 @@
 """Specs of the diagonal-SSM core and the ops on it.
 
 Every recurrent form here is already the ``lax.scan`` of the op's step, so
-the step is verified through it. ``Dims.heads`` is the number of groups of
+the step is verified through it (``OpSpec.step`` names the step and the
+inputs it takes one token of, for the tests that call every step). ``Dims.heads`` is the number of groups of
 ``B``/``C`` for the selective scan (1: the ungrouped ``[B, T, N]`` layout)
 and the number of heads for SSD (with ``heads // 2`` groups when even).
 The FFT convolution forms of H3 cannot reset at document boundaries, so they
@@ -17,7 +18,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from experiments.specs.base import OpSpec
+from experiments.specs.base import OpSpec, StepForm
 from lin_attn_jax import ops
 
 _F32 = jnp.float32
@@ -48,6 +49,11 @@ def _forms(op, names=("naive_recurrent", "parallel", "chunk", "recurrent"),
     forms["naive" if name == "naive_recurrent" else name] = (
         functools.partial(fn, **static) if static else fn)
   return forms
+
+
+def _step(op, tokens, **static):
+  """``op``'s step, taking one token of the inputs ``tokens``."""
+  return StepForm(getattr(ops, f"{op}_step"), tokens, static)
 
 
 def _linear_scan_inputs(key, dims, strong):
@@ -160,17 +166,21 @@ def _hgrn_inputs(key, dims, strong):
 
 SPECS = [
     OpSpec("linear_scan", _forms("linear_scan"), _linear_scan_inputs,
-           ("a", "b", "initial_state")),
+           ("a", "b", "initial_state"), step=_step("linear_scan", ("a", "b"))),
     OpSpec("selective_scan", _forms("selective_scan", delta_softplus=True),
            _selective_scan_inputs,
            ("u", "delta", "A", "B", "C", "D", "z", "delta_bias",
-            "initial_state")),
+            "initial_state"),
+           step=_step("selective_scan", ("u", "delta", "B", "C", "z"),
+                      delta_softplus=True)),
     OpSpec("ssd", _forms("ssd", dt_softplus=True), _ssd_inputs,
-           ("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_state")),
+           ("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_state"),
+           step=_step("ssd", ("x", "dt", "B", "C"), dt_softplus=True)),
     OpSpec("causal_conv1d", _forms("causal_conv1d", activation="silu"),
-           _conv_inputs, ("x", "weight", "bias", "initial_state")),
+           _conv_inputs, ("x", "weight", "bias", "initial_state"),
+           step=_step("causal_conv1d", ("x",), activation="silu")),
     OpSpec("shift_ssm", _forms("shift_ssm"), _shift_ssm_inputs,
-           ("u", "C", "D", "initial_state")),
+           ("u", "C", "D", "initial_state"), step=_step("shift_ssm", ("u",))),
     OpSpec("shift_ssm_fft",
            _forms("shift_ssm", ("naive_recurrent", "fft_conv")),
            functools.partial(_shift_ssm_inputs, segments=False),
@@ -178,12 +188,14 @@ SPECS = [
     OpSpec("s4d", _forms("s4d", ("naive_recurrent", "parallel", "recurrent")),
            _s4d_inputs,
            ("u", "log_dt", "A_real", "A_imag", "B", "C", "D", "initial_state"),
-           chunked=()),
+           chunked=(), step=_step("s4d", ("u",))),
     OpSpec("s4d_fft", _forms("s4d", ("naive_recurrent", "fft_conv")),
            functools.partial(_s4d_inputs, segments=False),
            ("u", "log_dt", "A_real", "A_imag", "B", "C", "D", "initial_state"),
            chunked=()),
     OpSpec("rg_lru", _forms("rg_lru"), _rg_lru_inputs,
-           ("x", "a_gate", "x_gate", "a_param", "initial_state")),
-    OpSpec("hgrn", _forms("hgrn"), _hgrn_inputs, ("x", "g", "initial_state")),
+           ("x", "a_gate", "x_gate", "a_param", "initial_state"),
+           step=_step("rg_lru", ("x", "a_gate", "x_gate"))),
+    OpSpec("hgrn", _forms("hgrn"), _hgrn_inputs, ("x", "g", "initial_state"),
+           step=_step("hgrn", ("x", "g"))),
 ]

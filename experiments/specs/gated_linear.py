@@ -7,7 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from experiments.specs.base import OpSpec, scan_steps
+from experiments.specs.base import OpSpec, StepForm
 from lin_attn_jax import feature_maps
 from lin_attn_jax import ops
 from lin_attn_jax.ops.retention import retention_log_decay
@@ -37,22 +37,12 @@ def _qkv(key, dims, dim_k=None, state_k=None, state_v=None):
   )
 
 
-def _step_form(step, names, **static):
-  def form(*, initial_state=None, segment_ids=None, output_final_state=False,
-           **inputs):
-    seq = {n: inputs.pop(n) for n in names}
-    return scan_steps(step, seq, initial_state=initial_state,
-                      segment_ids=segment_ids,
-                      output_final_state=output_final_state, **inputs, **static)
-  return form
-
-
 def _forms(prefix, step, step_names, **static):
   forms = {name: functools.partial(getattr(ops, f"{name}_{prefix}"), **static)
            for name in ("naive_recurrent", "parallel", "chunk", "recurrent")}
   forms = {("naive" if n == "naive_recurrent" else n): f
            for n, f in forms.items()}
-  forms["step"] = _step_form(step, step_names, **static)
+  forms["step"] = StepForm(step, tuple(step_names), static)
   return forms
 
 

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from lin_attn_jax.feature_maps import orthonormal_columns
 from lin_attn_jax.layers import modules
 from lin_attn_jax.layers.base import Context, Mixer, zero_state
 from lin_attn_jax.ops import (chunk_rwkv6, chunk_rwkv7, parallel_rwkv6,
@@ -232,12 +233,19 @@ def lora_rank(d_model: int, factor: float) -> int:
 
 def scaled_orthogonal(scale: float):
   """Orthogonal init times ``scale`` (and ``sqrt(rows / cols)`` when there
-  are more rows than columns), as the reference's ``ortho_init``."""
+  are more rows than columns), as the reference's ``ortho_init``.
+
+  The draw of ``nnx.initializers.orthogonal``, with ``Q`` by Gram-Schmidt
+  (``feature_maps.orthonormal_columns``): no LAPACK QR on CPU.
+  """
 
   def init(key, shape, dtype=_F32):
     rows, cols = shape
     gain = math.sqrt(rows / cols) if rows > cols else 1.0
-    return nnx.initializers.orthogonal(gain * scale)(key, shape, dtype)
+    tall = (rows, cols) if rows >= cols else (cols, rows)
+    q = orthonormal_columns(jax.random.normal(key, tall, _F32))
+    q = q if rows >= cols else q.T                              # [rows, cols]
+    return (gain * scale * q).astype(dtype)
 
   return init
 

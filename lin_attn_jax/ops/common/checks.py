@@ -105,19 +105,36 @@ def check_reset(reset, batch: int) -> None:
   check_shape("reset", reset, (batch,), "[B]")
 
 
-def check_nonpositive(name: str, x) -> None:
-  """Raises if a concrete log-decay has a positive entry.
+def concrete(x):
+  """``x`` as a NumPy array, or None when it is traced.
 
-  Traced values cannot be inspected; the check runs only on concrete arrays.
+  Value checks run only on concrete arrays, and in NumPy: inside ``jit``,
+  ``lax.scan`` or ``grad`` a concrete array closed over is still concrete,
+  but a ``jnp`` operation on it is traced, and turning that into a Python
+  bool raises. So a check reads ``values = concrete(x)`` and skips itself
+  when ``values is None``.
   """
   if isinstance(x, jax.core.Tracer):
-    return
-  # NumPy, not jnp: inside a jit a captured concrete array is still
-  # concrete, but a jnp comparison of it would be traced.
-  values = np.asarray(x)
-  if np.any(values > 0):
+    return None
+  return np.asarray(x)
+
+
+def check_nonpositive(name: str, x) -> None:
+  """Raises if a concrete log-decay has a positive entry (traced values are
+  not inspected)."""
+  values = concrete(x)
+  if values is not None and np.any(values > 0):
     raise ValueError(f"{name} holds log-decays, which must be <= 0; got a "
                      f"maximum of {float(values.max())} (shape {shape_of(x)})")
+
+
+def check_negative(name: str, x, what: str) -> None:
+  """Raises if a concrete ``x`` has an entry ``>= 0``; ``what`` says why it
+  must be negative (traced values are not inspected)."""
+  values = concrete(x)
+  if values is not None and np.any(values >= 0):
+    raise ValueError(f"{name} must be < 0 ({what}); got a maximum of "
+                     f"{float(values.max())} (shape {shape_of(x)})")
 
 
 def check_chunk_size(chunk_size: int, name: str = "chunk_size") -> None:

@@ -110,14 +110,78 @@ def scan_chunk_states(transition, own, state0):
   return final, jnp.moveaxis(entering, 0, 1)
 
 
-def solve_unit_lower(a, rhs):
-  """``(I + a)^{-1} rhs`` for strictly lower ``a: [..., T, T]`` (one solve).
+SOLVE_BLOCK = 64
 
-  For the parallel forms: a long triangular solve, ``O(T^2)`` per column.
+
+def solve_unit_lower(a, rhs):
+  """``(I + a)^{-1} rhs`` for strictly lower ``a: [..., T, T]``, by matmuls.
+
+  For the parallel forms (long systems): blocked forward substitution over
+  ``SOLVE_BLOCK`` rows at a time, the diagonal blocks inverted by
+  ``invert_unit_lower``, ``O(T^2)`` per column of ``rhs``. No LAPACK
+  ``triangular_solve``: on CPU two of those running at once can starve XLA's
+  intra-op thread pool and hang. The gradient is the transposed solve, by
+  the same substitution. Entries of ``a`` on or above the diagonal are
+  ignored.
   """
-  eye = jnp.eye(a.shape[-1], dtype=a.dtype)
-  return jax.lax.linalg.triangular_solve(eye + a, rhs, left_side=True,
-                                         lower=True, unit_diagonal=True)
+  return _solve(jnp.asarray(a, _F32), jnp.asarray(rhs, _F32))
+
+
+@jax.custom_vjp
+def _solve(a, rhs):
+  return _forward_substitution(a, rhs)
+
+
+def _forward_substitution(a, rhs):
+  block = SOLVE_BLOCK
+  t, width = a.shape[-1], rhs.shape[-1]
+  if t <= block:
+    return _mm("...ij,...jr->...ir", invert_unit_lower(a), rhs)
+  n = -(-t // block)
+  pad = n * block - t
+  lead = a.shape[:-2]
+  a = jnp.pad(a, [(0, 0)] * len(lead) + [(0, pad), (0, pad)])
+  rhs = jnp.pad(rhs, [(0, 0)] * len(lead) + [(0, pad), (0, 0)])
+  diagonal = jnp.einsum("...pipj->...pij",
+                        a.reshape(lead + (n, block, n, block)))  # [...,N,c,c]
+  inverses = invert_unit_lower(diagonal)                         # [...,N,c,c]
+  rows = a.reshape(lead + (n, block, n * block))                 # [...,N,c,T']
+  blocks = rhs.reshape(lead + (n, block, width))                 # [...,N,c,R]
+
+  def substitute(x, inputs):
+    i, row, inverse, b = inputs
+    # Rows of the blocks not yet solved meet zeros in x.
+    known = _mm("...it,...tr->...ir", row, x)                    # [..., c, R]
+    x_i = _mm("...ij,...jr->...ir", inverse, b - known)          # [..., c, R]
+    return jax.lax.dynamic_update_slice_in_dim(x, x_i, i * block, axis=-2), None
+
+  x0 = jnp.zeros(lead + (n * block, width), _F32)                # [..., T', R]
+  x, _ = jax.lax.scan(
+      substitute, x0,
+      (jnp.arange(n), jnp.moveaxis(rows, -3, 0), jnp.moveaxis(inverses, -3, 0),
+       jnp.moveaxis(blocks, -3, 0)))
+  return x[..., :t, :]
+
+
+def _solve_forward(a, rhs):
+  x = _forward_substitution(a, rhs)
+  return x, (a, x)
+
+
+def _solve_backward(residuals, dx):
+  a, x = residuals
+  # (I + a)^{-T} dx: with J the reversal of rows, J (I + a)^T J is unit
+  # lower triangular, so the transposed solve is a forward substitution.
+  flipped = jnp.flip(jnp.swapaxes(a, -1, -2), axis=(-2, -1))
+  drhs = jnp.flip(_forward_substitution(flipped, jnp.flip(dx, axis=-2)),
+                  axis=-2)                                       # [..., T, R]
+  strictly_lower = jnp.tril(jnp.ones(a.shape[-2:], dtype=bool), -1)
+  da = jnp.where(strictly_lower,
+                 -_mm("...ir,...jr->...ij", drhs, x), 0.0)       # [..., T, T]
+  return da, drhs
+
+
+_solve.defvjp(_solve_forward, _solve_backward)
 
 
 def invert_unit_lower(a):

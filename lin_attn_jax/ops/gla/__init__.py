@@ -18,6 +18,9 @@ from lin_attn_jax.ops.gated_linear import (chunk_gated_linear,
 
 
 def _channel_gate(q, g, layout):
+  """``g`` must have q's shape; q's rank is checked first, so that a wrong
+  q is named as such."""
+  checks.check_rank("q", q, len(layout.split(",")), layout)
   checks.check_shape("g", g, tuple(q.shape), layout)
   return g
 

@@ -80,10 +80,7 @@ def _check_params(channels, log_dt, A_real, A_imag, B, C, D):
     checks.check_float(name, x)
     checks.check_shape(name, x, (channels, n_modes, 2), "[D, N, 2]")
   check_vector("D", D, channels)
-  if not isinstance(A_real, jax.core.Tracer):
-    if bool(jnp.any(jnp.asarray(A_real) >= 0)):
-      raise ValueError("A_real must be < 0 (a decaying mode); got a maximum "
-                       f"of {float(jnp.max(A_real))}")
+  checks.check_negative("A_real", A_real, "a decaying mode")
   return n_modes
 
 

@@ -22,6 +22,8 @@ def scalar_decay(q, g, g_gamma, lead_layout="[B, T, H]"):
   ``q`` is ``[B, T, H, K]`` (or ``[B, H, K]`` for a step); returns ``None``
   (no decay), ``g`` itself, or ``g_gamma`` broadcast to ``q.shape[:-1]``.
   """
+  checks.check_rank("q", q, len(lead_layout.split(",")) + 1,
+                    lead_layout[:-1] + ", K]")
   lead = tuple(q.shape[:-1])
   if g is not None and g_gamma is not None:
     raise ValueError(f"give g or g_gamma, not both (g {checks.shape_of(g)}, "

@@ -77,6 +77,15 @@ def init_kv_cache(batch: int, heads_kv: int, dim_k: int, dim_v: int, *,
       window_size=window_size)
 
 
+def _tokens_seen(cache: KVCache):
+  """The most tokens any row of a full (not windowed) cache has seen, when
+  its length is concrete; None otherwise (a ring buffer never fills)."""
+  length = checks.concrete(cache.length)
+  if cache.window_size is not None or length is None or not length.size:
+    return None
+  return int(length.max())
+
+
 def _check_step(q, k, v, cache: KVCache, reset):
   checks.check_rank("q", q, 3, "[B, H, K]")
   checks.check_rank("k", k, 3, "[B, Hkv, K]")
@@ -90,11 +99,10 @@ def _check_step(q, k, v, cache: KVCache, reset):
   checks.check_shape("v", v, (b, hkv, dv), "[B, Hkv, V] of the cache")
   check_heads(h, hkv, checks.shape_of(q), checks.shape_of(k))
   checks.check_reset(reset, b)
-  if (cache.window_size is None
-      and not isinstance(cache.length, jax.core.Tracer)
-      and int(jnp.max(cache.length)) >= size):
+  seen = _tokens_seen(cache)
+  if seen is not None and seen >= size:
     raise ValueError(f"cache is full: it holds max_length = {size} tokens "
-                     f"and has seen {int(jnp.max(cache.length))}")
+                     f"and has seen {seen}")
   return b, h, hkv, dk, size
 
 
@@ -180,12 +188,10 @@ def softmax_attn_extend(q, k, v, cache: KVCache, *, scale=None,
   checks.check_reset(reset, b)
   if segment_ids is not None:
     checks.check_segment_ids(segment_ids, b, t)
-  if (cache.window_size is None
-      and not isinstance(cache.length, jax.core.Tracer)
-      and int(jnp.max(cache.length)) + t > size):
+  seen = _tokens_seen(cache)
+  if seen is not None and seen + t > size:
     raise ValueError(f"cache is full: it holds max_length = {size} tokens, "
-                     f"has seen {int(jnp.max(cache.length))} and was given "
-                     f"{t} more")
+                     f"has seen {seen} and was given {t} more")
   scale = default_scale(scale, dk)
   now = cache.length                                            # [B]
   pos = now[:, None] + jnp.arange(t, dtype=jnp.int32)[None]     # [B, T]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.diagonal_ssm.inputs import check_vector
@@ -48,13 +49,17 @@ def _check_dt(dt, dt_bias, lead, lead_layout, dt_softplus):
   """Without softplus the time step ``dt + dt_bias`` itself must be >= 0."""
   checks.check_float("dt", dt)
   checks.check_shape("dt", dt, lead, lead_layout)
-  if dt_softplus or any(isinstance(x, jax.core.Tracer) for x in (dt, dt_bias)):
+  if dt_softplus:
     return
-  step = time_step(dt, dt_bias, False)
-  if bool(jnp.any(step < 0)):
+  step = checks.concrete(dt)
+  bias = None if dt_bias is None else checks.concrete(dt_bias)
+  if step is None or (dt_bias is not None and bias is None):
+    return
+  step = step.astype(np.float32) + (0.0 if bias is None
+                                    else bias.astype(np.float32))
+  if np.any(step < 0):
     raise ValueError("dt (+ dt_bias) must be >= 0 without dt_softplus (dt * A "
-                     "is a log-decay); got a minimum of "
-                     f"{float(jnp.min(step))}")
+                     f"is a log-decay); got a minimum of {float(step.min())}")
 
 
 def validate(x, dt, A, B, C, D, dt_bias, dt_softplus, initial_state,

@@ -1,0 +1,177 @@
+"""Every op form and every mixer mode runs on traced arrays.
+
+Two ways, for every form of every op spec (``spec_cases``) and every mixer
+in ``layers.MIXERS`` in every mode:
+
+- traced: all arrays, parameters included, are arguments of a ``jax.jit``
+  whose body runs a ``lax.scan`` whose body takes ``jax.grad``: every array
+  is a tracer;
+- concrete: concrete arrays closed over inside a ``lax.scan`` body, where a
+  ``jnp`` operation on them is traced (a value check must read them with
+  NumPy, ``checks.concrete``).
+
+A value check that turns a tracer into a Python bool fails while tracing,
+so each case is traced (``jax.make_jaxpr``), not compiled. The traced
+programs are also searched for primitives that become LAPACK or FFT custom
+calls on CPU, which can deadlock XLA's intra-op thread pool.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.extend as jex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from lin_attn_jax.layers import MIXERS, MODES
+from tests.spec_cases import concrete_arrays, is_float, op_calls
+
+# Primitives that lower to LAPACK / pocketfft custom calls on CPU.
+CUSTOM_CALL_PRIMITIVES = {
+    "triangular_solve", "lu", "lu_pivots_to_permutation", "qr", "geqrf",
+    "geqp3", "householder_product", "cholesky", "cholesky_update", "eig",
+    "eigh", "svd", "schur", "hessenberg", "tridiagonal", "tridiagonal_solve",
+    "fft",
+}
+# H3's FFT convolution forms (their replacement is issue 19).
+FFT_ALLOWED = ("shift_ssm_fft.fft_conv", "s4d_fft.fft_conv")
+
+
+def _sub_jaxprs(value):
+  if isinstance(value, jex.core.ClosedJaxpr):
+    yield value.jaxpr
+  elif isinstance(value, jex.core.Jaxpr):
+    yield value
+  elif isinstance(value, (list, tuple)):
+    for item in value:
+      yield from _sub_jaxprs(item)
+
+
+def primitives(jaxpr) -> set[str]:
+  """Names of the primitives in ``jaxpr`` and all its sub-jaxprs."""
+  names = set()
+  for eqn in jaxpr.eqns:
+    names.add(eqn.primitive.name)
+    for value in eqn.params.values():
+      for sub in _sub_jaxprs(value):
+        names |= primitives(sub)
+  return names
+
+
+def check_custom_calls(name, closed_jaxpr):
+  found = primitives(closed_jaxpr.jaxpr) & CUSTOM_CALL_PRIMITIVES
+  if name.startswith(FFT_ALLOWED):
+    found -= {"fft"}
+  assert not found, f"{name} runs {sorted(found)} (a CPU custom call)"
+
+
+def _total(tree):
+  return sum(jnp.sum(jnp.asarray(leaf, jnp.float32))
+             for leaf in jax.tree.leaves(tree) if is_float(leaf))
+
+
+def traced_grads(loss, differentiable, other):
+  """``jax.grad(loss)(differentiable, other)`` inside a ``lax.scan`` body
+  inside a ``jax.jit``, traced with abstract or concrete arguments."""
+  def scanned(differentiable, other):
+    def body(carry, _):
+      return carry, jax.grad(loss)(*carry)
+    return jax.lax.scan(body, (differentiable, other), None, length=1)[1]
+  return jax.make_jaxpr(jax.jit(scanned))(differentiable, other)
+
+
+def traced_closed_over(fn):
+  """``fn()`` (closing over concrete arrays) inside a ``lax.scan`` body."""
+  def scanned():
+    return jax.lax.scan(lambda c, _: (c, fn()), 0, None, length=1)[1]
+  return jax.make_jaxpr(scanned)()
+
+
+OP_CALLS = op_calls()
+
+
+@pytest.mark.parametrize("call", OP_CALLS, ids=[c.name for c in OP_CALLS])
+def test_op_traced(call):
+  floats = {n: x for n, x in call.arrays.items()
+            if all(is_float(leaf) for leaf in jax.tree.leaves(x))}
+  others = {n: x for n, x in call.arrays.items() if n not in floats}
+  jaxpr = traced_grads(lambda f, o: _total(call.run({**f, **o})), floats,
+                       others)
+  check_custom_calls(call.name, jaxpr)
+
+
+@pytest.mark.parametrize("call", OP_CALLS, ids=[c.name for c in OP_CALLS])
+def test_op_concrete_inside_trace(call):
+  arrays = concrete_arrays(call.arrays)
+  traced_closed_over(lambda: call.run(arrays))
+
+
+BATCH, LENGTH, D_MODEL, HEADS = 2, 5, 16, 2
+
+
+@functools.lru_cache(maxsize=None)
+def _abstract_mixer(name):
+  """``(graphdef, params, rest)`` of the mixer, abstract (nothing runs)."""
+  model = nnx.eval_shape(lambda: MIXERS[name](D_MODEL, HEADS,
+                                              rngs=nnx.Rngs(0)))
+  return nnx.split(model, nnx.Param, ...)
+
+
+def _inputs(name):
+  """``x`` and segment ids (none for a mixer that is not causal)."""
+  x = jnp.asarray(np.random.default_rng(0).normal(
+      size=(BATCH, LENGTH, D_MODEL)), jnp.float32)
+  if not MIXERS[name].causal:
+    return x, None
+  return x, jnp.asarray([[0, 0, 1, 1, 1], [0, 0, 0, 2, 2]], jnp.int32)
+
+
+def _run_mode(model, mode, x, segment_ids):
+  """``y`` of ``mode``; ``"cache"``: a prefill of all but the last token
+  from an empty cache, then one decoding step."""
+  if mode != "cache":
+    return model(x, segment_ids=segment_ids, mode=mode)
+  cache = model.init_cache(BATCH, LENGTH)
+  y, cache = model(x[:, :-1], segment_ids=segment_ids[:, :-1], cache=cache)
+  y_last, _ = model(x[:, -1:], segment_ids=segment_ids[:, -1:], cache=cache)
+  return jnp.concatenate([y, y_last], axis=1)
+
+
+MIXER_CASES = [(name, mode) for name in sorted(MIXERS)
+               for mode in MODES + ("cache",)
+               if MIXERS[name].causal or mode in ("chunk", "parallel")]
+MIXER_IDS = [f"{name}.{mode}" for name, mode in MIXER_CASES]
+
+
+@pytest.mark.parametrize("name, mode", MIXER_CASES, ids=MIXER_IDS)
+def test_mixer_traced(name, mode):
+  graphdef, params, rest = _abstract_mixer(name)
+
+  def loss(params, other):
+    rest, x, segment_ids = other
+    model = nnx.merge(graphdef, params, rest)
+    return _total(_run_mode(model, mode, x, segment_ids))
+
+  jaxpr = traced_grads(loss, params, (rest,) + _inputs(name))
+  check_custom_calls(f"{name}.{mode}", jaxpr)
+
+
+@pytest.mark.parametrize("name, mode", MIXER_CASES, ids=MIXER_IDS)
+def test_mixer_concrete_inside_trace(name, mode):
+  graphdef, params, rest = _abstract_mixer(name)
+  model = nnx.merge(graphdef, concrete_arrays(params), concrete_arrays(rest))
+  x, segment_ids = _inputs(name)
+  traced_closed_over(lambda: _run_mode(model, mode, x, segment_ids))
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_mixer_init_has_no_custom_calls(name):
+  """Building a mixer (e.g. Performer's orthogonal random features) calls
+  no LAPACK either: models are often built inside a jit."""
+  def build():
+    return nnx.state(MIXERS[name](D_MODEL, HEADS, rngs=nnx.Rngs(0)))
+  check_custom_calls(f"{name}.init", jax.make_jaxpr(build)())
