@@ -132,7 +132,7 @@ def test_bad_options(cls, options, message):
 def test_bad_widths():
   with pytest.raises(ValueError, match="divide into n_heads"):
     SoftmaxAttention(30, 4, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match="even head width"):
+  with pytest.raises(ValueError, match="even number of rotated channels"):
     SoftmaxAttention(30, 2, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="divide into n_heads"):
     Linformer(30, 4, rngs=nnx.Rngs(0))
