@@ -174,6 +174,39 @@ def carry_states(own, transition, apply: Callable, initial_state, starts, *,
   return entering[device_index(axis_name)], final
 
 
+def own_and_transition(run: Callable, v, key_dim: int):
+  """``(R_p, M_p)`` of a matrix state whose transition ignores the values.
+
+  For a recurrence ``S_t = A_t S_{t-1} + k_t v_t^T`` (``A_t [K, K]`` built
+  from the keys and gates only: the delta rule, RWKV-7), one run with ``K``
+  extra value columns that are 0, from ``[0 | I]``, ends in ``[R_p | M_p]``:
+  the first columns start at 0 and collect the writes, the extra ones carry
+  the identity through every ``A_t``.
+
+  Args:
+    run: ``(values [B, L, H, V + K], initial_state [B, H, K, V + K]) ->
+      final state``.
+    v: ``[B, L, H, V]``.
+  Returns:
+    ``(R_p [B, H, K, V], M_p [B, H, K, K])`` float32.
+  """
+  b, length, h, dv = v.shape
+  values = jnp.concatenate([v, jnp.zeros((b, length, h, key_dim), v.dtype)],
+                           axis=-1)                             # [B,L,H,V+K]
+  eye = jnp.broadcast_to(jnp.eye(key_dim, dtype=jnp.float32),
+                         (b, h, key_dim, key_dim))
+  state0 = jnp.concatenate(
+      [jnp.zeros((b, h, key_dim, dv), jnp.float32), eye], axis=-1)
+  final = run(values, state0)                                   # [B,H,K,V+K]
+  return final[..., :dv], final[..., dv:]
+
+
+def apply_matrix(transition, state):
+  """``M S`` for ``M [B, H, K, K]`` and ``S [B, H, K, V]``."""
+  return jnp.einsum("bhkl,bhlv->bhkv", transition, state,
+                    preferred_element_type=jnp.float32)
+
+
 def previous_tokens(x, width: int, axis_name: str):
   """The last ``width`` entries along axis 1 of the previous device.
 
