@@ -1,0 +1,328 @@
+"""Context parallelism: ops split over a ``sequence`` mesh axis of 8 CPU
+devices against the single-device chunk forms.
+
+For every op: outputs, final states and the gradients of every float input
+(random cotangents, the initial state and the parameters included) under
+meshes ``data x sequence`` with ``P`` in {2, 4, 8} and ``T = 32``, so that
+each device holds 16, 8 or 4 tokens of 4-token chunks. Documents start inside
+devices and exactly at device boundaries (row 0 at 5, 8, 16, 19; row 1 at
+7, 8, 12, 24: a one-token document before a boundary, and ids reused by
+later documents). The core forms run at every P; the variants that reach a
+core through the same split run at one P each, rotating. A case without
+initial state and segment ids runs once per core. One compiled reference per
+case serves every P.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType
+
+from lin_attn_jax import ops
+from lin_attn_jax.ops.common import context_parallel
+from lin_attn_jax.ops.conv import token_shift
+from tests.form_checks import rel_rms
+
+B, T, H, K, V = 2, 32, 2, 8, 4
+CHUNK = 4
+TOL = 1e-5
+IDS = np.array([[0] * 5 + [1] * 3 + [0] * 8 + [2] * 3 + [1] * 13,
+                [0] * 7 + [1] * 1 + [2] * 4 + [0] * 12 + [3] * 8], np.int32)
+
+
+def mesh(parts: int):
+  return jax.make_mesh((8 // parts, parts), ("data", "sequence"),
+                       axis_types=(AxisType.Auto,) * 2)
+
+
+def _normal(seed, shape, scale=1.0):
+  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape)
+                     * scale, jnp.float32)
+
+
+def _log_gate(seed, shape):
+  return jax.nn.log_sigmoid(_normal(seed, shape) + 2.0)
+
+
+def _unit(seed, shape):
+  x = _normal(seed, shape)
+  return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+
+# Each case: (inputs, state shape or None, fn(**inputs, initial_state,
+# segment_ids) -> (o, final state or None)). Every float input is
+# differentiated.
+
+def _gated_linear(form, gate, **kw):
+  def make():
+    inputs = dict(q=_normal(0, (B, T, H, K)), k=_normal(1, (B, T, H, K)),
+                  v=_normal(2, (B, T, H, V)))
+    if gate == "channel":
+      inputs["g"] = _log_gate(3, (B, T, H, K))
+    elif gate == "scalar":
+      inputs["g"] = _log_gate(3, (B, T, H))
+    return inputs, (B, H, K, V)
+
+  def fn(initial_state, segment_ids, **inputs):
+    return form(**inputs, initial_state=initial_state,
+                output_final_state=True, segment_ids=segment_ids,
+                chunk_size=CHUNK, **kw)
+  return make, fn
+
+
+def _linear_attn():
+  def make():
+    q, k = (jax.nn.elu(_normal(i, (B, T, H, K))) + 1 for i in (0, 1))
+    return dict(q=q, k=k, v=_normal(2, (B, T, H, V))), (B, H, K, V + 1)
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_linear_attn(**inputs, normalize=True,
+                                 initial_state=initial_state,
+                                 output_final_state=True,
+                                 segment_ids=segment_ids, chunk_size=CHUNK)
+  return make, fn
+
+
+def _based():
+  dk = 4
+  def make():
+    return (dict(q=_normal(0, (B, T, H, dk)), k=_normal(1, (B, T, H, dk)),
+                 v=_normal(2, (B, T, H, V))), (B, H, 1 + dk + dk * dk, V + 1))
+
+  def fn(initial_state, segment_ids, **inputs):
+    o, s = ops.chunk_based(**inputs, initial_state=initial_state,
+                           output_final_state=True, segment_ids=segment_ids,
+                           chunk_size=CHUNK)
+    return o, s
+  return make, fn
+
+
+def _ssd():
+  heads, groups, n, p = 4, 2, 4, 4
+  def make():
+    return (dict(x=_normal(0, (B, T, heads, p)), dt=_normal(1, (B, T, heads)),
+                 A=-jnp.exp(_normal(2, (heads,))),
+                 B=_normal(3, (B, T, groups, n)),
+                 C=_normal(4, (B, T, groups, n)), D=_normal(5, (heads,)),
+                 dt_bias=_normal(6, (heads,))), (B, heads, n, p))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_ssd(**inputs, dt_softplus=True,
+                         initial_state=initial_state, output_final_state=True,
+                         segment_ids=segment_ids, chunk_size=CHUNK)
+  return make, fn
+
+
+def _rwkv6():
+  def make():
+    return (dict(r=_normal(0, (B, T, H, K)), k=_normal(1, (B, T, H, K)),
+                 v=_normal(2, (B, T, H, V)), w=_log_gate(3, (B, T, H, K)),
+                 u=_normal(4, (H, K))), (B, H, K, V))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_rwkv6(**inputs, scale=1.0, initial_state=initial_state,
+                           output_final_state=True, segment_ids=segment_ids,
+                           chunk_size=CHUNK)
+  return make, fn
+
+
+def _delta(form, gate):
+  hv = 2 * H
+  def make():
+    inputs = dict(q=_normal(0, (B, T, H, K)), k=_normal(1, (B, T, H, K)),
+                  v=_normal(2, (B, T, hv, V)),
+                  beta=jax.nn.sigmoid(_normal(4, (B, T, hv))))
+    if gate == "scalar":
+      inputs["g"] = _log_gate(3, (B, T, hv))
+    elif gate == "channel":
+      inputs["g"] = _log_gate(3, (B, T, hv, K))
+    return inputs, (B, hv, K, V)
+
+  def fn(initial_state, segment_ids, **inputs):
+    return form(**inputs, initial_state=initial_state,
+                output_final_state=True, segment_ids=segment_ids,
+                chunk_size=CHUNK, sub_chunk_size=2, use_qk_l2norm=True)
+  return make, fn
+
+
+def _rwkv7():
+  def make():
+    kappa = _unit(5, (B, T, H, K))
+    eta = jax.nn.sigmoid(_normal(6, (B, T, H, K)))
+    return (dict(r=_normal(0, (B, T, H, K)), w=_log_gate(3, (B, T, H, K)),
+                 k=_normal(1, (B, T, H, K)), v=_normal(2, (B, T, H, V)),
+                 a=-kappa, b=kappa * eta), (B, H, K, V))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_rwkv7(**inputs, scale=1.0, initial_state=initial_state,
+                           output_final_state=True, segment_ids=segment_ids,
+                           chunk_size=CHUNK, sub_chunk_size=2)
+  return make, fn
+
+
+def _diagonal(name):
+  d = 6
+  def make():
+    if name == "linear_scan":
+      inputs = dict(a=jax.nn.sigmoid(_normal(0, (B, T, d)) + 2),
+                    b=_normal(1, (B, T, d)))
+    elif name == "rg_lru":
+      inputs = dict(x=_normal(0, (B, T, d)), a_gate=_normal(1, (B, T, d)),
+                    x_gate=_normal(2, (B, T, d)), a_param=_normal(3, (d,)))
+    else:
+      inputs = dict(x=_normal(0, (B, T, d)), g=_log_gate(1, (B, T, d)))
+    return inputs, (B, d)
+
+  form = {"linear_scan": ops.chunk_linear_scan, "rg_lru": ops.chunk_rg_lru,
+          "hgrn": ops.chunk_hgrn}[name]
+
+  def fn(initial_state, segment_ids, **inputs):
+    return form(**inputs, initial_state=initial_state,
+                output_final_state=True, segment_ids=segment_ids,
+                chunk_size=CHUNK)
+  return make, fn
+
+
+def _selective_scan():
+  d, n = 6, 3
+  def make():
+    return (dict(u=_normal(0, (B, T, d)), delta=_normal(1, (B, T, d)),
+                 A=-jnp.exp(_normal(2, (d, n))), B=_normal(3, (B, T, n)),
+                 C=_normal(4, (B, T, n)), D=_normal(5, (d,)),
+                 z=_normal(6, (B, T, d)), delta_bias=_normal(7, (d,))),
+            (B, d, n))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_selective_scan(**inputs, delta_softplus=True,
+                                    initial_state=initial_state,
+                                    output_final_state=True,
+                                    segment_ids=segment_ids, chunk_size=CHUNK)
+  return make, fn
+
+
+def _conv():
+  d, w = 6, 4
+  def make():
+    return (dict(x=_normal(0, (B, T, d)), weight=_normal(1, (d, w)),
+                 bias=_normal(2, (d,))), (B, w - 1, d))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_causal_conv1d(**inputs, activation="silu",
+                                   initial_state=initial_state,
+                                   output_final_state=True,
+                                   segment_ids=segment_ids, chunk_size=CHUNK)
+  return make, fn
+
+
+def _token_shift():
+  d = 6
+  def make():
+    return dict(x=_normal(0, (B, T, d))), (B, d)
+
+  def fn(initial_state, segment_ids, x):
+    return token_shift(x, initial_state, segment_ids), None
+  return make, fn
+
+
+def _softmax(**kw):
+  def make():
+    return (dict(q=_normal(0, (B, T, 2 * H, K)), k=_normal(1, (B, T, H, K)),
+                 v=_normal(2, (B, T, H, V))), None)
+
+  def fn(initial_state, segment_ids, **inputs):
+    del initial_state
+    return ops.chunk_softmax_attn(**inputs, segment_ids=segment_ids,
+                                  block_size=CHUNK, **kw), None
+  return make, fn
+
+
+# name: (case, the P values it runs at with segment ids and initial state).
+CASES = {
+    "gla": (_gated_linear(ops.chunk_gla, "channel"), (2, 4, 8)),
+    "simple_gla": (_gated_linear(ops.chunk_simple_gla, "scalar"), (2, 4, 8)),
+    "rwkv6": (_rwkv6(), (2, 4, 8)),
+    "linear_attn": (_linear_attn(), (2,)),
+    "retention": (_gated_linear(ops.chunk_retention, None), (4,)),
+    "based": (_based(), (8,)),
+    "ssd": (_ssd(), (2,)),
+    "gated_delta_rule": (_delta(ops.chunk_gated_delta_rule, "scalar"),
+                         (2, 4, 8)),
+    "kda": (_delta(ops.chunk_kda, "channel"), (2, 4, 8)),
+    "delta_rule": (_delta(ops.chunk_delta_rule, None), (4,)),
+    "rwkv7": (_rwkv7(), (8,)),
+    "linear_scan": (_diagonal("linear_scan"), (2, 4, 8)),
+    "rg_lru": (_diagonal("rg_lru"), (4,)),
+    "hgrn": (_diagonal("hgrn"), (8,)),
+    "selective_scan": (_selective_scan(), (2, 4, 8)),
+    "causal_conv1d": (_conv(), (2, 4, 8)),
+    "token_shift": (_token_shift(), (2, 4, 8)),
+    "softmax_attn": (_softmax(), (2, 4, 8)),
+    # w - 1 = 5 tokens: a halo for 16 and 8 tokens per device, the gathered
+    # path for 4.
+    "sliding_window_attn": (_softmax(window_size=6), (2, 4, 8)),
+}
+
+# name: the P of a run without initial state and segment ids.
+PLAIN = {"gla": 4, "simple_gla": 8, "gated_delta_rule": 8, "kda": 2,
+         "linear_scan": 2, "selective_scan": 4, "causal_conv1d": 8,
+         "token_shift": 4, "softmax_attn": 2, "sliding_window_attn": 4}
+
+
+def _run(fn, inputs, initial_state, segment_ids):
+  """Jitted ``(outputs, gradients)`` of ``fn`` for random cotangents."""
+  diff = dict(inputs)
+  if initial_state is not None:
+    diff["initial_state"] = initial_state
+  shapes = jax.eval_shape(
+      lambda d: fn(d.pop("initial_state", None), segment_ids, **d), diff)
+  rng = np.random.default_rng(7)
+  cotangents = jax.tree.map(
+      lambda s: jnp.asarray(rng.standard_normal(s.shape), s.dtype), shapes)
+
+  def run(diff, cotangents):
+    def forward(d):
+      d = dict(d)
+      return fn(d.pop("initial_state", None), segment_ids, **d)
+    out, vjp = jax.vjp(forward, diff)
+    return out, vjp(cotangents)[0]
+
+  return jax.jit(run)(diff, cotangents)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(name, with_state):
+  (make, fn), _ = CASES[name]
+  inputs, state_shape = make()
+  initial = (_normal(9, state_shape) if with_state and state_shape
+             else None)
+  ids = jnp.asarray(IDS) if with_state else None
+  return inputs, initial, ids, _run(fn, inputs, initial, ids)
+
+
+def _check(name, parts, with_state):
+  (_, fn), _ = CASES[name]
+  inputs, initial, ids, expected = _reference(name, with_state)
+  with jax.set_mesh(mesh(parts)):
+    assert context_parallel.sequence_parallel_size() == parts
+    actual = _run(fn, inputs, initial, ids)
+  paths = jax.tree_util.tree_flatten_with_path(expected)[0]
+  for (path, want), got in zip(paths, jax.tree.leaves(actual)):
+    err = rel_rms(got, want)
+    assert err <= TOL, (f"{name} P={parts} {jax.tree_util.keystr(path)}: "
+                        f"relative RMS error {err:.2e}")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_split_matches_single_device(name):
+  for parts in CASES[name][1]:
+    _check(name, parts, with_state=True)
+
+
+@pytest.mark.parametrize("name", sorted(PLAIN))
+def test_split_without_state_or_segments(name):
+  _check(name, PLAIN[name], with_state=False)
