@@ -174,31 +174,46 @@ def carry_states(own, transition, apply: Callable, initial_state, starts, *,
   return entering[device_index(axis_name)], final
 
 
-def own_and_transition(run: Callable, v, key_dim: int):
-  """``(R_p, M_p)`` of a matrix state whose transition ignores the values.
+def run_with_state_read(run: Callable, v, key_dim: int):
+  """One chunk-form run that also yields how the entering state is read.
 
-  For a recurrence ``S_t = A_t S_{t-1} + k_t v_t^T`` (``A_t [K, K]`` built
-  from the keys and gates only: the delta rule, RWKV-7), one run with ``K``
-  extra value columns that are 0, from ``[0 | I]``, ends in ``[R_p | M_p]``:
-  the first columns start at 0 and collect the writes, the extra ones carry
-  the identity through every ``A_t``.
+  For a recurrence ``S_t = A_t S_{t-1} + k_t v_t^T``, ``o_t = S_t^T q_t``
+  whose transitions ``A_t [K, K]`` come from the keys and gates only (the
+  delta rule, RWKV-7), everything is linear in the values and the initial
+  state: a run on values ``[v | 0]`` (``K`` extra columns) from the state
+  ``[0 | I]`` gives, in its first ``V`` columns, the outputs and final state
+  from a zero state and, in the extra ones, ``M_{<=t}^T q_t`` (the read of
+  the entering state by token t) and ``M_p`` (the product of every
+  ``A_t``). So the device's true outputs are ``o + reads . S_p``, for the
+  ``S_p`` that the combine gives later.
 
   Args:
     run: ``(values [B, L, H, V + K], initial_state [B, H, K, V + K]) ->
-      final state``.
+      (o, final state)``.
     v: ``[B, L, H, V]``.
   Returns:
-    ``(R_p [B, H, K, V], M_p [B, H, K, K])`` float32.
+    ``(o [B, L, H, V], reads [B, L, H, K], R_p [B, H, K, V], M_p [B, H, K,
+    K])``, float32 (the values are float32, so the reads are not rounded
+    to v's dtype).
   """
   b, length, h, dv = v.shape
-  values = jnp.concatenate([v, jnp.zeros((b, length, h, key_dim), v.dtype)],
-                           axis=-1)                             # [B,L,H,V+K]
+  values = jnp.concatenate(
+      [jnp.asarray(v, jnp.float32),
+       jnp.zeros((b, length, h, key_dim), jnp.float32)],
+      axis=-1)                                                  # [B,L,H,V+K]
   eye = jnp.broadcast_to(jnp.eye(key_dim, dtype=jnp.float32),
                          (b, h, key_dim, key_dim))
   state0 = jnp.concatenate(
       [jnp.zeros((b, h, key_dim, dv), jnp.float32), eye], axis=-1)
-  final = run(values, state0)                                   # [B,H,K,V+K]
-  return final[..., :dv], final[..., dv:]
+  o, final = run(values, state0)                                # [..., V+K]
+  return o[..., :dv], o[..., dv:], final[..., :dv], final[..., dv:]
+
+
+def add_state_read(o, reads, entering):
+  """``o + reads . S``: ``o [B, L, H, V]``, ``reads [B, L, H, K]``,
+  ``entering [B, H, K, V]``."""
+  return o + jnp.einsum("blhk,bhkv->blhv", reads, entering,
+                        preferred_element_type=jnp.float32)
 
 
 def apply_matrix(transition, state):

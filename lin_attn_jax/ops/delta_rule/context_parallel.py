@@ -1,19 +1,18 @@
 """The delta-rule core split over a ``sequence`` mesh axis.
 
-Device ``p``'s summary (``common/context_parallel.py``): its final state from
-a zero state ``R_p [B, HV, K, V]`` and its ``K x K`` transition ``M_p``, the
-product of every token's ``(I - beta k k^T) diag(exp(g))`` (the identity cut
-to 0 where a document starts inside the device), both from one state pass of
-the chunk form with ``K`` extra value columns (``own_and_transition``; the
-pass is recomputed in the backward pass rather than stored). One all-gather
-of the ``P`` pairs, a prefix combine ``S_{p+1} = M_p S_p + R_p``, then the
-chunk form (its Pallas sweep where ``impl`` picks it) from the entering
-state. DeltaNet, Gated DeltaNet and KDA reach it through ``chunk_delta_rule``.
+Each device runs the chunk form once (its Pallas sweep where ``impl`` picks
+it) on its tokens from a zero state, with ``K`` extra value columns that start
+from the identity (``run_with_state_read``): besides its outputs it gives its
+final state ``R_p [B, HV, K, V]``, its ``K x K`` transition ``M_p`` (the
+product of every token's ``(I - beta k k^T) diag(exp(g))``, cut to 0 where a
+document starts inside the device) and, for every token, how its output reads
+the state entering the device. One all-gather of the ``P`` pairs and a
+prefix combine ``S_{p+1} = M_p S_p + R_p`` give that state, and one product
+adds its contribution to the outputs. DeltaNet, Gated DeltaNet and KDA reach
+it through ``chunk_delta_rule``.
 """
 
 from __future__ import annotations
-
-import jax
 
 from lin_attn_jax.ops.common import context_parallel as cp
 from lin_attn_jax.ops.delta_rule import chunk
@@ -45,20 +44,15 @@ def context_parallel_delta_rule(q, k, v, beta, g=None, *, scale=None,
   def device(split, whole):
     q, k, v, beta, g, ids = split
     (initial,) = whole
-
-    def summary(q, k, v, beta, g):
-      return cp.own_and_transition(
-          lambda values, state0: chunk.chunk_delta_rule(
-              q, k, values, beta, g, initial_state=state0,
-              output_final_state=True, segment_ids=ids, impl="xla",
-              **options)[1], v, dk)
-
-    own, transition = jax.checkpoint(summary)(q, k, v, beta, g)
+    o, reads, own, transition = cp.run_with_state_read(
+        lambda values, state0: chunk.chunk_delta_rule(
+            q, k, values, beta, g, initial_state=state0,
+            output_final_state=True, segment_ids=ids, impl=impl, **options),
+        v, dk)
     entering, final = cp.carry_states(
         own, transition, cp.apply_matrix, initial,
         cp.document_starts(ids, axis_name), axis_name=axis_name)
-    o, _ = chunk.chunk_delta_rule(q, k, v, beta, g, initial_state=entering,
-                                  segment_ids=ids, impl=impl, **options)
+    o = cp.add_state_read(o, reads, entering).astype(v.dtype)
     return o, (final if output_final_state else None)
 
   return cp.map_sequence(device, (q, k, v, beta, g, segment_ids),

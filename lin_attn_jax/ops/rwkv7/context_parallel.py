@@ -2,14 +2,13 @@
 
 The same scheme as the delta rule (``delta_rule/context_parallel.py``): the
 transition ``diag(exp(w_t)) + b_t a_t^T`` does not depend on the values, so
-one state pass with ``K`` extra value columns gives each device's final
-state from zero and its ``K x K`` transition; an all-gather and a prefix
-combine give the entering state of every device.
+one run of the chunk form with ``K`` extra value columns gives each device's
+outputs and final state from zero, its ``K x K`` transition and how each
+output reads the entering state; an all-gather and a prefix combine give
+that state.
 """
 
 from __future__ import annotations
-
-import jax
 
 from lin_attn_jax.ops.common import context_parallel as cp
 from lin_attn_jax.ops.rwkv7 import chunk
@@ -34,20 +33,15 @@ def context_parallel_rwkv7(r, w, k, v, a, b, *, scale=None,
   def device(split, whole):
     r, w, k, v, a, b, ids = split
     (initial,) = whole
-
-    def summary(r, w, k, v, a, b):
-      return cp.own_and_transition(
-          lambda values, state0: chunk.chunk_rwkv7(
-              r, w, k, values, a, b, initial_state=state0,
-              output_final_state=True, segment_ids=ids, **options)[1],
-          v, dk)
-
-    own, transition = jax.checkpoint(summary)(r, w, k, v, a, b)
+    o, reads, own, transition = cp.run_with_state_read(
+        lambda values, state0: chunk.chunk_rwkv7(
+            r, w, k, values, a, b, initial_state=state0,
+            output_final_state=True, segment_ids=ids, **options),
+        v, dk)
     entering, final = cp.carry_states(
         own, transition, cp.apply_matrix, initial,
         cp.document_starts(ids, axis_name), axis_name=axis_name)
-    o, _ = chunk.chunk_rwkv7(r, w, k, v, a, b, initial_state=entering,
-                             segment_ids=ids, **options)
+    o = cp.add_state_read(o, reads, entering).astype(v.dtype)
     return o, (final if output_final_state else None)
 
   return cp.map_sequence(device, (r, w, k, v, a, b, segment_ids),
