@@ -6,21 +6,24 @@ array (``jax.shard_map``, manual over that axis only; batch and head axes
 stay under the compiler's automatic sharding). A recurrent core is affine
 in its state: the state after device ``p``'s tokens is ``M_p S + R_p``,
 with ``S`` the state entering the device, ``R_p`` the device's own final
-state from a zero start, and ``M_p`` the transition (the product of its
+state from a zero state, and ``M_p`` the transition (the product of its
 decays, a ``K x K`` matrix for the delta rule). So, per device:
 
-1. a state-only pass of the device's chunk form from a zero state gives
-   ``(M_p, R_p)``;
+1. the device's chunk form from a zero state gives ``R_p`` (and ``M_p``);
 2. one all-gather of those pairs (``P`` small summaries, independent of
    ``T``) and a prefix combine over the devices, ``S_{p+1} = M_p S_p +
    R_p`` from ``S_0 = initial_state``, gives every device its entering
    state ``S_p`` (and every device the final state ``S_P``);
-3. the device runs its chunk form (or Pallas kernel) from ``S_p``.
+3. the outputs get the entering state's contribution, which is linear in
+   ``S_p``: the gated-linear and delta-rule cores add it to the outputs of
+   step 1 (that run also gives how each output reads the entering state);
+   the diagonal and selective scans run their chunk form from ``S_p``, step
+   1 being a state-only pass for them.
 
-Packed documents: a device's own summary already drops what a document start
-inside it cuts off; a document that starts exactly at a device's first token
-zeroes the entering state of that device (``document_starts``, from the
-first and last segment id of every device). Short convolutions, token shift
+Packed documents: a device's own summary already drops what a document
+start inside it cuts off; a document that starts exactly at a device's
+first token zeroes the entering state of that device (``document_starts``,
+from the first and last segment id of every device). Short convolutions, token shift
 and sliding-window attention need only the last few tokens of the previous
 device instead (``previous_tokens``, one ``ppermute``).
 

@@ -1,26 +1,30 @@
 """The gated-linear-attention core split over a ``sequence`` mesh axis.
 
-Device ``p``'s summary (``common/context_parallel.py``): its final state
-from a zero state, ``R_p [B, H, K, V]`` (one product of its decayed keys and
-its values, ``O(L K V)`` like the chunk form's state pass), and its decay
-``M_p = exp(sum of its log-gates) [B, H, G]`` (0 where a document starts
-inside the device). One
-all-gather of the ``P`` pairs, a prefix combine ``S_{p+1} = M_p * S_p +
-R_p``, then the chunk form (or its Pallas kernel) from the entering state.
-Every variant on the core (linear attention, simple GLA, retention, GLA,
-Based, SSD, RWKV-6 with its strictly causal read and bonus, HGRN2) reaches
-it through ``chunk_gated_linear``.
+Each device runs the chunk form (or its Pallas kernel) on its tokens from a
+zero state: its outputs ``o``, and its final state ``R_p [B, H, K, V]``.
+Its decay ``M_p = exp(sum of its log-gates) [B, H, G]`` (0 where a document
+starts inside the device) completes its summary (``common/context_parallel.py``).
+One all-gather of the ``P`` pairs and a prefix combine ``S_{p+1} = M_p * S_p
++ R_p`` give the state ``S_p`` entering the device, whose contribution the
+outputs then get: ``o_i += (scale q_i * exp(G_i)) . S_p``, ``G_i`` the sum of
+the device's gates up to ``i`` (before ``i`` when strictly causal), for the
+tokens before the device's first document start. The heavy pass does not
+wait for the all-gather. Every variant on the core (linear attention,
+simple GLA, retention, GLA, Based, SSD, RWKV-6 with its strictly causal
+read and bonus, HGRN2) reaches it through ``chunk_gated_linear``.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import context_parallel as cp
-from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.gated_linear import chunk
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
+
+_F32 = jnp.float32
 
 
 def _decay_rows(decay, state):
@@ -28,29 +32,32 @@ def _decay_rows(decay, state):
   return decay[..., None] * state
 
 
-def _summary(k, v, g, segment_ids):
-  """``(R_p [B, H, K, V], M_p [B, H, G])`` of this device's tokens.
-
-  ``R_p = sum_j exp(sum_{m > j} g_m) k_j v_j^T`` over the device's last
-  document: one ``[K, L] x [L, V]`` product per head. The decay after each
-  token is a sum of gates (a reverse cumulative sum), never a difference of
-  two prefix sums, and every ``exp`` is of a sum ``<= 0``.
-  """
-  b, length, h = k.shape[:3]
+def _log_gates(g, shape):
+  """float32 ``[B, L, H, G]`` log-decays (zeros for ``g=None``)."""
   if g is None:
-    g = jnp.zeros((b, length, h, 1), jnp.float32)
-  g = jnp.asarray(g, jnp.float32)
-  g = g[..., None] if g.ndim == 3 else g                        # [B, L, H, G]
-  to_end = reverse_exclusive_cumsum(g, axis=1)                  # [B, L, H, G]
-  doc = document_index(segment_ids, b, length)                  # [B, L]
-  in_last = (doc == doc[:, -1:])[..., None, None]               # [B, L, 1, 1]
-  k_end = jnp.where(in_last, jnp.asarray(k, jnp.float32) * jnp.exp(to_end),
-                    0.0)                                        # [B, L, H, K]
-  own = jnp.einsum("blhk,blhv->bhkv", k_end, v,
-                   preferred_element_type=jnp.float32)          # [B, H, K, V]
-  inside = doc[:, -1] > 0                                       # [B]
-  decay = jnp.exp(jnp.sum(g, axis=1))                           # [B, H, G]
-  return own, jnp.where(inside[:, None, None], 0.0, decay)
+    return jnp.zeros(shape[:3] + (1,), _F32)
+  g = jnp.asarray(g, _F32)
+  return g[..., None] if g.ndim == 3 else g
+
+
+def _entering_read(q, g, segment_ids, entering, *, scale, strict):
+  """``(scale q_i exp(G_i)) . S_p`` for the tokens the entering state
+  reaches, ``[B, L, H, V]`` float32.
+
+  ``G_i`` sums the gates from the device's first token to ``i`` (to ``i - 1``
+  when strict): a sum of gates ``<= 0``, so ``exp`` of it is a decay.
+  """
+  b, length = q.shape[:2]
+  g = _log_gates(g, q.shape)
+  to_here = jnp.cumsum(g, axis=1)                               # [B, L, H, G]
+  if strict:
+    to_here = jnp.concatenate([jnp.zeros_like(to_here[:, :1]),
+                               to_here[:, :-1]], axis=1)
+  reached = (document_index(segment_ids, b, length) == 0)[..., None, None]
+  read = jnp.where(reached, scale * jnp.asarray(q, _F32) * jnp.exp(to_here),
+                   0.0)                                         # [B, L, H, K]
+  return jnp.einsum("blhk,bhkv->blhv", read, entering,
+                    preferred_element_type=_F32)
 
 
 def context_parallel_gated_linear(q, k, v, g=None, *, scale=None,
@@ -67,24 +74,32 @@ def context_parallel_gated_linear(q, k, v, g=None, *, scale=None,
     mesh: the mesh, or None for the current one (``jax.set_mesh``).
 
   ``chunk_gated_linear`` (and every variant on it) calls this itself when
-  the current mesh has a ``"sequence"`` axis of size > 1.
+  the current mesh has a ``"sequence"`` axis of size > 1. Outputs in a
+  low-precision dtype are rounded twice (the device's part, then the sum).
   """
   _, t, _, dk, _, _ = validate(q, k, v, g, initial_state, segment_ids)
   cp.local_length(t, cp.axis_size(axis_name, mesh), axis_name)
-  options = dict(scale=default_scale(scale, dk), chunk_size=chunk_size,
-                 sub_chunk_size=sub_chunk_size)
+  scale = default_scale(scale, dk)
 
   def device(split, whole):
     q, k, v, g, ids = split
     (initial,) = whole
-    own, decay = _summary(k, v, g, ids)
+    o, own = chunk.chunk_gated_linear(
+        q, k, v, g, scale=scale, output_final_state=True, segment_ids=ids,
+        chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, impl=impl,
+        strictly_causal=strictly_causal)
+    b, length = q.shape[:2]
+    inside = document_index(ids, b, length)[:, -1] > 0          # [B]
+    decay = jnp.exp(jnp.sum(_log_gates(g, q.shape), axis=1))    # [B, H, G]
+    decay = jnp.where(inside[:, None, None], 0.0, decay)
     entering, final = cp.carry_states(
         own, decay, _decay_rows, initial, cp.document_starts(ids, axis_name),
         axis_name=axis_name)
-    o, _ = chunk.chunk_gated_linear(q, k, v, g, initial_state=entering,
-                                    segment_ids=ids, impl=impl,
-                                    strictly_causal=strictly_causal,
-                                    **options)
+    # Recomputed in the backward pass rather than stored.
+    read = jax.checkpoint(
+        lambda q, g, s: _entering_read(q, g, ids, s, scale=scale,
+                                       strict=strictly_causal))
+    o = (o.astype(_F32) + read(q, g, entering)).astype(v.dtype)
     return o, (final if output_final_state else None)
 
   return cp.map_sequence(device, (q, k, v, g, segment_ids), (initial_state,),
