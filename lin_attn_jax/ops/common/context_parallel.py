@@ -23,9 +23,9 @@ decays, a ``K x K`` matrix for the delta rule). So, per device:
 Packed documents: a device's own summary already drops what a document
 start inside it cuts off; a document that starts exactly at a device's
 first token zeroes the entering state of that device (``document_starts``,
-from the first and last segment id of every device). Short convolutions, token shift
-and sliding-window attention need only the last few tokens of the previous
-device instead (``previous_tokens``, one ``ppermute``).
+from the first and last segment id of every device). Short convolutions,
+token shift and sliding-window attention need only the last few tokens of
+the previous device instead (``previous_tokens``, one ``ppermute``).
 
 The chunk forms switch to these paths by themselves when the current mesh
 (``jax.set_mesh``) has a ``"sequence"`` axis of size > 1 that is not already

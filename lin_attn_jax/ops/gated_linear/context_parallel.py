@@ -3,7 +3,8 @@
 Each device runs the chunk form (or its Pallas kernel) on its tokens from a
 zero state: its outputs ``o``, and its final state ``R_p [B, H, K, V]``.
 Its decay ``M_p = exp(sum of its log-gates) [B, H, G]`` (0 where a document
-starts inside the device) completes its summary (``common/context_parallel.py``).
+starts inside the device) completes its summary
+(``common/context_parallel.py``).
 One all-gather of the ``P`` pairs and a prefix combine ``S_{p+1} = M_p * S_p
 + R_p`` give the state ``S_p`` entering the device, whose contribution the
 outputs then get: ``o_i += (scale q_i * exp(G_i)) . S_p``, ``G_i`` the sum of
