@@ -219,6 +219,22 @@ def add_state_read(o, reads, entering):
                         preferred_element_type=jnp.float32)
 
 
+def split_with_state_read(run: Callable, v, key_dim: int, initial_state,
+                          segment_ids, *, axis_name: str):
+  """Steps 1-3 for a core whose transitions ignore the values, on one
+  device: ``run_with_state_read``, the all-gather and combine of its
+  ``(R_p, M_p)``, and the entering state's contribution.
+
+  Returns ``(o [B, L, H, V] in v's dtype, final state)``.
+  """
+  o, reads, own, transition = run_with_state_read(run, v, key_dim)
+  entering, final = carry_states(own, transition, apply_matrix,
+                                 initial_state,
+                                 document_starts(segment_ids, axis_name),
+                                 axis_name=axis_name)
+  return add_state_read(o, reads, entering).astype(v.dtype), final
+
+
 def apply_matrix(transition, state):
   """``M S`` for ``M [B, H, K, K]`` and ``S [B, H, K, V]``."""
   return jnp.einsum("bhkl,bhlv->bhkv", transition, state,

@@ -33,15 +33,11 @@ def context_parallel_rwkv7(r, w, k, v, a, b, *, scale=None,
   def device(split, whole):
     r, w, k, v, a, b, ids = split
     (initial,) = whole
-    o, reads, own, transition = cp.run_with_state_read(
+    o, final = cp.split_with_state_read(
         lambda values, state0: chunk.chunk_rwkv7(
             r, w, k, values, a, b, initial_state=state0,
             output_final_state=True, segment_ids=ids, **options),
-        v, dk)
-    entering, final = cp.carry_states(
-        own, transition, cp.apply_matrix, initial,
-        cp.document_starts(ids, axis_name), axis_name=axis_name)
-    o = cp.add_state_read(o, reads, entering).astype(v.dtype)
+        v, dk, initial, ids, axis_name=axis_name)
     return o, (final if output_final_state else None)
 
   return cp.map_sequence(device, (r, w, k, v, a, b, segment_ids),
