@@ -436,3 +436,26 @@ def test_linformer_layer_refuses_a_sequence_axis():
   with jax.set_mesh(mesh(2)):
     with pytest.raises(ValueError, match="Linformer cannot split"):
       layer(_normal(0, (B, T, 16)))
+
+
+def test_pallas_kernels_run_per_device():
+  """``impl="pallas"`` (interpret mode here) runs inside the split."""
+  q, k, v = (_normal(i, (1, T, H, 16)) for i in range(3))
+  initial = _normal(9, (1, H, 16, 16))
+  ids = IDS[:1]
+  gates = {"gla": (ops.chunk_gla, (_log_gate(3, (1, T, H, 16)),), {}),
+           "gated_delta_rule": (ops.chunk_gated_delta_rule,
+                                (_log_gate(3, (1, T, H)),
+                                 jax.nn.sigmoid(_normal(4, (1, T, H)))),
+                                {"use_qk_l2norm": True})}
+  for name, (form, extra, kw) in gates.items():
+    def run(impl, form=form, kw=kw):
+      return jax.jit(lambda *a: form(
+          *a, initial_state=initial, output_final_state=True,
+          segment_ids=ids, chunk_size=CHUNK, impl=impl, **kw))(q, k, v,
+                                                               *extra)
+    expected = run("xla")
+    with jax.set_mesh(mesh(2)):
+      actual = run("pallas")
+    for got, want in zip(actual, expected):
+      assert rel_rms(got, want) <= TOL, name
