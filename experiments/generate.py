@@ -8,10 +8,17 @@ model the flags describe (it must have been saved from the same config).
   python experiments/generate.py --mixer=gla --max_new_tokens=64
   python experiments/generate.py --mixer=gla,gla,gla,softmax_attn \
       --n_layers=8 --temperature=0.8 --top_p=0.9 --checkpoint=/path/ckpt
+  python experiments/generate.py --workdir=WORKDIR   # from convert.py
+
+With --workdir the model is the one of ``WORKDIR/config.json`` (the
+architecture flags are not used) and its parameters ``WORKDIR/params``; the
+prompt's bytes are its token ids (taken modulo the vocabulary) and the
+continuation prints as token ids unless the vocabulary is bytes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -35,6 +42,8 @@ flags.DEFINE_integer("n_layers", 4, "Blocks.")
 flags.DEFINE_integer("n_heads", 4, "Heads per mixer.")
 flags.DEFINE_string("checkpoint", None, "Directory written by "
                     "lin_attn_jax.models.checkpoints.save_params.")
+flags.DEFINE_string("workdir", None, "Workdir of experiments/convert.py "
+                    "(config.json and params/); replaces the model flags.")
 flags.DEFINE_string("prompt", "The state of a linear recurrence ",
                     "Prompt text (UTF-8 bytes are the tokens).")
 flags.DEFINE_integer("batch_size", 1, "Rows decoded together (the prompt "
@@ -52,16 +61,33 @@ def _timed(fn):
   return out, time.perf_counter() - start
 
 
+def load_workdir(workdir: str) -> LM:
+  """The LM of a workdir: ``config.json`` (``LMConfig.to_dict``) and the
+  parameters in ``params/``."""
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = LMConfig.from_dict(json.load(f))
+  lm = nnx.eval_shape(lambda: LM(config, rngs=nnx.Rngs(0)))
+  graphdef, state = nnx.split(lm)
+  lm = nnx.merge(graphdef, jax.tree.map(
+      lambda x: jnp.zeros(x.shape, x.dtype), state))
+  return restore_params(os.path.join(workdir, "params"), lm)
+
+
 def main(argv):
   del argv
-  mixer = FLAGS.mixer[0] if len(FLAGS.mixer) == 1 else tuple(FLAGS.mixer)
-  config = LMConfig(vocab_size=256, d_model=FLAGS.d_model,
-                    n_layers=FLAGS.n_layers, n_heads=FLAGS.n_heads,
-                    mixer=mixer)
-  lm = LM(config, rngs=nnx.Rngs(FLAGS.seed))
-  if FLAGS.checkpoint:
-    restore_params(FLAGS.checkpoint, lm)
-  prompt = np.frombuffer(FLAGS.prompt.encode("utf-8"), np.uint8)
+  if FLAGS.workdir:
+    lm = load_workdir(FLAGS.workdir)
+    config = lm.config
+  else:
+    mixer = FLAGS.mixer[0] if len(FLAGS.mixer) == 1 else tuple(FLAGS.mixer)
+    config = LMConfig(vocab_size=256, d_model=FLAGS.d_model,
+                      n_layers=FLAGS.n_layers, n_heads=FLAGS.n_heads,
+                      mixer=mixer)
+    lm = LM(config, rngs=nnx.Rngs(FLAGS.seed))
+    if FLAGS.checkpoint:
+      restore_params(FLAGS.checkpoint, lm)
+  prompt = np.frombuffer(FLAGS.prompt.encode("utf-8"),
+                         np.uint8).astype(np.int64) % config.vocab_size
   prompt = jnp.asarray(np.tile(prompt, (FLAGS.batch_size, 1)), jnp.int32)
   kw = dict(temperature=FLAGS.temperature, top_k=FLAGS.top_k,
             top_p=FLAGS.top_p, rng=jax.random.key(FLAGS.seed))
@@ -76,11 +102,14 @@ def main(argv):
   out, time_n = _timed(lambda: run(FLAGS.max_new_tokens))
   _, time_1 = _timed(lambda: run(1))
   decoded = FLAGS.batch_size * (FLAGS.max_new_tokens - 1)
-  text = bytes(np.asarray(out[0], np.uint8).tolist()).decode("utf-8",
-                                                             "replace")
+  if config.vocab_size == 256:
+    text = repr(bytes(np.asarray(out[0], np.uint8).tolist()).decode(
+        "utf-8", "replace"))
+  else:
+    text = str(np.asarray(out[0]).tolist())
   print(f"mixers: {', '.join(config.layer_mixers)}; "
-        f"weights: {FLAGS.checkpoint or 'random'}")
-  print(f"text: {text!r}")
+        f"weights: {FLAGS.workdir or FLAGS.checkpoint or 'random'}")
+  print(f"text: {text}")
   print(f"compile + first run: {compile_n:.1f} s; prefill of "
         f"{prompt.shape[1]} tokens + 1 token: {time_1 * 1e3:.1f} ms")
   if FLAGS.max_new_tokens > 1:

@@ -49,12 +49,29 @@ class Context:
     cache: the mixer's part of the cache, or None when there is no cache.
     restart: ``[B]`` bool or None, True where the first token starts a new
       document, so that the cached state must not carry into it.
+    carry: a dict passed from layer to layer by the LM (``Mixer.run``), or
+      None; RWKV-7's first layer writes its values there and later layers
+      read them (value residual).
   """
   mode: str
   segment_ids: Any
   positions: Any
   cache: Any = None
   restart: Any = None
+  carry: Any = None
+
+  def starts(self):
+    """``[B, T]`` bool: True at the first token of every document (absolute
+    position 0, a change of segment id, or a restarted cached call)."""
+    b, t = self.positions.shape
+    first = self.positions == 0
+    if self.segment_ids is not None:
+      first = first | jnp.concatenate(
+          [jnp.zeros((b, 1), bool),
+           self.segment_ids[:, 1:] != self.segment_ids[:, :-1]], axis=1)
+    if self.restart is not None:
+      first = first.at[:, 0].set(first[:, 0] | self.restart)
+    return first
 
   @property
   def decoding(self) -> bool:
@@ -92,12 +109,17 @@ class Mixer(nnx.Module):
   """Base class of the token mixers in ``lin_attn_jax.layers``."""
 
   causal: bool = True
+  # Parameters (attribute names, dotted for submodules) that are decays,
+  # gates or SSM dynamics rather than weights: the optimizer's weight decay
+  # leaves them alone (``train.optim.weight_decay_mask``).
+  no_weight_decay: tuple[str, ...] = ()
 
   def init_mixer_cache(self, batch_size: int, max_len: int, dtype):
     raise NotImplementedError
 
   def mix(self, x, ctx: Context):
-    """Returns ``(y [B, T, D], new mixer cache or None)``."""
+    """Returns ``(y [B, T, D], new mixer cache or None)``, or ``(y, cache,
+    carry)`` for a mixer that passes something on to later layers."""
     raise NotImplementedError
 
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32):
@@ -128,6 +150,14 @@ class Mixer(nnx.Module):
       cache: from ``init_cache`` or a previous call; then the result is
         ``(y, new cache)``.
     """
+    y, new_cache, _ = self.run(x, segment_ids=segment_ids, mode=mode,
+                               cache=cache)
+    return y if cache is None else (y, new_cache)
+
+  def run(self, x, *, segment_ids=None, mode: str = "chunk", cache=None,
+          carry=None):
+    """``__call__`` with a ``carry`` dict passed between layers: returns
+    ``(y, new cache or None, carry)`` (see ``Context.carry``)."""
     check_mode(mode)
     checks.check_rank("x", x, 3, "[B, T, D]")
     checks.check_float("x", x)
@@ -141,8 +171,10 @@ class Mixer(nnx.Module):
           "sequence): it has no cache and no recurrent mode")
     steps = jnp.arange(t, dtype=jnp.int32)[None]
     if cache is None:
-      ctx = Context(mode, segment_ids, jnp.broadcast_to(steps, (b, t)))
-      return self.mix(x, ctx)[0]
+      ctx = Context(mode, segment_ids, jnp.broadcast_to(steps, (b, t)),
+                    carry=carry)
+      out = self.mix(x, ctx)
+      return out[0], None, out[2] if len(out) == 3 else carry
     if not isinstance(cache, dict) or set(cache) != {"position", "segment_id",
                                                      "mixer"}:
       raise ValueError("cache must come from init_cache (a dict with "
@@ -151,15 +183,16 @@ class Mixer(nnx.Module):
     restart = (None if segment_ids is None
                else segment_ids[:, 0] != cache["segment_id"])
     ctx = Context(mode, segment_ids, cache["position"][:, None] + steps,
-                  cache["mixer"], restart)
-    y, mixer_cache = self.mix(x, ctx)
+                  cache["mixer"], restart, carry)
+    out = self.mix(x, ctx)
+    y, mixer_cache = out[0], out[1]
     new_cache = {
         "position": cache["position"] + t,
         "segment_id": (cache["segment_id"] if segment_ids is None
                        else segment_ids[:, -1]),
         "mixer": mixer_cache,
     }
-    return y, new_cache
+    return y, new_cache, out[2] if len(out) == 3 else carry
 
 
 class MatrixStateMixer(Mixer):

@@ -128,6 +128,12 @@ class DeltaNet(Mixer):
       transition may have a negative eigenvalue (Grazzi et al.,
       https://arxiv.org/abs/2411.12537); False keeps (0, 1).
     norm_eps: epsilon of the per-head RMSNorm (1e-5).
+    n_v_heads: ``HV``, value heads (and heads of ``beta``, the decay, the
+      norm and the state), a multiple of ``H``; value head ``j`` reads
+      query/key head ``j // (HV / H)`` (Qwen3-Next's grouped heads). None
+      for ``H``.
+    head_k_dim, head_v_dim: explicit key and value widths per head; they
+      replace ``expand_k`` and ``expand_v`` (None: from those).
     chunk_size: chunk length of the chunk form (speed only).
   """
 
@@ -135,13 +141,29 @@ class DeltaNet(Mixer):
                expand_k: float = 1.0, expand_v: float = 1.0,
                conv_size: int = 4, use_output_gate: bool = False,
                allow_neg_eigval: bool = False, norm_eps: float = 1e-5,
-               chunk_size: int = 64, dtype=_F32, param_dtype=_F32):
-    self.head_k, self.head_v = head_dims(d_model, n_heads, expand_k, expand_v)
+               n_v_heads: int | None = None, head_k_dim: int | None = None,
+               head_v_dim: int | None = None, chunk_size: int = 64,
+               dtype=_F32, param_dtype=_F32):
+    for name, value in (("n_v_heads", n_v_heads), ("head_k_dim", head_k_dim),
+                        ("head_v_dim", head_v_dim)):
+      if value is not None and (not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be a positive int or None, got "
+                         f"{value!r}")
+    if head_k_dim is None or head_v_dim is None:
+      self.head_k, self.head_v = head_dims(d_model, n_heads, expand_k,
+                                           expand_v)
+    self.head_k = self.head_k if head_k_dim is None else head_k_dim
+    self.head_v = self.head_v if head_v_dim is None else head_v_dim
+    n_v_heads = n_heads if n_v_heads is None else n_v_heads
+    if n_v_heads % n_heads:
+      raise ValueError(f"n_v_heads = {n_v_heads} must be a multiple of "
+                       f"n_heads = {n_heads}")
     if conv_size < 1:
       raise ValueError(f"conv_size must be >= 1, got {conv_size}")
-    self.n_heads, self.chunk_size = n_heads, chunk_size
+    self.n_heads, self.n_v_heads = n_heads, n_v_heads
+    self.chunk_size = chunk_size
     self.allow_neg_eigval = allow_neg_eigval
-    key_dim, value_dim = n_heads * self.head_k, n_heads * self.head_v
+    key_dim, value_dim = n_heads * self.head_k, n_v_heads * self.head_v
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.q_proj = modules.dense(d_model, key_dim, **kw)
     self.k_proj = modules.dense(d_model, key_dim, **kw)
@@ -150,12 +172,12 @@ class DeltaNet(Mixer):
                              use_bias=False, param_dtype=param_dtype)
     self.q_conv, self.k_conv = conv(key_dim), conv(key_dim)
     self.v_conv = conv(value_dim)
-    self.b_proj = modules.dense(d_model, n_heads, **kw)
+    self.b_proj = modules.dense(d_model, n_v_heads, **kw)
     self.init_decay(d_model, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.init_output_gate(d_model, use_output_gate, rngs=rngs, dtype=dtype,
                           param_dtype=param_dtype)
-    self.norm = modules.HeadNorm(n_heads, self.head_v, rngs=rngs, eps=norm_eps,
-                                 param_dtype=param_dtype)
+    self.norm = modules.HeadNorm(n_v_heads, self.head_v, rngs=rngs,
+                                 eps=norm_eps, param_dtype=param_dtype)
     self.o_proj = modules.dense(value_dim, d_model, ("heads", "embed"), **kw)
 
   def init_decay(self, d_model, *, rngs, dtype, param_dtype):
@@ -165,7 +187,7 @@ class DeltaNet(Mixer):
   def init_output_gate(self, d_model, use_output_gate, *, rngs, dtype,
                        param_dtype):
     """Creates the output gate's projection (``None`` without a gate)."""
-    self.g_proj = (modules.dense(d_model, self.n_heads * self.head_v,
+    self.g_proj = (modules.dense(d_model, self.n_v_heads * self.head_v,
                                  rngs=rngs, dtype=dtype,
                                  param_dtype=param_dtype)
                    if use_output_gate else None)
@@ -179,7 +201,7 @@ class DeltaNet(Mixer):
     return self.norm(o, None if self.g_proj is None else self.g_proj(x))
 
   def beta(self, x):
-    """Writing strength ``[B, T, H]`` float32, in (0, 1) (or (0, 2))."""
+    """Writing strength ``[B, T, HV]`` float32, in (0, 1) (or (0, 2))."""
     beta = jax.nn.sigmoid(self.b_proj(x).astype(_F32))
     return 2.0 * beta if self.allow_neg_eigval else beta
 
@@ -189,7 +211,8 @@ class DeltaNet(Mixer):
         "conv_q": self.q_conv.init_state(batch_size),
         "conv_k": self.k_conv.init_state(batch_size),
         "conv_v": self.v_conv.init_state(batch_size),
-        "state": zero_state(batch_size, self.n_heads, self.head_k, self.head_v),
+        "state": zero_state(batch_size, self.n_v_heads, self.head_k,
+                            self.head_v),
     }
 
   def mix(self, x, ctx: Context):
@@ -201,7 +224,7 @@ class DeltaNet(Mixer):
     v, conv_v = self.v_conv(self.v_proj(x), ctx, cache.get("conv_v"))
     q = q.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
     k = k.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
-    v = v.reshape(b, t, h, self.head_v)                         # [B, T, H, V]
+    v = v.reshape(b, t, self.n_v_heads, self.head_v)            # [B, T, HV, V]
     o, state = run_delta_rule(ctx, q, k, v, self.beta(x), self.log_decay(x),
                               cache.get("state"), self.chunk_size)
     y = self.o_proj(self.gated_norm(o, x))
@@ -226,30 +249,36 @@ class GatedDeltaNet(DeltaNet):
     expand_v: value width per head is ``expand_v * D / H`` (1.5); the
       defaults are the paper's 1.3B shape (6 heads of 256 keys and 512
       values at ``D = 2048``).
-    conv_size, allow_neg_eigval, norm_eps, chunk_size: as in ``DeltaNet``.
+    conv_size, allow_neg_eigval, norm_eps, n_v_heads, head_k_dim,
+      head_v_dim, chunk_size: as in ``DeltaNet``.
     use_output_gate: the gated RMSNorm (True).
   """
+
+  no_weight_decay = ("A_log", "dt_bias")
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 0.75, expand_v: float = 1.5,
                conv_size: int = 4, use_output_gate: bool = True,
                allow_neg_eigval: bool = False, norm_eps: float = 1e-5,
-               chunk_size: int = 64, dtype=_F32, param_dtype=_F32):
+               n_v_heads: int | None = None, head_k_dim: int | None = None,
+               head_v_dim: int | None = None, chunk_size: int = 64,
+               dtype=_F32, param_dtype=_F32):
     super().__init__(d_model, n_heads, rngs=rngs, expand_k=expand_k,
                      expand_v=expand_v, conv_size=conv_size,
                      use_output_gate=use_output_gate,
                      allow_neg_eigval=allow_neg_eigval, norm_eps=norm_eps,
-                     chunk_size=chunk_size, dtype=dtype,
-                     param_dtype=param_dtype)
+                     n_v_heads=n_v_heads, head_k_dim=head_k_dim,
+                     head_v_dim=head_v_dim, chunk_size=chunk_size,
+                     dtype=dtype, param_dtype=param_dtype)
 
   def init_decay(self, d_model, *, rngs, dtype, param_dtype):
-    self.a_proj = modules.dense(d_model, self.n_heads, rngs=rngs, dtype=dtype,
-                                param_dtype=param_dtype)
+    self.a_proj = modules.dense(d_model, self.n_v_heads, rngs=rngs,
+                                dtype=dtype, param_dtype=param_dtype)
     self.A_log, self.dt_bias = mamba2_decay_params(
-        rngs, (self.n_heads,), param_dtype=param_dtype)
+        rngs, (self.n_v_heads,), param_dtype=param_dtype)
 
   def log_decay(self, x):
-    """``[B, T, H]`` float32, ``<= 0``."""
+    """``[B, T, HV]`` float32, ``<= 0``."""
     dt = jax.nn.softplus(self.a_proj(x).astype(_F32)
                          + self.dt_bias[...].astype(_F32))
     return -jnp.exp(self.A_log[...].astype(_F32)) * dt          # [B, T, H]
@@ -272,6 +301,8 @@ class KDA(DeltaNet):
       (1.0 each).
     conv_size, allow_neg_eigval, norm_eps, chunk_size: as in ``DeltaNet``.
   """
+
+  no_weight_decay = ("A_log", "dt_bias")
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 1.0, expand_v: float = 1.0,

@@ -27,13 +27,14 @@ class GLA(MatrixStateMixer):
     gate_low_rank_dim: rank of the gate projection (16).
     gate_logit_normalizer: divides the log-sigmoid gate (16), so decays start
       close to 1.
+    norm_eps: epsilon of the per-head RMSNorm (1e-5).
     chunk_size: chunk length of the chunk form (speed only).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 0.5, expand_v: float = 1.0,
                gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0,
-               chunk_size: int = 64, dtype=jnp.float32,
+               norm_eps: float = 1e-5, chunk_size: int = 64, dtype=jnp.float32,
                param_dtype=jnp.float32):
     key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
     if key_dim % n_heads or value_dim % n_heads:
@@ -53,7 +54,7 @@ class GLA(MatrixStateMixer):
                                  use_bias=True, **kw)
     self.out_gate = modules.dense(d_model, value_dim, **kw)
     self.norm = modules.HeadNorm(n_heads, self.head_v, rngs=rngs,
-                                 param_dtype=param_dtype)
+                                 eps=norm_eps, param_dtype=param_dtype)
     self.o_proj = modules.dense(value_dim, d_model, ("heads", "embed"), **kw)
 
   def mix(self, x, ctx: Context):

@@ -62,6 +62,9 @@ class H3(Mixer):
   real and imaginary parts).
   """
 
+  no_weight_decay = ("shift_C", "shift_D", "log_dt", "log_A_real", "A_imag",
+                     "B", "C", "D")
+
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                d_state: int = 64, shift_size: int = 64, dt_min: float = 1e-3,
                dt_max: float = 1e-1, bias: bool = True, chunk_size: int = 64,

@@ -83,6 +83,8 @@ class Mamba(Mixer):
   Cache: ``{"conv": [B, d_conv - 1, E], "ssm": [B, E, N]}``, float32.
   """
 
+  no_weight_decay = ("A_log", "dt_bias", "D")
+
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                d_state: int = 16, d_conv: int = 4, expand: float = 2,
                dt_rank: int | str = "auto", dt_min: float = 1e-3,

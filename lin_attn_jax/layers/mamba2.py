@@ -10,6 +10,7 @@ silu(z))`` and the output projection.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -45,7 +46,8 @@ class Mamba2(Mixer):
   convolution as in ``modules.ShortConv``.
 
   Args:
-    d_model: ``D``. n_heads: ``H``; the head dimension is ``P = E / H``.
+    d_model: ``D``. n_heads: ``H``; the head dimension is ``P = E / H``
+      unless ``head_dim`` is given.
     d_state: ``N``, the state size per head (64).
     d_conv: taps of the short convolution (4).
     expand: inner width ``E = expand * D`` (2).
@@ -56,11 +58,18 @@ class Mamba2(Mixer):
     conv_bias: the convolution has a bias (True).
     bias: the input and output projections have biases (False).
     norm_eps: epsilon of the gated RMSNorm (1e-5).
+    head_dim: ``P``; given, the inner width is ``E = H * P`` and ``expand``
+      is not used (None: ``P = expand * D / H``).
+    time_step_limit: ``(low, high)``: the time step ``softplus(dt +
+      dt_bias)`` is clamped to it, in every form (the reference's
+      ``time_step_limit``; ``(0, inf)`` is no clamp).
     chunk_size: chunk length of the chunk form (speed only).
 
   Cache: ``{"conv": [B, d_conv - 1, E + 2 G N], "ssm": [B, H, N, P]}``,
   float32.
   """
+
+  no_weight_decay = ("A_log", "dt_bias", "D")
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                d_state: int = 64, d_conv: int = 4, expand: float = 2,
@@ -68,9 +77,23 @@ class Mamba2(Mixer):
                dt_min: float = 1e-3, dt_max: float = 1e-1,
                dt_init_floor: float = 1e-4, conv_bias: bool = True,
                bias: bool = False, norm_eps: float = 1e-5,
+               head_dim: int | None = None,
+               time_step_limit: tuple[float, float] = (0.0, float("inf")),
                chunk_size: int = 64, dtype=jnp.float32,
                param_dtype=jnp.float32):
-    width = inner_width(d_model, expand)
+    if head_dim is None:
+      width = inner_width(d_model, expand)
+    elif isinstance(head_dim, int) and head_dim >= 1 and n_heads >= 1:
+      width = n_heads * head_dim
+    else:
+      raise ValueError(f"head_dim must be a positive int or None, got "
+                       f"{head_dim!r} (n_heads = {n_heads})")
+    low, high = (float(v) for v in time_step_limit)
+    if not 0 <= low < high:
+      raise ValueError(f"time_step_limit must be (low, high) with 0 <= low < "
+                       f"high, got {time_step_limit}")
+    self.time_step_limit = None if (low, high) == (0.0, float("inf")) else (
+        low, high)
     if n_heads < 1 or width % n_heads:
       raise ValueError(f"the inner width expand * d_model = {width} must "
                        f"divide into n_heads = {n_heads}")
@@ -127,6 +150,11 @@ class Mamba2(Mixer):
     C = C.reshape(b, t, g, n)                                   # [B, T, G, N]
     A = -jnp.exp(self.A_log[...].astype(jnp.float32))           # [H]
     params = dict(D=self.D[...], dt_bias=self.dt_bias[...], dt_softplus=True)
+    if self.time_step_limit is not None:
+      dt = jnp.clip(jax.nn.softplus(dt.astype(jnp.float32)
+                                    + self.dt_bias[...].astype(jnp.float32)),
+                    *self.time_step_limit)                      # [B, T, H]
+      params = dict(D=self.D[...])
     if ctx.decoding:
       y, ssm_state = ssd_step(xs[:, 0], dt[:, 0], A, B[:, 0], C[:, 0],
                               cache["ssm"], reset=ctx.restart, **params)

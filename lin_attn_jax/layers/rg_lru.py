@@ -87,16 +87,26 @@ class RGLRU(Mixer):
     conv_width: taps of the short convolution (4).
     c: the constant of the recurrence gate's exponent (8).
     a_min, a_max: range of ``a^c`` at initialisation (0.9, 0.999).
+    use_bias: the two input projections and the output projection have
+      biases (False; RecurrentGemma's have them).
+    scale_first_token: scale the input by ``sqrt(1 - a_t^2)`` at every token,
+      as the paper's equation (4) states (True); False leaves it out at the
+      first token of every document (absolute position 0, a change of
+      segment id), as the reference implementations do (``recurrentgemma``,
+      HuggingFace's RecurrentGemma; used when loading their checkpoints).
     chunk_size: chunk length of the chunk form (speed only).
 
   Cache: ``{"conv": [B, conv_width - 1, W], "lru": [B, W]}``, float32.
   """
 
+  no_weight_decay = ("a_param",)
+
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                lru_width: int | None = None, expand: float = 4 / 3,
                conv_width: int = 4, c: float = 8.0, a_min: float = 0.9,
-               a_max: float = 0.999, chunk_size: int = 64, dtype=jnp.float32,
-               param_dtype=jnp.float32):
+               a_max: float = 0.999, use_bias: bool = False,
+               scale_first_token: bool = True, chunk_size: int = 64,
+               dtype=jnp.float32, param_dtype=jnp.float32):
     if n_heads < 1:
       raise ValueError(f"n_heads must be >= 1, got {n_heads}")
     if lru_width is None:
@@ -111,16 +121,18 @@ class RGLRU(Mixer):
       raise ValueError(f"c must be > 0 and conv_width >= 1, got c = {c}, "
                        f"conv_width = {conv_width}")
     self.width, self.c, self.chunk_size = lru_width, c, chunk_size
+    self.scale_first_token = scale_first_token
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.gate_proj = modules.dense(d_model, lru_width, **kw)
-    self.in_proj = modules.dense(d_model, lru_width, **kw)
+    self.gate_proj = modules.dense(d_model, lru_width, use_bias=use_bias, **kw)
+    self.in_proj = modules.dense(d_model, lru_width, use_bias=use_bias, **kw)
     self.conv = modules.ShortConv(lru_width, conv_width, rngs=rngs,
                                   activation=None, param_dtype=param_dtype)
     self.a_gate = BlockDiagonalDense(lru_width, n_heads, **kw)
     self.x_gate = BlockDiagonalDense(lru_width, n_heads, **kw)
     self.a_param = modules.param(rngs, a_param_init(a_min, a_max, c),
                                  (lru_width,), ("heads",), param_dtype)
-    self.out_proj = modules.dense(lru_width, d_model, ("heads", "embed"), **kw)
+    self.out_proj = modules.dense(lru_width, d_model, ("heads", "embed"),
+                                  use_bias=use_bias, **kw)
 
   def init_mixer_cache(self, batch_size, max_len, dtype):
     del max_len, dtype
@@ -134,9 +146,12 @@ class RGLRU(Mixer):
                               None if cache is None else cache["conv"])
     a_gate, x_gate = self.a_gate(u), self.x_gate(u)             # [B, T, W]
     a_param = self.a_param[...]
+    unscaled = None if self.scale_first_token else ctx.starts()  # [B, T]
     if ctx.decoding:
-      h, lru_state = rg_lru_step(u[:, 0], a_gate[:, 0], x_gate[:, 0], a_param,
-                                 cache["lru"], c=self.c, reset=ctx.restart)
+      h, lru_state = rg_lru_step(
+          u[:, 0], a_gate[:, 0], x_gate[:, 0], a_param, cache["lru"],
+          c=self.c, reset=ctx.restart,
+          unscaled=None if unscaled is None else unscaled[:, 0])
       h = h[:, None]
     else:
       form = ctx.pick(chunk=lambda *a, **kw: chunk_rg_lru(
@@ -145,7 +160,8 @@ class RGLRU(Mixer):
       h, lru_state = form(
           u, a_gate, x_gate, a_param, c=self.c,
           initial_state=None if cache is None else ctx.carried(cache["lru"]),
-          output_final_state=cache is not None, segment_ids=ctx.segment_ids)
+          output_final_state=cache is not None, segment_ids=ctx.segment_ids,
+          unscaled=unscaled)
     y = self.out_proj(h * gate)
     if cache is None:
       return y, None

@@ -108,8 +108,10 @@ class RWKV6(Mixer):
   the first step).
 
   Args:
-    d_model: ``D``. n_heads: ``H`` (head width ``D / H`` for keys and
-      values).
+    d_model: ``D``. n_heads: ``H``.
+    expand_k, expand_v: the receptance/key/decay width is ``expand_k * D``
+      and the value/gate width ``expand_v * D``, split over the heads (1.0
+      each; flash-linear-attention's RWKV-6 uses ``expand_k = 0.5``).
     mix_low_rank_dim: rank of the ddlerp LoRAs (32).
     decay_low_rank_dim: rank of the decay LoRA (64).
     layer_index, n_layers: depth of this layer, for the inits.
@@ -118,19 +120,27 @@ class RWKV6(Mixer):
     chunk_size: chunk length of the chunk form (speed only).
   """
 
+  no_weight_decay = ("lerp_base", "lerp_weights", "decay_base", "bonus")
+
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               expand_k: float = 1.0, expand_v: float = 1.0,
                mix_low_rank_dim: int = 32, decay_low_rank_dim: int = 64,
                layer_index: int = 0, n_layers: int = 1,
                norm_eps: float = 64e-5, chunk_size: int = 64, dtype=_F32,
                param_dtype=_F32):
-    self.head_dim = check_heads(d_model, n_heads)
+    key_dim, value_dim = d_model * expand_k, d_model * expand_v
+    if key_dim != int(key_dim) or value_dim != int(value_dim):
+      raise ValueError(f"expand_k * d_model = {key_dim} and expand_v * "
+                       f"d_model = {value_dim} must be integers")
+    key_dim, value_dim = int(key_dim), int(value_dim)
+    self.head_k = check_heads(key_dim, n_heads)
+    self.head_v = check_heads(value_dim, n_heads)
     check_positive("mix_low_rank_dim", mix_low_rank_dim)
     check_positive("decay_low_rank_dim", decay_low_rank_dim)
     rising, falling = depth_ratios(layer_index, n_layers)
     self.n_heads, self.chunk_size = n_heads, chunk_size
     d = d_model
     fraction = np.arange(d) / d
-    channel = np.arange(d) / max(d - 1, 1)
 
     def p(init, shape, axes):
       return modules.param(rngs, init, shape, axes, param_dtype)
@@ -147,34 +157,38 @@ class RWKV6(Mixer):
                           (None, "embed"))
     self.lerp_down = p(tiny, (d, 5 * mix_low_rank_dim), ("embed", "rank"))
     self.lerp_up = p(tiny, (5, mix_low_rank_dim, d), (None, "rank", "embed"))
+    key_channel = np.arange(key_dim) / max(key_dim - 1, 1)
     self.decay_base = p(modules.constant_init(
-        -6 + 5 * channel ** (0.7 + 1.3 * rising)), (d,), ("heads",))
+        -6 + 5 * key_channel ** (0.7 + 1.3 * rising)), (key_dim,),
+                        ("heads",))
     self.decay_down = p(tiny, (d, decay_low_rank_dim), ("embed", "rank"))
-    self.decay_up = p(tiny, (decay_low_rank_dim, d), ("rank", "heads"))
-    zigzag = ((np.arange(d) + 1) % 3 - 1) * 0.1
-    bonus = (rising * (1 - channel) + zigzag).reshape(n_heads, self.head_dim)
-    self.bonus = p(modules.constant_init(bonus), (n_heads, self.head_dim),
+    self.decay_up = p(tiny, (decay_low_rank_dim, key_dim), ("rank", "heads"))
+    zigzag = ((np.arange(key_dim) + 1) % 3 - 1) * 0.1
+    bonus = (rising * (1 - key_channel) + zigzag).reshape(n_heads,
+                                                          self.head_k)
+    self.bonus = p(modules.constant_init(bonus), (n_heads, self.head_k),
                    ("heads", None))
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.r_proj = modules.dense(d, d, **kw)
-    self.k_proj = modules.dense(d, d, **kw)
-    self.v_proj = modules.dense(d, d, **kw)
-    self.g_proj = modules.dense(d, d, **kw)
-    self.norm = modules.HeadNorm(n_heads, self.head_dim, rngs=rngs,
+    self.r_proj = modules.dense(d, key_dim, **kw)
+    self.k_proj = modules.dense(d, key_dim, **kw)
+    self.v_proj = modules.dense(d, value_dim, **kw)
+    self.g_proj = modules.dense(d, value_dim, **kw)
+    self.norm = modules.HeadNorm(n_heads, self.head_v, rngs=rngs,
                                  kind="layer", eps=norm_eps,
                                  param_dtype=param_dtype)
-    self.norm_bias = p(nnx.initializers.zeros_init(), (d,), ("heads",))
-    self.o_proj = modules.dense(d, d, ("heads", "embed"), **kw)
+    self.norm_bias = p(nnx.initializers.zeros_init(), (value_dim,),
+                       ("heads",))
+    self.o_proj = modules.dense(value_dim, d, ("heads", "embed"), **kw)
+    self.d_model = d
 
   def init_mixer_cache(self, batch_size, max_len, dtype):
     del max_len, dtype
-    d = self.n_heads * self.head_dim
-    return {"shift": jnp.zeros((batch_size, d), _F32),
-            "state": zero_state(batch_size, self.n_heads, self.head_dim,
-                                self.head_dim)}
+    return {"shift": jnp.zeros((batch_size, self.d_model), _F32),
+            "state": zero_state(batch_size, self.n_heads, self.head_k,
+                                self.head_v)}
 
   def log_decay(self, xw):
-    """``-exp(w_0 + tanh(x_w A_w) B_w)``: ``[B, T, D]`` float32, < 0."""
+    """``-exp(w_0 + tanh(x_w A_w) B_w)``: ``[B, T, H * K]`` float32, < 0."""
     xw = xw.astype(_F32)
     w = self.decay_base[...].astype(_F32) + jnp.tanh(
         xw @ self.decay_down[...].astype(_F32)) @ self.decay_up[...].astype(
@@ -183,7 +197,7 @@ class RWKV6(Mixer):
 
   def mix(self, x, ctx: Context):
     b, t, d = x.shape
-    h, n = self.n_heads, self.head_dim
+    h, n, nv = self.n_heads, self.head_k, self.head_v
     cache = {} if ctx.cache is None else ctx.cache
     shifted, last = modules.token_shift(x, ctx, cache.get("shift"))
     delta = shifted - x                                         # [B, T, D]
@@ -198,7 +212,7 @@ class RWKV6(Mixer):
     w = self.log_decay(xw).reshape(b, t, h, n)                  # [B, T, H, K]
     r = self.r_proj(xr).reshape(b, t, h, n)                     # [B, T, H, K]
     k = self.k_proj(xk).reshape(b, t, h, n)                     # [B, T, H, K]
-    v = self.v_proj(xv).reshape(b, t, h, n)                     # [B, T, H, V]
+    v = self.v_proj(xv).reshape(b, t, h, nv)                    # [B, T, H, V]
     o, state = run_form(
         ctx, (chunk_rwkv6, parallel_rwkv6, recurrent_rwkv6), rwkv6_step,
         [(r, True), (k, True), (v, True), (w, True),
@@ -253,9 +267,11 @@ class RWKV7(Mixer):
   gate_up``; ``k_k, k_a, r_k`` are ``key_norm_scale, key_iclr_mix,
   bonus``.
 
-  The value residual (mixing in the first layer's values in later layers)
-  needs the first layer's values, which a mixer does not see; it is left
-  out, every other part is as in the paper.
+  The value residual (``value_residual=True``): a layer after the first
+  mixes in the first layer's values, ``v + (v_1 - v) * sigmoid(v_0 + x_v A_v
+  B_v)`` (``value_base, value_down, value_up``); the LM passes ``v_1`` from
+  the first layer (``Context.carry["v_first"]``, written by every layer
+  whose ``layer_index`` is 0).
 
   Inits (reference implementation, ``RWKV-v7/train_temp``): ``mu`` from the
   channel index and depth; ``w_0`` from -6 to 0 over the channels plus 0.5
@@ -277,18 +293,29 @@ class RWKV7(Mixer):
     layer_index, n_layers: depth of this layer, for the inits.
     zero_init_output: start ``W_o`` at zero as the reference (True); False
       draws it like ``W_r``.
+    value_residual: layers with ``layer_index > 0`` mix in the first
+      layer's values (False; the paper's models have it).
+    value_low_rank_dim: rank of the value-residual LoRA; None for the
+      reference's ``1.7 sqrt(D)`` rounded to a multiple of 32 (at least 32).
     norm_eps: epsilon of the GroupNorm (64e-5).
     chunk_size: chunk length of the chunk form (speed only).
   """
+
+  no_weight_decay = ("lerp_weights", "decay_base", "iclr_base",
+                     "key_norm_scale", "key_iclr_mix", "bonus")
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                decay_low_rank_dim: int | None = None,
                iclr_low_rank_dim: int | None = None,
                gate_low_rank_dim: int | None = None, layer_index: int = 0,
                n_layers: int = 1, zero_init_output: bool = True,
+               value_residual: bool = False,
+               value_low_rank_dim: int | None = None,
                norm_eps: float = 64e-5, chunk_size: int = 64, dtype=_F32,
                param_dtype=_F32):
     self.head_dim = n = check_heads(d_model, n_heads)
+    self.first_layer = layer_index == 0
+    self.value_residual = value_residual and not self.first_layer
     ranks = []
     for name, value, factor in (("decay_low_rank_dim", decay_low_rank_dim, 2.5),
                                 ("iclr_low_rank_dim", iclr_low_rank_dim, 2.5),
@@ -325,6 +352,14 @@ class RWKV7(Mixer):
     self.iclr_up = p(lora_up, (iclr_rank, d), ("rank", "heads"))
     self.gate_down = p(zeros, (d, gate_rank), ("embed", "rank"))
     self.gate_up = p(lora_up, (gate_rank, d), ("rank", "heads"))
+    if self.value_residual:
+      value_rank = (lora_rank(d_model, 1.7) if value_low_rank_dim is None
+                    else check_positive("value_low_rank_dim",
+                                        value_low_rank_dim))
+      self.value_base = p(modules.constant_init(0.73 - 0.4 * ramp), (d,),
+                          ("heads",))
+      self.value_down = p(zeros, (d, value_rank), ("embed", "rank"))
+      self.value_up = p(lora_up, (value_rank, d), ("rank", "heads"))
     self.key_norm_scale = p(modules.constant_init(0.71 - 0.1 * ramp), (d,),
                             ("heads",))
     self.key_iclr_mix = p(modules.constant_init(1.02), (d,), ("heads",))
@@ -381,7 +416,22 @@ class RWKV7(Mixer):
     r = self.r_proj(xr).reshape(b, t, h, n)                     # [B, T, H, K]
     w = self.log_decay(xw).reshape(b, t, h, n)                  # [B, T, H, K]
     k = self.k_proj(xk)                                         # [B, T, D]
-    v = self.v_proj(xv).reshape(b, t, h, n)                     # [B, T, H, V]
+    v = self.v_proj(xv)                                         # [B, T, D]
+    carry = ctx.carry
+    if self.first_layer and carry is not None:
+      carry = dict(carry, v_first=v)
+    elif self.value_residual:
+      if carry is None or "v_first" not in carry:
+        raise ValueError("an RWKV-7 layer with value_residual needs the first "
+                         "layer's values: run it inside an LM (Mixer.run "
+                         "with the carry of layer 0)")
+      xvf = xv.astype(_F32)
+      mix = jax.nn.sigmoid(self.value_base[...].astype(_F32)
+                           + (xvf @ self.value_down[...].astype(_F32))
+                           @ self.value_up[...].astype(_F32))   # [B, T, D]
+      vf = v.astype(_F32)
+      v = (vf + (carry["v_first"].astype(_F32) - vf) * mix).astype(v.dtype)
+    v = v.reshape(b, t, h, n)                                   # [B, T, H, V]
     a = self.iclr(xa)                                           # [B, T, D]
     gate = (jax.nn.sigmoid(xg @ self.gate_down[...].astype(x.dtype))
             @ self.gate_up[...].astype(x.dtype))                # [B, T, D]
@@ -401,6 +451,5 @@ class RWKV7(Mixer):
     o = (self.norm(o).astype(_F32) + self.norm_bias[...].astype(_F32)
          + bonus.reshape(b, t, d))                              # [B, T, D]
     y = self.o_proj((o * gate.astype(_F32)).astype(x.dtype))
-    if ctx.cache is None:
-      return y, None
-    return y, {"shift": last, "state": state}
+    new_cache = None if ctx.cache is None else {"shift": last, "state": state}
+    return y, new_cache, carry

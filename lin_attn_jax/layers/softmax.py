@@ -72,6 +72,10 @@ class CausalAttention(Mixer):
     n_kv_heads: ``Hkv``, key/value heads, a divisor of ``H``; None for
       ``H``.
     rope_base: base of the RoPE frequencies (10000).
+    rope_fraction: RoPE rotates the first ``rope_fraction * D / H``
+      channels of every head and leaves the rest (1.0; RecurrentGemma 0.5).
+    out_bias: the output projection has a bias (False; RecurrentGemma's
+      has one).
   """
 
   # w of a sliding window (the cache is then a ring buffer), None for none.
@@ -79,18 +83,30 @@ class CausalAttention(Mixer):
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                n_kv_heads: int | None = None, rope_base: float = 10000.0,
+               rope_fraction: float = 1.0, out_bias: bool = False,
                dtype=jnp.float32, param_dtype=jnp.float32):
     self.n_kv_heads, self.head_dim = head_layout(d_model, n_heads, n_kv_heads)
-    if self.head_dim % 2:
-      raise ValueError(f"RoPE needs an even head width, got d_model / n_heads "
-                       f"= {d_model} / {n_heads} = {self.head_dim}")
+    self.rope_dim = int(rope_fraction * self.head_dim)
+    if (self.rope_dim % 2 or not 0 < rope_fraction <= 1
+        or self.rope_dim != rope_fraction * self.head_dim):
+      raise ValueError(f"RoPE needs an even number of rotated channels, got "
+                       f"rope_fraction * d_model / n_heads = {rope_fraction} "
+                       f"* {d_model} / {n_heads}")
     self.n_heads, self.rope_base = n_heads, rope_base
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     q_dim, kv_dim = n_heads * self.head_dim, self.n_kv_heads * self.head_dim
     self.q_proj = modules.dense(d_model, q_dim, **kw)
     self.k_proj = modules.dense(d_model, kv_dim, **kw)
     self.v_proj = modules.dense(d_model, kv_dim, **kw)
-    self.o_proj = modules.dense(q_dim, d_model, ("heads", "embed"), **kw)
+    self.o_proj = modules.dense(q_dim, d_model, ("heads", "embed"),
+                                use_bias=out_bias, **kw)
+
+  def rotate(self, x, positions):
+    """RoPE on the first ``rope_dim`` channels of ``x: [B, T, H, K]``."""
+    if self.rope_dim == self.head_dim:
+      return modules.rotary(x, positions, self.rope_base)
+    rotated = modules.rotary(x[..., :self.rope_dim], positions, self.rope_base)
+    return jnp.concatenate([rotated, x[..., self.rope_dim:]], axis=-1)
 
   @property
   def mask_fn(self):
@@ -139,8 +155,8 @@ class CausalAttention(Mixer):
     q = self.q_proj(x).reshape(b, t, self.n_heads, hd)          # [B, T, H, K]
     k = self.k_proj(x).reshape(b, t, self.n_kv_heads, hd)       # [B, T, Hkv, K]
     v = self.v_proj(x).reshape(b, t, self.n_kv_heads, hd)       # [B, T, Hkv, V]
-    q = modules.rotary(q, ctx.positions, self.rope_base)
-    k = modules.rotary(k, ctx.positions, self.rope_base)
+    q = self.rotate(q, ctx.positions)
+    k = self.rotate(k, ctx.positions)
     cache = ctx.cache
     if ctx.decoding:
       o, cache = self.step(q[:, 0], k[:, 0], v[:, 0], cache, ctx.restart)
@@ -166,18 +182,21 @@ class SoftmaxAttention(CausalAttention):
   arXiv:1706.03762) with RoPE and optional grouped key/value heads.
 
   Args:
-    d_model, n_heads, n_kv_heads, rope_base: as in ``CausalAttention``.
+    d_model, n_heads, n_kv_heads, rope_base, rope_fraction, out_bias: as in
+      ``CausalAttention``.
     block_size: query and key positions per block of the chunk form (speed
       only).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                n_kv_heads: int | None = None, rope_base: float = 10000.0,
+               rope_fraction: float = 1.0, out_bias: bool = False,
                block_size: int = 128, dtype=jnp.float32,
                param_dtype=jnp.float32):
     checks.check_chunk_size(block_size, "block_size")
     super().__init__(d_model, n_heads, rngs=rngs, n_kv_heads=n_kv_heads,
-                     rope_base=rope_base, dtype=dtype, param_dtype=param_dtype)
+                     rope_base=rope_base, rope_fraction=rope_fraction,
+                     out_bias=out_bias, dtype=dtype, param_dtype=param_dtype)
     self.block_size = block_size
 
   def attend(self, q, k, v, ctx: Context):
@@ -201,21 +220,23 @@ class SlidingWindowAttention(SoftmaxAttention):
   decoding with them would need a full cache.
 
   Args:
-    d_model, n_heads, n_kv_heads, rope_base, block_size: as in
-      ``SoftmaxAttention``.
+    d_model, n_heads, n_kv_heads, rope_base, rope_fraction, out_bias,
+      block_size: as in ``SoftmaxAttention``.
     window_size: ``w`` (512).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                window_size: int = 512, n_kv_heads: int | None = None,
-               rope_base: float = 10000.0, block_size: int = 128,
+               rope_base: float = 10000.0, rope_fraction: float = 1.0,
+               out_bias: bool = False, block_size: int = 128,
                dtype=jnp.float32, param_dtype=jnp.float32):
     if window_size is None:
       raise ValueError("window_size must be an integer >= 1, got None (use "
                        "softmax_attn for full attention)")
     check_window(window_size)
     super().__init__(d_model, n_heads, rngs=rngs, n_kv_heads=n_kv_heads,
-                     rope_base=rope_base, block_size=block_size, dtype=dtype,
+                     rope_base=rope_base, rope_fraction=rope_fraction,
+                     out_bias=out_bias, block_size=block_size, dtype=dtype,
                      param_dtype=param_dtype)
     self.window_size = int(window_size)
 

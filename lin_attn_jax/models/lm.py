@@ -5,6 +5,16 @@ a final RMSNorm, and tied or untied output embeddings. ``mixer`` names a
 class in ``lin_attn_jax.layers.MIXERS``, one for every layer or one per
 layer (hybrids).
 
+Options for the block structure of published models (``LMConfig``):
+``mlp`` picks the MLP (``"swiglu"``; ``"geglu"``, RecurrentGemma's;
+``"rwkv6"``/``"rwkv7"``, RWKV's channel mixing with its own token shift;
+``"none"``, Mamba's block ``x + mixer(norm(x))`` alone) and ``mlp_bias``
+its biases; ``norm`` the kind of every norm (``"rms"`` or ``"layer"``,
+LayerNorm with a bias, RWKV's); ``embed_norm`` a norm of the embeddings
+before the first block (RWKV's ``ln0``); ``embed_scale`` a factor on the
+embeddings (RecurrentGemma's ``sqrt(D)``); ``logits_soft_cap`` ``c tanh(z /
+c)`` on the logits. ``LMConfig.to_dict`` / ``from_dict`` give its JSON form.
+
 Example:
   >>> config = LMConfig(vocab_size=256, d_model=64, n_layers=4, n_heads=4,
   ...                   mixer=("gla", "gla", "gla", "softmax_attn"))
@@ -25,9 +35,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lin_attn_jax import sharding
 from lin_attn_jax.layers import MIXERS
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import check_mode
+from lin_attn_jax.layers.base import Context, check_mode
 from lin_attn_jax.ops.common import checks
 
 
@@ -37,6 +48,19 @@ def _frozen_options(options) -> tuple:
     return options
   return tuple(sorted((name, tuple(sorted(dict(kw).items())))
                       for name, kw in dict(options).items()))
+
+
+# Rematerialisation settings: None is no remat, otherwise the jax.checkpoint
+# policy (``None`` inside the tuple recomputes everything).
+REMAT_POLICIES = {
+    "none": None,
+    "block": (None,),
+    "block_save_dots": (
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,),
+}
+
+# The logical axes of the residual stream between blocks.
+RESIDUAL_AXES = ("batch", "length", "act_embed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,16 +87,45 @@ class LMConfig:
   mlp_dim: int | None = None
   # Output logits use the transposed input embedding when True.
   tie_embeddings: bool = True
-  # Epsilon of every RMSNorm of the blocks.
+  # Epsilon of every norm of the blocks (and of the final norm).
   norm_eps: float = 1e-6
   # Dtype of the computation (activations); states stay float32.
   dtype: Any = jnp.float32
   # Dtype the parameters are stored in.
   param_dtype: Any = jnp.float32
+  # The MLP of every block: "swiglu", "geglu" (gelu(tanh approx.) gate),
+  # "rwkv6" / "rwkv7" (RWKV channel mixing, squared ReLU, token shift; RWKV-6
+  # adds a sigmoid receptance gate), or "none" (no MLP and no MLP norm).
+  mlp: str = "swiglu"
+  # The MLP's projections have biases.
+  mlp_bias: bool = False
+  # Kind of every norm: "rms" (RMSNorm) or "layer" (LayerNorm with a bias).
+  norm: str = "rms"
+  # A norm of the embeddings before the first block (RWKV's ln0).
+  embed_norm: bool = False
+  # Factor on the embeddings (None: 1).
+  embed_scale: float | None = None
+  # Logits become c * tanh(logits / c) (None: no cap).
+  logits_soft_cap: float | None = None
+  # Rematerialisation of the blocks in training (calls without a cache):
+  # "none" keeps every activation for the backward pass; "block" keeps only
+  # each block's input and recomputes the rest; "block_save_dots" also keeps
+  # the results of matmuls without batch dimensions (less recomputation).
+  remat: str = "none"
 
   def __post_init__(self):
     object.__setattr__(self, "mixer_options",
                        _frozen_options(self.mixer_options))
+    if self.mlp not in MLP_KINDS:
+      raise ValueError(f"mlp must be one of {MLP_KINDS}, got {self.mlp!r}")
+    if self.norm not in NORM_KINDS:
+      raise ValueError(f"norm must be one of {NORM_KINDS}, got {self.norm!r}")
+    for name in ("embed_scale", "logits_soft_cap"):
+      value = getattr(self, name)
+      if value is not None and not (isinstance(value, (int, float))
+                                    and value > 0):
+        raise ValueError(f"{name} must be a positive number or None, got "
+                         f"{value!r}")
     for name in ("vocab_size", "d_model", "n_layers", "n_heads"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
@@ -84,6 +137,9 @@ class LMConfig:
     unknown = sorted(set(dict(self.mixer_options)) - set(MIXERS))
     if unknown:
       raise ValueError(f"mixer_options names unknown mixer(s) {unknown}")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got "
+                       f"{self.remat!r}")
 
   @property
   def layer_mixers(self) -> tuple[str, ...]:
@@ -105,28 +161,139 @@ class LMConfig:
       return self.mlp_dim
     return 8 * math.ceil(8 * self.d_model / 3 / 8)
 
+  def to_dict(self) -> dict:
+    """The config as JSON-ready values (dtypes by name, tuples as lists)."""
+    out = {}
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if field.name in ("dtype", "param_dtype"):
+        value = jnp.dtype(value).name
+      elif field.name == "mixer_options":
+        value = {name: {k: _jsonable(v) for k, v in kw} for name, kw in value}
+      else:
+        value = _jsonable(value)
+      out[field.name] = value
+    return out
+
+  @classmethod
+  def from_dict(cls, data: Mapping) -> "LMConfig":
+    """The inverse of ``to_dict``; unknown keys raise ``ValueError``."""
+    names = {field.name for field in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+      raise ValueError(f"unknown LMConfig field(s) {unknown}")
+    kw = dict(data)
+    for name in ("dtype", "param_dtype"):
+      if name in kw:
+        kw[name] = jnp.dtype(kw[name]).type
+    if isinstance(kw.get("mixer"), list):
+      kw["mixer"] = tuple(kw["mixer"])
+    if "mixer_options" in kw:
+      kw["mixer_options"] = {name: {k: _tuples(v) for k, v in dict(opts).items()}
+                             for name, opts in dict(kw["mixer_options"]).items()}
+    return cls(**kw)
+
+
+MLP_KINDS = ("swiglu", "geglu", "rwkv6", "rwkv7", "none")
+NORM_KINDS = ("rms", "layer")
+
+
+def _jsonable(value):
+  if isinstance(value, tuple):
+    return [_jsonable(v) for v in value]
+  return value
+
+
+def _tuples(value):
+  if isinstance(value, list):
+    return tuple(_tuples(v) for v in value)
+  return value
+
+
+def make_norm(config: LMConfig, *, rngs):
+  """The norm of ``config.norm`` over ``d_model`` (scale, and a bias for
+  LayerNorm)."""
+  kw = dict(dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
+  if config.norm == "rms":
+    return modules.rms_norm(config.d_model, eps=config.norm_eps, **kw)
+  return nnx.LayerNorm(
+      config.d_model, epsilon=config.norm_eps, use_fast_variance=False,
+      scale_init=modules.partitioned(nnx.initializers.ones_init(),
+                                     ("embed",)),
+      bias_init=modules.partitioned(nnx.initializers.zeros_init(),
+                                    ("embed",)), **kw)
+
 
 class SwiGLU(nnx.Module):
-  """``down(silu(gate(x)) * up(x))`` (Shazeer, 2020)."""
+  """``down(silu(gate(x)) * up(x))`` (Shazeer, 2020); ``activation="gelu"``
+  is GeGLU with the tanh approximation (Griffin's gated MLP)."""
 
-  def __init__(self, d_model: int, hidden: int, *, rngs, dtype, param_dtype):
-    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+  def __init__(self, d_model: int, hidden: int, *, rngs, dtype, param_dtype,
+               activation: str = "silu", use_bias: bool = False):
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype,
+              use_bias=use_bias)
+    self.activation = activation
     self.gate = modules.dense(d_model, hidden, ("embed", "mlp"), **kw)
     self.up = modules.dense(d_model, hidden, ("embed", "mlp"), **kw)
     self.down = modules.dense(hidden, d_model, ("mlp", "embed"), **kw)
 
   def __call__(self, x):
-    return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+    gate = self.gate(x)
+    gate = (jax.nn.silu(gate) if self.activation == "silu"
+            else jax.nn.gelu(gate, approximate=True))
+    return self.down(gate * self.up(x))
+
+
+class RWKVChannelMix(nnx.Module):
+  """RWKV's channel mixing (Peng et al. 2024, 2025): with ``d = x' - x``
+  (``x'`` the previous token), ``value(relu(key(x + d mu_k))^2)``, times
+  ``sigmoid(receptance(x + d mu_r))`` when ``receptance`` (RWKV-6).
+
+  ``mu`` start at 0.5, the projections LeCun normal. Its cache is the last
+  token, ``[B, D]`` float32.
+  """
+
+  def __init__(self, d_model: int, hidden: int, *, receptance: bool, rngs,
+               dtype, param_dtype, use_bias: bool = False):
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype,
+              use_bias=use_bias)
+    half = modules.constant_init(0.5)
+    self.key_mix = modules.param(rngs, half, (d_model,), ("embed",),
+                                 param_dtype)
+    self.key = modules.dense(d_model, hidden, ("embed", "mlp"), **kw)
+    self.value = modules.dense(hidden, d_model, ("mlp", "embed"), **kw)
+    if receptance:
+      self.receptance_mix = modules.param(rngs, half, (d_model,), ("embed",),
+                                          param_dtype)
+      self.receptance = modules.dense(d_model, d_model, ("embed", "embed"),
+                                      **kw)
+    else:
+      self.receptance = None
+
+  def __call__(self, x, ctx: Context, last=None):
+    """``x: [B, T, D]`` -> ``(y [B, T, D], x[:, -1] float32)``."""
+    shifted, last = modules.token_shift(x, ctx, last)
+    delta = shifted - x                                         # [B, T, D]
+    key = self.key(x + delta * self.key_mix[...].astype(x.dtype))
+    y = self.value(jnp.square(jax.nn.relu(key)))
+    if self.receptance is not None:
+      r = self.receptance(x + delta * self.receptance_mix[...].astype(x.dtype))
+      y = jax.nn.sigmoid(r) * y
+    return y, last
 
 
 class Block(nnx.Module):
-  """``x + mixer(norm(x))``, then ``x + mlp(norm(x))``."""
+  """``x + mixer(norm(x))``, then ``x + mlp(norm(x))`` (no second half with
+  ``mlp="none"``).
+
+  Its cache is the mixer's, or ``{"mixer_cache": ..., "mlp_shift": [B, D]}``
+  with RWKV channel mixing.
+  """
 
   def __init__(self, config: LMConfig, mixer: str, *, rngs: nnx.Rngs,
                layer_index: int = 0):
     kw = dict(dtype=config.dtype, param_dtype=config.param_dtype)
-    self.mixer_norm = modules.rms_norm(config.d_model, eps=config.norm_eps,
-                                       rngs=rngs, **kw)
+    self.mixer_norm = make_norm(config, rngs=rngs)
     options = config.options_for(mixer)
     # Mixers whose inits depend on depth (RWKV) learn where they are.
     accepted = inspect.signature(MIXERS[mixer].__init__).parameters
@@ -136,18 +303,49 @@ class Block(nnx.Module):
         options.setdefault(name, value)
     self.mixer = MIXERS[mixer](config.d_model, config.n_heads, rngs=rngs,
                                **kw, **options)
-    self.mlp_norm = modules.rms_norm(config.d_model, eps=config.norm_eps,
-                                     rngs=rngs, **kw)
-    self.mlp = SwiGLU(config.d_model, config.hidden_dim, rngs=rngs, **kw)
-
-  def __call__(self, x, *, segment_ids, mode, cache):
-    h = self.mixer_norm(x)
-    if cache is None:
-      y = self.mixer(h, segment_ids=segment_ids, mode=mode)
+    self.shift_mlp = config.mlp in ("rwkv6", "rwkv7")
+    if config.mlp == "none":
+      self.mlp_norm = self.mlp = None
+      return
+    self.mlp_norm = make_norm(config, rngs=rngs)
+    kw.update(rngs=rngs, use_bias=config.mlp_bias)
+    if self.shift_mlp:
+      self.mlp = RWKVChannelMix(config.d_model, config.hidden_dim,
+                                receptance=config.mlp == "rwkv6", **kw)
     else:
-      y, cache = self.mixer(h, segment_ids=segment_ids, mode=mode, cache=cache)
+      self.mlp = SwiGLU(config.d_model, config.hidden_dim, **kw,
+                        activation="silu" if config.mlp == "swiglu"
+                        else "gelu")
+
+  def init_cache(self, batch_size: int, max_len: int, dtype):
+    cache = self.mixer.init_cache(batch_size, max_len, dtype)
+    if not self.shift_mlp:
+      return cache
+    d = self.mlp.key_mix.shape[0]
+    return {"mixer_cache": cache,
+            "mlp_shift": jnp.zeros((batch_size, d), jnp.float32)}
+
+  def __call__(self, x, *, segment_ids, mode, cache, carry=None):
+    """Returns ``(x, new cache or None, carry)``."""
+    mixer_cache = (cache["mixer_cache"] if self.shift_mlp and cache is not None
+                   else cache)
+    y, new_mixer_cache, carry = self.mixer.run(
+        self.mixer_norm(x), segment_ids=segment_ids, mode=mode,
+        cache=mixer_cache, carry=carry)
     x = x + y
-    return x + self.mlp(self.mlp_norm(x)), cache
+    if self.mlp is None:
+      return x, new_mixer_cache, carry
+    if not self.shift_mlp:
+      return x + self.mlp(self.mlp_norm(x)), new_mixer_cache, carry
+    restart = None
+    if cache is not None and segment_ids is not None:
+      restart = segment_ids[:, 0] != mixer_cache["segment_id"]
+    ctx = Context(mode, segment_ids, None, restart=restart)
+    y, shift = self.mlp(self.mlp_norm(x), ctx,
+                        None if cache is None else cache["mlp_shift"])
+    new_cache = (None if cache is None
+                 else {"mixer_cache": new_mixer_cache, "mlp_shift": shift})
+    return x + y, new_cache, carry
 
 
 class LM(nnx.Module):
@@ -162,12 +360,12 @@ class LM(nnx.Module):
         embedding_init=modules.partitioned(
             nnx.initializers.normal(stddev=d ** -0.5), ("vocab", "embed")),
         rngs=rngs)
+    self.embed_norm = (make_norm(config, rngs=rngs) if config.embed_norm
+                       else None)
     self.blocks = nnx.List([
         Block(config, name, rngs=rngs, layer_index=i)
         for i, name in enumerate(config.layer_mixers)])
-    self.final_norm = modules.rms_norm(d, eps=config.norm_eps, rngs=rngs,
-                                       dtype=config.dtype,
-                                       param_dtype=config.param_dtype)
+    self.final_norm = make_norm(config, rngs=rngs)
     self.lm_head = (None if config.tie_embeddings else modules.dense(
         d, config.vocab_size, ("embed", "vocab"), rngs=rngs,
         dtype=config.dtype, param_dtype=config.param_dtype))
@@ -175,7 +373,7 @@ class LM(nnx.Module):
   def init_cache(self, batch_size: int, max_len: int, dtype=None):
     """One cache per layer (a tuple) for up to ``max_len`` tokens per row."""
     dtype = self.config.dtype if dtype is None else dtype
-    return tuple(block.mixer.init_cache(batch_size, max_len, dtype)
+    return tuple(block.init_cache(batch_size, max_len, dtype)
                  for block in self.blocks)
 
   def __call__(self, tokens, *, segment_ids=None, mode: str = "chunk",
@@ -200,10 +398,29 @@ class LM(nnx.Module):
       raise ValueError(f"cache has {len(cache)} layers, the model "
                        f"{len(self.blocks)}; build it with LM.init_cache")
     x = self.embed(tokens)                                      # [B, T, D]
-    new_cache = []
+    if self.config.embed_scale is not None:
+      x = x * jnp.asarray(self.config.embed_scale, x.dtype)
+    if self.embed_norm is not None:
+      x = self.embed_norm(x)
+    x = sharding.constrain(x, RESIDUAL_AXES)
+    new_cache, carry = [], {}
+    remat = REMAT_POLICIES[self.config.remat]
     for i, block in enumerate(self.blocks):
-      x, layer_cache = block(x, segment_ids=segment_ids, mode=mode,
-                             cache=None if cache is None else cache[i])
+      if cache is None and remat is not None:
+
+        def run(block, x, segment_ids, carry):
+          x, _, carry = block(x, segment_ids=segment_ids, mode=mode,
+                              cache=None, carry=carry)
+          return x, carry
+
+        x, carry = nnx.remat(run, policy=remat[0])(block, x, segment_ids,
+                                                   carry)
+        layer_cache = None
+      else:
+        x, layer_cache, carry = block(
+            x, segment_ids=segment_ids, mode=mode,
+            cache=None if cache is None else cache[i], carry=carry)
+      x = sharding.constrain(x, RESIDUAL_AXES)
       new_cache.append(layer_cache)
     x = self.final_norm(x)
     if self.lm_head is None:
@@ -211,6 +428,9 @@ class LM(nnx.Module):
     else:
       logits = self.lm_head(x)
     logits = logits.astype(jnp.float32)                         # [B, T, vocab]
+    if self.config.logits_soft_cap is not None:
+      cap = self.config.logits_soft_cap
+      logits = cap * jnp.tanh(logits / cap)
     if cache is None:
       return logits
     return logits, tuple(new_cache)

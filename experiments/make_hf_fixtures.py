@@ -1,0 +1,420 @@
+"""Regenerates the checkpoint fixtures of tests/test_convert.py.
+
+For every supported architecture: a tiny randomly initialised model of the
+reference implementation (transformers, or flash-linear-attention), saved
+with ``save_pretrained`` (safetensors), plus its float32 logits on fixed
+tokens, for one full forward pass and for a prefill followed by token-by-
+token decoding with the reference's own cache. Needs the ``hf`` extra
+(CPU torch, transformers, safetensors, flash-linear-attention):
+
+  pip install -e '.[hf]'
+  python experiments/make_hf_fixtures.py --out=tests/fixtures/hf
+
+flash-linear-attention's models run their Triton kernels, which need a GPU;
+on CPU the script swaps each kernel the models call (norms, short
+convolutions, token shift, the recurrences) for a plain torch version of
+the same computation (``fla_cpu_reference``). transformers' models run as
+they are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import warnings
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out", os.path.join(os.path.dirname(__file__), "..",
+                                        "tests", "fixtures", "hf"),
+                    "Directory of the fixtures (one folder per model).")
+flags.DEFINE_list("only", [], "Make only these fixtures (names as in "
+                  "FIXTURES).")
+
+BATCH, LENGTH, PREFILL, VOCAB = 2, 12, 5, 64
+SEED = 0
+
+
+def fla_cpu_reference():
+  """Replaces the Triton entry points fla's models call with torch code."""
+  import torch
+  import torch.nn.functional as F
+  import fla.layers.delta_net as fla_delta_net
+  import fla.layers.gated_deltanet as fla_gdn
+  import fla.layers.gla as fla_gla
+  import fla.layers.rwkv6 as fla_rwkv6
+  import fla.layers.rwkv7 as fla_rwkv7
+  import fla.models.rwkv6.modeling_rwkv6 as fla_rwkv6_model
+  import fla.models.rwkv7.modeling_rwkv7 as fla_rwkv7_model
+  import fla.modules as fla_modules
+  from fla.ops.rwkv7.fused_addcmul import torch_addcmul_rwkv7
+  from fla.ops.rwkv7.fused_k_update import k_update_ref
+  from fla.ops.rwkv7.gate_output_correction import gate_output_correction_ref
+
+  def prenorm(norm):
+    def forward(self, x, residual=None, prenorm=False,
+                residual_in_fp32=False, **kwargs):
+      if residual is not None:
+        x = x + residual
+      y = norm(self, x)
+      return (y, x) if prenorm else y
+    return forward
+
+  def rms(self, x):
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+    return (y * self.weight.float() if self.weight is not None else y).to(
+        x.dtype)
+
+  def layer(self, x):
+    y = F.layer_norm(x.float(), (x.shape[-1],), None, None, self.eps)
+    if self.weight is not None:
+      y = y * self.weight.float()
+    if self.bias is not None:
+      y = y + self.bias.float()
+    return y.to(x.dtype)
+
+  def group(self, x):
+    shape = x.shape
+    xf = x.float().reshape(*shape[:-1], self.num_groups, -1)
+    y = F.layer_norm(xf, (xf.shape[-1],), None, None, self.eps)
+    y = y.reshape(shape)
+    if self.weight is not None:
+      y = y * self.weight.float()
+    if self.bias is not None:
+      y = y + self.bias.float()
+    return y.to(x.dtype)
+
+  from fla.modules.activations import ops as fla_activations
+  fla_activations.ACT2FN.update(
+      sigmoid=torch.sigmoid, silu=F.silu, swish=F.silu,
+      sqrelu=lambda x: torch.square(F.relu(x)))
+  fla_modules.RMSNorm.forward = prenorm(rms)
+  fla_modules.LayerNorm.forward = prenorm(layer)
+  fla_modules.GroupNorm.forward = prenorm(group)
+
+  def gated(self, x, g, residual=None, prenorm=False, residual_in_fp32=False,
+            **kwargs):
+    y = rms(self, x).float()
+    act = getattr(self, "activation", "swish")
+    gate = torch.sigmoid(g.float()) if act == "sigmoid" else F.silu(g.float())
+    return (y * gate).to(x.dtype)
+
+  fla_modules.FusedRMSNormGated.forward = gated
+
+  def short_conv(self, x, residual=None, cache=None, output_final_state=False,
+                 cu_seqlens=None, **kwargs):
+    # cache: the last W - 1 inputs, [B, W - 1, D].
+    width = self.weight.shape[-1]
+    past = (x.new_zeros(x.shape[0], width - 1, x.shape[-1]) if cache is None
+            else cache)
+    full = torch.cat([past, x], dim=1)                          # [B, W-1+T, D]
+    weight = self.weight[:, 0, :]                               # [D, W]
+    y = sum(full[:, j:j + x.shape[1]] * weight[:, j]
+            for j in range(width))
+    if self.bias is not None:
+      y = y + self.bias
+    if self.activation in ("silu", "swish"):
+      y = F.silu(y)
+    new_cache = full[:, -(width - 1):] if output_final_state else None
+    return y, new_cache
+
+  fla_modules.ShortConvolution.forward = short_conv
+  fla_gdn.GatedDeltaNet._use_fused_qkv_conv = lambda self, *a, **kw: False
+
+  def mlp(self, x, **kwargs):
+    return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+  fla_modules.GatedMLP.forward = mlp
+
+  def token_shift(x, cu_seqlens=None, cache=None, output_cache=False,
+                  **kwargs):
+    past = (x.new_zeros(x.shape[0], 1, x.shape[-1]) if cache is None
+            else cache.reshape(x.shape[0], 1, x.shape[-1]))
+    shifted = torch.cat([past, x[:, :-1]], dim=1)
+    delta = shifted - x
+    return (delta, x[:, -1:]) if output_cache else delta
+
+  for module in (fla_rwkv6, fla_rwkv7, fla_rwkv6_model, fla_rwkv7_model):
+    module.token_shift = token_shift
+
+  def state_of(initial_state, shape, dtype):
+    return (torch.zeros(shape, dtype=dtype) if initial_state is None
+            else initial_state.float())
+
+  def l2(x):
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+  def recurrent_gla(q, k, v, gk=None, g=None, scale=None, initial_state=None,
+                    output_final_state=False, **kwargs):
+    gk = g if gk is None else gk
+    b, t, h, dk = q.shape
+    scale = dk ** -0.5 if scale is None else scale
+    s = state_of(initial_state, (b, h, dk, v.shape[-1]), torch.float32)
+    out = []
+    for i in range(t):
+      s = s * gk[:, i].float().exp()[..., None] + (
+          k[:, i].float()[..., None] * v[:, i].float()[..., None, :])
+      out.append(torch.einsum("bhk,bhkv->bhv", q[:, i].float() * scale, s))
+    return torch.stack(out, 1).to(v.dtype), (s if output_final_state else None)
+
+  fla_gla.chunk_gla = fla_gla.fused_recurrent_gla = recurrent_gla
+  fla_gla.fused_chunk_gla = recurrent_gla
+
+  def recurrent_delta(q, k, v, beta, g=None, scale=None, initial_state=None,
+                      output_final_state=False, use_qk_l2norm_in_kernel=False,
+                      use_gate_in_kernel=False, A_log=None, dt_bias=None,
+                      use_beta_sigmoid_in_kernel=False,
+                      allow_neg_eigval=False, **kwargs):
+    b, t, h, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    q, k = q.float(), k.float()
+    if use_qk_l2norm_in_kernel:
+      q, k = l2(q), l2(k)
+    if hv != h:
+      q = q.repeat_interleave(hv // h, dim=2)
+      k = k.repeat_interleave(hv // h, dim=2)
+    beta = beta.float()
+    if use_beta_sigmoid_in_kernel:
+      beta = beta.sigmoid()
+      if allow_neg_eigval:
+        beta = beta * 2
+    if g is not None:
+      g = g.float()
+      if use_gate_in_kernel:
+        g = -A_log.float().exp() * F.softplus(g + dt_bias.float())
+    scale = dk ** -0.5 if scale is None else scale
+    s = state_of(initial_state, (b, hv, dk, dv), torch.float32)
+    out = []
+    for i in range(t):
+      if g is not None:
+        s = s * g[:, i].exp()[..., None, None]
+      k_i, b_i = k[:, i], beta[:, i][..., None]
+      error = v[:, i].float() - torch.einsum("bhk,bhkv->bhv", k_i, s)
+      s = s + k_i[..., None] * (b_i * error)[..., None, :]
+      out.append(torch.einsum("bhk,bhkv->bhv", q[:, i] * scale, s))
+    return torch.stack(out, 1).to(v.dtype), (s if output_final_state else None)
+
+  fla_delta_net.chunk_delta_rule = recurrent_delta
+  fla_delta_net.fused_recurrent_delta_rule = recurrent_delta
+  fla_gdn.chunk_gated_delta_rule = recurrent_delta
+  fla_gdn.fused_recurrent_gated_delta_rule = recurrent_delta
+
+  def recurrent_rwkv6(r, k, v, w, u, scale=1.0, initial_state=None,
+                      output_final_state=False, **kwargs):
+    b, t, h, dk = r.shape
+    s = state_of(initial_state, (b, h, dk, v.shape[-1]), torch.float32)
+    out = []
+    for i in range(t):
+      kv = k[:, i].float()[..., None] * v[:, i].float()[..., None, :]
+      out.append(torch.einsum("bhk,bhkv->bhv", r[:, i].float() * scale,
+                              s + u.float()[None, ..., None] * kv))
+      s = s * w[:, i].float().exp()[..., None] + kv
+    return torch.stack(out, 1).to(v.dtype), (s if output_final_state else None)
+
+  fla_rwkv6.chunk_rwkv6 = fla_rwkv6.fused_recurrent_rwkv6 = recurrent_rwkv6
+
+  def recurrent_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None,
+                      output_final_state=False, **kwargs):
+    # S [B, H, V, K]: S_t = S_{t-1} (diag(exp(w_t)) + a_t^T b_t) + v_t^T k_t.
+    bsz, t, h, dk = r.shape
+    s = state_of(initial_state, (bsz, h, v.shape[-1], dk), torch.float32)
+    out = []
+    for i in range(t):
+      w_i, a_i, b_i = w[:, i].float(), a[:, i].float(), b[:, i].float()
+      sa = torch.einsum("bhvk,bhk->bhv", s, a_i)
+      s = (s * w_i.exp()[:, :, None, :] + sa[..., None] * b_i[:, :, None, :]
+           + v[:, i].float()[..., None] * k[:, i].float()[:, :, None, :])
+      out.append(torch.einsum("bhvk,bhk->bhv", s, r[:, i].float() * scale))
+    return torch.stack(out, 1).to(v.dtype), (s if output_final_state else None)
+
+  def mul_recurrent_rwkv7(r, w, k, v, kk, a, scale=1.0, **kwargs):
+    return recurrent_rwkv7(r, w, k, v, -kk, kk * a, scale=scale, **kwargs)
+
+  fla_rwkv7.chunk_rwkv7 = recurrent_rwkv7
+  fla_rwkv7.fused_mul_recurrent_rwkv7 = mul_recurrent_rwkv7
+  fla_rwkv7.fused_addcmul_rwkv7 = torch_addcmul_rwkv7
+  fla_rwkv7.fused_k_rwkv7 = lambda k, a, ka, **kw: k_update_ref(k, a, ka)
+  fla_rwkv7.gate_output_correction = gate_output_correction_ref
+  fla_rwkv7.l2_norm = l2
+
+
+def _mamba(transformers):
+  return transformers.MambaForCausalLM(transformers.MambaConfig(
+      vocab_size=VOCAB, hidden_size=32, state_size=8, num_hidden_layers=2,
+      expand=2, conv_kernel=4, time_step_rank=6, use_bias=True,
+      use_conv_bias=True, layer_norm_epsilon=1e-5, tie_word_embeddings=True))
+
+
+def _mamba2(transformers):
+  return transformers.Mamba2ForCausalLM(transformers.Mamba2Config(
+      vocab_size=VOCAB, hidden_size=32, state_size=8, num_hidden_layers=2,
+      expand=2, num_heads=4, head_dim=16, n_groups=2, conv_kernel=4,
+      chunk_size=4, use_conv_bias=True, use_bias=False,
+      time_step_limit=(0.0, 0.08), layer_norm_epsilon=1e-5,
+      tie_word_embeddings=False))
+
+
+def _recurrent_gemma(transformers):
+  return transformers.RecurrentGemmaForCausalLM(
+      transformers.RecurrentGemmaConfig(
+          vocab_size=VOCAB, hidden_size=32, intermediate_size=96,
+          num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
+          lru_width=32, attention_window_size=6, conv1d_width=4,
+          logits_soft_cap=30.0, rms_norm_eps=1e-6,
+          block_types=("recurrent", "recurrent", "attention"),
+          rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                           "partial_rotary_factor": 0.5}))
+
+
+def _qwen3_next(transformers):
+  return transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(
+      vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+      linear_num_key_heads=2, linear_num_value_heads=4,
+      linear_key_head_dim=8, linear_value_head_dim=6,
+      linear_conv_kernel_dim=4, layer_types=["linear_attention"] * 2,
+      num_experts=0, mlp_only_layers=[0, 1], rms_norm_eps=1e-6,
+      tie_word_embeddings=False))
+
+
+def _fla(name, **kw):
+  def make(transformers):
+    import fla.models as fla_models
+    config_cls = getattr(fla_models, name + "Config")
+    model_cls = getattr(fla_models, name + "ForCausalLM")
+    return model_cls(config_cls(vocab_size=VOCAB, num_hidden_layers=2,
+                                fuse_cross_entropy=False, **kw))
+  return make
+
+
+FIXTURES = {
+    "mamba": _mamba,
+    "mamba2": _mamba2,
+    "recurrent_gemma": _recurrent_gemma,
+    "qwen3_next": _qwen3_next,
+    "gla": _fla("GLA", hidden_size=32, num_heads=2, expand_k=0.5,
+                norm_eps=1e-6, hidden_ratio=2),
+    "delta_net": _fla("DeltaNet", hidden_size=32, num_heads=2, use_gate=True,
+                      norm_eps=1e-5, hidden_ratio=2),
+    "gated_deltanet": _fla("GatedDeltaNet", hidden_size=32, num_heads=2,
+                           num_v_heads=4, head_dim=8, expand_v=1.5,
+                           norm_eps=1e-5, hidden_ratio=2),
+    "rwkv6": _fla("RWKV6", hidden_size=32, num_heads=2, expand_k=0.5,
+                  proj_low_rank_dim=8, gate_low_rank_dim=16, hidden_ratio=2),
+    "rwkv7": _fla("RWKV7", hidden_size=32, head_dim=16,
+                  decay_low_rank_dim=8, a_low_rank_dim=8,
+                  gate_low_rank_dim=16, v_low_rank_dim=8, hidden_ratio=2),
+}
+
+
+def _perturb(model, torch):
+  """Moves every parameter off its init (zeros, ones, equal heads), so that
+  no mapping error hides behind a symmetric value."""
+  generator = torch.Generator().manual_seed(SEED + 1)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = torch.randn(p.shape, generator=generator) * 0.1
+      if name.endswith("lm_head.weight") and model.config.tie_word_embeddings:
+        continue
+      p.add_(noise)
+
+
+def _decode(model, tokens, torch):
+  """Logits of a prefill of PREFILL tokens, then one token at a time, with
+  the reference's cache (RecurrentGemma keeps its state inside the model)."""
+  from_fla = model.config.model_type in ("gla", "delta_net", "gated_deltanet",
+                                         "rwkv6", "rwkv7")
+  key = "past_key_values" if from_fla else "cache"
+
+  def cache_of(out):
+    try:
+      return getattr(out, key)
+    except AttributeError:
+      return None
+
+  # Qwen3-Next without attention layers cannot count cached tokens itself.
+  positions = model.config.model_type == "qwen3_next"
+  kw = dict(use_cache=True)
+  if model.config.model_type == "recurrent_gemma":
+    # Its recurrent state lives in the model; the output returns no cache.
+    import transformers
+    positions = True
+    kw["cache"] = transformers.DynamicCache(config=model.config)
+    model._setup_cache(model.config, tokens.shape[0], tokens.device,
+                       torch.float32)
+  if not from_fla:
+    kw["cache_position"] = torch.arange(PREFILL)
+  if positions:
+    kw["position_ids"] = torch.arange(PREFILL)[None]
+  if model.config.model_type == "qwen3_next":
+    kw["attention_mask"] = masks = {"full_attention": None,
+                                    "linear_attention": None}
+  out = model(tokens[:, :PREFILL], **kw)
+  logits, cache = [out.logits], cache_of(out) or kw.get("cache")
+  for i in range(PREFILL, tokens.shape[1]):
+    kw = {key: cache, "use_cache": True}
+    if not from_fla:
+      kw["cache_position"] = torch.tensor([i])
+    if positions:
+      kw["position_ids"] = torch.tensor([[i]])
+    if model.config.model_type == "qwen3_next":
+      kw["attention_mask"] = masks
+    out = model(tokens[:, i:i + 1], **kw)
+    logits.append(out.logits)
+    cache = cache_of(out) or cache
+  return torch.cat(logits, dim=1)
+
+
+def make_fixture(name: str, out_dir: str) -> dict:
+  import numpy as np
+  import torch
+  import transformers
+
+  torch.manual_seed(SEED)
+  model = FIXTURES[name](transformers).float().eval()
+  _perturb(model, torch)
+  tokens = torch.from_numpy(np.random.default_rng(SEED).integers(
+      0, VOCAB, (BATCH, LENGTH))).long()
+  with torch.no_grad():
+    full = model(tokens, use_cache=False).logits
+    decode = _decode(model, tokens, torch)
+  path = os.path.join(out_dir, name)
+  if os.path.exists(path):
+    shutil.rmtree(path)
+  model.save_pretrained(path, safe_serialization=True)
+  for extra in ("generation_config.json",):
+    if os.path.exists(os.path.join(path, extra)):
+      os.remove(os.path.join(path, extra))
+  np.savez(os.path.join(path, "reference.npz"), tokens=tokens.numpy(),
+           full=full.float().numpy(), decode=decode.float().numpy(),
+           prefill=np.int64(PREFILL))
+  gap = float((full - decode).pow(2).mean().sqrt() / full.pow(2).mean().sqrt())
+  return {"name": name, "reference_full_vs_decode": gap,
+          "versions": {"torch": torch.__version__,
+                       "transformers": transformers.__version__}}
+
+
+def main(argv):
+  del argv
+  warnings.filterwarnings("ignore")
+  sys.setrecursionlimit(10000)
+  # Qwen3-Next picks fla's Triton kernels at import when fla is importable;
+  # import it while fla is hidden so that it keeps its torch reference.
+  sys.modules["fla"] = None
+  import transformers.models.qwen3_next.modeling_qwen3_next  # noqa: F401
+  del sys.modules["fla"]
+  fla_cpu_reference()
+  os.makedirs(FLAGS.out, exist_ok=True)
+  names = FLAGS.only or list(FIXTURES)
+  for name in names:
+    info = make_fixture(name, FLAGS.out)
+    print(json.dumps(info))
+
+
+if __name__ == "__main__":
+  app.run(main)

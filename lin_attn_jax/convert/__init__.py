@@ -1,0 +1,114 @@
+"""Loading HuggingFace-format checkpoints into the project's LM, and back.
+
+A checkpoint directory holds ``config.json`` and safetensors weights
+(``model.safetensors``, or shards named by ``model.safetensors.index.json``);
+nothing is downloaded. Supported ``model_type`` values: ``mamba``,
+``mamba2``, ``recurrent_gemma``, ``qwen3_next`` (every layer Gated DeltaNet,
+dense MLPs) from transformers, and flash-linear-attention's ``gla``,
+``delta_net``, ``gated_deltanet``, ``rwkv6`` and ``rwkv7``.
+
+  >>> lm, config, hf_config = load_pretrained("/path/to/checkpoint")
+  >>> logits = lm(tokens)
+  >>> export_pretrained(lm, hf_config, "/path/to/new_checkpoint")
+
+Every tensor is checked (name, shape, floating dtype) against the shapes the
+config implies before anything is converted; a bad checkpoint raises
+``ValueError`` naming the tensor and both shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+from flax import nnx
+
+from lin_attn_jax.convert import architectures, core, safetensors_io
+from lin_attn_jax.models.lm import LM, LMConfig
+
+SUPPORTED = tuple(sorted(architectures.ARCHITECTURES))
+
+
+def _architecture(hf: dict):
+  model_type = hf.get("model_type")
+  if model_type not in architectures.ARCHITECTURES:
+    raise ValueError(f"config.json has model_type = {model_type!r}; "
+                     f"supported: {list(SUPPORTED)}")
+  return architectures.ARCHITECTURES[model_type]
+
+
+def plan(hf: dict):
+  """``(LMConfig, entries, abstract params)`` of a HF config dict."""
+  make_config, make_entries = _architecture(hf)
+  config = make_config(hf)
+  entries = make_entries(hf, config)
+  abstract = core.abstract_params(config)
+  core.check_coverage(entries, abstract)
+  return config, entries, abstract
+
+
+def expected_tensors(hf: dict) -> dict[str, tuple]:
+  """The tensor names and shapes a HF config implies."""
+  _, entries, abstract = plan(hf)
+  return core.expected_tensors(entries, abstract)
+
+
+def convert_checkpoint(path: str):
+  """``(LMConfig, params, hf_config)`` of the checkpoint at ``path``;
+  ``params`` is the LM's parameters as a pure dict of float32 arrays."""
+  hf = core.read_config(path)
+  config, entries, abstract = plan(hf)
+  tensors = safetensors_io.checkpoint_tensors(path)
+  expected = core.expected_tensors(entries, abstract)
+  core.check_tensors(tensors, expected, architectures.ignored_tensor)
+  arrays = {name: tensors[name].read() for name in expected}
+  params = core.import_params(entries, arrays, abstract)
+  return config, params, hf
+
+
+def load_pretrained(path: str, *, param_dtype=None):
+  """``(LM, LMConfig, hf_config)`` from the checkpoint at ``path``.
+
+  ``param_dtype`` (e.g. ``jnp.bfloat16``) casts the float32 conversion.
+  """
+  config, params, hf = convert_checkpoint(path)
+  lm = core.build_lm(config, params, param_dtype)
+  return lm, lm.config, hf
+
+
+def export_pretrained(lm: LM, hf: dict, path: str) -> None:
+  """Writes ``lm`` as a HF checkpoint (``config.json`` = ``hf`` and
+  ``model.safetensors``, float32) into the new directory ``path``.
+
+  ``hf`` must describe ``lm`` (the config it was loaded with). Norm weights
+  that the HF layer shares over heads must be equal over heads.
+  """
+  config, entries, abstract = plan(hf)
+  if config != lm.config:
+    raise ValueError("the HF config describes a different LM config than "
+                     f"the model's: {config} vs {lm.config}")
+  params = nnx.to_pure_dict(nnx.state(lm, nnx.Param))
+  tensors = core.export_tensors(entries, params)
+  for entry in entries:
+    if entry.to_hf.__qualname__.startswith("head_shared"):
+      for p in entry.ours:
+        value = np.asarray(core._get(params, p))
+        heads = value.reshape(-1, tensors[entry.hf[0]].shape[-1])
+        if not np.all(heads == heads[:1]):
+          raise ValueError(f"{p} differs between heads; {entry.hf[0]} holds "
+                           "one weight for every head")
+  if os.path.exists(path):
+    raise ValueError(f"{path} exists; export writes a new directory")
+  os.makedirs(path)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf, f, indent=2)
+  safetensors_io.write_file(
+      os.path.join(path, safetensors_io.SINGLE_FILE),
+      {name: np.asarray(jax.device_get(v), np.float32)
+       for name, v in tensors.items()})
+
+
+__all__ = ["SUPPORTED", "convert_checkpoint", "expected_tensors",
+           "export_pretrained", "load_pretrained", "plan"]

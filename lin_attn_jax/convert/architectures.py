@@ -1,0 +1,631 @@
+"""HuggingFace-format architectures and their maps onto the project's LM.
+
+Each architecture is keyed by the ``model_type`` of its ``config.json``:
+``lm_config(hf) -> LMConfig`` (raising ``ValueError`` for options the LM
+cannot reproduce exactly) and ``entries(hf, config) -> [Entry]`` (see
+``core.py``). Tensor names are those of ``save_pretrained``: transformers'
+``mamba``, ``mamba2``, ``recurrent_gemma`` and ``qwen3_next``, and
+flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
+``rwkv6`` and ``rwkv7``.
+
+Norm conventions: RecurrentGemma and Qwen3-Next scale by ``1 + w``; the LM's
+scale is that sum (an export subtracts 1 again). Heads of fla's and
+Qwen3-Next's output norms share one weight, which the LM tiles over heads.
+RWKV-7's GroupNorm epsilon is ``head_dim * norm_eps`` as in fla.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from lin_attn_jax.convert.core import (Entry, conv, copy, head_shared, linear,
+                                       offset_scale, transpose)
+from lin_attn_jax.models.lm import LMConfig
+
+
+def _unsupported(hf: dict, key: str, allowed, why: str = ""):
+  value = hf.get(key)
+  if value not in allowed:
+    raise ValueError(f"config.json has {key} = {value!r}; only {allowed} can "
+                     f"be loaded{': ' + why if why else ''}")
+
+
+def _common(hf: dict, **kw) -> dict:
+  out = dict(vocab_size=int(hf["vocab_size"]), d_model=int(hf["hidden_size"]),
+             n_layers=int(hf["num_hidden_layers"]),
+             tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+  out.update(kw)
+  return out
+
+
+def _head(hf: dict, config: LMConfig, name: str = "lm_head.weight"):
+  return [] if config.tie_embeddings else [transpose(name, ("lm_head",
+                                                            "kernel"))]
+
+
+def _norm(prefix: str, ours, offset: bool = False, bias: bool = False):
+  if offset:
+    out = [offset_scale(f"{prefix}.weight", ours + ("scale",))]
+  else:
+    out = [copy(f"{prefix}.weight", ours + ("scale",))]
+  if bias:
+    out.append(copy(f"{prefix}.bias", ours + ("bias",)))
+  return out
+
+
+def _block(i: int, *rest):
+  return ("blocks", i) + rest
+
+
+# --- transformers: Mamba --------------------------------------------------
+
+def mamba_config(hf: dict) -> LMConfig:
+  _unsupported(hf, "hidden_act", ("silu",))
+  rank = hf.get("time_step_rank", "auto")
+  rank = math.ceil(hf["hidden_size"] / 16) if rank == "auto" else int(rank)
+  width = int(hf.get("intermediate_size") or hf["expand"] * hf["hidden_size"])
+  options = dict(d_state=int(hf["state_size"]), d_conv=int(hf["conv_kernel"]),
+                 expand=width / hf["hidden_size"], dt_rank=rank,
+                 conv_bias=bool(hf.get("use_conv_bias", True)),
+                 bias=bool(hf.get("use_bias", False)))
+  return LMConfig(**_common(hf, tie_embeddings=bool(
+      hf.get("tie_word_embeddings", True))), n_heads=1, mixer="mamba",
+                  mixer_options={"mamba": options}, mlp="none",
+                  norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)))
+
+
+def mamba_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  bias = bool(hf.get("use_bias", False))
+  out = [copy("backbone.embeddings.weight", ("embed", "embedding"))]
+  out += _norm("backbone.norm_f", ("final_norm",))
+  for i in range(config.n_layers):
+    p = f"backbone.layers.{i}"
+    m = _block(i, "mixer")
+    out += _norm(f"{p}.norm", _block(i, "mixer_norm"))
+    out += linear(f"{p}.mixer.in_proj", m + ("in_proj",), bias)
+    out += [conv(f"{p}.mixer.conv1d.weight", m + ("conv", "weight"))]
+    if hf.get("use_conv_bias", True):
+      out += [copy(f"{p}.mixer.conv1d.bias", m + ("conv", "bias"))]
+    out += linear(f"{p}.mixer.x_proj", m + ("x_proj",))
+    out += linear(f"{p}.mixer.dt_proj", m + ("dt_proj",))
+    out += [copy(f"{p}.mixer.dt_proj.bias", m + ("dt_bias",)),
+            copy(f"{p}.mixer.A_log", m + ("A_log",)),
+            copy(f"{p}.mixer.D", m + ("D",))]
+    out += linear(f"{p}.mixer.out_proj", m + ("out_proj",), bias)
+  return out + _head(hf, config)
+
+
+# --- transformers: Mamba-2 ------------------------------------------------
+
+def mamba2_config(hf: dict) -> LMConfig:
+  _unsupported(hf, "hidden_act", ("silu",))
+  _unsupported(hf, "rms_norm", (True, None), "the gated RMSNorm is always on")
+  width = int(hf["expand"] * hf["hidden_size"])
+  heads, head_dim = int(hf["num_heads"]), int(hf["head_dim"])
+  if heads * head_dim != width:
+    raise ValueError(f"config.json has num_heads * head_dim = {heads} * "
+                     f"{head_dim} != expand * hidden_size = {width}; only "
+                     "checkpoints without an MLP part in the mixer load")
+  limit = tuple(float(v) for v in hf.get("time_step_limit", (0.0, math.inf)))
+  options = dict(d_state=int(hf["state_size"]), d_conv=int(hf["conv_kernel"]),
+                 n_groups=int(hf.get("n_groups", 1)), head_dim=head_dim,
+                 conv_bias=bool(hf.get("use_conv_bias", True)),
+                 bias=bool(hf.get("use_bias", False)),
+                 norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+                 time_step_limit=limit,
+                 chunk_size=int(hf.get("chunk_size", 64)))
+  return LMConfig(**_common(hf), n_heads=heads, mixer="mamba2",
+                  mixer_options={"mamba2": options}, mlp="none",
+                  norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)))
+
+
+def mamba2_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  bias = bool(hf.get("use_bias", False))
+  out = [copy("backbone.embeddings.weight", ("embed", "embedding"))]
+  out += _norm("backbone.norm_f", ("final_norm",))
+  for i in range(config.n_layers):
+    p = f"backbone.layers.{i}"
+    m = _block(i, "mixer")
+    out += _norm(f"{p}.norm", _block(i, "mixer_norm"))
+    out += linear(f"{p}.mixer.in_proj", m + ("in_proj",), bias)
+    out += [conv(f"{p}.mixer.conv1d.weight", m + ("conv", "weight"))]
+    if hf.get("use_conv_bias", True):
+      out += [copy(f"{p}.mixer.conv1d.bias", m + ("conv", "bias"))]
+    out += [copy(f"{p}.mixer.dt_bias", m + ("dt_bias",)),
+            copy(f"{p}.mixer.A_log", m + ("A_log",)),
+            copy(f"{p}.mixer.D", m + ("D",)),
+            copy(f"{p}.mixer.norm.weight", m + ("norm", "scale"))]
+    out += linear(f"{p}.mixer.out_proj", m + ("out_proj",), bias)
+  return out + _head(hf, config)
+
+
+# --- transformers: RecurrentGemma -----------------------------------------
+
+def bfloat16_round(x: float) -> float:
+  """``x`` rounded to bfloat16, as RecurrentGemma's embedding normaliser."""
+  return float(np.asarray(x, np.float32).astype(ml_dtypes.bfloat16))
+
+
+def _rg_block_types(hf: dict) -> list[str]:
+  types = list(hf.get("block_types") or ("recurrent", "recurrent",
+                                         "attention"))
+  return (types * hf["num_hidden_layers"])[:hf["num_hidden_layers"]]
+
+
+def recurrent_gemma_config(hf: dict) -> LMConfig:
+  _unsupported(hf, "hidden_activation", ("gelu_pytorch_tanh",))
+  _unsupported(hf, "attention_bias", (False, None))
+  d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+  rope = hf.get("rope_parameters") or {}
+  rope_theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+  fraction = float(rope.get("partial_rotary_factor",
+                            hf.get("partial_rotary_factor", 0.5)))
+  _unsupported({"rope_type": rope.get("rope_type", "default")}, "rope_type",
+               ("default",))
+  names = tuple("rg_lru" if kind == "recurrent" else "sliding_window_attn"
+                for kind in _rg_block_types(hf))
+  options = {
+      "rg_lru": dict(lru_width=int(hf.get("lru_width") or d),
+                     conv_width=int(hf.get("conv1d_width", 4)),
+                     use_bias=True, scale_first_token=False),
+      "sliding_window_attn": dict(
+          window_size=int(hf.get("attention_window_size", 2048)),
+          n_kv_heads=int(hf.get("num_key_value_heads") or heads),
+          rope_base=rope_theta, rope_fraction=fraction, out_bias=True),
+  }
+  options = {k: v for k, v in options.items() if k in names}
+  cap = hf.get("logits_soft_cap")
+  return LMConfig(**_common(hf, tie_embeddings=True), n_heads=heads,
+                  mixer=names, mixer_options=options, mlp="geglu",
+                  mlp_bias=True, mlp_dim=int(hf["intermediate_size"]) // 2,
+                  norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                  embed_scale=bfloat16_round(math.sqrt(d)),
+                  logits_soft_cap=None if cap is None else float(cap))
+
+
+def recurrent_gemma_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  if not hf.get("tie_word_embeddings", True):
+    raise ValueError("config.json has tie_word_embeddings = False; "
+                     "RecurrentGemma's head is the embedding")
+  out = [copy("model.embed_tokens.weight", ("embed", "embedding"))]
+  out += _norm("model.final_norm", ("final_norm",), offset=True)
+  for i, kind in enumerate(_rg_block_types(hf)):
+    p = f"model.layers.{i}"
+    m = _block(i, "mixer")
+    out += _norm(f"{p}.temporal_pre_norm", _block(i, "mixer_norm"),
+                 offset=True)
+    out += _norm(f"{p}.channel_pre_norm", _block(i, "mlp_norm"), offset=True)
+    for hf_name, ours in (("gate_proj", "gate"), ("up_proj", "up"),
+                          ("down_proj", "down")):
+      out += linear(f"{p}.mlp_block.{hf_name}", _block(i, "mlp", ours), True)
+    t = f"{p}.temporal_block"
+    if kind == "recurrent":
+      out += linear(f"{t}.linear_y", m + ("gate_proj",), True)
+      out += linear(f"{t}.linear_x", m + ("in_proj",), True)
+      out += linear(f"{t}.linear_out", m + ("out_proj",), True)
+      out += [conv(f"{t}.conv_1d.weight", m + ("conv", "weight")),
+              copy(f"{t}.conv_1d.bias", m + ("conv", "bias")),
+              copy(f"{t}.rg_lru.recurrent_param", m + ("a_param",))]
+      for hf_gate, ours in (("recurrent_gate", "a_gate"),
+                            ("input_gate", "x_gate")):
+        out += [copy(f"{t}.rg_lru.{hf_gate}_weight", m + (ours, "kernel")),
+                copy(f"{t}.rg_lru.{hf_gate}_bias", m + (ours, "bias"))]
+    else:
+      for name in ("q_proj", "k_proj", "v_proj"):
+        out += linear(f"{t}.{name}", m + (name,))
+      out += linear(f"{t}.o_proj", m + ("o_proj",), True)
+  return out
+
+
+# --- transformers: Qwen3-Next (Gated DeltaNet layers) ---------------------
+
+def qwen3_next_config(hf: dict) -> LMConfig:
+  _unsupported(hf, "hidden_act", ("silu",))
+  n = int(hf["num_hidden_layers"])
+  types = list(hf.get("layer_types") or [])
+  if any(kind != "linear_attention" for kind in types) or len(types) != n:
+    raise ValueError(
+        f"config.json has layer_types = {types}; only models whose every "
+        "layer is linear_attention (Gated DeltaNet) load: Qwen3-Next's gated "
+        "softmax attention layers are not in the project's LM")
+  dense = set(hf.get("mlp_only_layers") or [])
+  experts, step = int(hf.get("num_experts") or 0), int(
+      hf.get("decoder_sparse_step") or 1)
+  sparse = [i for i in range(n)
+            if i not in dense and experts > 0 and (i + 1) % step == 0]
+  if sparse:
+    raise ValueError(f"config.json makes layers {sparse} mixture-of-experts "
+                     f"(num_experts = {experts}); only dense MLPs load (set "
+                     "mlp_only_layers or num_experts = 0)")
+  nk, nv = int(hf["linear_num_key_heads"]), int(hf["linear_num_value_heads"])
+  options = dict(n_v_heads=nv, head_k_dim=int(hf["linear_key_head_dim"]),
+                 head_v_dim=int(hf["linear_value_head_dim"]),
+                 conv_size=int(hf.get("linear_conv_kernel_dim", 4)),
+                 use_output_gate=True,
+                 norm_eps=float(hf.get("rms_norm_eps", 1e-6)))
+  return LMConfig(**_common(hf), n_heads=nk, mixer="gated_deltanet",
+                  mixer_options={"gated_deltanet": options},
+                  mlp_dim=int(hf["intermediate_size"]),
+                  norm_eps=float(hf.get("rms_norm_eps", 1e-6)))
+
+
+def _qkvz_entry(hf_name: str, m, nk: int, nv: int, hk: int, hv: int) -> Entry:
+  """``in_proj_qkvz``: per key head ``[q (hk), k (hk), v (r hv), z (r hv)]``
+  rows, ``r = nv / nk``."""
+  r = nv // nk
+  sizes = np.cumsum([hk, hk, r * hv])
+
+  def to_ours(w):
+    d = w.shape[-1]
+    w = w.reshape(nk, 2 * hk + 2 * r * hv, d)
+    q, k, v, z = jnp.split(w, sizes, axis=1)
+    return tuple(x.reshape(-1, d).T for x in (q, k, v, z))
+
+  def to_hf(q, k, v, z):
+    d = q.shape[0]
+    parts = [x.T.reshape(nk, -1, d) for x in (q, k, v, z)]
+    return (jnp.concatenate(parts, axis=1).reshape(-1, d),)
+
+  names = ("q_proj", "k_proj", "v_proj", "g_proj")
+  return Entry((hf_name,), tuple(m + (n, "kernel") for n in names), to_ours,
+               to_hf)
+
+
+def _ba_entry(hf_name: str, m, nk: int, nv: int) -> Entry:
+  """``in_proj_ba``: per key head ``[b (r), a (r)]`` rows."""
+  r = nv // nk
+
+  def to_ours(w):
+    d = w.shape[-1]
+    b, a = jnp.split(w.reshape(nk, 2 * r, d), 2, axis=1)
+    return b.reshape(nv, d).T, a.reshape(nv, d).T
+
+  def to_hf(b, a):
+    d = b.shape[0]
+    return (jnp.concatenate([b.T.reshape(nk, r, d), a.T.reshape(nk, r, d)],
+                            axis=1).reshape(2 * nv, d),)
+
+  return Entry((hf_name,), (m + ("b_proj", "kernel"), m + ("a_proj", "kernel")),
+               to_ours, to_hf)
+
+
+def _split_conv_entry(hf_name: str, convs, sizes) -> Entry:
+  """One depthwise conv over concatenated channels <-> one per part."""
+  cuts = np.cumsum(sizes)[:-1]
+  return Entry((hf_name,), tuple(c + ("weight",) for c in convs),
+               lambda w: tuple(jnp.split(w[:, 0, :], cuts, axis=0)),
+               lambda *ws: (jnp.concatenate(ws, axis=0)[:, None, :],))
+
+
+def qwen3_next_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  nk, nv = int(hf["linear_num_key_heads"]), int(hf["linear_num_value_heads"])
+  hk, hv = int(hf["linear_key_head_dim"]), int(hf["linear_value_head_dim"])
+  out = [copy("model.embed_tokens.weight", ("embed", "embedding"))]
+  out += _norm("model.norm", ("final_norm",), offset=True)
+  for i in range(config.n_layers):
+    p = f"model.layers.{i}"
+    m = _block(i, "mixer")
+    out += _norm(f"{p}.input_layernorm", _block(i, "mixer_norm"), offset=True)
+    out += _norm(f"{p}.post_attention_layernorm", _block(i, "mlp_norm"),
+                 offset=True)
+    for hf_name, ours in (("gate_proj", "gate"), ("up_proj", "up"),
+                          ("down_proj", "down")):
+      out += linear(f"{p}.mlp.{hf_name}", _block(i, "mlp", ours))
+    a = f"{p}.linear_attn"
+    out += [_qkvz_entry(f"{a}.in_proj_qkvz.weight", m, nk, nv, hk, hv),
+            _ba_entry(f"{a}.in_proj_ba.weight", m, nk, nv),
+            _split_conv_entry(f"{a}.conv1d.weight",
+                              [m + (c,) for c in ("q_conv", "k_conv",
+                                                  "v_conv")],
+                              (nk * hk, nk * hk, nv * hv)),
+            copy(f"{a}.dt_bias", m + ("dt_bias",)),
+            copy(f"{a}.A_log", m + ("A_log",)),
+            head_shared(f"{a}.norm.weight", m + ("norm", "scale"), nv)]
+    out += linear(f"{a}.out_proj", m + ("o_proj",))
+  return out + _head(hf, config)
+
+
+# --- flash-linear-attention -----------------------------------------------
+
+def _fla_checks(hf: dict) -> None:
+  _unsupported(hf, "attn", (None,), "hybrid softmax-attention layers of fla "
+               "models are not mapped")
+  _unsupported(hf, "attnres_block_size", (None,))
+  _unsupported(hf, "elementwise_affine", (True, None))
+
+
+def _fla_mlp_dim(hf: dict) -> int:
+  if hf.get("intermediate_size") is not None:
+    return int(hf["intermediate_size"])
+  ratio = hf.get("hidden_ratio") or 4
+  size = int(hf["hidden_size"] * ratio * 2 / 3)
+  return 256 * ((size + 255) // 256)
+
+
+def _fla_swiglu_config(hf: dict, mixer: str, n_heads: int,
+                       options: dict) -> LMConfig:
+  _fla_checks(hf)
+  _unsupported(hf, "hidden_act", ("swish",))
+  return LMConfig(**_common(hf), n_heads=n_heads, mixer=mixer,
+                  mixer_options={mixer: options}, mlp_dim=_fla_mlp_dim(hf),
+                  norm_eps=float(hf.get("norm_eps", 1e-6)))
+
+
+def _fla_swiglu_block(i: int) -> list[Entry]:
+  p = f"model.layers.{i}"
+  out = _norm(f"{p}.attn_norm", _block(i, "mixer_norm"))
+  out += _norm(f"{p}.mlp_norm", _block(i, "mlp_norm"))
+  for hf_name, ours in (("gate_proj", "gate"), ("up_proj", "up"),
+                        ("down_proj", "down")):
+    out += linear(f"{p}.mlp.{hf_name}", _block(i, "mlp", ours))
+  return out
+
+
+def _fla_frame(hf: dict, config: LMConfig) -> list[Entry]:
+  out = [copy("model.embeddings.weight", ("embed", "embedding"))]
+  norm_bias = config.norm == "layer"
+  out += _norm("model.norm", ("final_norm",), bias=norm_bias)
+  return out + _head(hf, config)
+
+
+def gla_config(hf: dict) -> LMConfig:
+  for key, allowed in (("num_kv_heads", (None,)), ("feature_map", (None,)),
+                       ("use_short_conv", (False, None)),
+                       ("use_output_gate", (True, None)),
+                       ("clamp_min", (None,)), ("use_gk", (True, None)),
+                       ("use_gv", (False, None))):
+    _unsupported(hf, key, allowed)
+  options = dict(expand_k=float(hf.get("expand_k", 0.5)),
+                 expand_v=float(hf.get("expand_v", 1.0)),
+                 norm_eps=float(hf.get("norm_eps", 1e-6)))
+  return _fla_swiglu_config(hf, "gla", int(hf["num_heads"]), options)
+
+
+def gla_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  out = _fla_frame(hf, config)
+  heads = config.n_heads
+  norm = ("g_norm_swish_gate" if hf.get("fuse_norm", True) else "g_norm")
+  for i in range(config.n_layers):
+    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
+    out += _fla_swiglu_block(i)
+    for hf_name, ours in (("q_proj", "q_proj"), ("k_proj", "k_proj"),
+                          ("v_proj", "v_proj"), ("g_proj", "out_gate"),
+                          ("o_proj", "o_proj"), ("gk_proj.0", "gate_down")):
+      out += linear(f"{a}.{hf_name}", m + (ours,))
+    out += linear(f"{a}.gk_proj.1", m + ("gate_up",), True)
+    out += [head_shared(f"{a}.{norm}.weight", m + ("norm", "scale"), heads)]
+  return out
+
+
+def _delta_common(hf: dict) -> dict:
+  _unsupported(hf, "use_short_conv", (True, None))
+  _unsupported(hf, "conv_bias", (False, None))
+  return dict(conv_size=int(hf.get("conv_size", 4)),
+              allow_neg_eigval=bool(hf.get("allow_neg_eigval", False)),
+              norm_eps=float(hf.get("norm_eps", 1e-5)))
+
+
+def delta_net_config(hf: dict) -> LMConfig:
+  for key, allowed in (("use_beta", (True, None)),
+                       ("qk_activation", ("silu", None)),
+                       ("qk_norm", ("l2", None))):
+    _unsupported(hf, key, allowed)
+  options = dict(_delta_common(hf), expand_k=float(hf.get("expand_k", 1.0)),
+                 expand_v=float(hf.get("expand_v", 1.0)),
+                 use_output_gate=bool(hf.get("use_gate", False)))
+  return _fla_swiglu_config(hf, "deltanet", int(hf["num_heads"]), options)
+
+
+def gated_deltanet_config(hf: dict) -> LMConfig:
+  _unsupported(hf, "use_gate", (True, None))
+  _unsupported(hf, "output_gate_activation", ("swish", "silu", None))
+  heads, head_dim = int(hf["num_heads"]), int(hf.get("head_dim", 256))
+  value_width = head_dim * float(hf.get("expand_v", 2))
+  if value_width != int(value_width):
+    raise ValueError(f"config.json has head_dim * expand_v = {value_width}, "
+                     "not an integer")
+  options = dict(_delta_common(hf),
+                 n_v_heads=int(hf.get("num_v_heads") or heads),
+                 head_k_dim=head_dim, head_v_dim=int(value_width),
+                 use_output_gate=True)
+  return _fla_swiglu_config(hf, "gated_deltanet", heads, options)
+
+
+def _delta_entries(hf: dict, config: LMConfig, gated: bool) -> list[Entry]:
+  out = _fla_frame(hf, config)
+  options = config.options_for(config.layer_mixers[0])
+  heads = options.get("n_v_heads") or config.n_heads
+  for i in range(config.n_layers):
+    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
+    out += _fla_swiglu_block(i)
+    for name in ("q_proj", "k_proj", "v_proj", "b_proj", "o_proj"):
+      out += linear(f"{a}.{name}", m + (name,))
+    for name in ("q", "k", "v"):
+      out += [conv(f"{a}.{name}_conv1d.weight", m + (f"{name}_conv",
+                                                     "weight"))]
+    if gated:
+      out += linear(f"{a}.a_proj", m + ("a_proj",))
+      out += [copy(f"{a}.A_log", m + ("A_log",)),
+              copy(f"{a}.dt_bias", m + ("dt_bias",))]
+    if options.get("use_output_gate"):
+      out += linear(f"{a}.g_proj", m + ("g_proj",))
+    out += [head_shared(f"{a}.o_norm.weight", m + ("norm", "scale"), heads)]
+  return out
+
+
+def delta_net_entries(hf, config):
+  return _delta_entries(hf, config, gated=False)
+
+
+def gated_deltanet_entries(hf, config):
+  return _delta_entries(hf, config, gated=True)
+
+
+def _rwkv_config(hf: dict, mixer: str, n_heads: int, options: dict,
+                 mlp_dim: int) -> LMConfig:
+  _fla_checks(hf)
+  _unsupported(hf, "hidden_act", ("sqrelu",))
+  _unsupported(hf, "norm_bias", (True, None))
+  return LMConfig(**_common(hf), n_heads=n_heads, mixer=mixer,
+                  mixer_options={mixer: options}, mlp=mixer, mlp_dim=mlp_dim,
+                  norm="layer", embed_norm=bool(hf.get("norm_first", True)),
+                  norm_eps=float(hf.get("norm_eps", 1e-5)))
+
+
+def _rwkv_mlp_dim(hf: dict, ratio: float) -> int:
+  if hf.get("intermediate_size") is not None:
+    return int(hf["intermediate_size"])
+  size = int(hf["hidden_size"] * (hf.get("hidden_ratio") or ratio))
+  return 32 * ((size + 31) // 32)
+
+
+def _rwkv_frame(hf: dict, config: LMConfig) -> list[Entry]:
+  out = _fla_frame(hf, config)
+  if config.embed_norm:
+    out += _norm("model.layers.0.pre_norm", ("embed_norm",), bias=True)
+  for i in range(config.n_layers):
+    p = f"model.layers.{i}"
+    out += _norm(f"{p}.attn_norm", _block(i, "mixer_norm"), bias=True)
+    out += _norm(f"{p}.ffn_norm", _block(i, "mlp_norm"), bias=True)
+  return out
+
+
+def rwkv6_config(hf: dict) -> LMConfig:
+  _unsupported(hf, "fuse_norm", (True, False, None))
+  heads = int(hf["num_heads"])
+  options = dict(expand_k=float(hf.get("expand_k", 0.5)),
+                 expand_v=float(hf.get("expand_v", 1.0)),
+                 mix_low_rank_dim=int(hf.get("proj_low_rank_dim", 32)),
+                 decay_low_rank_dim=int(hf.get("gate_low_rank_dim", 64)),
+                 norm_eps=float(hf.get("norm_eps", 1e-5)))
+  return _rwkv_config(hf, "rwkv6", heads, options, _rwkv_mlp_dim(hf, 3.5))
+
+
+# fla's x_proj order (r, w, k, v, g) -> the layer's (w, k, v, r, g).
+_RWKV6_ORDER = (1, 2, 3, 0, 4)
+_RWKV6_INVERSE = tuple(int(i) for i in np.argsort(_RWKV6_ORDER))
+
+
+def _rwkv6_lerp_entry(a: str, m, d: int, rank: int) -> Entry:
+  """``x_proj.{0,2}`` and ``x_bias`` (five LoRAs in fla's order) <->
+  ``lerp_down [D, 5R]``, ``lerp_up [5, R, D]``, ``lerp_weights [5, D]``."""
+  order, inverse = list(_RWKV6_ORDER), list(_RWKV6_INVERSE)
+
+  def to_ours(down, up, bias):
+    down = down.reshape(5, rank, d)[jnp.array(order)]           # [5, R, D]
+    up = up.reshape(d, 5, rank).transpose(1, 2, 0)[jnp.array(order)]
+    return (down.reshape(5 * rank, d).T, up, bias[jnp.array(order)])
+
+  def to_hf(down, up, weights):
+    down = down.T.reshape(5, rank, d)[jnp.array(inverse)]
+    up = up[jnp.array(inverse)].transpose(2, 0, 1).reshape(d, 5 * rank)
+    return (down.reshape(5 * rank, d), up, weights[jnp.array(inverse)])
+
+  return Entry((f"{a}.x_proj.0.linear.weight", f"{a}.x_proj.2.weight",
+                f"{a}.x_bias"),
+               (m + ("lerp_down",), m + ("lerp_up",), m + ("lerp_weights",)),
+               to_ours, to_hf)
+
+
+def rwkv6_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  out = _rwkv_frame(hf, config)
+  options = config.options_for("rwkv6")
+  d, rank = config.d_model, options["mix_low_rank_dim"]
+  for i in range(config.n_layers):
+    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
+    f, mlp = f"model.layers.{i}.ffn", _block(i, "mlp")
+    out += [_rwkv6_lerp_entry(a, m, d, rank),
+            copy(f"{a}.x_proj.0.mu", m + ("lerp_base",)),
+            copy(f"{a}.bonus", m + ("bonus",)),
+            copy(f"{a}.g_norm.weight", m + ("norm", "scale")),
+            copy(f"{a}.g_norm.bias", m + ("norm_bias",)),
+            copy(f"{a}.w_proj.linear.lora.2.bias", m + ("decay_base",))]
+    for name in ("r_proj", "k_proj", "v_proj", "g_proj"):
+      out += linear(f"{a}.{name}.linear", m + (name,))
+    out += [transpose(f"{a}.w_proj.linear.lora.0.weight",
+                      m + ("decay_down",)),
+            transpose(f"{a}.w_proj.linear.lora.2.weight", m + ("decay_up",))]
+    out += linear(f"{a}.o_proj", m + ("o_proj",))
+    out += [copy(f"{f}.key.mu", mlp + ("key_mix",)),
+            copy(f"{f}.receptance.mu", mlp + ("receptance_mix",))]
+    out += linear(f"{f}.key.linear", mlp + ("key",))
+    out += linear(f"{f}.receptance.linear", mlp + ("receptance",))
+    out += linear(f"{f}.value", mlp + ("value",))
+  return out
+
+
+def rwkv7_config(hf: dict) -> LMConfig:
+  d = int(hf["hidden_size"])
+  head_dim = hf.get("head_dim") or d // int(hf["num_heads"])
+  heads = d // int(head_dim)
+  values = hf.get("value_dim")
+  if values is not None and any(int(v) != d for v in (
+      values if isinstance(values, list) else [values])):
+    raise ValueError(f"config.json has value_dim = {values}; only value_dim "
+                     f"= hidden_size = {d} loads")
+  norm_eps = float(hf.get("norm_eps", 1e-5))
+  options = dict(decay_low_rank_dim=int(hf.get("decay_low_rank_dim", 64)),
+                 iclr_low_rank_dim=int(hf.get("a_low_rank_dim", 64)),
+                 gate_low_rank_dim=int(hf.get("gate_low_rank_dim", 128)),
+                 value_low_rank_dim=int(hf.get("v_low_rank_dim", 16)),
+                 value_residual=True, norm_eps=int(head_dim) * norm_eps)
+  return _rwkv_config(hf, "rwkv7", heads, options, _rwkv_mlp_dim(hf, 4))
+
+
+def _lora(prefix: str, m, down: str, up: str, base: str | None):
+  out = [transpose(f"{prefix}.lora.0.weight", m + (down,)),
+         transpose(f"{prefix}.lora.2.weight", m + (up,))]
+  if base is not None:
+    out.append(copy(f"{prefix}.lora.2.bias", m + (base,)))
+  return out
+
+
+def rwkv7_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  out = _rwkv_frame(hf, config)
+  d = config.d_model
+  for i in range(config.n_layers):
+    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
+    f, mlp = f"model.layers.{i}.ffn", _block(i, "mlp")
+    mix_names = tuple(f"{a}.x_{c}" for c in "rwkvag")
+    out += [Entry(mix_names, (m + ("lerp_weights",),),
+                  lambda *xs: (jnp.stack([x.reshape(-1) for x in xs]),),
+                  lambda w: tuple(w[j].reshape(1, 1, d) for j in range(6))),
+            copy(f"{a}.k_k", m + ("key_norm_scale",)),
+            copy(f"{a}.k_a", m + ("key_iclr_mix",)),
+            copy(f"{a}.r_k", m + ("bonus",)),
+            copy(f"{a}.g_norm.weight", m + ("norm", "scale")),
+            copy(f"{a}.g_norm.bias", m + ("norm_bias",))]
+    for name in ("r_proj", "k_proj", "v_proj", "o_proj"):
+      out += linear(f"{a}.{name}", m + (name,))
+    out += _lora(f"{a}.w_lora", m, "decay_down", "decay_up", "decay_base")
+    out += _lora(f"{a}.a_lora", m, "iclr_down", "iclr_up", "iclr_base")
+    out += _lora(f"{a}.g_lora", m, "gate_down", "gate_up", None)
+    if i > 0:
+      out += _lora(f"{a}.v_lora", m, "value_down", "value_up", "value_base")
+    out += [copy(f"{f}.x_k", mlp + ("key_mix",))]
+    out += linear(f"{f}.key", mlp + ("key",))
+    out += linear(f"{f}.value", mlp + ("value",))
+  return out
+
+
+ARCHITECTURES = {
+    "mamba": (mamba_config, mamba_entries),
+    "mamba2": (mamba2_config, mamba2_entries),
+    "recurrent_gemma": (recurrent_gemma_config, recurrent_gemma_entries),
+    "qwen3_next": (qwen3_next_config, qwen3_next_entries),
+    "gla": (gla_config, gla_entries),
+    "delta_net": (delta_net_config, delta_net_entries),
+    "gated_deltanet": (gated_deltanet_config, gated_deltanet_entries),
+    "rwkv6": (rwkv6_config, rwkv6_entries),
+    "rwkv7": (rwkv7_config, rwkv7_entries),
+}
+
+
+def ignored_tensor(name: str) -> bool:
+  """Tensors a checkpoint may hold that the LM does not need: a tied
+  head's copy of the embedding and rotary buffers."""
+  return name == "lm_head.weight" or name.endswith("rotary_emb.inv_freq")

@@ -1,0 +1,18 @@
+"""Data for training and experiments: corpora, packing into rows, batches.
+
+- ``corpus``: documents as token arrays (the Python standard library's own
+  source files by default, text files, pre-tokenized token files);
+- ``packing``: documents packed into fixed-length rows with segment ids, a
+  pure function of (seed, row index);
+- ``pipeline``: per-process batches for a step, as a grain dataset, and
+  their placement on a device mesh.
+"""
+
+from lin_attn_jax.data.corpus import (Corpus, stdlib_corpus, text_corpus,
+                                      token_file_corpus)
+from lin_attn_jax.data.packing import PackedRows, model_inputs
+from lin_attn_jax.data.pipeline import BatchSource, global_batch_to_device
+
+__all__ = ["BatchSource", "Corpus", "PackedRows", "global_batch_to_device",
+           "model_inputs", "stdlib_corpus", "text_corpus",
+           "token_file_corpus"]

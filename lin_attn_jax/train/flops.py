@@ -1,0 +1,103 @@
+"""Model FLOPs per token and model FLOPs utilisation (MFU).
+
+The count is analytic, of the model (not of what XLA runs), for one
+training token (forward + backward = 3 x forward):
+
+- projections: ``2 x`` the parameters of every weight matrix (two or more
+  dimensions; the input embedding is a lookup and does not count, the
+  output head does: with tied embeddings the table counts once);
+- sequence mixing, per layer: softmax attention reads ``c`` keys and values
+  per query head (``4 x c x H x head_dim``, with ``c`` the mean number of
+  visible keys: ``(T + 1) / 2`` for causal attention, fewer under a
+  window); every other mixer reads and writes its recurrent state once per
+  token (``4 x`` the floats of its state, from ``init_mixer_cache``), the
+  cost of the recurrent form, which the chunk forms trade for matmuls.
+
+MFU is achieved model FLOPs per second over the devices' peak (dense
+bfloat16 matmul, per chip, from the vendors' data sheets); there is no peak
+for CPUs, and then MFU is not reported.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+# Dense bfloat16 peak FLOP/s per chip; matched against device_kind in
+# order (first match wins), case-insensitively.
+PEAK_FLOPS = (
+    ("v6 lite", 918e12), ("v6e", 918e12),
+    ("v5 lite", 197e12), ("v5e", 197e12),
+    ("v5p", 459e12), ("v5", 459e12),
+    ("v4", 275e12),
+    ("h200", 989e12), ("gh200", 989e12),
+    ("h100 pcie", 756e12), ("h100", 989e12),
+    ("a100", 312e12),
+)
+
+
+def peak_flops(device=None) -> float | None:
+  """Peak FLOP/s of ``device`` (default: the first device), or None."""
+  device = jax.devices()[0] if device is None else device
+  if device.platform == "cpu":
+    return None
+  kind = device.device_kind.lower()
+  for key, value in PEAK_FLOPS:
+    if key in kind:
+      return value
+  return None
+
+
+def _mean_visible_keys(seq_len: int, window: int | None) -> float:
+  if window is None or window >= seq_len:
+    return (seq_len + 1) / 2
+  positions = np.arange(1, seq_len + 1)
+  return float(np.minimum(positions, window).mean())
+
+
+def mixing_flops_per_token(mixer, seq_len: int) -> float:
+  """Forward FLOPs of ``mixer``'s sequence mixing per token (module doc)."""
+  from lin_attn_jax.layers.softmax import CausalAttention
+  if isinstance(mixer, CausalAttention):
+    keys = _mean_visible_keys(seq_len, getattr(mixer, "window_size", None))
+    heads = mixer.q_proj.out_features // mixer.head_dim
+    return 4.0 * keys * heads * mixer.head_dim
+  if not getattr(mixer, "causal", True):
+    return 0.0
+  cache = jax.eval_shape(lambda: mixer.init_mixer_cache(1, seq_len,
+                                                        jnp.float32))
+  floats = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(cache))
+  return 4.0 * floats
+
+
+def flops_per_token(model, seq_len: int) -> float:
+  """Training FLOPs per token (forward + backward) of an ``LM``."""
+  params = nnx.state(model, nnx.Param)
+  embed = getattr(model, "embed", None)
+  table = None if embed is None else id(embed.embedding)
+  matrix = 0
+  for _, variable in nnx.to_flat_state(params):
+    if id(variable) == table:
+      continue
+    shape = np.shape(variable.get_value())
+    if len(shape) >= 2:
+      matrix += math.prod(shape)
+  if embed is not None and getattr(model, "lm_head", None) is None:
+    matrix += math.prod(np.shape(embed.embedding.get_value()))
+  mixing = sum(mixing_flops_per_token(block.mixer, seq_len)
+               for block in model.blocks)
+  return 3.0 * (2.0 * matrix + mixing)
+
+
+def mfu(tokens_per_second: float, flops_token: float,
+        devices=None) -> float | None:
+  """Model FLOPs utilisation, or None when the devices have no known peak."""
+  devices = jax.devices() if devices is None else list(devices)
+  peaks = [peak_flops(d) for d in devices]
+  if not peaks or any(p is None for p in peaks):
+    return None
+  return tokens_per_second * flops_token / sum(peaks)
