@@ -33,6 +33,13 @@ from tests.form_checks import rel_rms
 B, T, H, K, V = 2, 32, 2, 8, 4
 CHUNK = 4
 TOL = 1e-5
+# Compile time is what these tests cost; the backend's optimisations do not
+# change the arithmetic checked here and take a third of it.
+FAST = {"xla_backend_optimization_level": 0}
+
+
+def jit(fn):
+  return jax.jit(fn, compiler_options=FAST)
 IDS = np.array([[0] * 5 + [1] * 3 + [0] * 8 + [2] * 3 + [1] * 13,
                 [0] * 7 + [1] * 1 + [2] * 4 + [0] * 12 + [3] * 8], np.int32)
 
@@ -304,7 +311,7 @@ def _case(name):
 def _reference(name):
   """The single-device chunk form, compiled once per case (segment ids and
   initial state are arguments)."""
-  return jax.jit(functools.partial(_vjp, CASES[name][0][1]))
+  return jit(functools.partial(_vjp, CASES[name][0][1]))
 
 
 def _check(name, parts, plain=False):
@@ -322,7 +329,7 @@ def _check(name, parts, plain=False):
     del expected[1]["initial_state"]
   with jax.set_mesh(mesh(parts)):
     assert context_parallel.sequence_parallel_size() == parts
-    actual = jax.jit(functools.partial(_vjp, fn))(diff, ids, cotangents)
+    actual = jit(functools.partial(_vjp, fn))(diff, ids, cotangents)
   paths = jax.tree_util.tree_flatten_with_path(expected)[0]
   assert len(paths) == len(jax.tree.leaves(actual))
   for (path, want), got in zip(paths, jax.tree.leaves(actual)):
@@ -362,11 +369,11 @@ def test_hybrid_lm_loss_and_gradients_match_single_device():
     logp = jax.nn.log_softmax(logits)
     return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], -1))
 
-  expected = jax.jit(jax.value_and_grad(loss))(params, tokens, ids)
+  expected = jit(jax.value_and_grad(loss))(params, tokens, ids)
   with jax.set_mesh(mesh(4)):
-    step = jax.jit(jax.value_and_grad(loss))
+    step = jit(jax.value_and_grad(loss)).lower(params, tokens, ids).compile()
     actual = step(params, tokens, ids)
-    hlo = step.lower(params, tokens, ids).compile().as_text()
+    hlo = step.as_text()
   # The split ran: the chunk forms exchanged summaries and halos.
   assert "all-gather" in hlo and "collective-permute" in hlo
   assert rel_rms(actual[0], expected[0]) <= TOL
@@ -391,7 +398,7 @@ def test_explicit_axis_name_and_mesh():
                                    segment_ids=IDS, chunk_size=CHUNK)
   sp = jax.make_mesh((4,), ("sp",), axis_types=(AxisType.Auto,),
                      devices=jax.devices()[:4])
-  actual = jax.jit(lambda a, b: ops.context_parallel_linear_scan(
+  actual = jit(lambda a, b: ops.context_parallel_linear_scan(
       a, b, output_final_state=True, segment_ids=IDS, chunk_size=CHUNK,
       axis_name="sp", mesh=sp))(a, b)
   for got, want in zip(actual, expected):
@@ -450,7 +457,7 @@ def test_pallas_kernels_run_per_device():
                                 {"use_qk_l2norm": True})}
   for name, (form, extra, kw) in gates.items():
     def run(impl, form=form, kw=kw):
-      return jax.jit(lambda *a: form(
+      return jit(lambda *a: form(
           *a, initial_state=initial, output_final_state=True,
           segment_ids=ids, chunk_size=CHUNK, impl=impl, **kw))(q, k, v,
                                                                *extra)
