@@ -27,6 +27,7 @@ from flax import nnx
 
 from lin_attn_jax.ops import (causal_conv1d_step, chunk_causal_conv1d,
                               parallel_causal_conv1d, recurrent_causal_conv1d)
+from lin_attn_jax.ops.conv import token_shift as ops_token_shift
 
 
 def partitioned(init, axes: Sequence[str | None]):
@@ -189,15 +190,12 @@ def token_shift(x, ctx, last=None):
 
   ``x: [B, T, C]``; ``last: [B, C]`` the token before the first one (from
   the cache) or None for zeros. The previous token is zero at the start of
-  every document. Returns ``(shifted [B, T, C], x[:, -1] as the new last)``.
+  every document (``ops.token_shift``, which splits over a ``"sequence"``
+  mesh axis). Returns ``(shifted [B, T, C], x[:, -1] as the new last)``.
   """
-  b, t, c = x.shape
-  first = (jnp.zeros((b, 1, c), x.dtype) if last is None
-           else ctx.carried(last)[:, None].astype(x.dtype))
-  shifted = jnp.concatenate([first, x[:, :-1]], axis=1)
-  if ctx.segment_ids is not None:
-    new_doc = jnp.concatenate(
-        [jnp.zeros((b, 1), bool),
-         ctx.segment_ids[:, 1:] != ctx.segment_ids[:, :-1]], axis=1)
-    shifted = jnp.where(new_doc[..., None], 0, shifted)
+  first = None if last is None else ctx.carried(last).astype(x.dtype)
+  if ctx.decoding:
+    shifted = first[:, None]
+  else:
+    shifted = ops_token_shift(x, first, ctx.segment_ids)
   return shifted, x[:, -1].astype(jnp.float32)

@@ -89,3 +89,22 @@ from lin_attn_jax.ops.rwkv6 import (chunk_rwkv6, naive_recurrent_rwkv6,
 from lin_attn_jax.ops.rwkv7 import (chunk_rwkv7, naive_recurrent_rwkv7,
                                     parallel_rwkv7, recurrent_rwkv7,
                                     rwkv7_step)
+
+# Context parallelism: the chunk forms above split the sequence by themselves
+# under a mesh with a "sequence" axis of size > 1 (jax.set_mesh); these take
+# the axis name and mesh explicitly. See docs/context_parallel.md.
+from lin_attn_jax.ops.common.context_parallel import sequence_parallel_size
+from lin_attn_jax.ops.conv.context_parallel import (
+    context_parallel_causal_conv1d, context_parallel_token_shift)
+from lin_attn_jax.ops.conv.token_shift import token_shift
+from lin_attn_jax.ops.delta_rule.context_parallel import (
+    context_parallel_delta_rule)
+from lin_attn_jax.ops.diagonal_ssm.context_parallel import (
+    context_parallel_linear_scan)
+from lin_attn_jax.ops.gated_linear.context_parallel import (
+    context_parallel_gated_linear)
+from lin_attn_jax.ops.mamba.context_parallel import (
+    context_parallel_selective_scan)
+from lin_attn_jax.ops.rwkv7.context_parallel import context_parallel_rwkv7
+from lin_attn_jax.ops.softmax_attn.context_parallel import (
+    context_parallel_softmax_attn)

@@ -6,6 +6,7 @@ from lin_attn_jax.ops.conv.causal_conv1d import (causal_conv1d_step,
                                                  parallel_causal_conv1d,
                                                  recurrent_causal_conv1d)
 from lin_attn_jax.ops.conv.inputs import MAX_WIDTH
+from lin_attn_jax.ops.conv.token_shift import token_shift
 
 __all__ = [
     "MAX_WIDTH",
@@ -14,4 +15,5 @@ __all__ = [
     "naive_recurrent_causal_conv1d",
     "parallel_causal_conv1d",
     "recurrent_causal_conv1d",
+    "token_shift",
 ]

@@ -17,9 +17,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common import checks, context_parallel
 from lin_attn_jax.ops.common.chunking import pad_time, split_chunks
 from lin_attn_jax.ops.common.segments import document_index, reset_flags
+from lin_attn_jax.ops.conv import context_parallel as split
 from lin_attn_jax.ops.conv.inputs import finish, validate, validate_step
 
 _F32 = jnp.float32
@@ -117,6 +118,8 @@ def parallel_causal_conv1d(x, weight, bias=None, *, activation=None,
   return finish(y, bias, activation).astype(x.dtype), final
 
 
+@context_parallel.splits_sequence(
+    lambda: split.context_parallel_causal_conv1d)
 def chunk_causal_conv1d(x, weight, bias=None, *, activation=None,
                         initial_state=None, output_final_state=False,
                         segment_ids=None, chunk_size=64):

@@ -34,12 +34,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import checks, dispatch, kernel_sharding
+from lin_attn_jax.ops.common import (checks, context_parallel, dispatch,
+                                    kernel_sharding)
 from lin_attn_jax.ops.common.chunk_scores import (intra_chunk_scores,
                                                   sub_chunk_log_decays)
 from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
                                              split_chunks)
 from lin_attn_jax.ops.common.segments import document_index
+from lin_attn_jax.ops.delta_rule import context_parallel as split
 from lin_attn_jax.ops.delta_rule.inputs import (default_scale,
                                                 expand_query_key, validate)
 from pallas_kernels.delta_rule import ChunkTerms, chunk_delta_rule_sweep
@@ -291,6 +293,7 @@ def sweep_xla(terms: ChunkTerms, state0):
   return o, final_state
 
 
+@context_parallel.splits_sequence(lambda: split.context_parallel_delta_rule)
 def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
                      output_final_state=False, segment_ids=None,
                      chunk_size=64, sub_chunk_size=8, use_qk_l2norm=False,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common import checks, context_parallel
+from lin_attn_jax.ops.diagonal_ssm import context_parallel as split
 from lin_attn_jax.ops.diagonal_ssm.inputs import initial, validate
 from lin_attn_jax.ops.diagonal_ssm.scan import (chunked_linear_scan,
                                                 expand_like, keep_flags)
 
 
+@context_parallel.splits_sequence(lambda: split.context_parallel_scan_f32)
 def chunk_scan_f32(a, b, keep, initial_state, chunk_size):
   """Float32 ``[B, T, ...]`` coefficients, ``keep [B, T]`` -> ``(h, h_T)``."""
   state = initial(initial_state, (a.shape[0],) + a.shape[2:], a.dtype)

@@ -49,10 +49,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import checks, dispatch, kernel_sharding
+from lin_attn_jax.ops.common import (checks, context_parallel, dispatch,
+                                    kernel_sharding)
 from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunks
 from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
 from lin_attn_jax.ops.common.segments import document_index
+from lin_attn_jax.ops.gated_linear import context_parallel as split
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
 from lin_attn_jax.ops.gated_linear.scalar_decay import scalar_decay_outputs
 from pallas_kernels.gated_linear import chunk_gated_linear_attention
@@ -229,6 +231,8 @@ def _grouped_over_chunks(fn, operands, group):
   return jax.tree.map(from_groups, out)
 
 
+@context_parallel.splits_sequence(
+    lambda: split.context_parallel_gated_linear)
 def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
                        output_final_state=False, segment_ids=None,
                        chunk_size=64, sub_chunk_size=8, impl="auto",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common import checks, context_parallel
 from lin_attn_jax.ops.softmax_attn.inputs import check_grouped_qkv, default_scale
 
 _F32 = jnp.float32
@@ -27,6 +27,14 @@ _NOT_CAUSAL = (
     "a mix of all T positions, the future ones included, so masking the "
     "[T, P] scores cannot hide the future. Use causal=False (encoder-style "
     "attention), or a causal op such as chunk_softmax_attn.")
+
+_NOT_SPLIT = (
+    "Linformer cannot split the sequence over the {p} devices of mesh axis "
+    "'sequence': it is not causal, so no device's outputs follow from a "
+    "summary of the tokens before it, and its projections E and F have one "
+    "column per position of the whole sequence (a fixed T). Use a mesh "
+    "without a 'sequence' axis (or of size 1) for a model with Linformer "
+    "layers.")
 
 
 def linformer_attn(q, k, v, e, f, *, scale=None, causal=False):
@@ -38,7 +46,8 @@ def linformer_attn(q, k, v, e, f, *, scale=None, causal=False):
     e, f: ``[P, T]`` projections of the keys and of the values along T.
     scale: score scale, ``K ** -0.5`` when None.
     causal: must be False; True raises ``ValueError`` (see the module
-      docstring).
+      docstring). So does a current mesh with a ``"sequence"`` axis of size
+      > 1: Linformer cannot split the sequence.
   Returns:
     ``o [B, T, H, V]`` in v's dtype.
 
@@ -49,6 +58,9 @@ def linformer_attn(q, k, v, e, f, *, scale=None, causal=False):
   """
   if causal:
     raise ValueError(_NOT_CAUSAL)
+  parts = context_parallel.sequence_parallel_size()
+  if parts > 1:
+    raise ValueError(_NOT_SPLIT.format(p=parts))
   b, t, h, hkv, dk, dv = check_grouped_qkv(q, k, v)
   for name, x in (("e", e), ("f", f)):
     checks.check_rank(name, x, 2, "[P, T]")

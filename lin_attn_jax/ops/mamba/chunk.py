@@ -31,10 +31,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common import checks, context_parallel
 from lin_attn_jax.ops.common.chunking import pad_time
 from lin_attn_jax.ops.diagonal_ssm.inputs import initial
 from lin_attn_jax.ops.diagonal_ssm.scan import keep_flags
+from lin_attn_jax.ops.mamba import context_parallel as split
 from lin_attn_jax.ops.mamba.inputs import (finish, grouped, grouped_projection,
                                            time_step, validate)
 
@@ -138,6 +139,8 @@ def _scan_bwd(chunk, residuals, cotangents):
 _scan.defvjp(_scan_fwd, _scan_bwd)
 
 
+@context_parallel.splits_sequence(
+    lambda: split.context_parallel_selective_scan)
 def chunk_selective_scan(u, delta, A, B, C, *, D=None, z=None,
                          delta_bias=None, delta_softplus=False,
                          initial_state=None, output_final_state=False,

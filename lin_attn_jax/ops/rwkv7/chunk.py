@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from lin_attn_jax.ops.common import context_parallel
 from lin_attn_jax.ops.common.chunk_scores import (exclusive_local,
                                                   intra_chunk_scores,
                                                   sub_chunk_log_decays)
@@ -31,6 +32,7 @@ from lin_attn_jax.ops.delta_rule.chunk import (check_chunk_sizes, chunk_layout,
                                                document_masks,
                                                invert_unit_lower,
                                                scan_chunk_states)
+from lin_attn_jax.ops.rwkv7 import context_parallel as split
 from lin_attn_jax.ops.rwkv7.inputs import default_scale, validate
 
 _F32 = jnp.float32
@@ -40,6 +42,7 @@ def _mm(subscripts, *operands):
   return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
 
 
+@context_parallel.splits_sequence(lambda: split.context_parallel_rwkv7)
 def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
                 output_final_state=False, segment_ids=None, chunk_size=64,
                 sub_chunk_size=8):

@@ -104,7 +104,8 @@ RuleFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 
 def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
-                          rule: RuleFn, block_size: int, scale: float):
+                          rule: RuleFn, block_size: int, scale: float,
+                          q_offset=0):
   """One pass of block-sparse softmax attention.
 
   Args:
@@ -119,6 +120,8 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
     rule: ``(i, j, rule_id) -> bool`` on broadcastable position arrays.
     block_size: ``C``.
     scale: multiplies the scores.
+    q_offset: added to the query positions before ``rule`` (an int, traced
+      or not: a device's first position when the sequence is split).
   Returns:
     ``(o [B, Rq, H, V] float32, lse [B, Rq, H] float32)``; rows with no
     allowed key get ``o = 0`` and ``lse = -inf``.
@@ -129,12 +132,15 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
   g = h // hkv
   nq, nk = rq // c, rk // c
   sched = make_schedule(*pairs, num_q_blocks=nq)
-  # A dummy query block (index nq) absorbs the idle slots of a round.
-  pos_q = jnp.asarray(np.concatenate([np.asarray(q_pos), np.full((c,), -1)])
-                      .reshape(nq + 1, c))                      # [NQ+1, C]
-  pos_k = jnp.asarray(np.asarray(k_pos).reshape(nk, c))         # [NK, C]
-  tables = tuple(jnp.asarray(x) for x in (sched.q_block, sched.k_block,
-                                          sched.rule, sched.active))
+  # A dummy query block (index nq) absorbs the idle slots of a round. The
+  # tables stay numpy here and become arrays inside the traced functions:
+  # arrays made out here would be closed over by the custom_vjp, which
+  # fails where its backward is traced apart from its forward (inside a
+  # differentiated shard_map).
+  pos_q = np.concatenate([np.asarray(q_pos), np.full((c,), -1)]).reshape(
+      nq + 1, c)                                                # [NQ+1, C]
+  pos_k = np.asarray(k_pos).reshape(nk, c)                      # [NK, C]
+  tables = (sched.q_block, sched.k_block, sched.rule, sched.active)
   with_docs = doc_q is not None
 
   def q_blocks(x, width):                       # [B, Rq, H, W] -> [B,N+1,h,g,C,W]
@@ -157,11 +163,12 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
     dq = jnp.pad(dq, ((0, 0), (0, c))).reshape(b, nq + 1, c)
     return dq, dk_.reshape(b, nk, c)
 
-  def block_mask(qi, ki, ri, act, dq_b, dk_b):
+  def block_mask(qi, ki, ri, act, dq_b, dk_b, q_offset):
     """``[B or 1, S, 1, 1, C, C]`` allowed entries of the round's pairs."""
-    i = pos_q[qi][:, :, None]                                   # [S, C, 1]
-    j = pos_k[ki][:, None, :]                                   # [S, 1, C]
-    mask = rule(i, j, ri[:, None, None]) & (i >= 0) & (j >= 0)
+    i = jnp.asarray(pos_q)[qi][:, :, None]                      # [S, C, 1]
+    j = jnp.asarray(pos_k)[ki][:, None, :]                      # [S, 1, C]
+    mask = (rule(i + q_offset, j, ri[:, None, None]) & (i >= 0)
+            & (j >= 0))
     mask = mask & act[:, None, None]                            # [S, C, C]
     if with_docs:
       same = dq_b[:, qi][..., :, None] == dk_b[:, ki][..., None, :]
@@ -172,7 +179,7 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
     s = scale * _mm("bshgik,bshjk->bshgij", qs, ks)            # [B,S,h,g,C,C]
     return jnp.where(mask, s, -jnp.inf)
 
-  def forward(q, k, v, doc_q, doc_k):
+  def forward(q, k, v, doc_q, doc_k, q_offset):
     qb, kb, vb = q_blocks(q, dk), k_blocks(k), k_blocks(v)
     dq_b, dk_b = doc_blocks(doc_q, doc_k) if with_docs else (None, None)
     m0 = jnp.full((b, nq + 1, hkv, g, c), -jnp.inf, _F32)
@@ -182,7 +189,8 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
     def one_round(carry, xs):
       m, l, acc = carry
       qi, ki, ri, act = xs                                      # [S]
-      s = scores(qb[:, qi], kb[:, ki], block_mask(qi, ki, ri, act, dq_b, dk_b))
+      s = scores(qb[:, qi], kb[:, ki],
+                 block_mask(qi, ki, ri, act, dq_b, dk_b, q_offset))
       m_old = m[:, qi]                                          # [B,S,h,g,C]
       m_new = jnp.maximum(m_old, jnp.max(s, axis=-1))
       # A row with nothing allowed yet keeps m = -inf; shift it by 0 instead
@@ -196,13 +204,14 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
       return (m.at[:, qi].set(m_new), l.at[:, qi].set(l_new),
               acc.at[:, qi].set(acc_new)), None
 
-    (m, l, acc), _ = jax.lax.scan(one_round, (m0, l0, acc0), tables)
+    (m, l, acc), _ = jax.lax.scan(one_round, (m0, l0, acc0),
+                                  tuple(jnp.asarray(x) for x in tables))
     o = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None],
                   0.0)
     lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
     return from_row_blocks(o), from_row_blocks(lse)
 
-  def backward(q, k, v, doc_q, doc_k, o, lse, do, dlse):
+  def backward(q, k, v, doc_q, doc_k, q_offset, o, lse, do, dlse):
     qb, kb, vb = q_blocks(q, dk), k_blocks(k), k_blocks(v)
     dq_b, dk_b = doc_blocks(doc_q, doc_k) if with_docs else (None, None)
     do_b = q_blocks(do, dv)                                     # [B,N+1,h,g,C,V]
@@ -214,7 +223,7 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
       dq, dk_, dv_ = carry
       qi, ki, ri, act = xs
       qs, ks, vs, dos = qb[:, qi], kb[:, ki], vb[:, ki], do_b[:, qi]
-      s = scores(qs, ks, block_mask(qi, ki, ri, act, dq_b, dk_b))
+      s = scores(qs, ks, block_mask(qi, ki, ri, act, dq_b, dk_b, q_offset))
       p = jnp.exp(s - lse_b[:, qi][..., None])                  # [B,S,h,g,C,C]
       dp = _mm("bshgiv,bshjv->bshgij", dos, vs)
       ds = p * (dp - delta[:, qi][..., None])
@@ -224,7 +233,8 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
       return (dq, dk_, dv_), None
 
     init = (jnp.zeros_like(qb), jnp.zeros_like(kb), jnp.zeros_like(vb))
-    (dq, dk_, dv_), _ = jax.lax.scan(one_round, init, tables)
+    (dq, dk_, dv_), _ = jax.lax.scan(one_round, init,
+                                     tuple(jnp.asarray(x) for x in tables))
 
     def from_k_blocks(x):                       # [B,NK,h,C,W] -> [B,Rk,Hkv,W]
       return x.transpose(0, 1, 3, 2, 4).reshape(b, rk, hkv, x.shape[-1])
@@ -232,21 +242,22 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
     return from_row_blocks(dq), from_k_blocks(dk_), from_k_blocks(dv_)
 
   @jax.custom_vjp
-  def attend(q, k, v, doc_q, doc_k):
-    return forward(q, k, v, doc_q, doc_k)
+  def attend(q, k, v, doc_q, doc_k, q_offset):
+    return forward(q, k, v, doc_q, doc_k, q_offset)
 
-  def attend_fwd(q, k, v, doc_q, doc_k):
-    o, lse = forward(q, k, v, doc_q, doc_k)
-    return (o, lse), (q, k, v, doc_q, doc_k, o, lse)
+  def attend_fwd(q, k, v, doc_q, doc_k, q_offset):
+    o, lse = forward(q, k, v, doc_q, doc_k, q_offset)
+    return (o, lse), (q, k, v, doc_q, doc_k, q_offset, o, lse)
 
   def attend_bwd(res, cotangents):
     do, dlse = cotangents
     dq, dk_, dv_ = backward(*res, do, dlse)
-    return dq, dk_, dv_, None, None
+    return dq, dk_, dv_, None, None, None
 
   attend.defvjp(attend_fwd, attend_bwd)
   return attend(jnp.asarray(q, _F32), jnp.asarray(k, _F32),
-                jnp.asarray(v, _F32), doc_q, doc_k)
+                jnp.asarray(v, _F32), doc_q, doc_k,
+                jnp.asarray(q_offset, jnp.int32))
 
 
 def merge_passes(parts, length: int):

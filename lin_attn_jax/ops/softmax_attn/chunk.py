@@ -22,8 +22,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from lin_attn_jax.ops.common import context_parallel
 from lin_attn_jax.ops.common.chunking import pad_time
 from lin_attn_jax.ops.common.segments import document_index
+from lin_attn_jax.ops.softmax_attn import context_parallel as split
 from lin_attn_jax.ops.softmax_attn import masks
 from lin_attn_jax.ops.softmax_attn.blocksparse import (blocksparse_attention,
                                                        merge_passes)
@@ -91,6 +93,8 @@ def global_query_block_pairs(length: int, block: int, glob_pos: np.ndarray, *,
   return q_blocks, k_blocks, [masks.GLOBAL_QUERY] * len(q_blocks)
 
 
+@context_parallel.splits_sequence(
+    lambda: split.context_parallel_softmax_attn)
 def chunk_softmax_attn(q, k, v, *, scale=None, causal=True, window_size=None,
                        segment_ids=None, global_positions=None,
                        block_size=128):

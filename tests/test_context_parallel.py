@@ -1,0 +1,468 @@
+"""Context parallelism: ops split over a ``sequence`` mesh axis of 8 CPU
+devices against the single-device chunk forms.
+
+For every op: outputs, final states and the gradients of every float input
+(random cotangents, the initial state and the parameters included) under
+meshes ``data x sequence`` with ``P`` in {2, 4, 8} and ``T = 32``, so that
+each device holds 16, 8 or 4 tokens of 4-token chunks, against the
+single-device chunk form, relative RMS error <= 1e-5 (float32). Documents
+start inside devices and exactly at device boundaries (row 0 at 5, 8, 16,
+19; row 1 at 7, 8, 12, 24: a one-token document before a boundary, and ids
+reused by later documents). One op of each kind of split runs at every P,
+the others (which reach the same split through their core) at one P each;
+a run without initial state and segment ids covers each kind. One compiled
+reference per op serves all its runs. Compile time, not run time, is what
+these tests cost, so each op compiles once per P.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType
+
+from lin_attn_jax import ops
+from lin_attn_jax.ops.common import context_parallel
+from lin_attn_jax.ops.conv import token_shift
+from tests.form_checks import rel_rms
+
+B, T, H, K, V = 2, 32, 2, 8, 4
+CHUNK = 4
+TOL = 1e-5
+# Compile time is what these tests cost; the backend's optimisations do not
+# change the arithmetic checked here and take a third of it.
+FAST = {"xla_backend_optimization_level": 0}
+
+
+def jit(fn):
+  return jax.jit(fn, compiler_options=FAST)
+IDS = np.array([[0] * 5 + [1] * 3 + [0] * 8 + [2] * 3 + [1] * 13,
+                [0] * 7 + [1] * 1 + [2] * 4 + [0] * 12 + [3] * 8], np.int32)
+
+
+def mesh(parts: int):
+  return jax.make_mesh((8 // parts, parts), ("data", "sequence"),
+                       axis_types=(AxisType.Auto,) * 2)
+
+
+def _normal(seed, shape, scale=1.0):
+  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape)
+                     * scale, jnp.float32)
+
+
+def _log_gate(seed, shape):
+  return jax.nn.log_sigmoid(_normal(seed, shape) + 2.0)
+
+
+def _unit(seed, shape):
+  x = _normal(seed, shape)
+  return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+
+# Each case: (inputs, state shape or None, fn(**inputs, initial_state,
+# segment_ids) -> (o, final state or None)). Every float input is
+# differentiated.
+
+def _gated_linear(form, gate, **kw):
+  def make():
+    inputs = dict(q=_normal(0, (B, T, H, K)), k=_normal(1, (B, T, H, K)),
+                  v=_normal(2, (B, T, H, V)))
+    if gate == "channel":
+      inputs["g"] = _log_gate(3, (B, T, H, K))
+    elif gate == "scalar":
+      inputs["g"] = _log_gate(3, (B, T, H))
+    return inputs, (B, H, K, V)
+
+  def fn(initial_state, segment_ids, **inputs):
+    return form(**inputs, initial_state=initial_state,
+                output_final_state=True, segment_ids=segment_ids,
+                chunk_size=CHUNK, **kw)
+  return make, fn
+
+
+def _linear_attn():
+  def make():
+    q, k = (jax.nn.elu(_normal(i, (B, T, H, K))) + 1 for i in (0, 1))
+    return dict(q=q, k=k, v=_normal(2, (B, T, H, V))), (B, H, K, V + 1)
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_linear_attn(**inputs, normalize=True,
+                                 initial_state=initial_state,
+                                 output_final_state=True,
+                                 segment_ids=segment_ids, chunk_size=CHUNK)
+  return make, fn
+
+
+def _based():
+  dk = 4
+  def make():
+    return (dict(q=_normal(0, (B, T, H, dk)), k=_normal(1, (B, T, H, dk)),
+                 v=_normal(2, (B, T, H, V))), (B, H, 1 + dk + dk * dk, V + 1))
+
+  def fn(initial_state, segment_ids, **inputs):
+    o, s = ops.chunk_based(**inputs, initial_state=initial_state,
+                           output_final_state=True, segment_ids=segment_ids,
+                           chunk_size=CHUNK)
+    return o, s
+  return make, fn
+
+
+def _ssd():
+  heads, groups, n, p = 4, 2, 4, 4
+  def make():
+    return (dict(x=_normal(0, (B, T, heads, p)), dt=_normal(1, (B, T, heads)),
+                 A=-jnp.exp(_normal(2, (heads,))),
+                 B=_normal(3, (B, T, groups, n)),
+                 C=_normal(4, (B, T, groups, n)), D=_normal(5, (heads,)),
+                 dt_bias=_normal(6, (heads,))), (B, heads, n, p))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_ssd(**inputs, dt_softplus=True,
+                         initial_state=initial_state, output_final_state=True,
+                         segment_ids=segment_ids, chunk_size=CHUNK)
+  return make, fn
+
+
+def _rwkv6():
+  def make():
+    return (dict(r=_normal(0, (B, T, H, K)), k=_normal(1, (B, T, H, K)),
+                 v=_normal(2, (B, T, H, V)), w=_log_gate(3, (B, T, H, K)),
+                 u=_normal(4, (H, K))), (B, H, K, V))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_rwkv6(**inputs, scale=1.0, initial_state=initial_state,
+                           output_final_state=True, segment_ids=segment_ids,
+                           chunk_size=CHUNK)
+  return make, fn
+
+
+def _delta(form, gate):
+  hv = 2 * H
+  def make():
+    inputs = dict(q=_normal(0, (B, T, H, K)), k=_normal(1, (B, T, H, K)),
+                  v=_normal(2, (B, T, hv, V)),
+                  beta=jax.nn.sigmoid(_normal(4, (B, T, hv))))
+    if gate == "scalar":
+      inputs["g"] = _log_gate(3, (B, T, hv))
+    elif gate == "channel":
+      inputs["g"] = _log_gate(3, (B, T, hv, K))
+    return inputs, (B, hv, K, V)
+
+  def fn(initial_state, segment_ids, **inputs):
+    return form(**inputs, initial_state=initial_state,
+                output_final_state=True, segment_ids=segment_ids,
+                chunk_size=CHUNK, sub_chunk_size=2, use_qk_l2norm=True)
+  return make, fn
+
+
+def _rwkv7():
+  def make():
+    kappa = _unit(5, (B, T, H, K))
+    eta = jax.nn.sigmoid(_normal(6, (B, T, H, K)))
+    return (dict(r=_normal(0, (B, T, H, K)), w=_log_gate(3, (B, T, H, K)),
+                 k=_normal(1, (B, T, H, K)), v=_normal(2, (B, T, H, V)),
+                 a=-kappa, b=kappa * eta), (B, H, K, V))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_rwkv7(**inputs, scale=1.0, initial_state=initial_state,
+                           output_final_state=True, segment_ids=segment_ids,
+                           chunk_size=CHUNK, sub_chunk_size=2)
+  return make, fn
+
+
+def _diagonal(name):
+  d = 6
+  def make():
+    if name == "linear_scan":
+      inputs = dict(a=jax.nn.sigmoid(_normal(0, (B, T, d)) + 2),
+                    b=_normal(1, (B, T, d)))
+    elif name == "rg_lru":
+      inputs = dict(x=_normal(0, (B, T, d)), a_gate=_normal(1, (B, T, d)),
+                    x_gate=_normal(2, (B, T, d)), a_param=_normal(3, (d,)))
+    else:
+      inputs = dict(x=_normal(0, (B, T, d)), g=_log_gate(1, (B, T, d)))
+    return inputs, (B, d)
+
+  form = {"linear_scan": ops.chunk_linear_scan, "rg_lru": ops.chunk_rg_lru,
+          "hgrn": ops.chunk_hgrn}[name]
+
+  def fn(initial_state, segment_ids, **inputs):
+    return form(**inputs, initial_state=initial_state,
+                output_final_state=True, segment_ids=segment_ids,
+                chunk_size=CHUNK)
+  return make, fn
+
+
+def _selective_scan():
+  d, n = 6, 3
+  def make():
+    return (dict(u=_normal(0, (B, T, d)), delta=_normal(1, (B, T, d)),
+                 A=-jnp.exp(_normal(2, (d, n))), B=_normal(3, (B, T, n)),
+                 C=_normal(4, (B, T, n)), D=_normal(5, (d,)),
+                 z=_normal(6, (B, T, d)), delta_bias=_normal(7, (d,))),
+            (B, d, n))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_selective_scan(**inputs, delta_softplus=True,
+                                    initial_state=initial_state,
+                                    output_final_state=True,
+                                    segment_ids=segment_ids, chunk_size=CHUNK)
+  return make, fn
+
+
+def _conv():
+  d, w = 6, 4
+  def make():
+    return (dict(x=_normal(0, (B, T, d)), weight=_normal(1, (d, w)),
+                 bias=_normal(2, (d,))), (B, w - 1, d))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_causal_conv1d(**inputs, activation="silu",
+                                   initial_state=initial_state,
+                                   output_final_state=True,
+                                   segment_ids=segment_ids, chunk_size=CHUNK)
+  return make, fn
+
+
+def _token_shift():
+  d = 6
+  def make():
+    return dict(x=_normal(0, (B, T, d))), (B, d)
+
+  def fn(initial_state, segment_ids, x):
+    return token_shift(x, initial_state, segment_ids), None
+  return make, fn
+
+
+def _softmax(**kw):
+  def make():
+    return (dict(q=_normal(0, (B, T, 2 * H, K)), k=_normal(1, (B, T, H, K)),
+                 v=_normal(2, (B, T, H, V))), None)
+
+  def fn(initial_state, segment_ids, **inputs):
+    del initial_state
+    return ops.chunk_softmax_attn(**inputs, segment_ids=segment_ids,
+                                  block_size=CHUNK, **kw), None
+  return make, fn
+
+
+# name: (case, the P values it runs at with segment ids and initial state).
+# One core form of each kind runs at every P; the other ops reach the same
+# split code through their core and run at one P each.
+CASES = {
+    "gla": (_gated_linear(ops.chunk_gla, "channel"), (2, 4, 8)),
+    "simple_gla": (_gated_linear(ops.chunk_simple_gla, "scalar"), (8,)),
+    "rwkv6": (_rwkv6(), (4,)),
+    "linear_attn": (_linear_attn(), (2,)),
+    "retention": (_gated_linear(ops.chunk_retention, None), (4,)),
+    "based": (_based(), (8,)),
+    "ssd": (_ssd(), (2,)),
+    "gated_delta_rule": (_delta(ops.chunk_gated_delta_rule, "scalar"),
+                         (2, 4, 8)),
+    "kda": (_delta(ops.chunk_kda, "channel"), (8,)),
+    "delta_rule": (_delta(ops.chunk_delta_rule, None), (4,)),
+    "rwkv7": (_rwkv7(), (2,)),
+    "linear_scan": (_diagonal("linear_scan"), (2, 4, 8)),
+    "rg_lru": (_diagonal("rg_lru"), (4,)),
+    "hgrn": (_diagonal("hgrn"), (8,)),
+    "selective_scan": (_selective_scan(), (2,)),
+    "causal_conv1d": (_conv(), (2, 4, 8)),
+    "token_shift": (_token_shift(), (2, 4, 8)),
+    "softmax_attn": (_softmax(), (2, 4, 8)),
+    # w - 1 = 5 tokens: a halo for 16 and 8 tokens per device, the gathered
+    # path for 4.
+    "sliding_window_attn": (_softmax(window_size=6), (2, 4, 8)),
+}
+
+# name: the P of a run without initial state and segment ids (compared with
+# the same compiled reference given a zero state and one document).
+PLAIN = {"gla": 4, "gated_delta_rule": 2, "linear_scan": 8,
+         "causal_conv1d": 2, "token_shift": 4, "sliding_window_attn": 4}
+
+
+def _vjp(fn, diff, segment_ids, cotangents):
+  """``(outputs, gradients)`` of ``fn`` for the given cotangents."""
+  def forward(d):
+    d = dict(d)
+    return fn(d.pop("initial_state", None), segment_ids, **d)
+
+  out, vjp = jax.vjp(forward, diff)
+  return out, vjp(cotangents)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _case(name):
+  """Inputs, initial state and cotangents of a case, made once."""
+  (make, fn), _ = CASES[name]
+  inputs, state_shape = make()
+  initial = None if state_shape is None else _normal(9, state_shape)
+  shapes = jax.eval_shape(lambda x: fn(initial, IDS, **x), inputs)
+  rng = np.random.default_rng(7)
+  cotangents = jax.tree.map(
+      lambda x: jnp.asarray(rng.standard_normal(x.shape), x.dtype), shapes)
+  return inputs, initial, cotangents
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(name):
+  """The single-device chunk form, compiled once per case (segment ids and
+  initial state are arguments)."""
+  return jit(functools.partial(_vjp, CASES[name][0][1]))
+
+
+def _check(name, parts, plain=False):
+  (_, fn), _ = CASES[name]
+  inputs, initial, cotangents = _case(name)
+  diff, ids = dict(inputs), None if plain else jnp.asarray(IDS)
+  if initial is not None and not plain:
+    diff["initial_state"] = initial
+  reference = dict(diff)
+  if initial is not None:
+    reference["initial_state"] = jnp.zeros_like(initial) if plain else initial
+  expected = _reference(name)(reference, jnp.zeros_like(IDS) if plain
+                              else ids, cotangents)
+  if plain and initial is not None:
+    del expected[1]["initial_state"]
+  with jax.set_mesh(mesh(parts)):
+    assert context_parallel.sequence_parallel_size() == parts
+    actual = jit(functools.partial(_vjp, fn))(diff, ids, cotangents)
+  paths = jax.tree_util.tree_flatten_with_path(expected)[0]
+  assert len(paths) == len(jax.tree.leaves(actual))
+  for (path, want), got in zip(paths, jax.tree.leaves(actual)):
+    err = rel_rms(got, want)
+    assert err <= TOL, (f"{name} P={parts} plain={plain} "
+                        f"{jax.tree_util.keystr(path)}: relative RMS error "
+                        f"{err:.2e}")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_split_matches_single_device(name):
+  for parts in CASES[name][1]:
+    _check(name, parts)
+  if name in PLAIN:
+    _check(name, PLAIN[name], plain=True)
+
+
+def test_hybrid_lm_loss_and_gradients_match_single_device():
+  from flax import nnx
+  from lin_attn_jax.models import LM, LMConfig
+
+  config = LMConfig(
+      vocab_size=64, d_model=32, n_layers=4, n_heads=2,
+      mixer=("gla", "gated_deltanet", "mamba2", "softmax_attn"),
+      mixer_options={"gla": {"chunk_size": CHUNK},
+                     "gated_deltanet": {"chunk_size": CHUNK},
+                     "mamba2": {"chunk_size": CHUNK, "d_state": 8},
+                     "softmax_attn": {"block_size": CHUNK}})
+  graphdef, params = nnx.split(LM(config, rngs=nnx.Rngs(0)))
+  tokens = jnp.asarray(np.random.default_rng(3).integers(0, 64, (B, T + 1)),
+                       jnp.int32)
+  ids = jnp.asarray(np.concatenate([IDS, IDS[:, -1:]], axis=1))
+
+  def loss(params, tokens, ids):
+    logits = nnx.merge(graphdef, params)(tokens[:, :-1],
+                                         segment_ids=ids[:, :-1])
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], -1))
+
+  expected = jit(jax.value_and_grad(loss))(params, tokens, ids)
+  with jax.set_mesh(mesh(4)):
+    step = jit(jax.value_and_grad(loss)).lower(params, tokens, ids).compile()
+    actual = step(params, tokens, ids)
+    hlo = step.as_text()
+  # The split ran: the chunk forms exchanged summaries and halos.
+  assert "all-gather" in hlo and "collective-permute" in hlo
+  assert rel_rms(actual[0], expected[0]) <= TOL
+  flat = [jnp.concatenate([x.ravel() for x in jax.tree.leaves(g)])
+          for g in (actual[1], expected[1])]
+  assert rel_rms(*flat) <= TOL
+  # Per parameter, 3e-5: the two-entry gradients of Gated DeltaNet's decay
+  # parameters (A_log, dt_bias) are sums over every token of terms of both
+  # signs; the single-device chunk form itself moves them by 9e-6 when its
+  # chunk size goes from 4 to 8. The other parameters measured within 6e-6.
+  paths = jax.tree_util.tree_flatten_with_path(expected[1])[0]
+  for (path, want), got in zip(paths, jax.tree.leaves(actual[1])):
+    err = rel_rms(got, want)
+    assert err <= 3 * TOL, f"{jax.tree_util.keystr(path)}: {err:.2e}"
+
+
+def test_explicit_axis_name_and_mesh():
+  """The split functions take another axis name and an explicit mesh."""
+  a = jax.nn.sigmoid(_normal(0, (B, T, 6)))
+  b = _normal(1, (B, T, 6))
+  expected = ops.chunk_linear_scan(a, b, output_final_state=True,
+                                   segment_ids=IDS, chunk_size=CHUNK)
+  sp = jax.make_mesh((4,), ("sp",), axis_types=(AxisType.Auto,),
+                     devices=jax.devices()[:4])
+  actual = jit(lambda a, b: ops.context_parallel_linear_scan(
+      a, b, output_final_state=True, segment_ids=IDS, chunk_size=CHUNK,
+      axis_name="sp", mesh=sp))(a, b)
+  for got, want in zip(actual, expected):
+    assert rel_rms(got, want) <= TOL
+
+
+def test_sequence_parallel_size():
+  assert context_parallel.sequence_parallel_size() == 1
+  with jax.set_mesh(mesh(4)):
+    assert context_parallel.sequence_parallel_size() == 4
+    sizes = []
+
+    def inside(x):
+      sizes.append(context_parallel.sequence_parallel_size())
+      return x
+
+    jax.shard_map(inside, in_specs=jax.P(None, "sequence"),
+                  out_specs=jax.P(None, "sequence"),
+                  axis_names={"sequence"})(jnp.zeros((B, T)))
+    assert sizes == [1]                    # the axis is manual inside
+
+
+def test_bad_inputs_raise():
+  x = _normal(0, (B, 30, H, K))
+  g = _log_gate(1, (B, 30, H, K))
+  with jax.set_mesh(mesh(4)):
+    with pytest.raises(ValueError, match="T must be a multiple of 4"):
+      ops.chunk_gla(x, x, x, g)
+    with pytest.raises(ValueError, match="must be >= 5"):
+      ops.chunk_causal_conv1d(_normal(0, (B, 16, 6)), _normal(1, (6, 6)))
+    with pytest.raises(ValueError, match="Linformer cannot split"):
+      ops.linformer_attn(x, x, x, jnp.ones((4, 30)), jnp.ones((4, 30)))
+  with pytest.raises(ValueError, match="needs a mesh with the axis 'sp'"):
+    ops.context_parallel_gated_linear(x, x, x, g, axis_name="sp")
+
+
+def test_linformer_layer_refuses_a_sequence_axis():
+  from flax import nnx
+  from lin_attn_jax.layers import Linformer
+
+  layer = Linformer(16, 2, rngs=nnx.Rngs(0), max_len=T, projected_length=8)
+  with jax.set_mesh(mesh(2)):
+    with pytest.raises(ValueError, match="Linformer cannot split"):
+      layer(_normal(0, (B, T, 16)))
+
+
+def test_pallas_kernels_run_per_device():
+  """``impl="pallas"`` (interpret mode here) runs inside the split."""
+  q, k, v = (_normal(i, (1, T, H, 16)) for i in range(3))
+  initial = _normal(9, (1, H, 16, 16))
+  ids = IDS[:1]
+  gates = {"gla": (ops.chunk_gla, (_log_gate(3, (1, T, H, 16)),), {}),
+           "gated_delta_rule": (ops.chunk_gated_delta_rule,
+                                (_log_gate(3, (1, T, H)),
+                                 jax.nn.sigmoid(_normal(4, (1, T, H)))),
+                                {"use_qk_l2norm": True})}
+  for name, (form, extra, kw) in gates.items():
+    def run(impl, form=form, kw=kw):
+      return jit(lambda *a: form(
+          *a, initial_state=initial, output_final_state=True,
+          segment_ids=ids, chunk_size=CHUNK, impl=impl, **kw))(q, k, v,
+                                                               *extra)
+    expected = run("xla")
+    with jax.set_mesh(mesh(2)):
+      actual = run("pallas")
+    for got, want in zip(actual, expected):
+      assert rel_rms(got, want) <= TOL, name
