@@ -44,7 +44,8 @@ from flax import nnx  # noqa: E402
 
 from experiments import run_output  # noqa: E402
 from lin_attn_jax import sharding as shd  # noqa: E402
-from lin_attn_jax.data import BatchSource, PackedRows, stdlib_corpus  # noqa: E402
+from lin_attn_jax.data import (BatchSource, PackedRows,  # noqa: E402
+                               stdlib_corpus)
 from lin_attn_jax.layers import MIXERS  # noqa: E402
 from lin_attn_jax.models.lm import LM, LMConfig  # noqa: E402
 from lin_attn_jax.train import TrainConfig, Trainer  # noqa: E402
@@ -189,35 +190,14 @@ def main(argv):
         "parameters": parameter_count(config),
         "train_seconds": run["train_seconds"],
         "first_step_seconds": run["first_step_seconds"],
+        "step_seconds": run["step_times"],
+        "decode_seconds_per_token": run["decode_times"],
         "curve": run["curve"],
     })
   rows.sort(key=lambda r: r["bits_per_byte"])
   command = "python experiments/compare.py " + " ".join(sys.argv[1:])
   budget = FLAGS.steps * tokens_per_step
-  lines = [
-      f"Command: `{command.strip()}`",
-      "",
-      f"{FLAGS.n_layers} layers of one mixer, d_model {FLAGS.d_model}, "
-      f"{FLAGS.n_heads} heads, SwiGLU MLPs, byte tokens; {FLAGS.steps} steps "
-      f"of {FLAGS.batch_size} x {FLAGS.seq_len} tokens ({budget / 1e3:.0f}k "
-      f"tokens) on the standard library's source, AdamW, peak learning rate "
-      f"{FLAGS.learning_rate}; held-out bits per byte on "
-      f"{FLAGS.eval_batches * tokens_per_step / 1e3:.0f}k held-out tokens. "
-      f"One CPU device ({jax.devices()[0].device_kind}); tokens/s and decode "
-      f"times are medians of {FLAGS.repeats} rounds, the mixers timed in "
-      "turn. State floats: one layer's decoding cache for one sequence at a "
-      f"context of {FLAGS.seq_len} tokens.",
-      "",
-      "| mixer | held-out bits/byte | at step 0 | train tokens/s | state "
-      "floats per layer | decode ms/token | parameters |",
-      "|---|---|---|---|---|---|---|",
-  ]
-  for r in rows:
-    lines.append(
-        f"| {r['mixer']} | {r['bits_per_byte']:.3f} | "
-        f"{r['start_bits_per_byte']:.2f} | {r['tokens_per_second']:,.0f} | "
-        f"{r['state_floats_per_layer']:,} | {r['decode_ms_per_token']:.2f} | "
-        f"{r['parameters']:,} |")
+  lines = table_lines(rows, command)
   print("\n".join(lines), flush=True)
   if FLAGS.out:
     from experiments.bench_utils import write_section
@@ -231,6 +211,42 @@ def main(argv):
       json.dump({"command": command, "rows": rows}, f, indent=1)
   if FLAGS.plot:
     draw(rows, FLAGS.plot, budget)
+
+
+def table_lines(rows, command: str) -> list[str]:
+  """The markdown of the results (the settings are the flags')."""
+  tokens_per_step = FLAGS.batch_size * FLAGS.seq_len
+  budget = FLAGS.steps * tokens_per_step
+  lines = [
+      f"Command: `{command.strip()}`",
+      "",
+      f"{FLAGS.n_layers} layers of one mixer, d_model {FLAGS.d_model}, "
+      f"{FLAGS.n_heads} heads, SwiGLU MLPs, byte tokens; {FLAGS.steps} steps "
+      f"of {FLAGS.batch_size} x {FLAGS.seq_len} tokens ({budget / 1e3:.0f}k "
+      f"tokens) on the standard library's source, AdamW, peak learning rate "
+      f"{FLAGS.learning_rate}; held-out bits per byte on "
+      f"{FLAGS.eval_batches * tokens_per_step / 1e3:.0f}k held-out tokens. "
+      "One CPU device; tokens/s and decode times are medians of "
+      f"{FLAGS.repeats} rounds, the mixers timed in turn. State floats: one "
+      "layer's decoding cache for one sequence at a context of "
+      f"{FLAGS.seq_len} tokens.",
+      "",
+      "| mixer | held-out bits/byte | at step 0 | train tokens/s | state "
+      "floats per layer | decode ms/token | parameters |",
+      "|---|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    decode = r["decode_ms_per_token"]
+    lines.append(
+        f"| {r['mixer']} | {r['bits_per_byte']:.3f} | "
+        f"{r['start_bits_per_byte']:.2f} | {r['tokens_per_second']:,.0f} | "
+        f"{r['state_floats_per_layer']:,} | "
+        f"{f'{decode:.2f}' if decode > 0 else '—'} | {r['parameters']:,} |")
+  if any(r["decode_ms_per_token"] <= 0 for r in rows):
+    lines += ["", f"—: decoding {FLAGS.decode_tokens} tokens did not time "
+              "longer than decoding one (the difference was within the "
+              "timing noise)."]
+  return lines
 
 
 def draw(rows, path: str, budget: int) -> None:

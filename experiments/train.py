@@ -144,8 +144,9 @@ def prepare():
   """Flags -> (experiment, trainer, corpora, paths, resume step); raises
   ``FlagError``."""
   if not FLAGS.workdir:
-    raise setup.FlagError("workdir", "is required: the directory of the run's "
-                    "checkpoints, metrics and plot (e.g. runs/tiny)")
+    raise setup.FlagError("workdir", "is required: the directory of the "
+                          "run's checkpoints, metrics and plot (e.g. "
+                          "runs/tiny)")
   values = given_flags()
   try:
     base = configs.get(FLAGS.config)
@@ -160,10 +161,10 @@ def prepare():
   if resume_step is not None:
     if stored is not None:
       if FLAGS["config"].present and stored["preset"] != FLAGS.config:
-        raise setup.FlagError("config", f"the run in {workdir} was started from "
-                        f"preset {stored['preset']!r} and resumes with its "
-                        "own settings; drop --config or use another "
-                        "--workdir")
+        raise setup.FlagError(
+            "config", f"the run in {workdir} was started from preset "
+            f"{stored['preset']!r} and resumes with its own settings; drop "
+            "--config or use another --workdir")
       base = Experiment.from_dict(stored["settings"])
       fixed_model = base.model
     else:
@@ -285,10 +286,11 @@ def train(experiment, preset, trainer, corpora, checkpoint_dir,
               if export_dir else None)
   metrics = workdirs.join(workdir, METRICS_FILE)
   plot = workdirs.join(workdir, PLOT_FILE)
+  mixers = ", ".join(dict.fromkeys(experiment.model.layer_mixers))
   drawn = lead and run_output.plot_losses(
       metrics, plot, config.tokens_per_step,
-      f"{FLAGS.workdir}: {', '.join(dict.fromkeys(experiment.model.layer_mixers))}"
-      f", d_model {experiment.model.d_model}", unit.replace("/", " per "))
+      f"{workdir}: {mixers}, d_model {experiment.model.d_model}",
+      unit.replace("/", " per "))
   if not lead:
     return
   evals = [r for r in run_output.read_metrics(metrics)

@@ -221,3 +221,29 @@ def test_tpu_launcher_dry_run():
   gpu = launch("gpu", "--run=g", "--config=small")
   assert gpu[-1] == (".venv/bin/python experiments/train.py --config=small "
                      "--workdir=runs/g --mesh=fsdp=-1")
+
+
+def test_progress_bar_and_lines():
+  import io
+  from experiments import run_output
+  records_ = [{"step": s, "loss": 3.0 - s / 10, "seconds": 0.1 if s > 1
+               else 5.0} for s in range(1, 5)]
+  stream = io.StringIO()
+  bar = run_output.Console(4, 0, 1000, mode="bar", stream=stream)
+  for record in records_[:2]:
+    bar.step(record)
+  bar.message("held-out 2.5")
+  bar.step(records_[3])
+  bar.close()
+  text = stream.getvalue()
+  assert "\r\033[K" in text and "#" in text and "10.0k tok/s" in text
+  assert "\r\033[Kheld-out 2.5\n" in text and "100%" in text
+  lines = io.StringIO()
+  plain = run_output.Console(4, 0, 1000, mode="auto", log_every=2,
+                             stream=lines)
+  for record in records_:
+    plain.step(record)
+  shown = lines.getvalue().splitlines()
+  assert [line.split(" |")[0] for line in shown] == [
+      "step 1/4", "step 2/4", "step 4/4"]
+  assert "compiling" in shown[0] and "ETA 0:00" in shown[-1]

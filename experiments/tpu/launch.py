@@ -2,8 +2,8 @@
 slice) and on one multi-GPU node; ``--dry_run`` prints the exact commands
 instead of running them.
 
-  python experiments/tpu/launch.py create --name=lin-attn --zone=us-central2-b \\
-      --accelerator=v4-32 [--spot] [--project=P]
+  python experiments/tpu/launch.py create --name=lin-attn \\
+      --zone=us-central2-b --accelerator=v4-32 [--spot] [--project=P]
   python experiments/tpu/launch.py setup --name=lin-attn --zone=us-central2-b
   python experiments/tpu/launch.py train --name=lin-attn --zone=us-central2-b \\
       --bucket=gs://my-bucket/runs --run=pod1 --config=pod [--train_flags=...]

@@ -4,14 +4,14 @@ The global batch of step ``s`` is ``B`` packed rows spread over the epoch:
 with ``S = rows_per_epoch // B`` steps per epoch, row ``p`` of the batch is
 row ``p * S + s mod S`` of epoch ``s // S`` (``B`` the global batch size),
 whatever the mesh or the number of processes. Consecutive rows are one
-stretch of the stream, often of one document, so a batch of them would
-give gradients of one file at a time; rows ``S`` apart come from all over
-the corpus, and every row of an epoch is still read once. A process holds the rows its devices need (``process_rows``),
-reads only those, and ``global_batch_to_device`` assembles the global
-arrays from the parts every process holds. The per-step reading runs in a
-grain dataset (``BatchSource.iterator``) with read-ahead threads; since a
-batch is a pure function of the step, the data state a checkpoint needs is
-the step itself.
+stretch of the stream, often of one document, so a batch of them would give
+gradients of one file at a time; rows ``S`` apart come from all over the
+corpus, and every row of an epoch is still read once. A process holds the
+rows its devices need (``process_rows``), reads only those, and
+``global_batch_to_device`` assembles the global arrays from the parts every
+process holds. The per-step reading runs in a grain dataset
+(``BatchSource.iterator``) with read-ahead threads; since a batch is a pure
+function of the step, the data state a checkpoint needs is the step itself.
 """
 
 from __future__ import annotations
