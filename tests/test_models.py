@@ -99,6 +99,19 @@ def test_checkpoint_round_trip(tmp_path):
     restore_params(str(tmp_path / "ckpt"), wider)
 
 
+def test_checkpoint_round_trip_past_ten_layers(tmp_path):
+  """Stored keys are strings ("10" sorts before "2"): every layer's
+  parameters must come back to that layer."""
+  config = LMConfig(vocab_size=32, d_model=8, n_layers=12, n_heads=2,
+                    mixer="gla", mixer_options={"gla": {"chunk_size": 8}})
+  source, target = (LM(config, rngs=nnx.Rngs(seed)) for seed in (0, 1))
+  save_params(str(tmp_path / "ckpt"), source)
+  restore_params(str(tmp_path / "ckpt"), target)
+  for a, b in zip(jax.tree.leaves(nnx.state(source, nnx.Param)),
+                  jax.tree.leaves(nnx.state(target, nnx.Param))):
+    np.testing.assert_array_equal(a, b)
+
+
 class _LinenModel(nn.Module):
   """A Linen model with a GLA layer inside, through ``nnx.bridge``."""
 

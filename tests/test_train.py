@@ -302,6 +302,15 @@ def test_batches_are_a_pure_function_of_the_step():
     got = next(iterator)
     for key, value in whole.batch(step).items():
       np.testing.assert_array_equal(got[key], value)
+  # A batch's rows lie S = rows_per_epoch // B apart (not one stretch of
+  # one file), and an epoch's steps read every row once.
+  long_rows = PackedRows(rows.corpus, 4096, seed=0)
+  spread = BatchSource(long_rows, 8)
+  steps = long_rows.rows_per_epoch // 8
+  assert np.all(np.diff(spread.row_indices(3)) == steps)
+  seen = np.concatenate([spread.row_indices(s) for s in range(steps)])
+  assert len(np.unique(seen)) == len(seen) == steps * 8
+  assert spread.row_indices(steps)[0] == long_rows.rows_per_epoch
   other_seed = BatchSource(PackedRows(rows.corpus, 16, seed=1), 8).batch(0)
   assert not np.array_equal(other_seed["inputs"], whole.batch(0)["inputs"])
 

@@ -1,13 +1,17 @@
 """Batches for training steps: each process reads only its own rows.
 
-The global batch of step ``s`` is the packed rows ``s * B ... s * B + B - 1``
-(``B`` the global batch size), whatever the mesh or the number of
-processes. A process holds the rows its devices need (``process_rows``),
-reads only those, and ``global_batch_to_device`` assembles the global
-arrays from the parts every process holds. The per-step reading runs in a
-grain dataset (``BatchSource.iterator``) with read-ahead threads; since a
-batch is a pure function of the step, the data state a checkpoint needs is
-the step itself.
+The global batch of step ``s`` is ``B`` packed rows spread over the epoch:
+with ``S = rows_per_epoch // B`` steps per epoch, row ``p`` of the batch is
+row ``p * S + s mod S`` of epoch ``s // S`` (``B`` the global batch size),
+whatever the mesh or the number of processes. Consecutive rows are one
+stretch of the stream, often of one document, so a batch of them would give
+gradients of one file at a time; rows ``S`` apart come from all over the
+corpus, and every row of an epoch is still read once. A process holds the
+rows its devices need (``process_rows``), reads only those, and
+``global_batch_to_device`` assembles the global arrays from the parts every
+process holds. The per-step reading runs in a grain dataset
+(``BatchSource.iterator``) with read-ahead threads; since a batch is a pure
+function of the step, the data state a checkpoint needs is the step itself.
 """
 
 from __future__ import annotations
@@ -58,11 +62,18 @@ class BatchSource:
     self.positions = (np.arange(global_batch) if positions is None
                       else np.asarray(positions, np.int64))
 
+  def row_indices(self, step: int) -> np.ndarray:
+    """The packed-row indices of this process's rows of step ``step`` (see
+    the module docstring)."""
+    per_epoch = self.rows.rows_per_epoch
+    steps_per_epoch = max(per_epoch // self.global_batch, 1)
+    epoch, offset = divmod(int(step), steps_per_epoch)
+    return epoch * per_epoch + self.positions * steps_per_epoch + offset
+
   def batch(self, step: int) -> dict:
     """This process's rows of step ``step`` as ``model_inputs`` arrays
     ``[len(positions), T]``."""
-    tokens, segments = self.rows.rows(step * self.global_batch
-                                      + self.positions)
+    tokens, segments = self.rows.rows(self.row_indices(step))
     return model_inputs(tokens, segments)
 
   def dataset(self, num_steps: int) -> grain.MapDataset:

@@ -28,24 +28,42 @@ def _shapes(tree) -> dict[str, tuple[int, ...]]:
           for path, leaf in flat}
 
 
-def save_params(path: str, model: nnx.Module) -> None:
-  """Writes the parameters of ``model`` to the directory ``path`` (new)."""
+def _named_leaves(tree) -> dict[tuple[str, ...], object]:
+  """Leaves by their path of string keys, in ``tree``'s flattening order."""
+  return {tuple(str(getattr(k, "key", getattr(k, "idx", k))) for k in path):
+          leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _local(path: str) -> str:
+  """``path`` made absolute, unless it is a URL (``gs://...``)."""
+  return path if "://" in path else os.path.abspath(path)
+
+
+def save_params(path: str, model: nnx.Module, *, force: bool = False) -> None:
+  """Writes the parameters of ``model`` to the directory ``path`` (new, or
+  replaced when ``force``)."""
   params = _string_keys(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
   with ocp.StandardCheckpointer() as checkpointer:
-    checkpointer.save(os.path.abspath(path), params)
+    checkpointer.save(_local(path), params, force=force)
 
 
-def restore_params(path: str, model: nnx.Module) -> nnx.Module:
-  """Loads parameters saved by ``save_params`` into ``model`` (in place).
+def load_params(path: str, target: nnx.State) -> nnx.State:
+  """Parameters saved by ``save_params``, as a new state shaped like
+  ``target``.
+
+  ``target`` is an ``nnx.Param`` state of arrays, or of
+  ``jax.ShapeDtypeStruct`` with shardings: every restored array takes its
+  target's sharding (so a model too large for one device restores sharded).
 
   Raises ``ValueError`` when the stored names or shapes differ from the
-  model's.
+  target's.
   """
-  path = os.path.abspath(path)
-  state = nnx.state(model, nnx.Param)
-  pure = nnx.to_pure_dict(state)
+  path = _local(path)
+  pure = nnx.to_pure_dict(jax.tree.map(lambda x: x, target))
   abstract = _string_keys(jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), pure))
+      lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype,
+                                     sharding=getattr(x, "sharding", None)),
+      pure))
   with ocp.StandardCheckpointer() as checkpointer:
     stored = checkpointer.metadata(path)
     stored = getattr(stored, "item_metadata", stored)
@@ -56,11 +74,21 @@ def restore_params(path: str, model: nnx.Module) -> nnx.Module:
       raise ValueError(f"checkpoint at {path} does not fit the model; "
                        f"entries that differ (name, shape): {diff[:8]}")
     restored = checkpointer.restore(path, abstract)
-  flat = {jax.tree_util.keystr(p): leaf for p, leaf in
-          jax.tree_util.tree_flatten_with_path(restored)[0]}
-  leaves = [flat[jax.tree_util.keystr(p)] for p, _ in
-            jax.tree_util.tree_flatten_with_path(abstract)[0]]
-  pure = jax.tree.unflatten(jax.tree.structure(pure), leaves)
-  nnx.replace_by_pure_dict(state, pure)
-  nnx.update(model, state)
+  # Leaves are matched by name: restored keys are strings, the model's list
+  # indices are ints, and "10" sorts before "2" where 10 sorts after 2.
+  by_name = _named_leaves(restored)
+  leaves = [by_name[name] for name in _named_leaves(pure)]
+  state = jax.tree.map(lambda x: x, target)
+  nnx.replace_by_pure_dict(
+      state, jax.tree.unflatten(jax.tree.structure(pure), leaves))
+  return state
+
+
+def restore_params(path: str, model: nnx.Module) -> nnx.Module:
+  """Loads parameters saved by ``save_params`` into ``model`` (in place).
+
+  Raises ``ValueError`` when the stored names or shapes differ from the
+  model's.
+  """
+  nnx.update(model, load_params(path, nnx.state(model, nnx.Param)))
   return model

@@ -37,7 +37,8 @@ class Checkpointer:
   """Saves and restores a run's checkpoints under ``directory``.
 
   Args:
-    directory: the checkpoint directory (created on the first save).
+    directory: the checkpoint directory (created on the first save); a
+      local path or a URL that orbax writes to (``gs://bucket/path``).
     keep: how many checkpoints to keep (the newest).
     every: save when ``step % every == 0`` (``maybe_save``); 0 never
       (only forced saves).
@@ -48,7 +49,9 @@ class Checkpointer:
   def __init__(self, directory: str, *, keep: int = 3, every: int = 0,
                async_save: bool = True,
                log: Callable[[str], Any] | None = None):
-    self.directory = os.path.abspath(directory)
+    # A URL (gs://bucket/path) goes to orbax as it is.
+    self.directory = (directory if "://" in directory
+                      else os.path.abspath(directory))
     self.every = every
     self.log = log or logging.info
     options = ocp.CheckpointManagerOptions(

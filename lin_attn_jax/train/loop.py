@@ -3,8 +3,9 @@
 ``fit`` runs a ``Trainer`` over packed rows from step 0, or from the newest
 checkpoint in ``workdir`` when there is one, to ``config.steps``:
 
-- batch ``s`` is rows ``s * B ... s * B + B - 1`` of the packed corpus, and
-  each process reads only the rows its devices hold;
+- batch ``s`` is ``B`` rows of the packed corpus spread over the epoch
+  (``data.pipeline``), and each process reads only the rows its devices
+  hold;
 - every step's metrics (loss, gradient norm, learning rate, tokens/s, MFU
   where the devices have a known peak) go to the callbacks and, from
   process 0, to ``<workdir>/metrics.jsonl`` (lines of steps that a resumed
@@ -106,13 +107,20 @@ class MetricsLog:
     self.path = (None if workdir is None or jax.process_index() != 0
                  else os.path.join(workdir, METRICS_FILE))
 
-  def truncate_after(self, step: int) -> None:
-    """Drops the lines of steps after ``step`` (a resumed run redoes them)."""
+  def truncate_after(self, step: int, evals_at_step: bool = True) -> None:
+    """Drops the lines of steps after ``step`` (a resumed run redoes them),
+    and the evaluations at ``step`` unless ``evals_at_step``."""
     if self.path is None or not os.path.exists(self.path):
       return
     with open(self.path) as f:
       lines = [line for line in f if line.strip()]
-    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+
+    def kept_line(record):
+      at = record.get("step", 0)
+      return at < step or at == step and (evals_at_step
+                                           or "eval_loss" not in record)
+
+    kept = [line for line in lines if kept_line(json.loads(line))]
     with open(self.path, "w") as f:
       f.writelines(kept)
 
@@ -129,7 +137,9 @@ def fit(trainer: Trainer, train_rows: PackedRows, *,
         eval_batches: int = 4,
         callbacks: Sequence[Callable[[dict, TrainState], Any]] = (),
         log: Callable[[str], Any] | None = None,
-        init_params: Any = None) -> FitResult:
+        init_params: Any = None,
+        checkpoint_dir: str | None = None,
+        eval_at_start: bool = False) -> FitResult:
   """Trains to ``trainer.config.steps``; see the module docstring.
 
   Args:
@@ -146,6 +156,10 @@ def fit(trainer: Trainer, train_rows: PackedRows, *,
     log: where progress lines go (default ``absl.logging.info``).
     init_params: an ``nnx.State`` of parameters to start from instead of
       the config's initialisation (ignored when resuming).
+    checkpoint_dir: where checkpoints go instead of
+      ``<workdir>/checkpoints`` (a local path or a ``gs://`` URL).
+    eval_at_start: also evaluate the starting model of a new run (step 0),
+      so that the held-out curve starts where training does.
   """
   log = log or logging.info
   config = trainer.config
@@ -155,9 +169,10 @@ def fit(trainer: Trainer, train_rows: PackedRows, *,
   checkpointer = None
   state, start = None, 0
   metrics_log = MetricsLog(workdir)
-  if workdir is not None:
+  if workdir is not None or checkpoint_dir is not None:
     checkpointer = Checkpointer(
-        os.path.join(workdir, CHECKPOINT_DIR), keep=config.checkpoint_keep,
+        checkpoint_dir or os.path.join(workdir, CHECKPOINT_DIR),
+        keep=config.checkpoint_keep,
         every=config.checkpoint_every,
         async_save=config.async_checkpoints, log=log)
     restored = trainer.restore(checkpointer)
@@ -167,7 +182,8 @@ def fit(trainer: Trainer, train_rows: PackedRows, *,
                          log)
       log(f"resuming from the checkpoint at step {start} in "
           f"{checkpointer.directory}")
-      metrics_log.truncate_after(start)
+      # A finished run is evaluated again at its last step.
+      metrics_log.truncate_after(start, evals_at_step=start < config.steps)
   if state is None:
     state = trainer.init()
     if init_params is not None:
@@ -193,6 +209,8 @@ def fit(trainer: Trainer, train_rows: PackedRows, *,
       callback(last_eval, state)
 
   try:
+    if evaluator is not None and eval_at_start and start == 0:
+      evaluate(0)
     batches = source.iterator(start, config.steps)
     for step in range(start, config.steps):
       batch = global_batch_to_device(next(batches), positions, trainer.mesh,

@@ -1,0 +1,142 @@
+"""The files of a work directory, and starting points for new runs.
+
+A training work directory (``experiments/train.py --workdir=DIR``) holds
+
+- ``experiment.json``: the run's settings (``configs.Experiment``), read
+  back when the run resumes;
+- ``checkpoints/<step>/``: orbax checkpoints of the train state (or
+  ``--checkpoint_dir``, e.g. a ``gs://`` path);
+- ``metrics.jsonl``, ``loss.png``, ``tensorboard/``: what it measured;
+- ``config.json`` and ``params/``: the final model in the format of
+  ``experiments/convert.py`` (``LMConfig.to_dict`` and
+  ``models.checkpoints.save_params``).
+
+``--init_from`` takes either kind of directory: a converted (params-only)
+one, or a training one (its newest checkpoint's parameters).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+from flax import nnx
+
+from lin_attn_jax.models.checkpoints import load_params, save_params
+from lin_attn_jax.models.lm import LMConfig
+from lin_attn_jax.train import Checkpointer, Trainer
+from lin_attn_jax.train.loop import CHECKPOINT_DIR
+
+EXPERIMENT_FILE = "experiment.json"
+MODEL_CONFIG_FILE = "config.json"
+PARAMS_DIR = "params"
+
+
+def is_url(path: str) -> bool:
+  return "://" in path
+
+
+def join(base: str, *parts: str) -> str:
+  """``os.path.join`` that keeps ``gs://`` URLs intact."""
+  if is_url(base):
+    return "/".join([base.rstrip("/"), *parts])
+  return os.path.join(base, *parts)
+
+
+def checkpoint_dir(workdir: str, override: str | None = None) -> str:
+  return override or join(workdir, CHECKPOINT_DIR)
+
+
+def read_json(path: str) -> dict | None:
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def write_json(path: str, values: dict) -> None:
+  """Written by process 0, atomically (a rename)."""
+  if jax.process_index() != 0:
+    return
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  partial = f"{path}.partial"
+  with open(partial, "w") as f:
+    json.dump(values, f, indent=2)
+  os.replace(partial, path)
+
+
+def latest_checkpoint(directory: str) -> int | None:
+  """The newest complete checkpoint's step under ``directory``, or None."""
+  if not is_url(directory) and not os.path.isdir(directory):
+    return None
+  checkpointer = Checkpointer(directory, async_save=False)
+  try:
+    return checkpointer.latest_step()
+  finally:
+    checkpointer.close()
+
+
+def stored_model_config(directory: str, step: int) -> LMConfig:
+  """The model config stored with the checkpoint at ``step``."""
+  checkpointer = Checkpointer(directory, async_save=False)
+  try:
+    return LMConfig.from_dict(checkpointer.stored_config(step)["model"])
+  finally:
+    checkpointer.close()
+
+
+def source_kind(path: str) -> str:
+  """``"params"`` (``config.json`` + ``params/``, experiments/convert.py)
+  or ``"checkpoint"`` (a training work directory)."""
+  if os.path.exists(join(path, MODEL_CONFIG_FILE)) and os.path.isdir(
+      join(path, PARAMS_DIR)):
+    return "params"
+  if latest_checkpoint(join(path, CHECKPOINT_DIR)) is not None:
+    return "checkpoint"
+  raise ValueError(f"{path} holds neither {MODEL_CONFIG_FILE} with "
+                   f"{PARAMS_DIR}/ (experiments/convert.py) nor a checkpoint "
+                   f"in {CHECKPOINT_DIR}/ (experiments/train.py)")
+
+
+def source_model_config(path: str) -> LMConfig:
+  """The model of an ``--init_from`` directory."""
+  if source_kind(path) == "params":
+    return LMConfig.from_dict(read_json(join(path, MODEL_CONFIG_FILE)))
+  directory = join(path, CHECKPOINT_DIR)
+  return stored_model_config(directory, latest_checkpoint(directory))
+
+
+def source_params(path: str, trainer: Trainer) -> tuple[nnx.State, str]:
+  """The parameters of an ``--init_from`` directory, placed as
+  ``trainer``'s, and a description of where they came from."""
+  if source_kind(path) == "params":
+    params = load_params(join(path, PARAMS_DIR),
+                         trainer.abstract_state.params)
+    return params, join(path, PARAMS_DIR)
+  return checkpoint_params(join(path, CHECKPOINT_DIR), trainer)
+
+
+def checkpoint_params(directory: str, trainer: Trainer
+                      ) -> tuple[nnx.State, str]:
+  """The newest checkpoint's parameters, restored onto ``trainer``'s
+  mesh."""
+  checkpointer = Checkpointer(directory, async_save=False)
+  try:
+    restored = trainer.restore(checkpointer)
+  finally:
+    checkpointer.close()
+  if restored is None:
+    raise ValueError(f"no readable checkpoint in {directory}")
+  state, _, step = restored
+  return state.params, join(directory, str(step))
+
+
+def export_model(workdir: str, trainer: Trainer, state) -> str:
+  """Writes ``config.json`` and ``params/`` (the format of
+  experiments/convert.py) of ``state``'s model; returns the params path."""
+  write_json(join(workdir, MODEL_CONFIG_FILE), trainer.model_config.to_dict())
+  path = join(workdir, PARAMS_DIR)
+  with jax.set_mesh(trainer.mesh):
+    save_params(path, trainer.model(state), force=True)
+  return path
