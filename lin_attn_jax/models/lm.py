@@ -85,7 +85,8 @@ class LMConfig:
   # stored as sorted tuples so that the config stays hashable.
   mixer_options: Any = ()
   # Hidden width of the SwiGLU MLP; None means 8/3 * d_model rounded up to a
-  # multiple of 8.
+  # multiple of 8; 0 leaves the MLP out (blocks of a mixer only, as in
+  # Zoology's MQAR models).
   mlp_dim: int | None = None
   # Output logits use the transposed input embedding when True.
   tie_embeddings: bool = True
@@ -108,6 +109,10 @@ class LMConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if self.mlp_dim is not None and (not isinstance(self.mlp_dim, int)
+                                     or self.mlp_dim < 0):
+      raise ValueError(f"mlp_dim must be None or an int >= 0, got "
+                       f"{self.mlp_dim!r}")
     names = self.layer_mixers
     unknown = sorted(set(names) - set(MIXERS))
     if unknown:
@@ -187,7 +192,8 @@ class SwiGLU(nnx.Module):
 
 
 class Block(nnx.Module):
-  """``x + mixer(norm(x))``, then ``x + mlp(norm(x))``."""
+  """``x + mixer(norm(x))``, then ``x + mlp(norm(x))`` (no MLP when
+  ``mlp_dim = 0``)."""
 
   def __init__(self, config: LMConfig, mixer: str, *, rngs: nnx.Rngs,
                layer_index: int = 0):
@@ -203,9 +209,11 @@ class Block(nnx.Module):
         options.setdefault(name, value)
     self.mixer = MIXERS[mixer](config.d_model, config.n_heads, rngs=rngs,
                                **kw, **options)
-    self.mlp_norm = modules.rms_norm(config.d_model, eps=config.norm_eps,
-                                     rngs=rngs, **kw)
-    self.mlp = SwiGLU(config.d_model, config.hidden_dim, rngs=rngs, **kw)
+    self.mlp_norm = self.mlp = None
+    if config.hidden_dim:
+      self.mlp_norm = modules.rms_norm(config.d_model, eps=config.norm_eps,
+                                       rngs=rngs, **kw)
+      self.mlp = SwiGLU(config.d_model, config.hidden_dim, rngs=rngs, **kw)
 
   def __call__(self, x, *, segment_ids, mode, cache):
     h = self.mixer_norm(x)
@@ -214,6 +222,8 @@ class Block(nnx.Module):
     else:
       y, cache = self.mixer(h, segment_ids=segment_ids, mode=mode, cache=cache)
     x = x + y
+    if self.mlp is None:
+      return x, cache
     return x + self.mlp(self.mlp_norm(x)), cache
 
 
