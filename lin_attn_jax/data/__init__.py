@@ -5,7 +5,8 @@
 - ``packing``: documents packed into fixed-length rows with segment ids, a
   pure function of (seed, row index);
 - ``pipeline``: per-process batches for a step, as a grain dataset, and
-  their placement on a device mesh.
+  their placement on a device mesh;
+- ``mqar``: Zoology's multi-query associative recall task (numpy).
 """
 
 from lin_attn_jax.data.corpus import (Corpus, stdlib_corpus, text_corpus,

@@ -22,6 +22,18 @@ mixer:
 
 Subclasses implement ``mix(x, ctx)`` and ``init_mixer_cache``; non-causal
 mixers set ``causal = False`` and refuse a cache and the recurrent mode.
+
+``mixer.state_size(seq_len)`` is the number of floats a mixer carries from
+one token to the next, per layer and per sequence, after ``seq_len`` tokens:
+what it can remember. Attention counts its KV cache at that length
+(``2 x T x H_kv x head_dim``), a sliding window its window (``2 x min(w, T) x
+...``), a recurrent mixer its recurrent state (``H x K x V`` for a matrix
+state, ``E x N`` for Mamba). Short-convolution buffers and token shifts (the
+last few inputs, a fixed window of ``width - 1`` tokens, not a memory of the
+past) are left out, as in the papers' counts; ``include_conv=True`` adds
+them, and then the count equals the floats of ``init_mixer_cache`` (less the
+KV caches' bookkeeping). Each mixer implements ``recurrent_state_floats`` and,
+where it has convolution buffers, ``conv_state_floats``.
 """
 
 from __future__ import annotations
@@ -129,6 +141,41 @@ class Mixer(nnx.Module):
   def init_mixer_cache(self, batch_size: int, max_len: int, dtype):
     raise NotImplementedError
 
+  def recurrent_state_floats(self, seq_len: int) -> int:
+    """Floats of the recurrent state (or KV cache) after ``seq_len`` tokens,
+    per sequence; see ``state_size``."""
+    raise NotImplementedError
+
+  def conv_state_floats(self) -> int:
+    """Floats of the short-convolution buffers and token shifts, per
+    sequence (0 for none)."""
+    return 0
+
+  def state_size(self, seq_len: int, *, include_conv: bool = False) -> int:
+    """Floats this mixer carries between tokens, per layer and per sequence,
+    after ``seq_len`` tokens (see the module docstring).
+
+    Args:
+      seq_len: ``T``, the tokens seen (the length of a KV cache; a recurrent
+        state does not depend on it).
+      include_conv: also count the short-convolution buffers and token
+        shifts.
+
+    Raises:
+      ValueError: ``seq_len`` is not a positive int, or the mixer is not
+        causal (it has no state: every token sees the whole sequence).
+    """
+    if (isinstance(seq_len, bool) or not isinstance(seq_len, int)
+        or seq_len < 1):
+      raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    if not self.causal:
+      raise ValueError(f"{type(self).__name__} is not causal: it carries no "
+                       "state from token to token")
+    size = self.recurrent_state_floats(seq_len)
+    if include_conv:
+      size += self.conv_state_floats()
+    return int(size)
+
   def mix(self, x, ctx: Context):
     """Returns ``(y [B, T, D], new mixer cache or None)``, or ``(y, cache,
     carry)`` for a mixer that passes something on to later layers."""
@@ -214,3 +261,7 @@ class MatrixStateMixer(Mixer):
   def init_mixer_cache(self, batch_size: int, max_len: int, dtype):
     del max_len, dtype
     return zero_state(batch_size, self.n_heads, self.head_k, self.head_v)
+
+  def recurrent_state_floats(self, seq_len: int) -> int:
+    del seq_len
+    return self.n_heads * self.head_k * self.head_v

@@ -90,6 +90,13 @@ class Based(Mixer):
                                 dtype=dtype),
     }
 
+  def recurrent_state_floats(self, seq_len):
+    """The Taylor state ``H x (1 + F + F^2) x (D / H + 1)`` and the window's
+    keys and values, ``2 x min(w, T) x D``."""
+    f, h, dh = self.feature_dim, self.n_heads, self.head_dim
+    window = min(seq_len, self.window_size)
+    return h * (1 + f + f * f) * (dh + 1) + 2 * window * h * dh
+
   def linear_branch(self, q, k, v, ctx: Context, state):
     """Taylor linear attention; ``state`` is the cached one or None."""
     if ctx.decoding:

@@ -220,6 +220,15 @@ class DeltaNet(Mixer):
                             self.head_v),
     }
 
+  def recurrent_state_floats(self, seq_len):
+    """``H x K x V``."""
+    del seq_len
+    return self.n_heads * self.head_k * self.head_v
+
+  def conv_state_floats(self):
+    return sum((conv.width - 1) * conv.channels
+               for conv in (self.q_conv, self.k_conv, self.v_conv))
+
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     h = self.n_heads

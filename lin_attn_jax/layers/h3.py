@@ -122,6 +122,17 @@ class H3(Mixer):
             "s4d": jnp.zeros((batch_size, d_model * self.head_dim,
                               self.modes, 2), jnp.float32)}
 
+  def recurrent_state_floats(self, seq_len):
+    """S4D's complex modes of every entry of ``kv``: ``H d_h^2 x d_state``
+    (``D x d_h x d_state``)."""
+    del seq_len
+    return self.n_heads * self.head_dim ** 2 * self.modes * 2
+
+  def conv_state_floats(self):
+    """The shift SSM's last ``shift_size - 1`` keys, ``(shift_size - 1) x
+    D``: a convolution window, counted with ``include_conv``."""
+    return (self.shift_size - 1) * self.n_heads * self.head_dim
+
   def _s4d_params(self):
     """S4D's parameters per channel of ``kv`` (each head's, repeated over
     its ``d_h^2`` entries): ``(log_dt, A_real, A_imag, B, C, D)``."""

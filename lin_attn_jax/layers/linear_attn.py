@@ -107,6 +107,12 @@ class LinearAttention(Mixer):
     return jnp.zeros((batch_size, self.n_heads, self.feature_dim,
                       self.head_dim + int(self.normalize)), jnp.float32)
 
+  def recurrent_state_floats(self, seq_len):
+    """``H x F x (D / H + 1)`` (the normalizer column when normalizing)."""
+    del seq_len
+    return self.n_heads * self.feature_dim * (self.head_dim
+                                              + int(self.normalize))
+
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     shape = (b, t, self.n_heads, self.head_dim)

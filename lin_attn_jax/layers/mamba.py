@@ -133,6 +133,14 @@ class Mamba(Mixer):
             "ssm": jnp.zeros((batch_size, self.width, self.d_state),
                              jnp.float32)}
 
+  def recurrent_state_floats(self, seq_len):
+    """``E x N``."""
+    del seq_len
+    return self.width * self.d_state
+
+  def conv_state_floats(self):
+    return (self.conv.width - 1) * self.conv.channels
+
   def mix(self, x, ctx: Context):
     cache = ctx.cache
     u, z = jnp.split(self.in_proj(x), 2, axis=-1)               # [B, T, E]

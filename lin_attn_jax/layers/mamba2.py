@@ -140,6 +140,14 @@ class Mamba2(Mixer):
             "ssm": zero_state(batch_size, self.n_heads, self.d_state,
                               self.head_dim)}
 
+  def recurrent_state_floats(self, seq_len):
+    """``H x N x P`` (``N x E``)."""
+    del seq_len
+    return self.n_heads * self.d_state * self.head_dim
+
+  def conv_state_floats(self):
+    return (self.conv.width - 1) * self.conv.channels
+
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     e, h, g, n = self.width, self.n_heads, self.n_groups, self.d_state

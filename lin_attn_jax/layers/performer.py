@@ -96,6 +96,11 @@ class Performer(Mixer):
     return zero_state(batch_size, self.n_heads, self.nb_features,
                       self.head_dim + 1)
 
+  def recurrent_state_floats(self, seq_len):
+    """``H x M x (K + 1)`` (values and the normalizer)."""
+    del seq_len
+    return self.n_heads * self.nb_features * (self.head_dim + 1)
+
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     shape = (b, t, self.n_heads, self.head_dim)

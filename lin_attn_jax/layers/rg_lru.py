@@ -139,6 +139,14 @@ class RGLRU(Mixer):
     return {"conv": self.conv.init_state(batch_size),
             "lru": jnp.zeros((batch_size, self.width), jnp.float32)}
 
+  def recurrent_state_floats(self, seq_len):
+    """``W``, one float per channel of the recurrence."""
+    del seq_len
+    return self.width
+
+  def conv_state_floats(self):
+    return (self.conv.width - 1) * self.conv.channels
+
   def mix(self, x, ctx: Context):
     cache = ctx.cache
     gate = jax.nn.gelu(self.gate_proj(x), approximate=True)     # [B, T, W]

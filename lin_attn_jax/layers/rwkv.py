@@ -188,6 +188,15 @@ class RWKV6(Mixer):
             "state": zero_state(batch_size, self.n_heads, self.head_k,
                                 self.head_v)}
 
+  def recurrent_state_floats(self, seq_len):
+    """``H x (D / H) x (D / H)``."""
+    del seq_len
+    return self.n_heads * self.head_dim * self.head_dim
+
+  def conv_state_floats(self):
+    """The token shift's previous token, ``D``."""
+    return self.n_heads * self.head_dim
+
   def log_decay(self, xw):
     """``-exp(w_0 + tanh(x_w A_w) B_w)``: ``[B, T, H * K]`` float32, < 0."""
     xw = xw.astype(_F32)
@@ -395,6 +404,15 @@ class RWKV7(Mixer):
     return {"shift": jnp.zeros((batch_size, d), _F32),
             "state": zero_state(batch_size, self.n_heads, self.head_dim,
                                 self.head_dim)}
+
+  def recurrent_state_floats(self, seq_len):
+    """``H x (D / H) x (D / H)``."""
+    del seq_len
+    return self.n_heads * self.head_dim * self.head_dim
+
+  def conv_state_floats(self):
+    """The token shift's previous token, ``D``."""
+    return self.n_heads * self.head_dim
 
   def log_decay(self, xw):
     """``-exp(w)`` with ``w = -softplus(-(w_0 + lora(x_w))) - 0.5``:

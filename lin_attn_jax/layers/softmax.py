@@ -124,6 +124,13 @@ class CausalAttention(Mixer):
                          self.head_dim, max_length=max_len,
                          window_size=self.window_size, dtype=dtype)
 
+  def recurrent_state_floats(self, seq_len):
+    """The keys and values of the KV cache, ``2 x T x Hkv x head_dim``
+    (``min(w, T)`` entries under a window)."""
+    entries = (seq_len if self.window_size is None
+               else min(seq_len, self.window_size))
+    return 2 * entries * self.n_kv_heads * self.head_dim
+
   def step(self, q, k, v, cache, reset):
     """One token: ``q [B, H, K]``, ``k [B, Hkv, K]``, ``v [B, Hkv, V]`` ->
     ``(o [B, H, V], cache)``."""

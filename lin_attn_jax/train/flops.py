@@ -10,8 +10,9 @@ training token (forward + backward = 3 x forward):
   per query head (``4 x c x H x head_dim``, with ``c`` the mean number of
   visible keys: ``(T + 1) / 2`` for causal attention, fewer under a
   window); every other mixer reads and writes its recurrent state once per
-  token (``4 x`` the floats of its state, from ``init_mixer_cache``), the
-  cost of the recurrent form, which the chunk forms trade for matmuls.
+  token (``4 x`` the floats of its state, ``Mixer.state_size``), the cost
+  of the recurrent form, which the chunk forms trade for matmuls (short
+  convolutions are counted by their weights, with the projections).
 
 MFU is achieved model FLOPs per second over the devices' peak (dense
 bfloat16 matmul, per chip, from the vendors' data sheets); there is no peak
@@ -23,7 +24,6 @@ from __future__ import annotations
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -68,10 +68,7 @@ def mixing_flops_per_token(mixer, seq_len: int) -> float:
     return 4.0 * keys * heads * mixer.head_dim
   if not getattr(mixer, "causal", True):
     return 0.0
-  cache = jax.eval_shape(lambda: mixer.init_mixer_cache(1, seq_len,
-                                                        jnp.float32))
-  floats = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(cache))
-  return 4.0 * floats
+  return 4.0 * mixer.state_size(seq_len)
 
 
 def flops_per_token(model, seq_len: int) -> float:
