@@ -1,0 +1,167 @@
+"""Training-step time and compile time of the LM, for every causal mixer.
+
+One training step is the forward, the backward and an optax AdamW update of
+a small decoder LM (next-token cross-entropy over a byte vocabulary),
+jitted with the parameters and optimizer state donated. For each shape,
+every mixer's step is compiled first (the compile time is that of
+``jit(step).lower(...).compile()``), then the mixers are timed in rounds,
+one step each per round, so that all of them see the same load; a mixer's
+time is its minimum over the rounds.
+
+  python experiments/bench_train_step.py --out=benchmarks/RESULTS_train_step.md
+  python experiments/bench_train_step.py --mixers=gla,h3 --shapes=2x4096
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from experiments.bench_utils import write_section  # noqa: E402
+from lin_attn_jax.layers import MIXERS  # noqa: E402
+from lin_attn_jax.models import LM, LMConfig  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("mixers", [], "Mixers to time (default: every causal one).")
+flags.DEFINE_list("shapes", ["16x256", "2x4096"], "Batch x length pairs.")
+flags.DEFINE_integer("d_model", 64, "Model width.")
+flags.DEFINE_integer("n_layers", 2, "Blocks.")
+flags.DEFINE_integer("n_heads", 2, "Heads per mixer.")
+flags.DEFINE_integer("vocab_size", 256, "Vocabulary (bytes).")
+flags.DEFINE_integer("rounds", 5, "Timed steps per mixer (interleaved).")
+flags.DEFINE_float("learning_rate", 1e-3, "AdamW learning rate.")
+flags.DEFINE_string("out", "", "Markdown file to write the table into.")
+
+# Mixers with a growing KV cache; every other one keeps a fixed-size state.
+SOFTMAX_FAMILY = ("softmax_attn", "sliding_window_attn", "sparse_attn",
+                  "linformer")
+
+
+def cross_entropy(logits, targets):
+  """Mean next-token cross-entropy; ``logits: [B, T, V]``, ``targets: [B, T]``."""
+  log_p = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return -jnp.mean(jnp.take_along_axis(log_p, targets[..., None], axis=-1))
+
+
+def make_train_step(graphdef, optimizer):
+  """``step(params, opt_state, tokens [B, T + 1]) -> (params, opt_state,
+  loss)``, jitted, with the parameters and optimizer state donated."""
+
+  def loss_fn(params, tokens):
+    model = nnx.merge(graphdef, params)
+    return cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def train_step(params, opt_state, tokens):
+    loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  return train_step
+
+
+class Runner:
+  """One mixer's compiled step and its live state at one shape."""
+
+  def __init__(self, name: str, batch: int, length: int):
+    config = LMConfig(vocab_size=FLAGS.vocab_size, d_model=FLAGS.d_model,
+                      n_layers=FLAGS.n_layers, n_heads=FLAGS.n_heads,
+                      mixer=name)
+    graphdef, self.params = nnx.split(LM(config, rngs=nnx.Rngs(0)))
+    optimizer = optax.adamw(FLAGS.learning_rate)
+    self.opt_state = optimizer.init(self.params)
+    rng = np.random.default_rng(0)
+    self.tokens = jnp.asarray(rng.integers(0, FLAGS.vocab_size,
+                                           (batch, length + 1)), jnp.int32)
+    step = make_train_step(graphdef, optimizer)
+    start, start_cpu = time.perf_counter(), time.process_time()
+    self.step = step.lower(self.params, self.opt_state, self.tokens).compile()
+    self.compile_s = time.perf_counter() - start
+    self.compile_cpu_s = time.process_time() - start_cpu
+    self.times: list[float] = []
+    self.loss = float("nan")
+
+  def run(self) -> None:
+    start = time.perf_counter()
+    self.params, self.opt_state, loss = self.step(self.params, self.opt_state,
+                                                  self.tokens)
+    jax.block_until_ready(loss)
+    self.times.append(time.perf_counter() - start)
+    self.loss = float(loss)
+
+
+def _time_shape(names, batch, length):
+  runners = {}
+  for name in names:
+    runners[name] = Runner(name, batch, length)
+    print(f"  B={batch} T={length} {name}: compiled in "
+          f"{runners[name].compile_s:.1f} s ({runners[name].compile_cpu_s:.1f}"
+          " s CPU)", flush=True)
+  for name in names:
+    runners[name].run()                  # the first run is not timed
+    runners[name].times.clear()
+  for _ in range(FLAGS.rounds):
+    for name in names:
+      runners[name].run()
+  return runners
+
+
+def main(argv):
+  del argv
+  names = FLAGS.mixers or [n for n, cls in MIXERS.items() if cls.causal]
+  shapes = [tuple(int(x) for x in s.split("x")) for s in FLAGS.shapes]
+  results = {}
+  for batch, length in shapes:
+    results[batch, length] = _time_shape(names, batch, length)
+  recurrent = [n for n in names if n not in SOFTMAX_FAMILY]
+  header = "| mixer |" + "".join(
+      f" B={b}, T={t}: step (ms) | / softmax_attn | compile (s) |"
+      for b, t in shapes)
+  lines = [header, "|---|" + "---|---|---|" * len(shapes)]
+  for name in names:
+    row = f"| {name} |"
+    for shape in shapes:
+      r = results[shape]
+      best = min(r[name].times)
+      base = (f"{best / min(r['softmax_attn'].times):.2f}"
+              if "softmax_attn" in r else "")
+      row += (f" {best * 1e3:.0f} | {base} | {r[name].compile_s:.1f} "
+              f"({r[name].compile_cpu_s:.1f}) |")
+    lines.append(row)
+  for shape in shapes:
+    r = results[shape]
+    rec = {n: min(r[n].times) for n in recurrent}
+    if rec:
+      fastest = min(rec, key=rec.get)
+      slowest = max(rec, key=rec.get)
+      lines.append(
+          f"\nB={shape[0]}, T={shape[1]}: slowest recurrent mixer {slowest} "
+          f"is {rec[slowest] / rec[fastest]:.2f}x the fastest, {fastest}.")
+  cmd = "python " + " ".join(sys.argv)
+  text = [f"Command: `{cmd}`", "",
+          f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, "
+          f"jax {jax.__version__}, backend {jax.default_backend()}; "
+          f"LM d_model={FLAGS.d_model}, {FLAGS.n_layers} layers, "
+          f"{FLAGS.n_heads} heads, vocab {FLAGS.vocab_size}, AdamW; "
+          f"minimum of {FLAGS.rounds} steps after compilation, mixers "
+          f"interleaved. Compile: wall seconds of lowering and compiling the "
+          f"step (CPU seconds of the process in brackets).", "", *lines]
+  print("\n".join(text))
+  if FLAGS.out:
+    write_section(FLAGS.out, "train_step", text)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,4 @@
+"""Data for training and experiments.
+
+- ``mqar``: Zoology's multi-query associative recall task (numpy).
+"""
