@@ -43,6 +43,8 @@ flags.DEFINE_integer("vocab_size", 256, "Vocabulary (bytes).")
 flags.DEFINE_integer("rounds", 5, "Timed steps per mixer (interleaved).")
 flags.DEFINE_float("learning_rate", 1e-3, "AdamW learning rate.")
 flags.DEFINE_string("out", "", "Markdown file to write the table into.")
+flags.DEFINE_enum("xla_options", "default", ["default", "ynn"], "XLA options.")
+COMPILER_OPTIONS = {"default": None, "ynn": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_ELTWISE,LIBRARY_FUSION_TYPE_REDUCE"}}
 
 # Mixers with a growing KV cache; every other one keeps a fixed-size state.
 SOFTMAX_FAMILY = ("softmax_attn", "sliding_window_attn", "sparse_attn",
@@ -55,7 +57,7 @@ def cross_entropy(logits, targets):
   return -jnp.mean(jnp.take_along_axis(log_p, targets[..., None], axis=-1))
 
 
-def make_train_step(graphdef, optimizer):
+def make_train_step(graphdef, optimizer, compiler_options=None):
   """``step(params, opt_state, tokens [B, T + 1]) -> (params, opt_state,
   loss)``, jitted, with the parameters and optimizer state donated."""
 
@@ -63,7 +65,8 @@ def make_train_step(graphdef, optimizer):
     model = nnx.merge(graphdef, params)
     return cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
 
-  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  @functools.partial(jax.jit, donate_argnums=(0, 1),
+                     compiler_options=compiler_options)
   def train_step(params, opt_state, tokens):
     loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
     updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -85,7 +88,7 @@ class Runner:
     rng = np.random.default_rng(0)
     self.tokens = jnp.asarray(rng.integers(0, FLAGS.vocab_size,
                                            (batch, length + 1)), jnp.int32)
-    step = make_train_step(graphdef, optimizer)
+    step = make_train_step(graphdef, optimizer, COMPILER_OPTIONS[FLAGS.xla_options])
     start, start_cpu = time.perf_counter(), time.process_time()
     self.step = step.lower(self.params, self.opt_state, self.tokens).compile()
     self.compile_s = time.perf_counter() - start

@@ -128,7 +128,7 @@ def test_forms_match_naive(op, case):
 # -30: outputs, final states and every gradient stay finite.
 LONG_FORMS = [("linear_scan", "chunk"), ("selective_scan", "chunk"),
               ("ssd", "chunk"), ("rg_lru", "chunk"), ("hgrn", "chunk"),
-              ("s4d_fft", "fft_conv")]
+              ("s4d", "chunk")]
 
 
 @pytest.mark.parametrize("op,form_name", LONG_FORMS,
@@ -311,14 +311,8 @@ def test_bad_inputs_name_the_argument():
     ops.chunk_causal_conv1d(x, np.ones((4, 4), np.float32), activation="gelu")
   with pytest.raises(ValueError, match="C has 65 taps"):
     ops.chunk_shift_ssm(x, np.ones((4, 65), np.float32))
-  jax.eval_shape(ops.fft_conv_shift_ssm, x, np.ones((4, 65), np.float32))
 
-  seg = np.zeros((2, 8), np.int32)
   s4d = _numpy(_inputs(SPEC_BY_NAME["s4d"], 8, False, False, False, 0))
-  with pytest.raises(ValueError, match="segment_ids are not supported"):
-    ops.fft_conv_s4d(**{**s4d, "segment_ids": seg})
-  with pytest.raises(ValueError, match="segment_ids are not supported"):
-    ops.fft_conv_shift_ssm(x, np.ones((4, 3), np.float32), segment_ids=seg[:1])
   with pytest.raises(ValueError, match="A_real must be < 0"):
     ops.parallel_s4d(**{**s4d, "A_real": -s4d["A_real"]})
   with pytest.raises(ValueError, match="g holds log-decays"):
@@ -327,3 +321,22 @@ def test_bad_inputs_name_the_argument():
     ops.chunk_linear_scan(x, x[:, :4])
   with pytest.raises(ValueError, match="a_param"):
     ops.chunk_rg_lru(x, x, x, np.ones((5,), np.float32))
+
+
+@pytest.mark.parametrize("length", [5, 37])
+def test_shift_ssm_taps_longer_than_a_chunk(length):
+  """The Toeplitz chunk form takes chunks of at least N - 1 tokens, so taps
+  never reach back more than one chunk, also for chunk_size < N - 1 and
+  sequences shorter than the taps."""
+  rng = np.random.default_rng(length)
+  b, d, n = 2, 3, 20
+  u = rng.normal(size=(b, length, d)).astype(np.float32)
+  C = rng.normal(size=(d, n)).astype(np.float32)
+  D = rng.normal(size=(d,)).astype(np.float32)
+  init = rng.normal(size=(b, n - 1, d)).astype(np.float32)
+  seg = np.cumsum(rng.random((b, length)) < 0.15, axis=1).astype(np.int32)
+  kw = dict(D=D, initial_state=init, output_final_state=True, segment_ids=seg)
+  y, s = ops.chunk_shift_ssm(u, C, chunk_size=8, **kw)
+  y_ref, s_ref = ops.naive_recurrent_shift_ssm(u, C, **kw)
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(s, s_ref, rtol=1e-5, atol=1e-5)

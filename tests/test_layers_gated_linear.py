@@ -250,3 +250,11 @@ def test_hgrn2_forget_gate_is_lower_bounded_and_ties_the_input_gate():
   assert np.all(f >= 0.3 - 1e-6) and np.all(f <= 1.0)
   assert f.min() < 0.31 and f.max() > 0.99
   np.testing.assert_allclose(np.asarray(k), 1 - f, atol=1e-6)
+
+
+def test_hgrn2_default_state_is_square():
+  """As in the reference, the forget width is D: K = V = D / H per head."""
+  layer = HGRN2(64, 2, rngs=nnx.Rngs(0))
+  assert (layer.head_k, layer.head_v) == (32, 32)
+  assert layer.q_proj.kernel.shape == (64, 64)
+  assert HGRN2(64, 2, rngs=nnx.Rngs(0), expand_ratio=128).head_k == 128

@@ -31,6 +31,13 @@ def test_modes_decoding_and_gradients(name, use_segments):
                         use_segments=use_segments)
 
 
+def test_multi_head_h3():
+  """Heads of d_h = D / H channels: the d_h^2 entries of a head's kv share
+  its S4D (the cache keeps them as rows)."""
+  options = dict(MIXER_OPTIONS["h3"], head_dim=None)
+  lm_checks.check_mixer(lm_checks.tiny_lm("h3", options), use_segments=True)
+
+
 def test_mamba_init():
   layer = Mamba(64, 1, rngs=nnx.Rngs(0))
   assert layer.dt_rank == 4 and layer.width == 128
@@ -83,15 +90,18 @@ def test_rg_lru_init():
 def test_h3_init():
   layer = H3(32, 4, rngs=nnx.Rngs(0), d_state=16)
   log_dt, a_real, a_imag, b, _, _ = layer._s4d_params()
-  assert layer.head_dim == 8 and a_real.shape == (4 * 64, 8)
+  # One head per channel by default (the reference's head_dim = 1).
+  assert layer.head_dim == 1 and layer.n_heads == 32
+  assert a_real.shape == (32, 8) and log_dt.shape == (32,)
   np.testing.assert_allclose(a_real, -0.5, rtol=1e-6)
   np.testing.assert_allclose(a_imag[0], np.pi * np.arange(8), rtol=1e-6)
   np.testing.assert_array_equal(b[..., 0], 1.0)
   dt = np.exp(np.asarray(log_dt))
   assert dt.min() >= 1e-3 * (1 - 1e-5) and dt.max() <= 1e-1 * (1 + 1e-5)
-  # Every head's parameters are shared by its d_h^2 channels.
-  np.testing.assert_array_equal(log_dt.reshape(4, 64), log_dt[::64, None]
-                                * np.ones((1, 64)))
+  assert len(np.unique(dt)) == 32
+  multi = H3(32, 4, rngs=nnx.Rngs(0), head_dim=None)
+  assert multi.head_dim == 8 and multi.n_heads == 4
+  assert multi.init_cache(2, 8)["mixer"]["s4d"].shape == (2, 64, 4, 32, 2)
 
 
 @pytest.mark.parametrize("build", [
@@ -99,13 +109,14 @@ def test_h3_init():
     lambda: Mamba2(32, 4, n_groups=3, rngs=nnx.Rngs(0)),
     lambda: Mamba(32, 2, expand=1.5001, rngs=nnx.Rngs(0)),
     lambda: Mamba(32, 2, dt_min=0.1, dt_max=0.01, rngs=nnx.Rngs(0)),
-    lambda: H3(32, 3, rngs=nnx.Rngs(0)),
+    lambda: H3(32, 3, head_dim=None, rngs=nnx.Rngs(0)),
+    lambda: H3(32, 2, head_dim=5, rngs=nnx.Rngs(0)),
     lambda: H3(32, 2, d_state=7, rngs=nnx.Rngs(0)),
     lambda: H3(32, 2, shift_size=65, rngs=nnx.Rngs(0)),
     lambda: RGLRU(32, 2, lru_width=33, rngs=nnx.Rngs(0)),
     lambda: RGLRU(32, 2, a_min=0.9, a_max=1.0, rngs=nnx.Rngs(0)),
 ], ids=["mamba2-heads", "mamba2-groups", "mamba-expand", "mamba-dt",
-        "h3-heads", "h3-odd-state", "h3-shift", "rg_lru-width", "rg_lru-a"])
+        "h3-heads", "h3-head-dim", "h3-odd-state", "h3-shift", "rg_lru-width", "rg_lru-a"])
 def test_bad_hyper_parameters(build):
   with pytest.raises(ValueError):
     build()

@@ -37,8 +37,6 @@ CUSTOM_CALL_PRIMITIVES = {
     "eigh", "svd", "schur", "hessenberg", "tridiagonal", "tridiagonal_solve",
     "fft",
 }
-# H3's FFT convolution forms (their replacement is issue 19).
-FFT_ALLOWED = ("shift_ssm_fft.fft_conv", "s4d_fft.fft_conv")
 
 
 def _sub_jaxprs(value):
@@ -64,8 +62,6 @@ def primitives(jaxpr) -> set[str]:
 
 def check_custom_calls(name, closed_jaxpr):
   found = primitives(closed_jaxpr.jaxpr) & CUSTOM_CALL_PRIMITIVES
-  if name.startswith(FFT_ALLOWED):
-    found -= {"fft"}
   assert not found, f"{name} runs {sorted(found)} (a CPU custom call)"
 
 

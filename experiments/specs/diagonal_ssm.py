@@ -5,8 +5,8 @@ the step is verified through it (``OpSpec.step`` names the step and the
 inputs it takes one token of, for the tests that call every step). ``Dims.heads`` is the number of groups of
 ``B``/``C`` for the selective scan (1: the ungrouped ``[B, T, N]`` layout)
 and the number of heads for SSD (with ``heads // 2`` groups when even).
-The FFT convolution forms of H3 cannot reset at document boundaries, so they
-have their own specs whose inputs carry no segment ids.
+H3's S4D has its chunk form (Toeplitz matmuls inside chunks) checked with
+segment ids like every other op.
 
 "Strong" inputs have per-token log-decays spread down to -30.
 """
@@ -114,16 +114,16 @@ def _conv_inputs(key, dims, strong):
               segment_ids=_segments(kseg, b, t))
 
 
-def _shift_ssm_inputs(key, dims, strong, segments=True):
+def _shift_ssm_inputs(key, dims, strong):
   del strong
   ku, kc, kd, ks, kseg = jax.random.split(key, 5)
   b, t, d, n = dims.batch, dims.length, dims.dim_v, dims.dim_k
   return dict(u=_normal(ku, (b, t, d)), C=_normal(kc, (d, n), n ** -0.5),
               D=_normal(kd, (d,)), initial_state=_normal(ks, (b, n - 1, d)),
-              segment_ids=_segments(kseg, b, t) if segments else None)
+              segment_ids=_segments(kseg, b, t))
 
 
-def _s4d_inputs(key, dims, strong, segments=True):
+def _s4d_inputs(key, dims, strong):
   keys = jax.random.split(key, 9)
   b, t, d, n = dims.batch, dims.length, dims.dim_v, dims.dim_k
   if strong:   # dt * A_real between -30 and -0.5
@@ -139,7 +139,7 @@ def _s4d_inputs(key, dims, strong, segments=True):
               B=_normal(keys[4], (d, n, 2)), C=_normal(keys[5], (d, n, 2)),
               D=_normal(keys[6], (d,)),
               initial_state=_normal(keys[7], (b, d, n, 2)),
-              segment_ids=_segments(keys[8], b, t) if segments else None)
+              segment_ids=_segments(keys[8], b, t))
 
 
 def _rg_lru_inputs(key, dims, strong):
@@ -181,18 +181,9 @@ SPECS = [
            step=_step("causal_conv1d", ("x",), activation="silu")),
     OpSpec("shift_ssm", _forms("shift_ssm"), _shift_ssm_inputs,
            ("u", "C", "D", "initial_state"), step=_step("shift_ssm", ("u",))),
-    OpSpec("shift_ssm_fft",
-           _forms("shift_ssm", ("naive_recurrent", "fft_conv")),
-           functools.partial(_shift_ssm_inputs, segments=False),
-           ("u", "C", "D", "initial_state"), chunked=()),
-    OpSpec("s4d", _forms("s4d", ("naive_recurrent", "parallel", "recurrent")),
-           _s4d_inputs,
+    OpSpec("s4d", _forms("s4d"), _s4d_inputs,
            ("u", "log_dt", "A_real", "A_imag", "B", "C", "D", "initial_state"),
-           chunked=(), step=_step("s4d", ("u",))),
-    OpSpec("s4d_fft", _forms("s4d", ("naive_recurrent", "fft_conv")),
-           functools.partial(_s4d_inputs, segments=False),
-           ("u", "log_dt", "A_real", "A_imag", "B", "C", "D", "initial_state"),
-           chunked=()),
+           step=_step("s4d", ("u",))),
     OpSpec("rg_lru", _forms("rg_lru"), _rg_lru_inputs,
            ("x", "a_gate", "x_gate", "a_param", "initial_state"),
            step=_step("rg_lru", ("x", "a_gate", "x_gate"))),

@@ -1,14 +1,16 @@
 """H3, Hungry Hungry Hippos (Fu et al., 2023, arXiv:2212.14052).
 
 ``q, k, v = x W_q, x W_k, x W_v``; the shift SSM runs over every channel of
-``k``; per head (``H`` heads of ``d_h = D / H``) the outer product of the
-shifted keys and the values, ``kv_t = shift(k)_t v_t^T`` (``[d_h, d_h]``),
-goes through a diagonal SSM (S4D) of each of its ``d_h^2`` entries with the
-head's parameters; the output is ``o_t = q_t^T kv'_t`` per head, then
-``o W_o`` (the paper's multi-head H3).
+``k``; the channels are split into heads of ``d_h = head_dim``; per head the
+outer product of the shifted keys and the values, ``kv_t = shift(k)_t
+v_t^T`` (``[d_h, d_h]``), goes through a diagonal SSM (S4D) of each of its
+``d_h^2`` entries with the head's parameters; the output is ``o_t = q_t^T
+kv'_t`` per head, then ``o W_o``. With ``d_h = 1`` (the reference's default,
+that of its released models) this is ``q * S4D(shift(k) * v)`` per channel,
+with one S4D per channel.
 
 Letters: b batch, t time, h head, k and v the key and value channels of a
-head (``K = V = d_h``).
+head (``K = V = d_h``), e the ``d_h^2`` entries of a head's ``kv``.
 """
 
 from __future__ import annotations
@@ -20,23 +22,26 @@ from flax import nnx
 
 from lin_attn_jax.layers import modules
 from lin_attn_jax.layers.base import Context, Mixer
-from lin_attn_jax.ops import (chunk_shift_ssm, fft_conv_s4d, parallel_s4d,
+from lin_attn_jax.ops import (chunk_s4d, chunk_shift_ssm, parallel_s4d,
                               parallel_shift_ssm, recurrent_s4d,
                               recurrent_shift_ssm, s4d_step, shift_ssm_step)
 from lin_attn_jax.ops.conv import MAX_WIDTH
 
 
 class H3(Mixer):
-  """Multi-head H3: ``q * S4D(shift_ssm(k) v^T)`` per head.
+  """H3: ``q * S4D(shift_ssm(k) v^T)`` per head of ``head_dim`` channels.
 
-  Forms of the two SSMs per mode:
+  Forms of the two SSMs per mode: ``"chunk"``, both chunk forms (S4D's is
+  ``chunk_s4d``: Toeplitz matmuls inside chunks and its state between
+  them, where the reference uses an FFT convolution); ``"parallel"``, both
+  parallel forms; ``"recurrent"``, both scans; decoding, both step forms.
 
-  - ``"chunk"``: the shift SSM's chunk form; S4D as an FFT convolution
-    (``fft_conv_s4d``, what H3 trains with) when there are no segment ids,
-    and its parallel form (an associative scan) when there are, since a
-    convolution of packed documents cannot reset at their boundaries;
-  - ``"parallel"``: both parallel forms; ``"recurrent"``: both scans;
-  - decoding: both step forms.
+  The S4D state holds ``d_state / 2`` complex modes for each of the ``D
+  d_h`` entries of the heads' ``kv``: ``d_h`` times the width of the model.
+  ``head_dim=1`` (the default, as in the reference and its released models)
+  keeps it ``D d_state``; ``head_dim=None`` takes ``D / n_heads`` (the
+  reference's multi-head H3), whose state and work grow with ``D^2 /
+  n_heads``.
 
   Initialisation as in the paper's reference: the shift SSM's taps ``C`` and
   skip standard normal per channel; S4D-Lin per head (Gu et al. 2022,
@@ -48,30 +53,38 @@ class H3(Mixer):
   zero biases.
 
   Args:
-    d_model: ``D``. n_heads: ``H``; the head dimension is ``d_h = D / H``
-      (the state of S4D holds ``H d_h^2`` channels).
+    d_model: ``D``. n_heads: used only with ``head_dim=None``.
+    head_dim: ``d_h``, channels per head (1); the layer has ``H = D / d_h``
+      heads, each with its own S4D parameters. None means ``D / n_heads``.
     d_state: real state size of S4D per channel, even: ``d_state / 2``
       complex modes in conjugate pairs (64).
     shift_size: state size (taps) of the shift SSM, 2 to 64 (64).
     dt_min, dt_max: range of S4D's initial time step (1e-3, 1e-1).
     bias: the projections have biases (True).
-    chunk_size: chunk length of the shift SSM's chunk form (speed only).
+    chunk_size: chunk length of the chunk forms (speed only).
 
-  Cache: ``{"shift": [B, shift_size - 1, D], "s4d": [B, H d_h^2,
-  d_state / 2, 2]}`` float32 (the last keys, and the complex S4D states as
-  real and imaginary parts).
+  Cache: ``{"shift": [B, shift_size - 1, D], "s4d": [B, d_h^2, H, d_state /
+  2, 2]}`` float32 (the last keys, and the complex S4D states as real and
+  imaginary parts).
   """
 
   no_weight_decay = ("shift_C", "shift_D", "log_dt", "log_A_real", "A_imag",
                      "B", "C", "D")
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
-               d_state: int = 64, shift_size: int = 64, dt_min: float = 1e-3,
+               head_dim: int | None = 1, d_state: int = 64,
+               shift_size: int = 64, dt_min: float = 1e-3,
                dt_max: float = 1e-1, bias: bool = True, chunk_size: int = 64,
                dtype=jnp.float32, param_dtype=jnp.float32):
-    if n_heads < 1 or d_model % n_heads:
-      raise ValueError(f"d_model = {d_model} must divide into n_heads = "
-                       f"{n_heads}")
+    if head_dim is None:
+      if n_heads < 1 or d_model % n_heads:
+        raise ValueError(f"d_model = {d_model} must divide into n_heads = "
+                         f"{n_heads}")
+      head_dim = d_model // n_heads
+    if not isinstance(head_dim, int) or head_dim < 1 or d_model % head_dim:
+      raise ValueError(f"head_dim must be a positive int dividing d_model = "
+                       f"{d_model}, got {head_dim!r}")
+    n_heads = d_model // head_dim
     if d_state < 2 or d_state % 2:
       raise ValueError(f"d_state must be even and >= 2 (complex modes come "
                        f"in conjugate pairs), got {d_state}")
@@ -81,7 +94,7 @@ class H3(Mixer):
     if not 0 < dt_min <= dt_max:
       raise ValueError(f"need 0 < dt_min <= dt_max, got dt_min = {dt_min}, "
                        f"dt_max = {dt_max}")
-    self.n_heads, self.head_dim = n_heads, d_model // n_heads
+    self.n_heads, self.head_dim = n_heads, head_dim
     self.modes, self.shift_size = d_state // 2, shift_size
     self.chunk_size = chunk_size
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
@@ -119,7 +132,7 @@ class H3(Mixer):
     d_model = self.n_heads * self.head_dim
     return {"shift": jnp.zeros((batch_size, self.shift_size - 1, d_model),
                                jnp.float32),
-            "s4d": jnp.zeros((batch_size, d_model * self.head_dim,
+            "s4d": jnp.zeros((batch_size, self.head_dim ** 2, self.n_heads,
                               self.modes, 2), jnp.float32)}
 
   def recurrent_state_floats(self, seq_len):
@@ -134,25 +147,20 @@ class H3(Mixer):
     return (self.shift_size - 1) * self.n_heads * self.head_dim
 
   def _s4d_params(self):
-    """S4D's parameters per channel of ``kv`` (each head's, repeated over
-    its ``d_h^2`` entries): ``(log_dt, A_real, A_imag, B, C, D)``."""
-    entries = self.head_dim ** 2
-
-    def per_channel(p):
-      return jnp.repeat(p[...].astype(jnp.float32), entries, axis=0)
-
-    a_real = -jnp.exp(per_channel(self.log_A_real))        # [H K V, M]
-    return (per_channel(self.log_dt), a_real, per_channel(self.A_imag),
-            per_channel(self.B), per_channel(self.C), per_channel(self.D))
+    """S4D's parameters per head, float32: ``(log_dt [H], A_real [H, M],
+    A_imag [H, M], B [H, M, 2], C [H, M, 2], D [H])``."""
+    f32 = lambda p: p[...].astype(jnp.float32)  # noqa: E731
+    return (f32(self.log_dt), -jnp.exp(f32(self.log_A_real)), f32(self.A_imag),
+            f32(self.B), f32(self.C), f32(self.D))
 
   def mix(self, x, ctx: Context):
     b, t, d_model = x.shape
     h, d_h = self.n_heads, self.head_dim
+    e = d_h * d_h
     cache = ctx.cache
     q = self.q_proj(x).reshape(b, t, h, d_h)               # [B, T, H, K]
     k = self.k_proj(x)                                     # [B, T, D]
     v = self.v_proj(x).reshape(b, t, h, d_h)               # [B, T, H, V]
-    s4d = self._s4d_params()
     shift = (self.shift_C[...], self.shift_D[...])
     if ctx.decoding:
       k, shift_state = shift_ssm_step(k[:, 0], shift[0], cache["shift"],
@@ -167,23 +175,38 @@ class H3(Mixer):
           initial_state=None if cache is None else ctx.carried(cache["shift"]),
           output_final_state=cache is not None, segment_ids=ctx.segment_ids)
     k = k.reshape(b, t, h, d_h)                            # [B, T, H, K]
-    kv = jnp.einsum("bthk,bthv->bthkv", k, v)              # [B, T, H, K, V]
-    kv = kv.reshape(b, t, h * d_h * d_h)                   # [B, T, H K V]
+    # S4D's channels are the heads; the d_h^2 entries of every head's kv
+    # are rows of the batch (they share the head's parameters).
+    if d_h == 1:
+      kv = (k * v).reshape(b, t, h)                        # [B, T, H]
+    else:
+      kv = jnp.einsum("bthk,bthv->bkvth", k, v)            # [B, K, V, T, H]
+      kv = kv.reshape(b * e, t, h)                         # [B E, T, H]
+    s4d = self._s4d_params()
+    state = None if cache is None else ctx.carried(cache["s4d"])
+    if state is not None:
+      state = state.reshape(b * e, h, self.modes, 2)       # [B E, H, M, 2]
+    segment_ids = (None if ctx.segment_ids is None
+                   else jnp.repeat(ctx.segment_ids, e, axis=0))
     if ctx.decoding:
-      y, s4d_state = s4d_step(kv[:, 0], *s4d[:5], cache["s4d"], D=s4d[5],
-                              reset=ctx.restart)
+      y, s4d_state = s4d_step(kv[:, 0], *s4d[:5], state, D=s4d[5],
+                              reset=None if ctx.restart is None
+                              else jnp.repeat(ctx.restart, e, axis=0))
       y = y[:, None]
     else:
-      chunk_form = fft_conv_s4d if ctx.segment_ids is None else parallel_s4d
-      form = ctx.pick(chunk=chunk_form, parallel=parallel_s4d,
+      form = ctx.pick(chunk=lambda *a, **kw: chunk_s4d(
+          *a, chunk_size=self.chunk_size, **kw), parallel=parallel_s4d,
                       recurrent=recurrent_s4d)
-      y, s4d_state = form(
-          kv, *s4d[:5], D=s4d[5],
-          initial_state=None if cache is None else ctx.carried(cache["s4d"]),
-          output_final_state=cache is not None, segment_ids=ctx.segment_ids)
-    y = y.reshape(b, t, h, d_h, d_h)                       # [B, T, H, K, V]
-    o = jnp.einsum("bthk,bthkv->bthv", q, y)               # [B, T, H, V]
+      y, s4d_state = form(kv, *s4d[:5], D=s4d[5], initial_state=state,
+                          output_final_state=cache is not None,
+                          segment_ids=segment_ids)
+    if d_h == 1:
+      o = q[..., 0] * y                                    # [B, T, H]
+    else:
+      y = y.reshape(b, d_h, d_h, t, h)                     # [B, K, V, T, H]
+      o = jnp.einsum("bthk,bkvth->bthv", q, y)             # [B, T, H, V]
     o = self.o_proj(o.reshape(b, t, d_model))
     if cache is None:
       return o, None
-    return o, {"shift": shift_state, "s4d": s4d_state}
+    return o, {"shift": shift_state,
+               "s4d": s4d_state.reshape(b, e, h, self.modes, 2)}

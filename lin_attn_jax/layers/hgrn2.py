@@ -43,9 +43,16 @@ class HGRN2(MatrixStateMixer):
   not know its depth, so here it is a fixed option, 0 by default (the first
   layer's value).
 
+  The reference (flash-linear-attention's ``HGRN2Attention``) takes one of
+  ``expand_ratio`` (128) and the number of heads and derives the other so
+  that the forget width ``H K`` is ``D``: square ``[D / H, D / H]`` states.
+  Here ``n_heads`` is always given, so ``expand_ratio=None`` (the default)
+  keeps that relation, ``K = D / H``; an explicit ``expand_ratio`` sets
+  ``K`` (a forget width of ``H K``, which costs in proportion).
+
   Args:
     d_model: ``D``. n_heads: ``H``; value width per head ``D / H``.
-    expand_ratio: ``K``, forget (key) channels per head (128 in the paper).
+    expand_ratio: ``K``, forget (key) channels per head; None for ``D / H``.
     lower_bound: ``lb`` in ``[0, 1)``, the least forget-gate value.
     chunk_size: chunk length of the chunk form (speed only).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
@@ -53,9 +60,11 @@ class HGRN2(MatrixStateMixer):
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
-               expand_ratio: int = 128, lower_bound: float = 0.0,
+               expand_ratio: int | None = None, lower_bound: float = 0.0,
                chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
                param_dtype=jnp.float32):
+    if expand_ratio is None:
+      expand_ratio = head_dim(d_model, n_heads, "d_model")
     if not isinstance(expand_ratio, int) or expand_ratio < 1:
       raise ValueError(f"expand_ratio must be a positive int, got "
                        f"{expand_ratio!r}")

@@ -53,8 +53,8 @@ from lin_attn_jax.ops.diagonal_ssm import (chunk_linear_scan, linear_scan_step,
                                            naive_recurrent_linear_scan,
                                            parallel_linear_scan,
                                            recurrent_linear_scan)
-from lin_attn_jax.ops.h3 import (chunk_shift_ssm, fft_conv_s4d,
-                                 fft_conv_shift_ssm, naive_recurrent_s4d,
+from lin_attn_jax.ops.h3 import (chunk_s4d, chunk_shift_ssm,
+                                 naive_recurrent_s4d,
                                  naive_recurrent_shift_ssm, parallel_s4d,
                                  parallel_shift_ssm, recurrent_s4d,
                                  recurrent_shift_ssm, s4d_step, shift_ssm_step)

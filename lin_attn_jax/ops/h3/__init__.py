@@ -4,17 +4,16 @@ The H3 layer itself (``q * diag_ssm(shift_ssm(k) * v)``, multi-head) is
 built from these in the layers package.
 """
 
-from lin_attn_jax.ops.h3.s4d import (fft_conv_s4d, naive_recurrent_s4d,
+from lin_attn_jax.ops.h3.s4d import (chunk_s4d, naive_recurrent_s4d,
                                      parallel_s4d, recurrent_s4d, s4d_step)
-from lin_attn_jax.ops.h3.shift_ssm import (chunk_shift_ssm, fft_conv_shift_ssm,
+from lin_attn_jax.ops.h3.shift_ssm import (chunk_shift_ssm,
                                            naive_recurrent_shift_ssm,
                                            parallel_shift_ssm,
                                            recurrent_shift_ssm, shift_ssm_step)
 
 __all__ = [
+    "chunk_s4d",
     "chunk_shift_ssm",
-    "fft_conv_s4d",
-    "fft_conv_shift_ssm",
     "naive_recurrent_s4d",
     "naive_recurrent_shift_ssm",
     "parallel_s4d",

@@ -16,11 +16,13 @@ Bbar_n exp(l dtA_n))``. Powers of ``exp(dtA)`` are always formed as
 
 Complex numbers cross the API as real pairs: ``B, C: [D, N, 2]`` and the
 state ``[B, D, N, 2]`` float32 (real, imaginary). Forms: ``naive_recurrent_``,
-``parallel_`` (associative scan over ``[B, T, D, N]``), ``fft_conv_`` (the
-training form; no ``segment_ids``: a convolution of the packed sequence
-cannot reset), ``recurrent_`` and ``_step``.
+``parallel_`` (associative scan over ``[B, T, D, N]``), ``chunk_`` (the
+training form: Toeplitz matmuls inside chunks, the state between them; no
+FFT, which can deadlock XLA's CPU thread pool), ``recurrent_`` and
+``_step``.
 
-Letters: b batch, t and l time (lag), d channel, n mode.
+Letters: b batch, t and l time (lag), d channel, n mode; in the chunk form
+m chunk, t and s positions in a chunk.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
-from lin_attn_jax.ops.common.segments import reset_flags
+from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
+                                              split_chunks)
+from lin_attn_jax.ops.common.segments import document_index, reset_flags
 from lin_attn_jax.ops.diagonal_ssm.inputs import check_vector
 from lin_attn_jax.ops.diagonal_ssm.scan import (associative_linear_scan,
                                                 keep_flags)
-from lin_attn_jax.ops.h3.fft import causal_fft_conv
 
 _F32 = jnp.float32
 _C64 = jnp.complex64
@@ -112,7 +115,7 @@ def _read_out(x, C, u, D):
 def naive_recurrent_s4d(u, log_dt, A_real, A_imag, B, C, *, D=None,
                         initial_state=None, output_final_state=False,
                         segment_ids=None):
-  """Reference recurrence, complex arithmetic. Shapes as in ``fft_conv_s4d``."""
+  """Reference recurrence, complex arithmetic. Shapes as in ``chunk_s4d``."""
   batch, length, channels, n_modes = _validate(
       u, log_dt, A_real, A_imag, B, C, D, initial_state, segment_ids)
   dt_a, b_bar = discretize(log_dt, A_real, A_imag, B)
@@ -150,10 +153,80 @@ def parallel_s4d(u, log_dt, A_real, A_imag, B, C, *, D=None,
   return y.astype(u.dtype), (_pair(x[:, -1]) if output_final_state else None)
 
 
-def fft_conv_s4d(u, log_dt, A_real, A_imag, B, C, *, D=None,
-                 initial_state=None, output_final_state=False,
-                 segment_ids=None):
-  """H3's diagonal (S4D) SSM as an FFT convolution, ``O(T log T)``.
+def _chunk_operators(log_dt, A_real, A_imag, B, C, chunk: int, last: int):
+  """The parameter-derived matrices of the chunk form (float32 unless said).
+
+  With ``lam = exp(dtA)`` and ``L = chunk``:
+
+  - ``toeplitz [D, L, L]``: ``K[tau - sigma]`` on and below the diagonal, 0
+    above, ``K_l = 2 Re(sum_n C_n Bbar_n lam_n^l)`` (the kernel's first
+    ``L`` taps): a chunk's own contribution to its outputs;
+  - ``state_in [D, 2N, L]``: (real; imaginary) parts of ``lam^(L - 1 -
+    sigma) Bbar``: a chunk's inputs to the state at its end;
+  - ``read_out [D, 2N, L]``: ``2 Re`` and ``-2 Im`` of ``C lam^(tau + 1)``:
+    the state before a chunk to its outputs (with the state as (real;
+    imaginary));
+  - ``decay [D, N]`` complex: ``lam^L``, across a whole chunk;
+  - ``last_in, last_decay``: ``state_in`` and ``decay`` for a last chunk of
+    ``last`` real tokens (the rest padding), for the final state.
+
+  Every power is an ``exp(l dtA)`` with ``l >= 0``: decays ``<= 1``.
+  """
+  dt_a, b_bar = discretize(log_dt, A_real, A_imag, B)
+  lags = jnp.arange(chunk + 1, dtype=_F32)
+  powers = jnp.exp(lags * dt_a[..., None])                     # [D, N, L+1]
+  c = _complex(C)
+  kernel = 2.0 * jnp.real(jnp.einsum("dn,dnl->dl", c * b_bar,
+                                     powers[..., :chunk]))      # [D, L]
+  tau, sigma = jnp.arange(chunk)[:, None], jnp.arange(chunk)[None, :]
+  lag_of = (tau - sigma)[..., None] == jnp.arange(chunk)        # [L, L, L]
+  toeplitz = jnp.einsum("dl,tsl->dts", kernel, lag_of.astype(_F32))
+
+  def state_in(length):
+    # lam^(length - 1 - sigma) Bbar for sigma < length, 0 after.
+    w = jnp.flip(powers[..., :length], axis=-1) * b_bar[..., None]
+    w = jnp.pad(w, ((0, 0), (0, 0), (0, chunk - length)))       # [D, N, L]
+    return jnp.concatenate([jnp.real(w), jnp.imag(w)], axis=1)  # [D, 2N, L]
+
+  w_out = c[..., None] * powers[..., 1:]                        # [D, N, L]
+  read_out = jnp.concatenate([2.0 * jnp.real(w_out), -2.0 * jnp.imag(w_out)],
+                             axis=1)                            # [D, 2N, L]
+  return (toeplitz, state_in(chunk), read_out, powers[..., chunk],
+          state_in(last), powers[..., last])
+
+
+def _as_complex(pair_last):
+  """``[..., 2N]`` (real; imaginary) -> complex ``[..., N]``."""
+  n = pair_last.shape[-1] // 2
+  return jax.lax.complex(pair_last[..., :n], pair_last[..., n:])
+
+
+def _as_pair(z):
+  """complex ``[..., N]`` -> ``[..., 2N]`` (real; imaginary)."""
+  return jnp.concatenate([jnp.real(z), jnp.imag(z)], axis=-1)
+
+
+def chunk_s4d(u, log_dt, A_real, A_imag, B, C, *, D=None, initial_state=None,
+              output_final_state=False, segment_ids=None, chunk_size=64):
+  """H3's diagonal (S4D) SSM, chunkwise: matmuls and a scan over chunks.
+
+  The SSM is time-invariant, so inside a chunk of ``L`` tokens its output is
+  a ``[L, L]`` Toeplitz matrix of the kernel's first ``L`` taps times the
+  chunk's inputs (per channel), and the state enters and leaves a chunk
+  through fixed ``[2N, L]`` matrices:
+
+  1. ``y_own = toeplitz @ u_chunk`` (every chunk at once);
+  2. ``s_chunk = state_in @ u_chunk``, the state each chunk adds at its end;
+  3. a ``lax.scan`` over chunks, ``x_next = lam^L x + s_chunk``, gives the
+     state entering every chunk (``N`` complex modes per channel);
+  4. ``y = y_own + read_out @ x_entering + D u``.
+
+  The matrices depend on the parameters only (``O(D L^2 + D N L)``); no
+  ``[T, ...]`` kernel is formed and there is no FFT. Work is ``O(T D (L +
+  N))``, memory ``O(T D + (T / L) D N)``. With ``segment_ids`` the three
+  products are masked per chunk by document (the Toeplitz product then holds
+  a ``[B, T / L, D, L, L]`` mask product: pick a smaller ``chunk_size`` for
+  many channels).
 
   Args:
     u: ``[B, T, D]``.
@@ -163,7 +236,8 @@ def fft_conv_s4d(u, log_dt, A_real, A_imag, B, C, *, D=None,
     D: ``[D]`` skip connection, or None.
     initial_state: ``[B, D, N, 2]`` float32 complex state, or None.
     output_final_state: also return the state after the last token.
-    segment_ids: must be None (use ``parallel_s4d`` for packed documents).
+    segment_ids: ``[B, T]`` int; the state resets where the id changes.
+    chunk_size: tokens per chunk (speed and memory only).
   Returns:
     ``(y [B, T, D] in u's dtype, final_state [B, D, N, 2] float32 or
     None)``.
@@ -172,36 +246,62 @@ def fft_conv_s4d(u, log_dt, A_real, A_imag, B, C, *, D=None,
     >>> u = jnp.ones((2, 100, 8)); log_dt = jnp.full((8,), -3.0)
     >>> A_real = -0.5 * jnp.ones((8, 4)); A_imag = jnp.ones((8, 4))
     >>> B = C = jnp.ones((8, 4, 2))
-    >>> y, s = fft_conv_s4d(u, log_dt, A_real, A_imag, B, C,
-    ...                     output_final_state=True)
+    >>> y, s = chunk_s4d(u, log_dt, A_real, A_imag, B, C,
+    ...                  output_final_state=True)
     >>> y.shape, s.shape
     ((2, 100, 8), (2, 8, 4, 2))
   """
-  if segment_ids is not None:
-    raise ValueError("segment_ids are not supported by fft_conv_s4d: a "
-                     "convolution of the packed sequence cannot reset; use "
-                     "parallel_s4d or recurrent_s4d")
   batch, length, channels, n_modes = _validate(
-      u, log_dt, A_real, A_imag, B, C, D, initial_state, None)
-  dt_a, b_bar = discretize(log_dt, A_real, A_imag, B)
-  c = _complex(C)
-  lags = jnp.arange(length + 1, dtype=_F32)[:, None, None]
-  powers = jnp.exp(lags * dt_a)                                  # [T+1, D, N]
-  kernel = 2.0 * jnp.real(jnp.sum(c * b_bar * powers[:length], axis=-1))
+      u, log_dt, A_real, A_imag, B, C, D, initial_state, segment_ids)
+  checks.check_chunk_size(chunk_size)
+  chunk = min(chunk_size, length)
+  n_chunks = -(-length // chunk)
+  last = length - (n_chunks - 1) * chunk
+  toeplitz, state_in, read_out, decay, last_in, last_decay = (
+      _chunk_operators(log_dt, A_real, A_imag, B, C, chunk, last))
   uf = jnp.asarray(u, _F32)
-  y = causal_fft_conv(uf, kernel.T)                              # [B, T, D]
-  if initial_state is not None:
-    x0 = _complex(initial_state)                                 # [B, D, N]
-    y = y + 2.0 * jnp.real(jnp.einsum("tdn,bdn->btd", c * powers[1:], x0))
+  u_c = split_chunks(pad_time(uf, chunk), chunk)                # [B, M, L, D]
+  if segment_ids is None:
+    y = jnp.einsum("dts,bmsd->bmtd", toeplitz, u_c)             # [B, M, L, D]
+    u_in, keep, out_mask = u_c, None, None
+  else:
+    doc = pad_time(document_index(segment_ids, batch, length), chunk,
+                   mode="edge")
+    doc = split_chunks(doc, chunk)                              # [B, M, L]
+    # The document of the token before each chunk (the initial state's is
+    # the first token's).
+    before = jnp.concatenate([doc[:, :1, 0], doc[:, :-1, -1]], axis=1)
+    same = doc[..., :, None] == doc[..., None, :]               # [B, M, L, L]
+    y = jnp.einsum("dts,bmts,bmsd->bmtd", toeplitz, same.astype(_F32), u_c)
+    u_in = u_c * (doc == doc[..., -1:])[..., None]              # last doc only
+    keep = (doc[..., -1] == before).astype(_F32)                # [B, M]
+    out_mask = (doc == before[..., None]).astype(_F32)          # [B, M, L]
+  s = _as_complex(jnp.einsum("dns,bmsd->bmdn", state_in, u_in))  # [B,M,D,N]
+  x0 = _state(initial_state, (batch, channels, n_modes))
+
+  def across(x, inputs):
+    s_m, keep_m = inputs                                        # [B, D, N]
+    decay_m = decay if keep_m is None else decay * keep_m[:, None, None]
+    return decay_m * x + s_m, x
+
+  keeps = None if keep is None else jnp.moveaxis(keep, 1, 0)
+  x_last, entering = jax.lax.scan(
+      across, x0, (jnp.moveaxis(s[:, :-1], 1, 0),
+                   None if keeps is None else keeps[:-1]))
+  entering = jnp.concatenate([entering, x_last[None]], axis=0)  # [M, B, D, N]
+  entering = _as_pair(jnp.moveaxis(entering, 0, 1))             # [B,M,D,2N]
+  carried = jnp.einsum("dnt,bmdn->bmtd", read_out, entering)    # [B, M, L, D]
+  if out_mask is not None:
+    carried = carried * out_mask[..., None]
+  y = merge_chunks(y + carried)[:, :length]
   if D is not None:
     y = y + jnp.asarray(D, _F32) * uf
   final = None
   if output_final_state:
-    to_end = jnp.flip(powers[:length], axis=0) * b_bar           # [T, D, N]
-    final = jnp.einsum("tdn,btd->bdn", to_end, uf.astype(_C64))
-    if initial_state is not None:
-      final = final + powers[length] * _complex(initial_state)
-    final = _pair(final)
+    s_last = _as_complex(jnp.einsum("dns,bsd->bdn", last_in, u_in[:, -1]))
+    decay_last = (last_decay if keep is None
+                  else last_decay * keep[:, -1, None, None])
+    final = _pair(decay_last * x_last + s_last)
   return y.astype(u.dtype), final
 
 
@@ -229,7 +329,7 @@ def s4d_step(u, log_dt, A_real, A_imag, B, C, state=None, *, D=None,
 def recurrent_s4d(u, log_dt, A_real, A_imag, B, C, *, D=None,
                   initial_state=None, output_final_state=False,
                   segment_ids=None):
-  """``s4d_step`` scanned over time. Shapes as in ``fft_conv_s4d``."""
+  """``s4d_step`` scanned over time. Shapes as in ``chunk_s4d``."""
   batch, length, channels, n_modes = _validate(
       u, log_dt, A_real, A_imag, B, C, D, initial_state, segment_ids)
   state = (jnp.zeros((batch, channels, n_modes, 2), _F32)

@@ -10,10 +10,9 @@ width ``N``. The oldest entry of ``x_t`` is never read again, so the
 decoding state is the last ``N - 1`` inputs, oldest first, ``[B, N - 1, D]``,
 the state of ``causal_conv1d`` with ``weight = C`` reversed along its taps.
 
-Forms: ``naive_recurrent_`` (the shift register), ``parallel_`` and
-``chunk_`` (``causal_conv1d``'s direct forms, ``N <= 64``), ``fft_conv_``
-(FFT, any ``N``; no ``segment_ids``: a convolution of the packed sequence
-cannot reset), ``recurrent_`` and ``_step``.
+Forms: ``naive_recurrent_`` (the shift register, any ``N``), ``parallel_``
+(``causal_conv1d``'s shifted sums, ``N <= 64``), ``chunk_`` (Toeplitz
+matmuls per chunk, ``N <= 64``), ``recurrent_`` and ``_step``.
 """
 
 from __future__ import annotations
@@ -23,12 +22,11 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.common.segments import document_index, reset_flags
-from lin_attn_jax.ops.conv.causal_conv1d import (chunked_conv, conv_step,
-                                                 initial_window,
-                                                 shifted_sum_conv)
+from lin_attn_jax.ops.conv.causal_conv1d import (conv_step, initial_window,
+                                                 shifted_sum_conv,
+                                                 toeplitz_conv)
 from lin_attn_jax.ops.conv.inputs import check_weight
 from lin_attn_jax.ops.diagonal_ssm.inputs import check_vector
-from lin_attn_jax.ops.h3.fft import causal_fft_conv
 
 _F32 = jnp.float32
 
@@ -111,9 +109,13 @@ def chunk_shift_ssm(u, C, *, D=None, initial_state=None,
                     output_final_state=False, segment_ids=None, chunk_size=64):
   """H3's shift SSM ``y_t = sum_{l < N} C[:, l] u_{t-l} + D u_t``, chunkwise.
 
+  Per chunk of ``L >= N - 1`` tokens and channel, a ``[L, L]`` Toeplitz
+  matrix of the taps times the chunk plus one times the chunk before
+  (``causal_conv1d.toeplitz_conv``): matmuls, whatever ``N``.
+
   Args:
     u: ``[B, T, D]``.
-    C: ``[D, N]``, ``N <= 64`` (``fft_conv_shift_ssm`` takes any ``N``).
+    C: ``[D, N]``, ``N <= 64``.
     D: ``[D]`` skip connection, or None.
     initial_state: ``[B, N - 1, D]`` float32, the inputs before ``u_0``
       (oldest first), or None for zeros.
@@ -134,27 +136,10 @@ def chunk_shift_ssm(u, C, *, D=None, initial_state=None,
                                                segment_ids)
   window0 = initial_window(initial_state, batch, n_state, channels)
   checks.check_chunk_size(chunk_size)
-  y, final = chunked_conv(jnp.asarray(u, _F32), _taps_oldest_first(C),
-                          window0,
-                          document_index(segment_ids, batch, length),
-                          chunk_size, output_final_state)
-  return _skip(y, u, D).astype(u.dtype), final
-
-
-def fft_conv_shift_ssm(u, C, *, D=None, initial_state=None,
-                       output_final_state=False, segment_ids=None):
-  """The convolution form by FFT; ``segment_ids`` must be None."""
-  if segment_ids is not None:
-    raise ValueError("segment_ids are not supported by fft_conv_shift_ssm: a "
-                     "convolution of the packed sequence cannot reset; use "
-                     "chunk_shift_ssm")
-  batch, length, channels, n_state = _validate(u, C, D, initial_state, None,
-                                               direct=False)
-  window0 = initial_window(initial_state, batch, n_state, channels)
-  padded = jnp.concatenate([window0,
-                            jnp.asarray(u, _F32)], axis=1)      # [B, N-1+T, D]
-  y = causal_fft_conv(padded, jnp.asarray(C, _F32))[:, n_state - 1:]
-  final = padded[:, length:] if output_final_state else None
+  doc = (None if segment_ids is None
+         else document_index(segment_ids, batch, length))
+  y, final = toeplitz_conv(jnp.asarray(u, _F32), _taps_oldest_first(C),
+                           window0, doc, chunk_size, output_final_state)
   return _skip(y, u, D).astype(u.dtype), final
 
 
