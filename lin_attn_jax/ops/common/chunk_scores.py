@@ -1,47 +1,50 @@
-"""Intra-chunk score matrices for the forms that need them explicitly.
+"""Intra-chunk score matrices, and the halving that builds them.
 
 The delta-rule chunk forms (WY representation) solve a triangular system in
 the ``[C, C]`` matrix of key-key scores of each chunk, so unlike the
 gated-linear-attention chunk form they cannot stream the intra-chunk part;
 these stages build the matrices
 
-    A[i, j] = x_i . (exp(G_i - G_j) * y_j)          j <= i
-    A[i, j] = x_i . (exp(G_{i-1} - G_j) * y_j)      j < i   (strict)
+    A[i, j] = x_i . (exp(sum_{j < m <= i} g_m) * y_j)      j <= i
+    A[i, j] = x_i . (exp(sum_{j < m < i} g_m) * y_j)       j < i   (strict)
 
 (the strict kind reads the state before token i: RWKV-6's output, RWKV-7's
 state read) for a log-decay ``g`` that is a scalar per head or one per key
 channel. A scalar decay gives the ``[C, C]`` factor ``exp(sum_{j < m <= i}
 g_m)`` directly (``segsum``). A decay per key channel would need a ``[C, C,
-K]`` factor, so each chunk is cut into sub-chunks of ``c`` tokens:
+K]`` factor; instead the pairs are found by halving (the gated-linear chunk
+form computes its in-chunk pairs the same way):
 
-- same sub-chunk: the ``[c, c, K]`` factor ``exp(sum_{j < m <= i} g_m)``,
-  each exponent summed from its own gates (``segsum``) and -inf above the
-  diagonal before ``exp``; the diagonal (the sub-diagonal when strict) is an
-  empty sum, exactly 0 with no gradient;
-- sub-chunk s after sub-chunk r: ``exp(G_i - G_j)`` factors into the decay
-  from the start of s to i, the decay of the whole sub-chunks strictly
-  between, and the decay after j to the end of r.
+- a block of ``2h`` tokens; its pairs with ``j`` in the left half and ``i``
+  in the right half factor through the middle, ``exp(sum_{mid < m <= i}
+  g_m) * exp(sum_{j < m <= mid} g_m)``: two decays ``<= 1`` that scale
+  ``x_i`` and ``y_j``, so the block's pairs are one ``[h, h]`` matmul;
+- the pairs inside each half are the same problem at half the size, down to
+  single tokens: ``log2(C)`` levels, and every pair ``j < i`` lies in exactly
+  one block of one level, so the levels' blocks tile the strictly lower
+  triangle of the ``[C, C]`` matrix (``join_blocks``); the diagonal is
+  ``x_i . y_i`` (0 when strict).
 
-Every factor is ``exp`` of a sum of gates <= 0, so strong gates underflow to
-0 where the true value is negligible and never overflow, and no sum is the
-difference of two others: such a difference is exact in value where it is
-0, but its gradient is two large terms that cancel only up to rounding,
-which swamps the small gradients of strong gates.
+Every factor is ``exp`` of a sum of gates ``<= 0`` summed from its own terms,
+so strong gates underflow to 0 where the true value is negligible and never
+overflow, and no sum is the difference of two others: such a difference is
+exact in value where it is 0, but its gradient is two large terms that
+cancel only up to rounding, which swamps the small gradients of strong
+gates. No ``[C, C, K]`` tensor is formed.
 
-Letters: b batch, n chunk, s and r sub-chunk, i and j position in a
-sub-chunk, h head, k key channel, g gate width (1 or K).
+Letters: p block of a level, i and j position in a block (or chunk), k key
+channel, g gate width (1 or K); leading axes (batch, chunk, head) are
+``...``.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
-                                             split_chunks)
-from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum, segsum
+from lin_attn_jax.ops.common.chunking import pad_time
+from lin_attn_jax.ops.common.decay import (reverse_exclusive_cumsum, segsum,
+                                           shift)
 
 _F32 = jnp.float32
 
@@ -50,119 +53,134 @@ def _mm(subscripts, *operands):
   return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
 
 
-def exclusive_local(local):
-  """Log-decay from the sub-chunk start to i - 1: ``local`` shifted by one."""
-  return jnp.concatenate([jnp.zeros_like(local[:, :, :, :1]),
-                          local[:, :, :, :-1]], axis=3)
+def dot_last(a, b):
+  """``sum(a * b, -1)`` for equal shapes, as a ``dot_general`` (XLA:CPU runs
+  it several times faster than a multiply followed by a reduction)."""
+  return jnp.einsum("...k,...k->...", a, b, preferred_element_type=_F32)
 
 
-class SubChunkDecays(NamedTuple):
-  """Log-decays of gates ``g_s: [B, N, S, c, H, G]``, each summed directly."""
-  gates: jax.Array        # [B,N,S,c,H,G] g itself
-  local: jax.Array        # [B,N,S,c,H,G] sub-chunk start to i, inclusive
-  to_sub_end: jax.Array   # [B,N,S,c,H,G] after i to the sub-chunk end
-  sub_total: jax.Array    # [B,N,S,H,G]   each whole sub-chunk
-  before_sub: jax.Array   # [B,N,S,H,G]   whole sub-chunks before s in its chunk
-  after_sub: jax.Array    # [B,N,S,H,G]   whole sub-chunks after s
-  chunk_total: jax.Array  # [B,N,H,G]
+def power_of_two(n: int) -> int:
+  """The smallest power of two ``>= n`` (1 for ``n <= 1``)."""
+  return 1 << max(n - 1, 0).bit_length()
 
 
-def sub_chunk_log_decays(g_s) -> SubChunkDecays:
-  """The log-decays of ``g_s: [B, N, S, c, H, G]``."""
-  sub_total = jnp.sum(g_s, axis=3)                              # [B,N,S,H,G]
-  before_sub = jnp.concatenate(
-      [jnp.zeros_like(sub_total[:, :, :1]),
-       jnp.cumsum(sub_total, axis=2)[:, :, :-1]], axis=2)    # [B,N,S,H,G]
-  return SubChunkDecays(
-      gates=g_s, local=jnp.cumsum(g_s, axis=3),
-      to_sub_end=reverse_exclusive_cumsum(g_s, axis=3),
-      sub_total=sub_total, before_sub=before_sub,
-      after_sub=reverse_exclusive_cumsum(sub_total, axis=2),
-      chunk_total=jnp.sum(sub_total, axis=2))
+def halves(x, half: int, axis: int):
+  """Blocks of ``2 * half`` tokens along ``axis`` -> their left and right
+  halves, each with ``axis`` split into ``[P, half]``."""
+  axis = axis % x.ndim
+  blocks = x.shape[axis] // (2 * half)
+  x = x.reshape(x.shape[:axis] + (blocks, 2, half) + x.shape[axis + 1:])
+  return tuple(jax.lax.index_in_dim(x, side, axis + 1, keepdims=False)
+               for side in (0, 1))
 
 
-def _sum_strictly_between(x, axis: int):
-  """``out[..., s, r, ...] = sum_{r < m < s} x[..., m, ...]`` over ``axis``.
+def level_log_decays(g, half: int, axis: int, strict=False):
+  """The two log-decays of a halving level with blocks of ``2 * half``.
 
-  An explicit masked sum over a short axis (the sub-chunks of one chunk), so
-  each entry is summed from its own terms only.
+  Args:
+    g: log-decays, the token axis ``axis`` a multiple of ``2 * half``.
+    strict: the read side stops before ``i``.
+  Returns:
+    ``(to_i, from_j)``, ``axis`` split into ``[P, half]``: ``to_i`` for
+    ``i`` in the right half, ``sum_{mid < m <= i} g_m`` (``mid < m < i``
+    when strict), and ``from_j`` for ``j`` in the left half, ``sum_{j < m
+    <= mid} g_m``.
   """
-  x = jnp.moveaxis(x, axis, -1)                                 # [..., M]
-  idx = jnp.arange(x.shape[-1])
-  between = ((idx[None, None, :] > idx[None, :, None])
-             & (idx[None, None, :] < idx[:, None, None]))        # [s, r, m]
-  out = jnp.sum(jnp.where(between, x[..., None, None, :], 0.0), axis=-1)
-  return jnp.moveaxis(out, (-2, -1), (axis, axis + 1))
+  axis = axis % g.ndim
+  left, right = halves(g, half, axis)
+  to_i = jnp.cumsum(right, axis=axis + 1)
+  if strict:
+    to_i = shift(to_i, 1, axis=axis + 1)
+  return to_i, reverse_exclusive_cumsum(left, axis=axis + 1)
 
 
-def _pair_sums(g, axis, strict):
-  """``sum_{j < m <= i} g_m`` (``j < m < i`` when strict) over ``axis``.
+def join_blocks(diagonal, lower):
+  """``[[D1, 0], [L, D2]]`` from diagonal blocks and lower-left blocks.
 
-  Returns the ``[..., i, j]`` sums (``axis`` moved before them) with -inf
-  where the sum is empty of pairs (above the diagonal, and on it when
-  strict); the diagonal (sub-diagonal when strict) is an empty sum, 0
-  without a gradient.
+  Args:
+    diagonal: ``[..., 2P, h, h]`` (``D1, D2`` are blocks ``2p, 2p + 1``).
+    lower: ``[..., P, h, h]``.
+  Returns:
+    ``[..., P, 2h, 2h]``.
   """
-  pair = segsum(g, axis=axis)
+  p, h = lower.shape[-3], lower.shape[-1]
+  pairs = diagonal.reshape(diagonal.shape[:-3] + (p, 2, h, h))
+  upper_left, lower_right = pairs[..., 0, :, :], pairs[..., 1, :, :]
+  return jnp.concatenate(
+      [jnp.concatenate([upper_left, jnp.zeros_like(upper_left)], axis=-1),
+       jnp.concatenate([lower, lower_right], axis=-1)], axis=-2)
+
+
+def _scalar_decay_scores(x, y, g, strict):
+  """A scalar decay per head: ``(x y^T) * exp(pair sums)``, ``[..., C, C]``."""
+  pair = segsum(g[..., 0], axis=-1)                             # [..., i, j]
   if strict:
     pair = jnp.concatenate([jnp.full_like(pair[..., :1, :], -jnp.inf),
                             pair[..., :-1, :]], axis=-2)
-  return pair
+  return _mm("...ik,...jk->...ij", x, y) * jnp.exp(pair)
 
 
-def _scalar_decay_scores(x, y, g_s, strict):
-  """A scalar decay per head needs no sub-chunks: ``(x y^T) * exp(pairs)``."""
-  x, y, g = (merge_chunks(z, axis=2) for z in (x, y, g_s))      # [B,N,C,H,*]
-  decay = jnp.exp(_pair_sums(g[..., 0], 2, strict))             # [B,N,H,C,C]
-  return _mm("bnihk,bnjhk->bnhij", x, y) * decay
-
-
-def intra_chunk_scores(x, y, decays: SubChunkDecays, strict=False):
-  """Causal decay-weighted scores inside each chunk, ``[B, N, H, C, C]``.
+def intra_chunk_scores(xs, ys, g, strict=False):
+  """Causal decay-weighted scores of every pair of ``xs`` and ``ys``.
 
   Args:
-    x, y: ``[B, N, S, c, H, K]`` float32 (queries and keys).
-    decays: ``sub_chunk_log_decays`` of the gates.
-    strict: row i reads the state before token i (0 on the diagonal).
+    xs: sequence of ``[..., C, K]`` float32, the reading side (queries).
+    ys: sequence of ``[..., C, K]`` float32, the written side (keys).
+    g: ``[..., C, G]`` log-decay, ``G`` 1 or ``K``.
+    strict: one bool, or one per ``x``: row i reads the state before token
+      i (0 on the diagonal, and a pair decays over ``j < m < i``).
+  Returns:
+    ``scores[a][b]``, ``[..., C, C]`` for ``xs[a]`` and ``ys[b]``, 0 above
+    the diagonal (and on it when strict).
   """
-  b, n, subs, c, h, _ = x.shape
-  if decays.local.shape[-1] == 1:
-    return _scalar_decay_scores(x, y, decays.gates, strict)
-  x_local = exclusive_local(decays.local) if strict else decays.local
-  # Same sub-chunk; when strict, row i takes row i - 1.
-  decay = jnp.exp(_pair_sums(decays.gates, 3, strict))  # [B,N,S,H,K,i,j]
-  diag = jnp.einsum("bnsihk,bnsjhk,bnshkij->bnhsij", x, y, decay)
-  # Sub-chunk s after r.
-  x_from_start = x * jnp.exp(x_local)                           # [B,N,S,c,H,K]
-  y_to_end = y * jnp.exp(decays.to_sub_end)                     # [B,N,S,c,H,K]
-  between = _sum_strictly_between(decays.sub_total, axis=2)     # [B,N,s,r,H,G]
-  later = (jnp.arange(subs)[:, None] > jnp.arange(subs)[None, :])
-  between = jnp.exp(jnp.where(later[:, :, None, None], between, -jnp.inf))
-  off = _mm("bnsihk,bnsrhk,bnrjhk->bnhsirj", x_from_start, between, y_to_end)
-  eye = jnp.eye(subs, dtype=_F32)[:, None, :, None]             # [s, i, r, j]
-  scores = off + diag[:, :, :, :, :, None, :] * eye     # [B,N,H,s,i,r,j]
-  return scores.reshape(b, n, h, subs * c, subs * c)
+  strict = (tuple(strict) if isinstance(strict, (tuple, list))
+            else (strict,) * len(xs))
+  if g.shape[-1] == 1:
+    return [[_scalar_decay_scores(x, y, g, s) for y in ys]
+            for x, s in zip(xs, strict)]
+  c = g.shape[-2]
+  size = power_of_two(c)
+  if size != c:
+    # Tokens after the chunk's end touch no pair of the chunk's tokens.
+    xs, ys = ([pad_time(z, size, axis=-2) for z in zs] for zs in (xs, ys))
+    g = pad_time(g, size, axis=-2)
+  diagonal = [[jnp.zeros(g.shape[:-1], _F32) if s else dot_last(x, y)
+               for y in ys] for x, s in zip(xs, strict)]        # [..., C]
+  lower = []
+  half = 1
+  while half < size:
+    to_i, from_j = level_log_decays(g, half, axis=-2)           # [..., P, h, G]
+    read = {s: jnp.exp(shift(to_i, 1, axis=-2) if s else to_i)
+            for s in set(strict)}
+    write = jnp.exp(from_j)
+    x_read = jnp.concatenate([halves(x, half, -2)[1] * read[s]
+                              for x, s in zip(xs, strict)], axis=-2)
+    y_write = jnp.concatenate([halves(y, half, -2)[0] * write for y in ys],
+                              axis=-2)
+    lower.append(_mm("...pik,...pjk->...pij", x_read, y_write))
+    half *= 2
+
+  def one(a, b):
+    blocks = diagonal[a][b][..., :, None, None]                 # [..., C, 1, 1]
+    for level in lower:
+      h = level.shape[-1] // len(ys)
+      blocks = join_blocks(blocks, level[..., a * h:(a + 1) * h,
+                                         b * h:(b + 1) * h])
+    return blocks[..., 0, :c, :c]                               # [..., C, C]
+
+  return [[one(a, b) for b in range(len(ys))] for a in range(len(xs))]
 
 
-def sequence_scores(x, y, g, mask, *, strict=False, sub_chunk_size=8):
+def sequence_scores(x, y, g, mask, *, strict=False):
   """``intra_chunk_scores`` over a whole sequence taken as one chunk.
 
   Args:
     x, y: ``[B, T, H, K]`` float32; g: ``[B, T, H, G]`` log-decay;
       mask: ``[B, 1 or H, T, T]`` bool.
     strict: row i reads the state before token i.
-    sub_chunk_size: tokens per sub-chunk (speed only).
   Returns:
     ``[B, H, T, T]``, 0 where ``mask`` is False.
   """
-  t = x.shape[1]
-  c = min(sub_chunk_size, t)
-  padded = -(-t // c) * c
-
-  def one_chunk(z):                                             # [B,1,S,c,...]
-    return split_chunks(split_chunks(pad_time(z, c), padded), c, axis=2)
-
-  scores = intra_chunk_scores(one_chunk(x), one_chunk(y),
-                              sub_chunk_log_decays(one_chunk(g)),
-                              strict=strict)                    # [B,1,H,Tp,Tp]
-  return jnp.where(mask, scores[:, 0, :, :t, :t], 0.0)
+  x, y, g = (jnp.moveaxis(z, 1, 2) for z in (x, y, g))         # [B,H,T,*]
+  scores = intra_chunk_scores((x,), (y,), g, strict=strict)[0][0]
+  return jnp.where(mask, scores, 0.0)

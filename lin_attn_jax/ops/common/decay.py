@@ -9,7 +9,10 @@ sub-chunk.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+
+from lin_attn_jax.ops.common.chunking import merge_chunks, split_chunks
 
 
 def segsum(x, axis: int = -1):
@@ -57,3 +60,36 @@ def pairwise_sums(x, axis: int):
   terms = jnp.where(strict, x[..., :, None], 0.0)               # [..., i, j]
   out = jnp.cumsum(terms, axis=-2)
   return jnp.moveaxis(out, (-2, -1), (axis, axis + 1))
+
+
+def shift(x, d: int, axis: int):
+  """``out[i] = x[i - d]`` along ``axis``, 0 for ``i < d``."""
+  if d == 0:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (d, 0)
+  kept = jax.lax.slice_in_dim(x, 0, x.shape[axis] - d, axis=axis)
+  return jnp.pad(kept, widths)
+
+
+def chunk_log_decays(g_c, sub: int, axis: int):
+  """Log-decay sums over each chunk of ``g_c`` (tokens of a chunk on
+  ``axis``), summed in sub-chunks of ``sub`` tokens and then over whole
+  sub-chunks, so no long prefix sum is subtracted from another.
+
+  Returns:
+    ``(to_here, to_end, total)``: from the chunk start to i (i included) and
+    from after i to the chunk end, both shaped like ``g_c``, and the whole
+    chunk (``axis`` removed).
+  """
+  axis = axis % g_c.ndim
+  g_s = split_chunks(g_c, sub, axis=axis)                       # [.., S, c, ..]
+  local = jnp.cumsum(g_s, axis=axis + 1)
+  local_to_end = reverse_exclusive_cumsum(g_s, axis=axis + 1)
+  sub_total = jax.lax.index_in_dim(local, sub - 1, axis=axis + 1)  # [.., S, 1, ..]
+  before_sub = shift(jnp.cumsum(sub_total, axis=axis), 1, axis=axis)
+  after_sub = reverse_exclusive_cumsum(sub_total, axis=axis)
+  to_here = merge_chunks(local + before_sub, axis=axis)
+  to_end = merge_chunks(local_to_end + after_sub, axis=axis)
+  total = jnp.sum(sub_total, axis=(axis, axis + 1))
+  return to_here, to_end, total

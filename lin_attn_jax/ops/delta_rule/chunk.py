@@ -5,9 +5,11 @@ Inside a chunk the delta rule is written as plain linear attention on
 system per chunk; everything else is matmuls. The derivation is in this folder's
 README.md. Five steps:
 
-1. Log-decays local to sub-chunks (``common.chunk_scores``): every decay
-   factor below is ``exp`` of a sum of gates, <= 1.
-2. Intra-chunk score matrices (``common.chunk_scores``):
+1. Log-decays from the chunk start and to the chunk end, summed in
+   sub-chunks (``common.decay.chunk_log_decays``): every decay factor below
+   is ``exp`` of a sum of gates, <= 1.
+2. Intra-chunk score matrices (``common.chunk_scores``; by halving for a
+   decay per key channel, no ``[C, C, K]`` tensor):
    ``A[i, j] = beta_i k_i . (exp(G_i - G_j) * k_j)`` for ``j < i`` and
    ``P[i, j] = q_i . (exp(G_i - G_j) * k_j)`` for ``j <= i``, both masked
    to one document.
@@ -24,7 +26,7 @@ sequential sweep over chunks, run in XLA (``sweep_xla``) or, with
 ``pallas_kernels.delta_rule``, which walk the chunks with the state in
 VMEM (TPU) or registers (GPU) and never form the ``[K, K]`` transitions.
 
-Letters: b batch, n chunk, s sub-chunk, i and j position in a chunk, h value
+Letters: b batch, n chunk, i and j position in a chunk, h value
 head (q and k are repeated to the value heads first), k and l key channels,
 v value channel, g gate width (1 or K).
 """
@@ -37,9 +39,10 @@ import jax.numpy as jnp
 from lin_attn_jax.ops.common import (checks, context_parallel, dispatch,
                                     kernel_sharding)
 from lin_attn_jax.ops.common.chunk_scores import (intra_chunk_scores,
-                                                  sub_chunk_log_decays)
+                                                  join_blocks)
 from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
                                              split_chunks)
+from lin_attn_jax.ops.common.decay import chunk_log_decays
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.delta_rule import context_parallel as split
 from lin_attn_jax.ops.delta_rule.inputs import (default_scale,
@@ -212,9 +215,7 @@ def invert_unit_lower(a):
     inv11, inv22 = inv[..., 0, :, :], inv[..., 1, :, :]
     lower = -_mm("...ij,...jk,...kl->...il", inv22, blocks[..., m:, :m],
                  inv11)                                 # [..., pairs, m, m]
-    inverse = jnp.concatenate(
-        [jnp.concatenate([inv11, jnp.zeros_like(inv11)], axis=-1),
-         jnp.concatenate([lower, inv22], axis=-1)], axis=-2)
+    inverse = join_blocks(inverse, lower)               # [..., pairs, 2m, 2m]
     m *= 2
   return inverse[..., 0, :c, :c]
 
@@ -229,7 +230,7 @@ def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk,
       chunks of ``chunk`` tokens with zeros (a zero key and beta write
       nothing, a zero log-decay decays nothing);
     scale: query scale; segment_ids: ``[B, T]`` or None; length: ``T``;
-    sub_chunk: tokens per sub-chunk of the per-channel decay factors.
+    sub_chunk: tokens per sub-chunk of the log-decay sums (step 1).
   Returns:
     ``ChunkTerms`` (head-major ``[B, N, HV, C, .]``): ``w``, ``u`` (before
     subtracting ``W S_in``), the queries ``q`` and keys ``k`` with their
@@ -238,29 +239,20 @@ def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk,
   same_doc, reached, in_last_doc, passes = document_masks(
       segment_ids, q.shape[0], length, chunk)
 
-  def sub_chunks(x):                                            # [B,N,S,c,...]
-    return split_chunks(split_chunks(x, chunk), sub_chunk, axis=2)
-
   def head_major(x):                                            # [B,N,H,C,...]
     return jnp.moveaxis(split_chunks(x, chunk), 3, 2)
 
-  q_s, k_s, g_s = sub_chunks(scale * q), sub_chunks(k), sub_chunks(g)
-  q_h, k_h, v_h = head_major(scale * q), head_major(k), head_major(v)
+  q_h, k_h, v_h, g_h = (head_major(x) for x in (scale * q, k, v, g))
   beta_h = jnp.moveaxis(split_chunks(beta, chunk), 3, 2)        # [B,N,H,C]
 
   # Step 1: log-decays from the chunk start to i and from j to the chunk end.
-  decays = sub_chunk_log_decays(g_s)
-  from_start = jnp.moveaxis(merge_chunks(
-      decays.local + decays.before_sub[:, :, :, None], axis=2), 3, 2)
-  to_end = jnp.moveaxis(merge_chunks(
-      decays.to_sub_end + decays.after_sub[:, :, :, None], axis=2), 3, 2)
+  from_start, to_end, total = chunk_log_decays(g_h, sub_chunk, axis=3)
 
-  # Step 2: intra-chunk scores.
+  # Step 2: intra-chunk scores, [B, N, H, C, C] each.
   strictly_lower = jnp.tril(jnp.ones((chunk, chunk), dtype=bool), -1)
-  kk = intra_chunk_scores(k_s, k_s, decays)                     # [B,N,H,C,C]
+  (kk,), (qk,) = intra_chunk_scores((k_h, q_h), (k_h,), g_h)
   a = jnp.where(strictly_lower & same_doc, kk, 0.0) * beta_h[..., None]
-  qk = jnp.where(same_doc, intra_chunk_scores(q_s, k_s, decays),
-                 0.0)                                           # [B,N,H,C,C]
+  qk = jnp.where(same_doc, qk, 0.0)
 
   # Step 3: W and U from one triangular inverse per chunk.
   dk = k.shape[-1]
@@ -272,7 +264,7 @@ def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk,
       q=jnp.where(reached, q_h * jnp.exp(from_start), 0.0),     # [B,N,H,C,K]
       scores=qk,
       k=jnp.where(in_last_doc, k_h * jnp.exp(to_end), 0.0),     # [B,N,H,C,K]
-      decay=jnp.where(passes, jnp.exp(decays.chunk_total), 0.0))  # [B,N,H,G]
+      decay=jnp.where(passes, jnp.exp(total), 0.0))             # [B,N,H,G]
 
 
 def sweep_xla(terms: ChunkTerms, state0):
@@ -316,8 +308,8 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
     chunk_size: tokens per chunk (speed only, not results), for both
       implementations; the kernels pad a chunk's rows to their tiles.
-    sub_chunk_size: tokens per sub-chunk of the decay factors; divides
-      ``chunk_size``.
+    sub_chunk_size: tokens per sub-chunk of the log-decay sums; divides
+      ``chunk_size`` (speed only).
     use_qk_l2norm: L2-normalise q and k inside the op (unit keys keep the
       transition stable).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"`` (see

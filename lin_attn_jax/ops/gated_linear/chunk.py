@@ -52,7 +52,10 @@ import jax.numpy as jnp
 from lin_attn_jax.ops.common import (checks, context_parallel, dispatch,
                                     kernel_sharding)
 from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunks
-from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
+from lin_attn_jax.ops.common.chunk_scores import (dot_last, halves,
+                                                  level_log_decays,
+                                                  power_of_two)
+from lin_attn_jax.ops.common.decay import chunk_log_decays, shift
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.gated_linear import context_parallel as split
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
@@ -68,15 +71,9 @@ def _mm(subscripts, *operands):
   return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
 
 
-# Products summed over the last axis, and rows scaled by a vector, are
-# written as dot_general: XLA:CPU runs them several times faster than a
-# multiply followed by a reduction (which is also what autodiff of a
-# broadcast multiply produces).
-
-def _dot_last(a, b):
-  """``sum(a * b, -1)`` for equal shapes."""
-  return jnp.einsum("...k,...k->...", a, b, preferred_element_type=_F32)
-
+# Rows scaled by a vector are written as dot_general: XLA:CPU runs them
+# several times faster than a multiply followed by a reduction (which is
+# what autodiff of a broadcast multiply produces).
 
 def _scale_rows(d, s):
   """``d[..., None] * s``: ``d [..., K]`` (or ``[..., 1]``) scales the rows
@@ -84,33 +81,6 @@ def _scale_rows(d, s):
   if d.shape[-1] != s.shape[-2]:
     return d[..., None] * s
   return jnp.einsum("...k,...kv->...kv", d, s, preferred_element_type=_F32)
-
-
-def _shift(x, d, axis):
-  """``out[i] = x[i - d]`` along ``axis``, 0 for ``i < d``."""
-  if d == 0:
-    return x
-  widths = [(0, 0)] * x.ndim
-  widths[axis] = (d, 0)
-  kept = jax.lax.slice_in_dim(x, 0, x.shape[axis] - d, axis=axis)
-  return jnp.pad(kept, widths)
-
-
-def _decays(g_c, sub):
-  """Step 1 for chunks ``g_c: [B, N, C, H, G]``, summed in sub-chunks.
-
-  Returns ``to_here [B, N, C, H, G]`` (chunk start to i, i included),
-  ``to_end`` (after j to chunk end) and ``total [B, N, H, G]``.
-  """
-  g_s = split_chunks(g_c, sub, axis=2)                          # [B,N,S,c,H,G]
-  local = jnp.cumsum(g_s, axis=3)
-  local_to_end = reverse_exclusive_cumsum(g_s, axis=3)
-  sub_total = local[:, :, :, -1]                                # [B,N,S,H,G]
-  before_sub = _shift(jnp.cumsum(sub_total, axis=2), 1, axis=2)
-  after_sub = reverse_exclusive_cumsum(sub_total, axis=2)
-  to_here = merge_chunks(local + before_sub[:, :, :, None], axis=2)
-  to_end = merge_chunks(local_to_end + after_sub[:, :, :, None], axis=2)
-  return to_here, to_end, jnp.sum(sub_total, axis=2)
 
 
 def _chunk_states(q_c, k_c, v_c, g_c, doc_c, doc_before, *, sub):
@@ -126,21 +96,13 @@ def _chunk_states(q_c, k_c, v_c, g_c, doc_c, doc_before, *, sub):
     inside the chunk, so the entering state does not pass).
   """
   del q_c
-  _, to_end, total = _decays(g_c, sub)
+  _, to_end, total = chunk_log_decays(g_c, sub, axis=2)
   doc_last = doc_c[:, :, -1]                                    # [B, N]
   in_last_doc = (doc_c == doc_last[..., None])[..., None, None]
   k_to_end = jnp.where(in_last_doc, k_c * jnp.exp(to_end), 0.0)  # [B,N,C,H,K]
   own = _mm("bnjhk,bnjhv->bnhkv", k_to_end, v_c)                # [B,N,H,K,V]
   passes = (doc_last == doc_before)[..., None, None]            # [B, N, 1, 1]
   return own, jnp.where(passes, jnp.exp(total), 0.0)
-
-
-def _halves(x, half):
-  """Blocks of ``2 * half`` tokens (axis 2) -> their left and right halves,
-  each ``[B, N, P, half, ...]``."""
-  blocks = x.shape[2] // (2 * half)
-  x = x.reshape(x.shape[:2] + (blocks, 2, half) + x.shape[3:])
-  return x[:, :, :, 0], x[:, :, :, 1]
 
 
 def _pairs_in_chunk(q_c, k_c, v_c, g_c, doc_c, strict):
@@ -155,27 +117,24 @@ def _pairs_in_chunk(q_c, k_c, v_c, g_c, doc_c, strict):
   neither write (``k = 0``) nor decay (``g = 0``).
   """
   c = q_c.shape[2]
-  size = 1 << max(c - 1, 0).bit_length()                        # power of two
+  size = power_of_two(c)
   if size != c:
     q_c, k_c, v_c, g_c = (pad_time(x, size, axis=2)
                           for x in (q_c, k_c, v_c, g_c))
     if doc_c is not None:
       doc_c = pad_time(doc_c, size, axis=2, mode="edge")
   o = (jnp.zeros(v_c.shape, _F32) if strict
-       else _dot_last(q_c, k_c)[..., None] * v_c)                # i = j
+       else dot_last(q_c, k_c)[..., None] * v_c)                # i = j
   half = size // 2
   while half >= 1:
-    (_, q_right), (k_left, _), (v_left, _), (g_left, g_right) = (
-        _halves(x, half) for x in (q_c, k_c, v_c, g_c))
-    to_i = jnp.cumsum(g_right, axis=3)                          # mid < m <= i
-    if strict:
-      to_i = _shift(to_i, 1, axis=3)                            # mid < m < i
-    from_j = reverse_exclusive_cumsum(g_left, axis=3)           # j < m <= mid
+    (_, q_right), (k_left, _), (v_left, _) = (
+        halves(x, half, axis=2) for x in (q_c, k_c, v_c))
+    to_i, from_j = level_log_decays(g_c, half, axis=2, strict=strict)
     q_read = q_right * jnp.exp(to_i)                            # [B,N,P,i,H,K]
     k_write = k_left * jnp.exp(from_j)                          # [B,N,P,j,H,K]
     scores = _mm("bnpihk,bnpjhk->bnphij", q_read, k_write)
     if doc_c is not None:
-      doc_left, doc_right = _halves(doc_c, half)                # [B,N,P,half]
+      doc_left, doc_right = halves(doc_c, half, axis=2)                # [B,N,P,half]
       same = doc_right[..., :, None] == doc_left[..., None, :]
       scores = jnp.where(same[:, :, :, None], scores, 0.0)
     o_right = _mm("bnphij,bnpjhv->bnpihv", scores, v_left)
@@ -194,9 +153,9 @@ def _chunk_outputs(q_c, k_c, v_c, g_c, doc_c, doc_before, entering, *, sub,
   state before their token. Returns ``o [B, N, C, H, V]`` float32.
   """
   o = _pairs_in_chunk(q_c, k_c, v_c, g_c, doc_c if packed else None, strict)
-  to_here, _, _ = _decays(g_c, sub)
+  to_here, _, _ = chunk_log_decays(g_c, sub, axis=2)
   if strict:
-    to_here = _shift(to_here, 1, axis=2)                        # to i - 1
+    to_here = shift(to_here, 1, axis=2)                        # to i - 1
   reached = (doc_c == doc_before[..., None])[..., None, None]   # [B,N,C,1,1]
   q_read = jnp.where(reached, q_c * jnp.exp(to_here), 0.0)      # [B,N,C,H,K]
   return o + _mm("bnihk,bnhkv->bnihv", q_read, entering)

@@ -3,11 +3,13 @@
 Inside a chunk, with ``x_i = S_{i-1}^T a_i`` the value that the rank-one term
 reads and ``S_in`` the entering state (derivation in README.md):
 
-1. Log-decays local to sub-chunks (``common.chunk_scores``).
-2. Intra-chunk score matrices (``common.chunk_scores``): strictly causal
-   (reading the state before i) ``A_ab``, ``A_ak`` with a as the query,
-   causal ``P_rb``, ``P_rk`` with r as the query; all masked to one
-   document.
+1. Log-decays from the chunk start and to the chunk end, summed in
+   sub-chunks (``common.decay.chunk_log_decays``).
+2. Intra-chunk score matrices by halving (``common.chunk_scores``, one
+   matmul per block of a level for all four, no ``[C, C, K]`` tensor):
+   strictly causal (reading the state before i) ``A_ab``, ``A_ak`` with a
+   as the query, causal ``P_rb``, ``P_rk`` with r as the query; all masked
+   to one document.
 3. WY: ``[W | U] = (I - A_ab)^{-1} [exp(G_{i-1}) * A | A_ak V]`` (one small
    unit-lower-triangular inverse per chunk, ``invert_unit_lower``); then
    ``X = W S_in + U``.
@@ -23,11 +25,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import context_parallel
-from lin_attn_jax.ops.common.chunk_scores import (exclusive_local,
-                                                  intra_chunk_scores,
-                                                  sub_chunk_log_decays)
+from lin_attn_jax.ops.common.chunk_scores import intra_chunk_scores
 from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
                                              split_chunks)
+from lin_attn_jax.ops.common.decay import chunk_log_decays, shift
 from lin_attn_jax.ops.delta_rule.chunk import (check_chunk_sizes, chunk_layout,
                                                document_masks,
                                                invert_unit_lower,
@@ -63,7 +64,7 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
     output_final_state: also return the state after the last token.
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
     chunk_size, sub_chunk_size: tokens per chunk and per sub-chunk of the
-      decay factors (speed only).
+      log-decay sums (speed only).
   Returns:
     ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32 or
     None)``.
@@ -86,34 +87,22 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   same_doc, reached, in_last_doc, passes = document_masks(segment_ids, bs, t,
                                                           chunk)
 
-  def sub_chunks(x):                                            # [B,N,S,c,...]
-    return split_chunks(split_chunks(x, chunk), c, axis=2)
-
   def head_major(x):                                            # [B,N,H,C,...]
     return jnp.moveaxis(split_chunks(x, chunk), 3, 2)
 
-  r_s, w_s, k_s, a_s, b_s = (sub_chunks(x) for x in (scale * r, w, k, a, b))
-  r_h, k_h, v_h, a_h, b_h = (head_major(x) for x in (scale * r, k, v, a, b))
+  r_h, w_h, k_h, v_h, a_h, b_h = (head_major(x)
+                                  for x in (scale * r, w, k, v, a, b))
 
   # Step 1: log-decays from the chunk start to i (and to i - 1), and from j
   # to the chunk end, [B, N, H, C, K].
-  decays = sub_chunk_log_decays(w_s)
-  before_sub = decays.before_sub[:, :, :, None]                 # [B,N,S,1,H,K]
-
-  def merged(x):
-    return jnp.moveaxis(merge_chunks(x, axis=2), 3, 2)
-
-  from_start = merged(decays.local + before_sub)
-  before = merged(exclusive_local(decays.local) + before_sub)
-  to_end = merged(decays.to_sub_end + decays.after_sub[:, :, :, None])
+  from_start, to_end, total = chunk_log_decays(w_h, c, axis=3)
+  before = shift(from_start, 1, axis=3)
 
   # Step 2: intra-chunk scores, [B, N, H, C, C] each.
-  def scores(x, y, strict):
-    return jnp.where(same_doc, intra_chunk_scores(x, y, decays,
-                                                  strict=strict), 0.0)
-
-  a_b, a_k = scores(a_s, b_s, True), scores(a_s, k_s, True)
-  r_b, r_k = scores(r_s, b_s, False), scores(r_s, k_s, False)
+  (a_b, a_k), (r_b, r_k) = (
+      [jnp.where(same_doc, s, 0.0) for s in row]
+      for row in intra_chunk_scores((a_h, r_h), (b_h, k_h), w_h,
+                                    strict=(True, False)))
 
   # Step 3: W and U from one triangular inverse per chunk.
   a_from_start = jnp.where(reached, a_h * jnp.exp(before), 0.0)  # [B,N,H,C,K]
@@ -125,7 +114,7 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   # Step 4: chunk transitions, then the state entering every chunk.
   decay_to_end = jnp.where(in_last_doc, jnp.exp(to_end), 0.0)   # [B,N,H,C,K]
   b_to_end, k_to_end = b_h * decay_to_end, k_h * decay_to_end
-  decay = jnp.where(passes, jnp.exp(decays.chunk_total), 0.0)   # [B,N,H,K]
+  decay = jnp.where(passes, jnp.exp(total), 0.0)                # [B,N,H,K]
   transition = (decay[..., :, None] * jnp.eye(dk, dtype=_F32)
                 + _mm("bnhjk,bnhjl->bnhkl", b_to_end, w_))      # [B,N,H,K,K]
   own = (_mm("bnhjk,bnhjv->bnhkv", b_to_end, u)
