@@ -12,6 +12,7 @@ by the delta-rule tests, whose chunk stages RWKV-7 shares.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import functools
 
 import jax
@@ -242,3 +243,14 @@ def test_bad_step_input_raises():
                      x((2, 2, 8)), x((2, 2, 8)), state=x((2, 2, 6, 8)))
   with pytest.raises(ValueError, match="chunk_size"):
     rwkv7.chunk_rwkv7(**_rwkv7_inputs(), chunk_size=-1)
+
+
+def test_rwkv7_chunk_local_terms_over_groups_of_chunks(monkeypatch):
+  """Long sequences map RWKV-7's chunk-local terms over groups of chunks
+  (rematerialised); here groups of 2 chunks, the last one padded."""
+  module = importlib.import_module("lin_attn_jax.ops.rwkv7.chunk")
+  monkeypatch.setattr(module, "_TOKENS_PER_GROUP", 32)
+  case = Case("rwkv7", 100, segments=True, chunk_size=16, sub_chunk_size=8,
+              forms=("chunk",))
+  check_forms(case, case.forms, make_inputs(case, 1), jnp.float32,
+              TOL["rwkv7"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 
@@ -35,3 +36,33 @@ def merge_chunks(x, *, axis: int = 1):
   shape = x.shape
   return x.reshape(shape[:axis] + (shape[axis] * shape[axis + 1],)
                    + shape[axis + 2:])
+
+
+def map_chunk_groups(fn, operands, group: int):
+  """``fn(*operands)`` over groups of ``group`` chunks (axis 1), rematerialised.
+
+  Mapping over groups and recomputing each group's intermediates in the
+  backward pass keeps only one group's worth alive (and in cache). The map
+  runs over (batch row, group) pairs: ``[B, N, ...] -> [B * groups, group,
+  ...]`` is a reshape, where moving a group axis before the batch axis
+  would copy every operand. Every operand and output has the ``[B, N]``
+  leading axes; ``fn`` must treat the chunks independently.
+  """
+  b, n = operands[0].shape[:2]
+  if n <= group:
+    return fn(*operands)
+  steps = -(-n // group)
+
+  def to_groups(x):
+    x = jnp.pad(x, [(0, 0), (0, steps * group - n)] + [(0, 0)] * (x.ndim - 2))
+    return x.reshape((b * steps, group) + x.shape[2:])
+
+  def from_groups(y):
+    return y.reshape((b, steps * group) + y.shape[2:])[:, :n]
+
+  def one_group(xs):
+    return jax.tree.map(lambda y: y[0], fn(*(x[None] for x in xs)))
+
+  out = jax.lax.map(jax.checkpoint(one_group),
+                    tuple(to_groups(x) for x in operands))
+  return jax.tree.map(from_groups, out)

@@ -71,8 +71,23 @@ def chunk_layout(t, chunk_size, sub_chunk_size):
   return min(chunk_size, -(-t // c) * c), c
 
 
-def document_masks(segment_ids, b, t, chunk):
-  """Masks of the chunk forms (head-major layout), from ``[B, T]`` segment ids.
+def chunk_documents(segment_ids, b, t, chunk):
+  """Document indices per chunk from ``[B, T]`` segment ids, or None.
+
+  Returns:
+    ``(doc_c [B, N, C], doc_before [B, N])``: the document of every token
+    and of the token before each chunk; None without segment ids.
+  """
+  if segment_ids is None:
+    return None
+  doc = pad_time(document_index(segment_ids, b, t), chunk, mode="edge")
+  doc_before = jnp.concatenate([jnp.zeros((b, 1), doc.dtype), doc[:, :-1]],
+                               axis=1)[:, ::chunk]              # [B, N]
+  return split_chunks(doc, chunk), doc_before
+
+
+def document_masks(docs):
+  """Masks of the chunk forms (head-major layout) from ``chunk_documents``.
 
   Returns:
     ``(same_doc [B, N, 1, C, C], reached [B, N, 1, C, 1], in_last_doc
@@ -80,14 +95,11 @@ def document_masks(segment_ids, b, t, chunk):
     tokens that the entering state reaches (no document started in the chunk
     at or before them), tokens that reach the chunk's end state, and chunks
     whose entering state survives to their end. All True (no masking work)
-    without segment ids.
+    for ``docs=None``.
   """
-  if segment_ids is None:
+  if docs is None:
     return (True,) * 4
-  doc = pad_time(document_index(segment_ids, b, t), chunk, mode="edge")
-  doc_c = split_chunks(doc, chunk)                              # [B, N, C]
-  doc_before = jnp.concatenate([jnp.zeros((b, 1), doc.dtype), doc[:, :-1]],
-                               axis=1)[:, ::chunk]              # [B, N]
+  doc_c, doc_before = docs
   doc_last = doc_c[:, :, -1]                                    # [B, N]
   same_doc = (doc_c[..., :, None] == doc_c[..., None, :])[:, :, None]
   reached = (doc_c == doc_before[..., None])[:, :, None, :, None]
@@ -237,7 +249,7 @@ def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk,
     decays and masks, the scores ``P`` and the chunk decays.
   """
   same_doc, reached, in_last_doc, passes = document_masks(
-      segment_ids, q.shape[0], length, chunk)
+      chunk_documents(segment_ids, q.shape[0], length, chunk))
 
   def head_major(x):                                            # [B,N,H,C,...]
     return jnp.moveaxis(split_chunks(x, chunk), 3, 2)

@@ -51,7 +51,8 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import (checks, context_parallel, dispatch,
                                     kernel_sharding)
-from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunks
+from lin_attn_jax.ops.common.chunking import (map_chunk_groups, merge_chunks,
+                                             pad_time, split_chunks)
 from lin_attn_jax.ops.common.chunk_scores import (dot_last, halves,
                                                   level_log_decays,
                                                   power_of_two)
@@ -159,35 +160,6 @@ def _chunk_outputs(q_c, k_c, v_c, g_c, doc_c, doc_before, entering, *, sub,
   reached = (doc_c == doc_before[..., None])[..., None, None]   # [B,N,C,1,1]
   q_read = jnp.where(reached, q_c * jnp.exp(to_here), 0.0)      # [B,N,C,H,K]
   return o + _mm("bnihk,bnhkv->bnihv", q_read, entering)
-
-
-def _grouped_over_chunks(fn, operands, group):
-  """``fn`` over groups of ``group`` chunks (axis 1), rematerialised.
-
-  Mapping over groups and recomputing each group's intermediates in the
-  backward pass keeps only one group's worth alive. The map runs over
-  (batch row, group) pairs: ``[B, N, ...] -> [B * groups, group, ...]``
-  is a reshape, where moving a group axis before the batch axis would copy
-  every operand.
-  """
-  b, n = operands[0].shape[:2]
-  if n <= group:
-    return fn(*operands)
-  steps = -(-n // group)
-
-  def to_groups(x):
-    x = jnp.pad(x, [(0, 0), (0, steps * group - n)] + [(0, 0)] * (x.ndim - 2))
-    return x.reshape((b * steps, group) + x.shape[2:])
-
-  def from_groups(y):
-    return y.reshape((b, steps * group) + y.shape[2:])[:, :n]
-
-  def one_group(xs):
-    return jax.tree.map(lambda y: y[0], fn(*(x[None] for x in xs)))
-
-  out = jax.lax.map(jax.checkpoint(one_group),
-                    tuple(to_groups(x) for x in operands))
-  return jax.tree.map(from_groups, out)
 
 
 @context_parallel.splits_sequence(
@@ -310,7 +282,7 @@ def _chunk_xla(q, k, v, g, *, scale, initial_state, output_final_state,
     # one [C, C] decay matrix per head, T * C * H numbers in all.
     o = scalar_decay_outputs(*per_chunk, entering, packed=packed)
   else:
-    o = _grouped_over_chunks(
+    o = map_chunk_groups(
         functools.partial(_chunk_outputs, sub=c, packed=packed,
                           strict=strictly_causal),
         per_chunk + (entering,), group)

@@ -22,25 +22,75 @@ Letters as in ``delta_rule/chunk.py``.
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import context_parallel
 from lin_attn_jax.ops.common.chunk_scores import intra_chunk_scores
-from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
-                                             split_chunks)
+from lin_attn_jax.ops.common.chunking import (map_chunk_groups, merge_chunks,
+                                             pad_time, split_chunks)
 from lin_attn_jax.ops.common.decay import chunk_log_decays, shift
 from lin_attn_jax.ops.delta_rule.chunk import (check_chunk_sizes, chunk_layout,
-                                               document_masks,
+                                               chunk_documents, document_masks,
                                                invert_unit_lower,
                                                scan_chunk_states)
 from lin_attn_jax.ops.rwkv7 import context_parallel as split
 from lin_attn_jax.ops.rwkv7.inputs import default_scale, validate
 
 _F32 = jnp.float32
+# Tokens whose chunk-local terms are alive at once (memory, not results).
+_TOKENS_PER_GROUP = 512
 
 
 def _mm(subscripts, *operands):
   return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
+
+
+def _chunk_local(r_c, w_c, k_c, v_c, a_c, b_c, *docs, sub):
+  """Steps 1-3 and each chunk's transition (no dependence on the state).
+
+  Args:
+    r_c, w_c, k_c, a_c, b_c: ``[B, N, C, H, K]`` (r scaled); v_c: ``[B, N,
+      C, H, V]``; docs: ``chunk_documents`` (``doc_c, doc_before``) or none.
+  Returns:
+    ``transition [B, N, H, K, K]``, ``own [B, N, H, K, V]``, ``w_ [B, N, H,
+    C, K]``, ``u [B, N, H, C, V]``, ``r_b, r_k [B, N, H, C, C]`` and
+    ``r_from_start [B, N, H, C, K]``.
+  """
+  same_doc, reached, in_last_doc, passes = document_masks(docs or None)
+  r_h, w_h, k_h, v_h, a_h, b_h = (jnp.moveaxis(x, 3, 2)         # [B,N,H,C,*]
+                                  for x in (r_c, w_c, k_c, v_c, a_c, b_c))
+  dk = r_h.shape[-1]
+
+  # Step 1: log-decays from the chunk start to i (and to i - 1), and from j
+  # to the chunk end, [B, N, H, C, K].
+  from_start, to_end, total = chunk_log_decays(w_h, sub, axis=3)
+  before = shift(from_start, 1, axis=3)
+
+  # Step 2: intra-chunk scores, [B, N, H, C, C] each.
+  (a_b, a_k), (r_b, r_k) = (
+      [jnp.where(same_doc, s, 0.0) for s in row]
+      for row in intra_chunk_scores((a_h, r_h), (b_h, k_h), w_h,
+                                    strict=(True, False)))
+
+  # Step 3: W and U from one triangular inverse per chunk.
+  a_from_start = jnp.where(reached, a_h * jnp.exp(before), 0.0)  # [B,N,H,C,K]
+  rhs = jnp.concatenate([a_from_start, _mm("bnhij,bnhjv->bnhiv", a_k, v_h)],
+                        axis=-1)                                # [B,N,H,C,K+V]
+  wu = _mm("bnhij,bnhjx->bnhix", invert_unit_lower(-a_b), rhs)
+  w_, u = wu[..., :dk], wu[..., dk:]
+
+  # Step 4 (its chunk-local part): the chunk transitions.
+  decay_to_end = jnp.where(in_last_doc, jnp.exp(to_end), 0.0)   # [B,N,H,C,K]
+  b_to_end, k_to_end = b_h * decay_to_end, k_h * decay_to_end
+  decay = jnp.where(passes, jnp.exp(total), 0.0)                # [B,N,H,K]
+  transition = (decay[..., :, None] * jnp.eye(dk, dtype=_F32)
+                + _mm("bnhjk,bnhjl->bnhkl", b_to_end, w_))      # [B,N,H,K,K]
+  own = (_mm("bnhjk,bnhjv->bnhkv", b_to_end, u)
+         + _mm("bnhjk,bnhjv->bnhkv", k_to_end, v_h))            # [B,N,H,K,V]
+  r_from_start = jnp.where(reached, r_h * jnp.exp(from_start), 0.0)
+  return transition, own, w_, u, r_b, r_k, r_from_start
 
 
 @context_parallel.splits_sequence(lambda: split.context_parallel_rwkv7)
@@ -84,50 +134,25 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   out_dtype = v.dtype
   r, w, k, v, a, b = (pad_time(jnp.asarray(x, _F32), chunk)
                       for x in (r, w, k, v, a, b))
-  same_doc, reached, in_last_doc, passes = document_masks(segment_ids, bs, t,
-                                                          chunk)
+  docs = chunk_documents(segment_ids, bs, t, chunk)
+  v_c = split_chunks(v, chunk)                                  # [B,N,C,H,V]
 
-  def head_major(x):                                            # [B,N,H,C,...]
-    return jnp.moveaxis(split_chunks(x, chunk), 3, 2)
+  # Steps 1-4 (chunk-local), over groups of chunks.
+  transition, own, w_, u, r_b, r_k, r_from_start = map_chunk_groups(
+      functools.partial(_chunk_local, sub=c),
+      tuple(split_chunks(x, chunk) for x in (scale * r, w, k)) + (v_c,)
+      + tuple(split_chunks(x, chunk) for x in (a, b)) + (docs or ()),
+      max(1, _TOKENS_PER_GROUP // chunk))
 
-  r_h, w_h, k_h, v_h, a_h, b_h = (head_major(x)
-                                  for x in (scale * r, w, k, v, a, b))
-
-  # Step 1: log-decays from the chunk start to i (and to i - 1), and from j
-  # to the chunk end, [B, N, H, C, K].
-  from_start, to_end, total = chunk_log_decays(w_h, c, axis=3)
-  before = shift(from_start, 1, axis=3)
-
-  # Step 2: intra-chunk scores, [B, N, H, C, C] each.
-  (a_b, a_k), (r_b, r_k) = (
-      [jnp.where(same_doc, s, 0.0) for s in row]
-      for row in intra_chunk_scores((a_h, r_h), (b_h, k_h), w_h,
-                                    strict=(True, False)))
-
-  # Step 3: W and U from one triangular inverse per chunk.
-  a_from_start = jnp.where(reached, a_h * jnp.exp(before), 0.0)  # [B,N,H,C,K]
-  rhs = jnp.concatenate([a_from_start, _mm("bnhij,bnhjv->bnhiv", a_k, v_h)],
-                        axis=-1)                                # [B,N,H,C,K+V]
-  wu = _mm("bnhij,bnhjx->bnhix", invert_unit_lower(-a_b), rhs)
-  w_, u = wu[..., :dk], wu[..., dk:]
-
-  # Step 4: chunk transitions, then the state entering every chunk.
-  decay_to_end = jnp.where(in_last_doc, jnp.exp(to_end), 0.0)   # [B,N,H,C,K]
-  b_to_end, k_to_end = b_h * decay_to_end, k_h * decay_to_end
-  decay = jnp.where(passes, jnp.exp(total), 0.0)                # [B,N,H,K]
-  transition = (decay[..., :, None] * jnp.eye(dk, dtype=_F32)
-                + _mm("bnhjk,bnhjl->bnhkl", b_to_end, w_))      # [B,N,H,K,K]
-  own = (_mm("bnhjk,bnhjv->bnhkv", b_to_end, u)
-         + _mm("bnhjk,bnhjv->bnhkv", k_to_end, v_h))            # [B,N,H,K,V]
+  # Step 4: the state entering every chunk.
   state0 = (jnp.zeros((bs, h, dk, dv), _F32) if initial_state is None
             else jnp.asarray(initial_state, _F32))
   final_state, entering = scan_chunk_states(transition, own, state0)
 
   # Step 5: outputs.
   x = u + _mm("bnhik,bnhkv->bnhiv", w_, entering)               # [B,N,H,C,V]
-  r_from_start = jnp.where(reached, r_h * jnp.exp(from_start), 0.0)
   o = (_mm("bnhij,bnhjv->bnihv", r_b, x)
-       + _mm("bnhij,bnhjv->bnihv", r_k, v_h)
+       + _mm("bnhij,bnjhv->bnihv", r_k, v_c)
        + _mm("bnhik,bnhkv->bnihv", r_from_start, entering))     # [B,N,C,H,V]
   o = merge_chunks(o)[:, :t]
   return o.astype(out_dtype), (final_state if output_final_state else None)
