@@ -118,11 +118,11 @@ def test_segment_reset_equals_separate_documents():
                             False)
   seg = jnp.concatenate([jnp.zeros((1, 40), jnp.int32),
                          jnp.ones((1, 50), jnp.int32)], axis=1)
-  packed, _ = ops.chunk_gla(inputs["q"], inputs["k"], inputs["v"],
-                            inputs["g"], segment_ids=seg, chunk_size=16)
-  first, _ = ops.chunk_gla(*(inputs[n][:, :40] for n in "qkvg"), chunk_size=16)
-  second, _ = ops.chunk_gla(*(inputs[n][:, 40:] for n in "qkvg"),
-                            chunk_size=16)
+  chunk = jax.jit(functools.partial(ops.chunk_gla, chunk_size=16))
+  packed, _ = chunk(inputs["q"], inputs["k"], inputs["v"], inputs["g"],
+                    segment_ids=seg)
+  first, _ = chunk(*(inputs[n][:, :40] for n in "qkvg"))
+  second, _ = chunk(*(inputs[n][:, 40:] for n in "qkvg"))
   np.testing.assert_allclose(packed, jnp.concatenate([first, second], 1),
                              rtol=1e-5, atol=1e-5)
 
@@ -133,9 +133,9 @@ def test_step_continues_a_prefix():
   inputs = spec.make_inputs(jax.random.PRNGKey(5), Dims(batch=2, length=40),
                             False)
   q, k, v, g = (inputs[n] for n in "qkvg")
-  full, _ = ops.chunk_gla(q, k, v, g)
-  _, state = ops.chunk_gla(q[:, :30], k[:, :30], v[:, :30], g[:, :30],
-                           output_final_state=True)
+  chunk = jax.jit(functools.partial(ops.chunk_gla, output_final_state=True))
+  full, _ = chunk(q, k, v, g)
+  _, state = chunk(q[:, :30], k[:, :30], v[:, :30], g[:, :30])
   step = jax.jit(ops.gla_step)
   for t in range(30, 40):
     o_t, state = step(q[:, t], k[:, t], v[:, t], g[:, t], state)

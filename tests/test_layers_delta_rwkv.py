@@ -58,8 +58,11 @@ def jitted(fn, *modules):
   return lambda *args: compiled(state, *args)
 
 
-@pytest.mark.parametrize("use_segments", [False, True],
-                         ids=["noseg", "seg"])
+# Without segment ids the same modes run on one document: slow only (the
+# segment case covers every path and the resets besides).
+@pytest.mark.parametrize("use_segments", [
+    pytest.param(False, marks=pytest.mark.slow, id="noseg"),
+    pytest.param(True, id="seg")])
 @pytest.mark.parametrize("name", sorted(MIXER_OPTIONS))
 def test_modes_decoding_and_gradients(name, use_segments):
   lm = redraw(lm_checks.tiny_lm(name, MIXER_OPTIONS[name]),
