@@ -234,7 +234,8 @@ def losses_of(workdir) -> dict[int, float]:
 
 def test_killed_run_resumes_on_the_same_loss_curve(tmp_path):
   steps = 10
-  run_worker(tmp_path / "whole", steps)
+  cache = f"--compilation_cache={tmp_path / 'xla_cache'}"
+  run_worker(tmp_path / "whole", steps, cache)
   reference = losses_of(tmp_path / "whole")
   assert sorted(reference) == list(range(1, steps + 1))
 
@@ -242,7 +243,8 @@ def test_killed_run_resumes_on_the_same_loss_curve(tmp_path):
   # the background, so a kill may also land while one is being written).
   kill_at = random.Random().randint(3, 8)
   killed = tmp_path / "killed"
-  process = subprocess.Popen(worker(killed, steps), stdout=subprocess.PIPE,
+  process = subprocess.Popen(worker(killed, steps, cache),
+                             stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True)
   for line in process.stdout:
     step = int(line.split()[1]) if line.startswith("step ") else 0
@@ -254,7 +256,7 @@ def test_killed_run_resumes_on_the_same_loss_curve(tmp_path):
   process.wait(timeout=600)
   assert process.returncode == -signal.SIGKILL, (
       f"the run ended before a checkpoint was complete at step {kill_at}")
-  resumed = run_worker(killed, steps)
+  resumed = run_worker(killed, steps, cache)
   assert "resuming from the checkpoint at step" in resumed, resumed
   got = losses_of(killed)
   assert sorted(got) == sorted(reference), (kill_at, sorted(got))
@@ -270,7 +272,7 @@ def test_killed_run_resumes_on_the_same_loss_curve(tmp_path):
       with open(os.path.join(root, name), "wb") as f:
         f.write(b"not a checkpoint")
   os.remove(killed / METRICS_FILE)
-  again = run_worker(killed, steps)
+  again = run_worker(killed, steps, cache)
   assert f"checkpoint at step {latest}" in again and "cannot be read" in again
   assert f"resuming from the checkpoint at step {latest - 2}" in again
   got = losses_of(killed)

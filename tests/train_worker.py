@@ -3,7 +3,7 @@ restart it, or start several processes.
 
   python tests/train_worker.py --workdir=DIR --steps=8 [--mesh=fsdp=-1]
       [--devices=N] [--coordinator=localhost:PORT --num_processes=2
-      --process_id=0]
+      --process_id=0] [--compilation_cache=DIR]
 
 Prints ``step <n> <loss>`` after every step (flushed), then ``done``.
 """
@@ -44,9 +44,17 @@ def main():
   parser.add_argument("--coordinator")
   parser.add_argument("--num_processes", type=int)
   parser.add_argument("--process_id", type=int)
+  parser.add_argument("--compilation_cache")
   args = parser.parse_args()
   os.environ["XLA_FLAGS"] = (
       f"--xla_force_host_platform_device_count={args.devices}")
+  if args.compilation_cache:
+    # Runs of one test share their compiled programs (same programs, same
+    # results: only the compile time is saved).
+    import jax
+    jax.config.update("jax_compilation_cache_dir", args.compilation_cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
   from lin_attn_jax.train import distributed
   distributed.initialize(args.coordinator, args.num_processes,
