@@ -4,7 +4,8 @@ A 2-layer LM without MLPs trains on a short multi-query associative recall
 task (``lin_attn_jax.data.mqar``: 3 key-value pairs in 16 tokens, 32 token
 ids) for 400 AdamW steps inside one jitted ``lax.scan``. With its output
 gate's projection drawn LeCun normal (the default before it started at
-zero), gated_deltanet stays near chance here (7% against DeltaNet's 98%).
+zero), gated_deltanet stays near chance here (7%); with the defaults it
+reaches 97%, DeltaNet 98%.
 """
 
 import functools
@@ -71,7 +72,11 @@ def recall_accuracy(mixer: str) -> float:
   return mqar.accuracy(predictions, data.test_targets)
 
 
-@pytest.mark.parametrize("mixer", ["deltanet", "gated_deltanet"])
+# DeltaNet (98%) shows that the task is learnable at this budget; it runs
+# with -m benchmark to keep the suite's time down.
+@pytest.mark.parametrize(
+    "mixer", [pytest.param("deltanet", marks=pytest.mark.benchmark),
+              "gated_deltanet"])
 def test_learns_associative_recall(mixer):
   # Chance is 1/16 (the values are half of the 32 ids).
   assert recall_accuracy(mixer) >= 0.9
