@@ -355,7 +355,8 @@ def test_hybrid_lm_loss_and_gradients_match_single_device():
       vocab_size=64, d_model=32, n_layers=4, n_heads=2,
       mixer=("gla", "gated_deltanet", "mamba2", "softmax_attn"),
       mixer_options={"gla": {"chunk_size": CHUNK},
-                     "gated_deltanet": {"chunk_size": CHUNK},
+                     "gated_deltanet": {"chunk_size": CHUNK,
+                                        "zero_init_gate": False},
                      "mamba2": {"chunk_size": CHUNK, "d_state": 8},
                      "softmax_attn": {"block_size": CHUNK}})
   graphdef, params = nnx.split(LM(config, rngs=nnx.Rngs(0)))

@@ -14,11 +14,12 @@ from tests.form_checks import rel_rms
 # Small chunks, so that the 24-token test sequences span several chunks.
 MIXER_OPTIONS = {
     "deltanet": {"chunk_size": 8},
-    "gated_deltanet": {"chunk_size": 8},
+    # The default init zeroes the output gate (tests/test_recall.py), and
+    # the reference init of RWKV-7 the output projection (tested on its own
+    # below); the other checks need an output.
+    "gated_deltanet": {"chunk_size": 8, "zero_init_gate": False},
     "kda": {"chunk_size": 8},
     "rwkv6": {"chunk_size": 8},
-    # The reference init zeroes the output projection (tested on its own
-    # below); the other checks need an output.
     "rwkv7": {"chunk_size": 8, "zero_init_output": False},
 }
 # RWKV-7's reference init (zero LoRA inputs, keys scaled by 0.05, small
@@ -111,6 +112,9 @@ def test_gated_deltanet_decay_init_is_mamba2():
   g = np.asarray(jitted(GatedDeltaNet.log_decay, layer)(inputs(d=64)))
   assert g.shape == (1, 16, 4) and np.all(g < 0)
   assert (layer.head_k, layer.head_v) == (12, 24)
+  assert not np.any(np.asarray(layer.g_proj.kernel[...]))
+  drawn = GatedDeltaNet(64, 4, rngs=nnx.Rngs(0), zero_init_gate=False)
+  assert np.std(np.asarray(drawn.g_proj.kernel[...])) > 0.1
 
 
 def test_kda_decay_is_per_key_channel():
