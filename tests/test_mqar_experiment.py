@@ -11,8 +11,8 @@ from experiments import mqar as experiment
 from lin_attn_jax.data.mqar import IGNORE_INDEX
 
 TINY = dataclasses.replace(
-    experiment.PRESETS["cpu"], mixers=("softmax_attn",), d_models=(32,),
-    learning_rates=(3e-3,), settings=((64, 4),), num_train=64_000,
+    experiment.PRESETS["cpu"], mixers=("softmax_attn",), d_models=(64,),
+    learning_rates=(3e-3,), settings=((64, 4),), num_train=32_000,
     num_test=256, eval_every=100)
 
 
@@ -29,8 +29,8 @@ def test_attention_learns_mqar(tmp_path):
   records = experiment.run_grid(TINY, str(tmp_path / "runs.jsonl"))
   (record,) = records
   assert record["accuracy"] >= TINY.early_stop, record["history"]
-  assert record["state_size"] == 2 * 64 * 32
+  assert record["state_size"] == 2 * 64 * 64
   table = experiment.table(TINY, records)
-  assert "| softmax_attn | 32 | 1 | 4,096 |" in table
+  assert "| softmax_attn | 64 | 1 | 8,192 |" in table
   # A second call finds the run done and trains nothing.
   assert experiment.run_grid(TINY, str(tmp_path / "runs.jsonl")) == records
