@@ -36,6 +36,7 @@ import json
 import multiprocessing
 import os
 import resource
+import sys
 import time
 from typing import Any, Sequence
 
@@ -436,6 +437,8 @@ def plot(preset: Preset, records: Sequence[dict], path: str) -> bool:
     return False
   best = best_over_learning_rates(records)
   settings = [s for s in preset.settings if any(k[2:] == s for k in best)]
+  if not settings:
+    return False
   fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 4),
                            sharey=True, squeeze=False)
   colors = plt.get_cmap("tab20")
@@ -473,6 +476,29 @@ def preset_from_flags() -> Preset:
   return dataclasses.replace(preset, **changes)
 
 
+def header(preset_name: str, preset: Preset, records: Sequence[dict],
+           command: str) -> str:
+  """The report's title, command, settings and cost (CPU seconds summed over
+  the runs, compiling included, whichever calls ran them)."""
+  cpu = sum(r["cpu_s"] for r in records)
+  lengths = sorted({t for t, _ in preset.settings})
+  batches = ", ".join(f"{preset.batch_size_for(t)} rows x {t} tokens for "
+                      f"at most {preset.steps_for(t)} steps" for t in lengths)
+  return "\n".join([
+      f"# MQAR: recall against state size (preset `{preset_name}`)", "",
+      "Command:", "", f"    {command}", "",
+      f"Vocabulary {preset.vocab_size}; {preset.n_layers} layers, MLP "
+      f"{preset.mlp!r}; learning rates {list(preset.learning_rates)}; "
+      f"{batches} (cosine decay, warmup {preset.warmup_fraction:.0%}, weight decay "
+      f"{preset.weight_decay}), test accuracy every {preset.eval_every} "
+      f"steps, stop at {preset.early_stop}. Best test accuracy over the "
+      f"learning rates on {preset.num_test} examples; state size is "
+      "`Mixer.state_size` (floats per layer; attention's KV cache at the "
+      "sequence length).", "",
+      f"{len(records)} runs, {cpu:,.0f} CPU seconds in all (sum over runs, "
+      "compiling included).", ""])
+
+
 def main(argv):
   del argv
   preset = preset_from_flags()
@@ -490,8 +516,10 @@ def main(argv):
             for d in preset.d_models for t, p in preset.settings
             for lr in preset.learning_rates}
   records = [r for r in records if run_key(r) in wanted]
+  command = " ".join(["python experiments/mqar.py"] + sys.argv[1:])
   with open(stem + ".md", "w") as f:
-    f.write(table(preset, records) + "\n")
+    f.write(header(FLAGS.preset, preset, records, command) + "\n"
+            + table(preset, records) + "\n")
   plotted = plot(preset, records, stem + ".png")
   print(table(preset, records))
   print(f"{len(records)} runs; this call: {time.perf_counter() - wall:.0f} s "
