@@ -1,0 +1,531 @@
+r"""Multi-query associative recall (MQAR): recall against state size.
+
+Trains a 2-layer ``LM`` of each mixer on MQAR (``lin_attn_jax.data.mqar``,
+Zoology's task: key-value pairs, then the keys queried again; accuracy is
+measured at the query positions only) for every setting ``(seq_len,
+num_kv_pairs)``, model width and learning rate of a preset, and reports the
+best test accuracy over the learning rates against the mixer's state size
+(``Mixer.state_size``, floats per layer and sequence; attention's KV cache
+grows with the length, a recurrent state does not).
+
+Presets:
+
+- ``paper``: the grid of Zoology's figure 2 (Arora et al. 2023,
+  arXiv:2312.04927): vocabulary 8192; ``(64, 4), (128, 8), (256, 16)``;
+  ``d_model`` 64 to 512; 100k training and 3k test examples per setting,
+  64 epochs, batch 512 (256 at length 256); AdamW with weight decay 0.1 and
+  cosine decay; learning rates ``logspace(-4, -2, 4)``; a run stops once
+  its test accuracy reaches 0.99. For a TPU or GPU.
+- ``cpu``: a grid for a 2-core CPU in under an hour (see ``PRESETS``).
+
+Outputs in ``--out_dir``: ``mqar_<preset>.jsonl`` (one line per run, written
+as runs finish; a rerun skips the runs already there), ``mqar_<preset>.md``
+(the table of best accuracies) and ``mqar_<preset>.png`` (accuracy against
+state size, log scale, a colour per mixer; needs matplotlib, the
+``analysis`` extra).
+
+Run:
+  python experiments/mqar.py --preset=cpu --out_dir=benchmarks
+  python experiments/mqar.py --preset=paper --mixers=softmax_attn,gla
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import resource
+import sys
+import time
+from typing import Any, Sequence
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from lin_attn_jax import sharding as shd
+from lin_attn_jax.data import mqar
+from lin_attn_jax.models.lm import LM, LMConfig
+from lin_attn_jax.train import TrainConfig, Trainer
+
+# Every causal mixer of the zoo (Linformer is not causal: no recall task).
+ALL_MIXERS = ("softmax_attn", "sliding_window_attn", "sparse_attn",
+              "linear_attn", "performer", "based", "retnet", "gla", "hgrn2",
+              "mamba", "mamba2", "h3", "rg_lru", "deltanet", "gated_deltanet",
+              "kda", "rwkv6", "rwkv7")
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  """A grid of MQAR runs and how each run trains."""
+
+  # Token ids; keys come from [1, V / 2), values from [V / 2, V).
+  vocab_size: int
+  # (seq_len, num_kv_pairs) of every setting.
+  settings: tuple[tuple[int, int], ...]
+  # Model widths; each gives every mixer another state size.
+  d_models: tuple[int, ...]
+  # Peak learning rates; a (mixer, d_model, setting) reports the best.
+  learning_rates: tuple[float, ...]
+  # Mixers, names in layers.MIXERS.
+  mixers: tuple[str, ...]
+  # Training and test examples per setting (fixed sets, drawn once).
+  num_train: int
+  num_test: int
+  # Passes over the training set (the cosine decay ends with the last).
+  epochs: int
+  # Rows per step, by seq_len (longer rows, smaller batches).
+  batch_size: tuple[tuple[int, int], ...]
+  # Test accuracy every this many steps; the run stops at early_stop.
+  eval_every: int
+  early_stop: float = 0.99
+  # Blocks of the LM.
+  n_layers: int = 2
+  # Heads per mixer; mixers not named get default_heads.
+  default_heads: int = 1
+  heads: tuple[tuple[str, int], ...] = ()
+  # The LM's MLP (LMConfig.mlp; "none": blocks of a mixer only).
+  mlp: str = "swiglu"
+  # Options per mixer name (layers.MIXERS keyword arguments).
+  mixer_options: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+  # Optimizer: AdamW, decoupled weight decay, linear warmup over this
+  # fraction of the steps, cosine decay to min_lr_ratio.
+  weight_decay: float = 0.1
+  warmup_fraction: float = 0.05
+  min_lr_ratio: float = 0.0
+  # MQAR: power law of the query gaps; filler tokens random (True) or 0.
+  power_a: float = 0.01
+  random_non_queries: bool = False
+  seed: int = 0
+
+  def batch_size_for(self, seq_len: int) -> int:
+    sizes = dict(self.batch_size)
+    return sizes.get(seq_len, min(sizes.values()))
+
+  def steps_for(self, seq_len: int) -> int:
+    return self.epochs * (self.num_train // self.batch_size_for(seq_len))
+
+  def heads_for(self, mixer: str, d_model: int) -> int:
+    heads = dict(self.heads).get(mixer, self.default_heads)
+    # A negative entry is a head width: -2 means heads of 2 channels.
+    return d_model // -heads if heads < 0 else heads
+
+  def options_for(self, mixer: str) -> dict:
+    return dict(dict(self.mixer_options).get(mixer, ()))
+
+
+def _options(**per_mixer) -> tuple:
+  return tuple(sorted((name, tuple(sorted(kw.items())))
+                      for name, kw in per_mixer.items()))
+
+
+PRESETS = {
+    "paper": Preset(
+        vocab_size=8192,
+        settings=((64, 4), (128, 8), (256, 16)),
+        d_models=(64, 128, 256, 512),
+        learning_rates=tuple(float(x) for x in np.logspace(-4, -2, 4)),
+        mixers=ALL_MIXERS,
+        num_train=100_000, num_test=3_000, epochs=64,
+        batch_size=((64, 512), (128, 512), (256, 256)),
+        eval_every=200,
+        # Zoology: no MLP, one attention head, H3 with heads of width 2.
+        mlp="none",
+        heads=(("h3", -2),),
+        mixer_options=_options(sliding_window_attn={"window_size": 64},
+                               h3={"d_state": 64})),
+    # Chosen for a 2-core CPU in under an hour (benchmarks/mqar_cpu.md):
+    # vocabulary 64 and one length, 64, so that a run takes seconds; width
+    # 64 is the narrowest at which 2-layer, 1-head attention forms the
+    # recall circuit within 800 steps of 32 rows at learning rate 3e-3
+    # (width 32 stays at the 1 / pairs plateau of picking any value of the
+    # context; 1e-3 and 1e-2 did not leave it within 1000 steps), 32 gives
+    # every mixer a second, smaller state.
+    "cpu": Preset(
+        vocab_size=64,
+        settings=((64, 4), (64, 8), (64, 16)),
+        d_models=(64, 32),
+        learning_rates=(3e-3,),
+        mixers=("softmax_attn", "sliding_window_attn", "linear_attn",
+                "retnet", "gla", "based", "mamba", "mamba2", "deltanet",
+                "gated_deltanet", "rwkv6", "h3", "hgrn2"),
+        num_train=25_600, num_test=512, epochs=1,
+        batch_size=((64, 32),),
+        eval_every=100,
+        mlp="none",
+        heads=(("h3", -2),),
+        mixer_options=_options(sliding_window_attn={"window_size": 16},
+                               based={"feature_dim": 8, "window_size": 16},
+                               h3={"d_state": 8, "shift_size": 4},
+                               hgrn2={"expand_ratio": 16})),
+}
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("preset", "cpu", sorted(PRESETS), "the grid to run")
+flags.DEFINE_list("mixers", None, "mixers to run (default: the preset's)")
+flags.DEFINE_list("d_models", None, "model widths (default: the preset's)")
+flags.DEFINE_list("learning_rates", None,
+                  "peak learning rates (default: the preset's)")
+flags.DEFINE_string("out_dir", "benchmarks", "where the results go")
+flags.DEFINE_string("name", None, "file name stem (default mqar_<preset>)")
+flags.DEFINE_integer("workers", 1, "processes training runs side by side "
+                     "(on a CPU, one per core)")
+flags.DEFINE_bool("report_only", False,
+                  "write the table and plot from the results file, train "
+                  "nothing")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """Runs that share one compiled train step: one mixer, width, learning
+  rate and sequence length, each setting of that length."""
+
+  mixer: str
+  d_model: int
+  learning_rate: float
+  seq_len: int
+  pairs: tuple[int, ...]
+
+
+def model_config(preset: Preset, mixer: str, d_model: int) -> LMConfig:
+  options = preset.options_for(mixer)
+  return LMConfig(vocab_size=preset.vocab_size, d_model=d_model,
+                  n_layers=preset.n_layers,
+                  n_heads=preset.heads_for(mixer, d_model), mixer=mixer,
+                  mixer_options={mixer: options} if options else (),
+                  mlp=preset.mlp)
+
+
+def train_config(preset: Preset, seq_len: int, learning_rate: float):
+  steps = preset.steps_for(seq_len)
+  return TrainConfig(seed=preset.seed,
+                     batch_size=preset.batch_size_for(seq_len),
+                     seq_len=seq_len, steps=steps,
+                     learning_rate=learning_rate,
+                     warmup_steps=int(preset.warmup_fraction * steps),
+                     min_lr_ratio=preset.min_lr_ratio,
+                     weight_decay=preset.weight_decay)
+
+
+def state_size(config: LMConfig, seq_len: int) -> int:
+  """Floats of one layer's state (the first layer's mixer) at ``seq_len``."""
+  model = nnx.eval_shape(lambda: LM(config, rngs=nnx.Rngs(0)))
+  return model.blocks[0].mixer.state_size(seq_len)
+
+
+def mqar_data(preset: Preset, seq_len: int, pairs: int) -> mqar.MQARData:
+  return mqar.train_test_split(
+      preset.num_train, preset.num_test, seed=preset.seed,
+      vocab_size=preset.vocab_size, seq_len=seq_len, num_kv_pairs=pairs,
+      power_a=preset.power_a, random_non_queries=preset.random_non_queries)
+
+
+def to_batch(inputs, targets) -> dict:
+  """A ``Trainer`` batch: loss only at the queries (weight 0 where the
+  target is ``IGNORE_INDEX``)."""
+  queries = targets != mqar.IGNORE_INDEX
+  return {"inputs": inputs, "targets": np.where(queries, targets, 0),
+          "weights": queries.astype(np.float32),
+          "segment_ids": np.ones_like(inputs)}
+
+
+def query_accuracy_fn(trainer: Trainer):
+  """A jitted ``(state, inputs, targets) -> (correct, queries)``: greedy
+  predictions compared with the targets at the query positions."""
+
+  def counts(params, rest, inputs, targets):
+    with shd.use_rules(trainer.rules):
+      model = nnx.merge(trainer.graphdef, params, rest)
+      predictions = jnp.argmax(model(inputs), axis=-1)          # [B, T]
+    queries = targets != mqar.IGNORE_INDEX
+    return (jnp.sum((predictions == targets) & queries),
+            jnp.sum(queries))
+
+  jitted = jax.jit(counts)
+
+  def accuracy_counts(state, inputs, targets):
+    with jax.set_mesh(trainer.mesh):
+      return jitted(state.params, state.rest, inputs, targets)
+
+  return accuracy_counts
+
+
+def test_accuracy(accuracy_counts, state, data: mqar.MQARData,
+                  batch_size: int) -> float:
+  """Accuracy over the test set, in batches of ``batch_size`` rows."""
+  correct = total = 0
+  for start in range(0, len(data.test_inputs), batch_size):
+    c, n = accuracy_counts(state, data.test_inputs[start:start + batch_size],
+                           data.test_targets[start:start + batch_size])
+    correct, total = correct + int(c), total + int(n)
+  return correct / max(total, 1)
+
+
+def train_one(trainer: Trainer, accuracy_counts, data: mqar.MQARData,
+              preset: Preset) -> dict:
+  """Trains a fresh state on ``data`` until the steps run out or the test
+  accuracy reaches ``preset.early_stop``; returns the run's record."""
+  config = trainer.config
+  rows = len(data.train_inputs)
+  per_epoch = rows // config.batch_size
+  rng = np.random.default_rng(preset.seed)
+  state = trainer.init()
+  accuracy, step, history = 0.0, 0, []
+  while step < config.steps:
+    if step % per_epoch == 0:
+      order = rng.permutation(rows)
+    pick = order[(step % per_epoch) * config.batch_size:
+                 (step % per_epoch + 1) * config.batch_size]
+    state, metrics = trainer.step(
+        state, to_batch(data.train_inputs[pick], data.train_targets[pick]))
+    step += 1
+    if step % preset.eval_every == 0 or step == config.steps:
+      accuracy = test_accuracy(accuracy_counts, state, data,
+                               config.batch_size)
+      history.append((step, round(float(metrics["loss"]), 4),
+                      round(accuracy, 4)))
+      if accuracy >= preset.early_stop:
+        break
+  return {"accuracy": accuracy, "steps": step, "history": history}
+
+
+def cpu_seconds() -> float:
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  return usage.ru_utime + usage.ru_stime
+
+
+def run_job(preset: Preset, job: Job) -> list[dict]:
+  """Every setting of ``job``: one ``Trainer`` (one compiled step) for all."""
+  wall, cpu = time.perf_counter(), cpu_seconds()
+  mesh = shd.make_mesh("fsdp=1", jax.devices()[:1])
+  config = model_config(preset, job.mixer, job.d_model)
+  trainer = Trainer(config, train_config(preset, job.seq_len,
+                                         job.learning_rate),
+                    mesh=mesh, rules="dp")
+  accuracy_counts = query_accuracy_fn(trainer)
+  size = state_size(config, job.seq_len)
+  records = []
+  for pairs in job.pairs:
+    # The first run's times include building the trainer and compiling.
+    result = train_one(trainer, accuracy_counts,
+                       mqar_data(preset, job.seq_len, pairs), preset)
+    records.append({
+        "mixer": job.mixer, "d_model": job.d_model,
+        "n_heads": config.n_heads, "seq_len": job.seq_len,
+        "num_kv_pairs": pairs, "learning_rate": job.learning_rate,
+        "state_size": size, **result,
+        "wall_s": round(time.perf_counter() - wall, 2),
+        "cpu_s": round(cpu_seconds() - cpu, 2)})
+    wall, cpu = time.perf_counter(), cpu_seconds()
+  return records
+
+
+def jobs_of(preset: Preset) -> list[Job]:
+  by_length: dict[int, list[int]] = {}
+  for seq_len, pairs in preset.settings:
+    by_length.setdefault(seq_len, []).append(pairs)
+  return [Job(m, d, lr, t, tuple(p)) for m in preset.mixers
+          for d in preset.d_models for lr in preset.learning_rates
+          for t, p in by_length.items()]
+
+
+def run_key(record: dict) -> tuple:
+  return (record["mixer"], record["d_model"], record["seq_len"],
+          record["num_kv_pairs"], float(record["learning_rate"]))
+
+
+def read_results(path: str) -> list[dict]:
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _run_job_star(args):
+  return run_job(*args)
+
+
+def run_grid(preset: Preset, results_path: str, workers: int = 1,
+             log=print) -> list[dict]:
+  """Runs every job of ``preset`` whose runs are not all in
+  ``results_path`` yet, appending a line per run; returns all records."""
+  done = {run_key(r) for r in read_results(results_path)}
+  todo = [job for job in jobs_of(preset)
+          if any((job.mixer, job.d_model, job.seq_len, p,
+                  float(job.learning_rate)) not in done for p in job.pairs)]
+  log(f"{len(todo)} jobs to run ({len(done)} runs already in "
+      f"{results_path})")
+
+  def save(records):
+    with open(results_path, "a") as f:
+      for record in records:
+        if run_key(record) not in done:
+          f.write(json.dumps(record) + "\n")
+          log(f"{record['mixer']:>20s} d={record['d_model']:<4d} "
+              f"T={record['seq_len']:<4d} P={record['num_kv_pairs']:<3d} "
+              f"lr={record['learning_rate']:.1e} acc={record['accuracy']:.3f}"
+              f" steps={record['steps']} ({record['wall_s']:.0f} s)")
+
+  if workers <= 1:
+    for job in todo:
+      save(run_job(preset, job))
+  else:
+    context = multiprocessing.get_context("spawn")
+    counter = context.Value("i", 0)
+    with context.Pool(workers, initializer=_pin_next_core,
+                      initargs=(counter,)) as pool:
+      for records in pool.imap_unordered(
+          _run_job_star, [(preset, job) for job in todo]):
+        save(records)
+  return read_results(results_path)
+
+
+def _pin_next_core(counter) -> None:
+  """Pins each worker process to its own core, in turn (on Linux)."""
+  with counter.get_lock():
+    index = counter.value
+    counter.value += 1
+  if hasattr(os, "sched_setaffinity"):
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[index % len(cores)]})
+
+
+def best_over_learning_rates(records: Sequence[dict]) -> dict:
+  """``{(mixer, d_model, seq_len, pairs): best record}``."""
+  best: dict[tuple, dict] = {}
+  for r in records:
+    key = (r["mixer"], r["d_model"], r["seq_len"], r["num_kv_pairs"])
+    if key not in best or r["accuracy"] > best[key]["accuracy"]:
+      best[key] = r
+  return best
+
+
+def table(preset: Preset, records: Sequence[dict]) -> str:
+  """Markdown: a row per (mixer, d_model), the best accuracy per setting."""
+  best = best_over_learning_rates(records)
+  settings = [s for s in preset.settings
+              if any(k[2:] == s for k in best)]
+  head = ("| mixer | d_model | heads | state size (floats/layer) | "
+          + " | ".join(f"T={t}, P={p}" for t, p in settings) + " |")
+  lines = [head, "|" + "---|" * (4 + len(settings))]
+  for mixer in preset.mixers:
+    for d in preset.d_models:
+      cells = [best.get((mixer, d) + s) for s in settings]
+      if not any(cells):
+        continue
+      sizes = sorted({c["state_size"] for c in cells if c})
+      heads = next(c["n_heads"] for c in cells if c)
+      lines.append(f"| {mixer} | {d} | {heads} | "
+                   + ", ".join(f"{s:,}" for s in sizes) + " | "
+                   + " | ".join("" if c is None else f"{c['accuracy']:.3f}"
+                                for c in cells) + " |")
+  return "\n".join(lines)
+
+
+def plot(preset: Preset, records: Sequence[dict], path: str) -> bool:
+  """Accuracy against state size, a panel per setting; False without
+  matplotlib."""
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    return False
+  best = best_over_learning_rates(records)
+  settings = [s for s in preset.settings if any(k[2:] == s for k in best)]
+  if not settings:
+    return False
+  fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 4),
+                           sharey=True, squeeze=False)
+  colors = plt.get_cmap("tab20")
+  for i, (t, p) in enumerate(settings):
+    ax = axes[0, i]
+    for j, mixer in enumerate(preset.mixers):
+      points = sorted((r["state_size"], r["accuracy"])
+                      for k, r in best.items() if k[0] == mixer
+                      and k[2:] == (t, p))
+      if points:
+        x, y = zip(*points)
+        ax.plot(x, y, "o-", color=colors(j % 20), label=mixer, ms=4)
+    ax.set_xscale("log")
+    ax.set_title(f"seq_len {t}, {p} pairs")
+    ax.set_xlabel("state size (floats per layer)")
+    ax.grid(alpha=0.3)
+  axes[0, 0].set_ylabel("MQAR accuracy (best over learning rates)")
+  axes[0, 0].set_ylim(-0.02, 1.02)
+  axes[0, -1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
+
+def preset_from_flags() -> Preset:
+  preset = PRESETS[FLAGS.preset]
+  changes = {}
+  if FLAGS.mixers:
+    changes["mixers"] = tuple(FLAGS.mixers)
+  if FLAGS.d_models:
+    changes["d_models"] = tuple(int(d) for d in FLAGS.d_models)
+  if FLAGS.learning_rates:
+    changes["learning_rates"] = tuple(float(x) for x in FLAGS.learning_rates)
+  return dataclasses.replace(preset, **changes)
+
+
+def header(preset_name: str, preset: Preset, records: Sequence[dict],
+           command: str) -> str:
+  """The report's title, command, settings and cost (CPU seconds summed over
+  the runs, compiling included, whichever calls ran them)."""
+  cpu = sum(r["cpu_s"] for r in records)
+  lengths = sorted({t for t, _ in preset.settings})
+  batches = ", ".join(f"{preset.batch_size_for(t)} rows x {t} tokens for "
+                      f"at most {preset.steps_for(t)} steps" for t in lengths)
+  return "\n".join([
+      f"# MQAR: recall against state size (preset `{preset_name}`)", "",
+      "Command:", "", f"    {command}", "",
+      f"Vocabulary {preset.vocab_size}; {preset.n_layers} layers, MLP "
+      f"{preset.mlp!r}; learning rates {list(preset.learning_rates)}; "
+      f"{batches} (cosine decay, warmup {preset.warmup_fraction:.0%}, weight decay "
+      f"{preset.weight_decay}), test accuracy every {preset.eval_every} "
+      f"steps, stop at {preset.early_stop}. Best test accuracy over the "
+      f"learning rates on {preset.num_test} examples; state size is "
+      "`Mixer.state_size` (floats per layer; attention's KV cache at the "
+      "sequence length).", "",
+      f"{len(records)} runs, {cpu:,.0f} CPU seconds in all (sum over runs, "
+      "compiling included).", ""])
+
+
+def main(argv):
+  del argv
+  preset = preset_from_flags()
+  stem = os.path.join(FLAGS.out_dir, FLAGS.name or f"mqar_{FLAGS.preset}")
+  os.makedirs(FLAGS.out_dir, exist_ok=True)
+  results_path = stem + ".jsonl"
+  wall, cpu = time.perf_counter(), cpu_seconds()
+  if FLAGS.report_only:
+    records = read_results(results_path)
+  else:
+    records = run_grid(preset, results_path, FLAGS.workers)
+  children = resource.getrusage(resource.RUSAGE_CHILDREN)
+  cpu_total = cpu_seconds() - cpu + children.ru_utime + children.ru_stime
+  wanted = {(m, d, t, p, float(lr)) for m in preset.mixers
+            for d in preset.d_models for t, p in preset.settings
+            for lr in preset.learning_rates}
+  records = [r for r in records if run_key(r) in wanted]
+  command = " ".join(["python experiments/mqar.py"] + sys.argv[1:])
+  with open(stem + ".md", "w") as f:
+    f.write(header(FLAGS.preset, preset, records, command) + "\n"
+            + table(preset, records) + "\n")
+  plotted = plot(preset, records, stem + ".png")
+  print(table(preset, records))
+  print(f"{len(records)} runs; this call: {time.perf_counter() - wall:.0f} s "
+        f"wall, {cpu_total:.0f} s CPU; plot: "
+        f"{stem + '.png' if plotted else 'none (no matplotlib)'}")
+
+
+if __name__ == "__main__":
+  app.run(main)
