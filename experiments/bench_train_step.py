@@ -163,7 +163,7 @@ def main(argv):
           f"step (CPU seconds of the process in brackets).", "", *lines]
   print("\n".join(text))
   if FLAGS.out:
-    write_section(FLAGS.out, "train_step", text)
+    write_section(FLAGS.out, "train_step_" + "_".join(FLAGS.shapes), text)
 
 
 if __name__ == "__main__":
