@@ -60,8 +60,12 @@ def test_closed_forms():
   assert build("mamba2", d_state=8).state_size(T) == 8 * 2 * D
   # Linear attention carries a normalizer column: H x K x (V + 1).
   assert build("linear_attn").state_size(T) == H * (D // H) * (D // H + 1)
-  # H3: S4D on every entry of each head's d_h x d_h outer product.
-  assert build("h3", d_state=4).state_size(T) == D * (D // H) * 4
+  # H3: S4D on every entry of each head's d_h x d_h outer product,
+  # D x d_h x d_state.
+  assert build("h3", d_state=4).state_size(T) == D * 1 * 4
+  assert build("h3", d_state=4, head_dim=2).state_size(T) == D * 2 * 4
+  # RWKV-6: H x K x V, K = V = D / H.
+  assert build("rwkv6").state_size(T) == H * (D // H) ** 2
   # Based: Taylor features 1 + F + F^2 with the normalizer, plus the window.
   based = build("based", feature_dim=4)
   assert based.state_size(T) == H * 21 * (D // H + 1) + 2 * 16 * D

@@ -189,13 +189,13 @@ class RWKV6(Mixer):
                                 self.head_v)}
 
   def recurrent_state_floats(self, seq_len):
-    """``H x (D / H) x (D / H)``."""
+    """``H x K x V`` (``K = key_dim / H``, ``V = value_dim / H``)."""
     del seq_len
-    return self.n_heads * self.head_dim * self.head_dim
+    return self.n_heads * self.head_k * self.head_v
 
   def conv_state_floats(self):
     """The token shift's previous token, ``D``."""
-    return self.n_heads * self.head_dim
+    return self.d_model
 
   def log_decay(self, xw):
     """``-exp(w_0 + tanh(x_w A_w) B_w)``: ``[B, T, H * K]`` float32, < 0."""
