@@ -66,6 +66,9 @@ def test_closed_forms():
   assert build("h3", d_state=4).state_size(T) == D * 4
   assert build("h3", d_state=4, head_dim=None).state_size(T) == \
       D * (D // H) * 4
+  assert build("h3", d_state=4, head_dim=2).state_size(T) == D * 2 * 4
+  # RWKV-6: H x K x V, K = V = D / H.
+  assert build("rwkv6").state_size(T) == H * (D // H) ** 2
   # Based: Taylor features 1 + F + F^2 with the normalizer, plus the window.
   based = build("based", feature_dim=4)
   assert based.state_size(T) == H * 21 * (D // H + 1) + 2 * 16 * D
