@@ -78,7 +78,10 @@ def mamba_config(hf: dict) -> LMConfig:
                   norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)))
 
 
-def mamba_entries(hf: dict, config: LMConfig) -> list[Entry]:
+def _mamba_backbone(hf: dict, config: LMConfig, layer_rest) -> list[Entry]:
+  """Entries of transformers' Mamba and Mamba-2 backbones: embedding, final
+  norm and per layer its norm, ``in_proj`` and convolution, then
+  ``layer_rest(p, m)`` (the mixer's own tensors) and ``out_proj``."""
   bias = bool(hf.get("use_bias", False))
   out = [copy("backbone.embeddings.weight", ("embed", "embedding"))]
   out += _norm("backbone.norm_f", ("final_norm",))
@@ -90,13 +93,20 @@ def mamba_entries(hf: dict, config: LMConfig) -> list[Entry]:
     out += [conv(f"{p}.mixer.conv1d.weight", m + ("conv", "weight"))]
     if hf.get("use_conv_bias", True):
       out += [copy(f"{p}.mixer.conv1d.bias", m + ("conv", "bias"))]
-    out += linear(f"{p}.mixer.x_proj", m + ("x_proj",))
-    out += linear(f"{p}.mixer.dt_proj", m + ("dt_proj",))
-    out += [copy(f"{p}.mixer.dt_proj.bias", m + ("dt_bias",)),
-            copy(f"{p}.mixer.A_log", m + ("A_log",)),
-            copy(f"{p}.mixer.D", m + ("D",))]
+    out += layer_rest(p, m)
     out += linear(f"{p}.mixer.out_proj", m + ("out_proj",), bias)
   return out + _head(hf, config)
+
+
+def mamba_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  def layer_rest(p, m):
+    return (linear(f"{p}.mixer.x_proj", m + ("x_proj",))
+            + linear(f"{p}.mixer.dt_proj", m + ("dt_proj",))
+            + [copy(f"{p}.mixer.dt_proj.bias", m + ("dt_bias",)),
+               copy(f"{p}.mixer.A_log", m + ("A_log",)),
+               copy(f"{p}.mixer.D", m + ("D",))])
+
+  return _mamba_backbone(hf, config, layer_rest)
 
 
 # --- transformers: Mamba-2 ------------------------------------------------
@@ -124,23 +134,13 @@ def mamba2_config(hf: dict) -> LMConfig:
 
 
 def mamba2_entries(hf: dict, config: LMConfig) -> list[Entry]:
-  bias = bool(hf.get("use_bias", False))
-  out = [copy("backbone.embeddings.weight", ("embed", "embedding"))]
-  out += _norm("backbone.norm_f", ("final_norm",))
-  for i in range(config.n_layers):
-    p = f"backbone.layers.{i}"
-    m = _block(i, "mixer")
-    out += _norm(f"{p}.norm", _block(i, "mixer_norm"))
-    out += linear(f"{p}.mixer.in_proj", m + ("in_proj",), bias)
-    out += [conv(f"{p}.mixer.conv1d.weight", m + ("conv", "weight"))]
-    if hf.get("use_conv_bias", True):
-      out += [copy(f"{p}.mixer.conv1d.bias", m + ("conv", "bias"))]
-    out += [copy(f"{p}.mixer.dt_bias", m + ("dt_bias",)),
+  def layer_rest(p, m):
+    return [copy(f"{p}.mixer.dt_bias", m + ("dt_bias",)),
             copy(f"{p}.mixer.A_log", m + ("A_log",)),
             copy(f"{p}.mixer.D", m + ("D",)),
             copy(f"{p}.mixer.norm.weight", m + ("norm", "scale"))]
-    out += linear(f"{p}.mixer.out_proj", m + ("out_proj",), bias)
-  return out + _head(hf, config)
+
+  return _mamba_backbone(hf, config, layer_rest)
 
 
 # --- transformers: RecurrentGemma -----------------------------------------
