@@ -32,6 +32,7 @@ from flax import nnx  # noqa: E402
 from experiments.bench_utils import write_section  # noqa: E402
 from lin_attn_jax.layers import MIXERS  # noqa: E402
 from lin_attn_jax.models import LM, LMConfig  # noqa: E402
+from lin_attn_jax.train.loss import cross_entropy_sums  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("mixers", [], "Mixers to time (default: every causal one).")
@@ -44,7 +45,14 @@ flags.DEFINE_integer("rounds", 5, "Timed steps per mixer (interleaved).")
 flags.DEFINE_float("learning_rate", 1e-3, "AdamW learning rate.")
 flags.DEFINE_string("out", "", "Markdown file to write the table into.")
 flags.DEFINE_enum("xla_options", "default", ["default", "ynn"], "XLA options.")
-COMPILER_OPTIONS = {"default": None, "ynn": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_ELTWISE,LIBRARY_FUSION_TYPE_REDUCE"}}
+# "ynn" hands reductions to YNNPACK again (lin_attn_jax turns that off on the
+# jaxlib versions where it crashes; see lin_attn_jax/xla_workarounds.py).
+COMPILER_OPTIONS = {
+    "default": None,
+    "ynn": {"xla_cpu_experimental_ynn_fusion_type":
+            "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_ELTWISE,"
+            "LIBRARY_FUSION_TYPE_REDUCE"},
+}
 
 # Mixers with a growing KV cache; every other one keeps a fixed-size state.
 SOFTMAX_FAMILY = ("softmax_attn", "sliding_window_attn", "sparse_attn",
@@ -53,8 +61,9 @@ SOFTMAX_FAMILY = ("softmax_attn", "sliding_window_attn", "sparse_attn",
 
 def cross_entropy(logits, targets):
   """Mean next-token cross-entropy; ``logits: [B, T, V]``, ``targets: [B, T]``."""
-  log_p = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  return -jnp.mean(jnp.take_along_axis(log_p, targets[..., None], axis=-1))
+  loss_sum, count, _ = cross_entropy_sums(logits, targets,
+                                          jnp.ones(targets.shape))
+  return loss_sum / count
 
 
 def make_train_step(graphdef, optimizer, compiler_options=None):
