@@ -43,7 +43,7 @@ import contextlib
 import dataclasses
 import math
 import threading
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -131,11 +131,6 @@ def make_mesh(spec: str | Mapping[str, int] | None = None,
   return jax.make_mesh(shape, MESH_AXES,
                        axis_types=(jax.sharding.AxisType.Auto,) * 4,
                        devices=devices)
-
-
-def single_device_mesh(device=None) -> Mesh:
-  """A mesh of one device with all four axes of size 1."""
-  return make_mesh({}, [device or jax.devices()[0]])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,10 +224,6 @@ def use_rules(rules: str | Rules):
     yield _current.rules
   finally:
     _current.rules = previous
-
-
-def current_rules() -> Rules | None:
-  return _current.rules
 
 
 def _mesh_shape(mesh) -> dict[str, int]:
@@ -330,9 +321,3 @@ def describe(mesh: Mesh) -> str:
   """``"data=1,fsdp=8,tensor=1,sequence=1"``."""
   return _show(_mesh_shape(mesh))
 
-
-def mesh_axes_used(spec: PartitionSpec) -> Iterable[str]:
-  for entry in spec:
-    if entry is None:
-      continue
-    yield from ((entry,) if isinstance(entry, str) else entry)
