@@ -21,14 +21,11 @@ class BlockSizes:
   backend: str                  # "tpu" (Mosaic) or "gpu" (Triton)
   block_v: int | None = None    # value columns of the state per program, in
                                 # the forward and the backward sweep (None:
-                                # all); the backward's sums over value
-                                # columns add the programs' parts in XLA
+                                # all)
   block_k: int | None = None    # key columns per product inside a program
                                 # (None: all): the state is held as blocks
                                 # [block_v, block_k], so no [C, K] term is
                                 # loaded whole
-  block_c: int | None = None    # chunk rows per product inside a program
-                                # (None: all)
   num_warps: int | None = None  # GPU only: warps per program
   num_stages: int | None = None  # GPU only: software pipelining stages
 
@@ -36,8 +33,6 @@ class BlockSizes:
     common.check_backend(self.backend)
     common.check_width("block_v", self.block_v, self.backend)
     common.check_width("block_k", self.block_k, self.backend)
-    if self.block_c is not None:
-      common.check_rows("block_c", self.block_c, self.backend)
     common.check_gpu_settings(self.backend, self.num_warps, self.num_stages)
 
   @classmethod
