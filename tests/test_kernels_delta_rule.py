@@ -230,7 +230,7 @@ def test_exports_kernels(platform, op, dtype):
 
   check_exports(forward, [inputs[name] for name in names], platform,
                 ["delta_rule_forward"],
-                ["delta_rule_forward", "delta_rule_backward"])
+                ["delta_rule_states", "delta_rule_backward"])
 
 
 @pytest.mark.parametrize("op", sorted(OPS))

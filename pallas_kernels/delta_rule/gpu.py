@@ -3,12 +3,28 @@
 Triton programs run independently and have no scratch memory, so each
 program owns one (batch, head, block of value columns) for the whole
 sequence: grid ``(B, H, V blocks)``, a ``fori_loop`` over the chunks (from
-the last one in the backward sweep) with the ``[block_v, K]`` float32
-carried state in registers as the loop carry, a tuple of ``[block_v,
-block_k]`` blocks of key columns, reading chunk ``n`` of each input as
-``ref[n]`` (inputs with key columns one block at a time). Tiles have
-power-of-two sizes (chunk rows, ``K`` and ``V`` padded to a power of two
->= 16, as ``tl.dot`` needs).
+the last one in the backward sweep), reading chunk ``n`` of each input as
+``ref[n]``.
+
+The carried state does not live in registers: it lives in the kernel's
+``states`` output, which holds the state entering every chunk anyway. With
+``N + 1`` slots (the last, or in the backward sweep the first, is the final
+state), a chunk reads its entering state from one slot and writes the next
+one, one ``[block_k, block_v]`` block of key rows at a time in a
+``fori_loop`` over key blocks, untransposed (``chunk_step.step`` with the
+products transposed):
+
+    y    = a + sum_kb M1_kb S_kb                        [C, block_v]
+    S'_kb = d_kb * S_kb + M2_kb^T y (+ E_b,kb^T E_a)    [block_k, block_v]
+
+so a program's registers hold ``y`` and one block of each operand, however
+wide ``K`` is (a register-resident ``[K, block_v]`` float32 state made
+ptxas spill on sm_80 at K = 128 already). A barrier after each chunk's
+writes makes them visible to the whole program before the next chunk reads
+them (threads read blocks other threads wrote). Key inputs are laid out key
+block major (``[N, K blocks, C, block_k]``), so a block is ``ref[n, kb]``.
+Tiles have power-of-two sizes (chunk rows, ``K`` and ``V`` padded to a
+power of two >= 16, as ``tl.dot`` needs).
 """
 
 from __future__ import annotations
@@ -19,8 +35,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.common import compiler
+from pallas_kernels.common.dots import NN, TN
 from pallas_kernels.delta_rule import chunk_step
 from pallas_kernels.delta_rule.block_sizes import BlockSizes
 from pallas_kernels.delta_rule.layout import Layout
@@ -32,64 +50,69 @@ def _in_specs(names, arrays, lay: Layout):
   """Whole-sequence blocks; the grid is ``(b, h, vb)``."""
   out = []
   for name in names:
-    rows, width = arrays[name].shape[-2:]
-    n = lay.chunks
+    shape = arrays[name].shape
     if name in chunk_step.KEY_INPUTS:
-      spec = pl.BlockSpec((None, None, n, rows, width),
-                          lambda b, h, vb: (b, h, 0, 0, 0))
+      spec = pl.BlockSpec((None, None) + shape[2:],
+                          lambda b, h, vb: (b, h, 0, 0, 0, 0))
     elif name in chunk_step.VALUE_INPUTS:
-      spec = pl.BlockSpec((None, None, n, rows, lay.block_v),
+      spec = pl.BlockSpec((None, None, lay.chunks, shape[-2], lay.block_v),
                           lambda b, h, vb: (b, h, 0, 0, vb))
     elif name == "initial_state":
-      spec = pl.BlockSpec((None, None, lay.block_v, lay.k_pad),
-                          lambda b, h, vb: (b, h, vb, 0))
+      spec = pl.BlockSpec((None, None, lay.k_blocks, lay.block_k,
+                           lay.block_v),
+                          lambda b, h, vb: (b, h, 0, 0, vb))
     else:
       raise ValueError(f"unknown kernel input {name!r}")
     out.append(spec)
   return out
 
 
-def _key_block(lay: Layout, kb):
-  return pl.ds(kb * lay.block_k, lay.block_k)
-
-
-def _read_blocks(ref, lay: Layout, *index):
-  """``ref[*index]``, a ``[V, K]`` state, as ``[V, block_k]`` blocks."""
-  return tuple(ref[(*index, slice(None), _key_block(lay, kb))]
-               for kb in range(lay.k_blocks))
-
-
-def _write_blocks(ref, blocks, lay: Layout, *index):
-  for kb, block in enumerate(blocks):
-    ref[(*index, slice(None), _key_block(lay, kb))] = block
-
-
-def _loader(r, lay: Layout, n):
-  def load(name, kb):
-    if kb is None:
-      return r[name][n]
-    return r[name][n, :, _key_block(lay, kb)]
-  return load
-
-
-def _kernel(*refs, names, spec, lay, reverse):
+def _kernel(*refs, names, spec, lay, reverse, barrier):
   r = dict(zip(names, refs))
+  x = r["states"]                              # [N + 1, K blocks, bk, V]
+  dot = functools.partial(chunk_step.dot, spec=spec)
+  sync = pltriton.debug_barrier if barrier else (lambda: None)
+  first = lay.chunks if reverse else 0         # slot of the entering state
 
-  def body(i, state):
+  def init(kb, carry):
+    if "initial_state" in r:
+      x[first, kb] = r["initial_state"][kb]
+    else:
+      x[first, kb] = jnp.zeros((lay.block_k, lay.block_v), _F32)
+    return carry
+
+  def chunk(i, carry):
     n = lay.chunks - 1 - i if reverse else i
-    _write_blocks(r["states"], state, lay, n)
-    y, state = chunk_step.step(_loader(r, lay, n), state, spec)
-    r["y"][n] = y                                               # [C, V]
-    return state
+    src, dst = (n + 1, n) if reverse else (n, n + 1)
 
-  if "initial_state" in r:
-    state = _read_blocks(r["initial_state"], lay)
-  else:
-    state = tuple(jnp.zeros((lay.block_v, lay.block_k), _F32)
-                  for _ in range(lay.k_blocks))
-  state = lax.fori_loop(0, lay.chunks, body, state)
-  if "final_state" in r:
-    _write_blocks(r["final_state"], state, lay)
+    def product(kb, y):
+      return y + dot(r["m1"][n, kb], x[src, kb], NN)            # [C, V]
+
+    y = lax.fori_loop(0, lay.k_blocks, product, r["a"][n].astype(_F32))
+    r["y"][n] = y
+
+    def update(kb, carry):
+      s = x[src, kb] * r["decay"][n, kb] + dot(r["m2"][n, kb], y, TN)
+      if spec.extra:
+        s = s + dot(r["e_b"][n, kb], r["e_a"][n], TN)
+      x[dst, kb] = s                                            # [bk, V]
+      return carry
+
+    lax.fori_loop(0, lay.k_blocks, update, 0)
+    sync()
+    return carry
+
+  lax.fori_loop(0, lay.k_blocks, init, 0)
+  sync()
+  lax.fori_loop(0, lay.chunks, chunk, 0)
+
+
+def _key_major(x, lay: Layout):
+  """``[B, H, N, R, K_pad] -> [B, H, N, K blocks, R, block_k]``: every key
+  block of every input is then addressed with the same offsets."""
+  b, h, n, rows, _ = x.shape
+  x = x.reshape(b, h, n, rows, lay.k_blocks, lay.block_k)
+  return jnp.transpose(x, (0, 1, 2, 4, 3, 5))
 
 
 def sweep(arrays, spec, lay: Layout, blocks: BlockSizes, *, reverse: bool,
@@ -97,26 +120,30 @@ def sweep(arrays, spec, lay: Layout, blocks: BlockSizes, *, reverse: bool,
   """As ``tpu.sweep``: ``(y [B, H, N, C_pad, V_pad], x entering each chunk
   [B, H, N, V_pad, K_pad], final [B, H, V_pad, K_pad] or None)``,
   float32."""
-  names = list(arrays)
   b, h, n_chunks = lay.batch, lay.heads, lay.chunks
+  kb, bk = lay.k_blocks, lay.block_k
+  arrays = dict(arrays)
+  for key in chunk_step.KEY_INPUTS:
+    if key in arrays:
+      arrays[key] = _key_major(arrays[key], lay)
+  # The decay scales key rows of the state: [B, H, N, K blocks, bk, 1].
+  arrays["decay"] = jnp.swapaxes(arrays["decay"], -1, -2)
+  if "initial_state" in arrays:
+    arrays["initial_state"] = jnp.swapaxes(
+        arrays["initial_state"], -1, -2).reshape(b, h, kb, bk, lay.v_pad)
+  names = list(arrays)
   outputs = [
       ("y", jax.ShapeDtypeStruct((b, h, n_chunks, lay.c_pad, lay.v_pad),
                                  _F32),
        pl.BlockSpec((None, None, n_chunks, lay.c_pad, lay.block_v),
                     lambda b, h, vb: (b, h, 0, 0, vb))),
-      ("states", jax.ShapeDtypeStruct((b, h, n_chunks, lay.v_pad, lay.k_pad),
-                                      _F32),
-       pl.BlockSpec((None, None, n_chunks, lay.block_v, lay.k_pad),
-                    lambda b, h, vb: (b, h, 0, vb, 0)))]
-  if final_state:
-    outputs.append(
-        ("final_state", jax.ShapeDtypeStruct((b, h, lay.v_pad, lay.k_pad),
-                                             _F32),
-         pl.BlockSpec((None, None, lay.block_v, lay.k_pad),
-                      lambda b, h, vb: (b, h, vb, 0))))
+      ("states", jax.ShapeDtypeStruct(
+          (b, h, n_chunks + 1, kb, bk, lay.v_pad), _F32),
+       pl.BlockSpec((None, None, n_chunks + 1, kb, bk, lay.block_v),
+                    lambda b, h, vb: (b, h, 0, 0, 0, vb)))]
   kernel = functools.partial(
       _kernel, names=names + [o[0] for o in outputs], spec=spec, lay=lay,
-      reverse=reverse)
+      reverse=reverse, barrier=not interpret)
   outs = pl.pallas_call(
       kernel, out_shape=[shape for _, shape, _ in outputs],
       grid=(b, h, lay.v_blocks),
@@ -125,4 +152,8 @@ def sweep(arrays, spec, lay: Layout, blocks: BlockSizes, *, reverse: bool,
       compiler_params=compiler.gpu_params(blocks.num_warps, blocks.num_stages),
       cost_estimate=cost, interpret=interpret, name=name,
   )(*arrays.values())
-  return outs[0], outs[1], (outs[2] if final_state else None)
+  slots = jnp.swapaxes(outs[1].reshape(b, h, n_chunks + 1, lay.k_pad,
+                                       lay.v_pad), -1, -2)  # [B,H,N+1,V,K]
+  states, final = ((slots[:, :, 1:], slots[:, :, 0]) if reverse else
+                   (slots[:, :, :-1], slots[:, :, -1]))
+  return outs[0], states, (final if final_state else None)

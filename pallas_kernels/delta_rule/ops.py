@@ -118,10 +118,11 @@ def _mm(subscripts, a, b, bf16: bool):
 
 
 def _states_and_pseudo_values(cfg: _Config, backend: str, interpret: bool,
-                              terms: ChunkTerms, s0, *, final_state: bool):
+                              terms: ChunkTerms, s0, *, final_state: bool,
+                              name: str):
   """The forward sweep: ``(layout, U [B, N, H, C, V], the state entering
   each chunk X = S^T [B, H, N, V, K], final state [B, H, V_pad, K_pad] or
-  None)``, float32."""
+  None)``, float32; ``name``: the kernel's."""
   blocks, lay, spec = _prepare(cfg, backend, terms)
   dtype = jnp.bfloat16 if cfg.bf16_dots else _F32
   arrays = {"a": layout.values_to_kernel(terms.u, lay),
@@ -132,7 +133,7 @@ def _states_and_pseudo_values(cfg: _Config, backend: str, interpret: bool,
     arrays["initial_state"] = layout.state_to_kernel(s0, lay)
   u, states, final = _sweep_kernel(
       backend, blocks, arrays, spec, lay, interpret, reverse=False,
-      final_state=final_state, name="delta_rule_forward")
+      final_state=final_state, name=name)
   return (lay, layout.values_from_kernel(u, lay),
           layout.states_from_kernel(states, lay), final)
 
@@ -140,7 +141,7 @@ def _states_and_pseudo_values(cfg: _Config, backend: str, interpret: bool,
 def _forward(cfg: _Config, backend: str, interpret: bool, terms, s0):
   lay, u, states, final = _states_and_pseudo_values(
       cfg, backend, interpret, terms, s0,
-      final_state=cfg.output_final_state)
+      final_state=cfg.output_final_state, name="delta_rule_forward")
   bf16 = cfg.bf16_dots
   o = (_mm("bnhck,bhnvk->bnhcv", terms.q, states, bf16)
        + _mm("bnhij,bnhjv->bnhiv", terms.scores, u, bf16))    # [B,N,H,C,V]
@@ -151,7 +152,8 @@ def _forward(cfg: _Config, backend: str, interpret: bool, terms, s0):
 def _backward(cfg: _Config, backend: str, interpret: bool, terms, s0, do,
               d_final):
   _, u, states, _ = _states_and_pseudo_values(
-      cfg, backend, interpret, terms, s0, final_state=False)
+      cfg, backend, interpret, terms, s0, final_state=False,
+      name="delta_rule_states")
   blocks, lay, spec = _prepare(cfg, backend, terms, extra=True)
   bf16 = cfg.bf16_dots
   dtype = jnp.bfloat16 if bf16 else _F32
