@@ -207,6 +207,9 @@ def compile_kernel(kernel: Kernel, target: str, dump_dir: str):
   def call(*operands):
     return eqn.primitive.bind(*operands, **eqn.params)
 
+  # The dumps are named (and filtered) after the function.
+  call.__name__ = call.__qualname__ = kernel.name
+
   found = compile_targets.compile_kernels(call, args, target, dump_dir)
   if len(found) != 1:
     raise RuntimeError(f"expected the resources of {kernel.name} alone, got "
