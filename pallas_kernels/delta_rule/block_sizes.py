@@ -41,11 +41,10 @@ class BlockSizes:
 
     TPU: 128 value columns per program (one lane tile; a ``[128, K]``
     float32 state in VMEM), all key columns and rows at once. GPU: 16 value
-    columns per program and products over 32 key columns at a time, so that
-    the float32 state and its gradient (``[16, K]`` each) and the ``[C, 32]``
-    tiles fit in registers at 4 warps, and ``B * H * V / 16`` programs run
-    at once. (Smaller row blocks, ``block_c``, measured worse: ptxas keeps
-    more of the unrolled products' operands live.)
+    columns per program and products over 32 key columns at a time at 4
+    warps: a program's registers hold ``[C, 16]`` pseudo-values and one
+    ``[C, 32]`` / ``[32, 16]`` block of each operand (the state itself stays
+    in memory, ``gpu.py``), and ``B * H * V / 16`` programs run at once.
     """
     common.check_backend(backend)
     if backend == "tpu":

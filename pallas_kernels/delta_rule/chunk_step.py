@@ -1,8 +1,9 @@
 """The kernel body: one chunk of the delta rule's sweep, on loaded values.
 
-Shared by the Mosaic (TPU) and Triton (GPU) kernels, which differ only in
-how they walk the chunks (grid steps on TPU, one ``fori_loop`` per program
-on GPU) and where they keep the carried state.
+The Mosaic (TPU) kernel runs ``step``; the Triton (GPU) kernel
+(``gpu.py``) runs the same products transposed, on an untransposed state
+kept in memory one key block at a time, and shares ``dot`` and the input
+names.
 
 The sweep over chunks, with the WY (UT) terms prepared outside it
 (``ops.py``; the derivation is in ``lin_attn_jax/ops/delta_rule/README.md``)

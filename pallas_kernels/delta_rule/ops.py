@@ -14,10 +14,10 @@ body and of the gradient):
   pseudo-values ``U_n`` (and the final state); the outputs are then two
   batched matmuls over all chunks at once, in XLA (nothing sequential is
   left in them), as flash-linear-attention splits ``chunk_delta_h`` from
-  ``chunk_o``. The sweep kernel only carries the state, which is what keeps
-  a GPU program's registers bounded.
-- Backward (``jax.custom_vjp``): the forward sweep again (nothing but the
-  inputs is kept from the forward pass), the gradients the outputs send
+  ``chunk_o``. The sweep kernel only carries the state.
+- Backward (``jax.custom_vjp``): the forward sweep again (kernel
+  ``delta_rule_states``; nothing but the inputs is kept from the forward
+  pass), the gradients the outputs send
   (``P^T do``, and ``dQ``, ``dP``) as batched matmuls, then the same sweep
   kernel walked from the last chunk to the first for ``dU'`` and the
   gradient of the state leaving every chunk (and of the initial state);
