@@ -5,12 +5,18 @@ Every kernel of ``pallas_kernels`` (the gated-linear family: ``none``,
 sweep of DeltaNet, Gated DeltaNet and KDA) is compiled, forward and
 backward, in float32 and bfloat16, at the kernel tests' shapes and at the
 per-head shapes of the layers' papers, for TPU v4, v5e, v5p, v6e (libtpu)
-and GPU sm_80, sm_90 (jax-cuda12-plugin). One program per case holds the
+and GPU sm_80, sm_90 (jax-cuda12-plugin). Each case's program holds the
 forward kernel and the backward kernels (``jax.value_and_grad`` of a loss
 over the outputs and the final state, with an initial state and segment
-ids, so every optional input and output is compiled). A case fails on a
-compile error (VMEM or shared-memory overflow included) or, on GPU, on a
-register spill. ``compile_targets.py`` reads the resources.
+ids, so every optional input and output is there); it is traced once per
+toolchain and dtype, and each distinct ``pallas_call`` in it is compiled on
+its own (the XLA around the kernels is not what is checked), once per
+target: a kernel equal to one already compiled for the target (same body,
+grid, blocks, operands and settings: the delta-rule kernels do not depend
+on the gate kind, so DeltaNet's and KDA's at equal widths are one) is
+reported as such, not compiled again. A case
+fails on a compile error (VMEM or shared-memory overflow included) or, on
+GPU, on a register spill. ``compile_targets.py`` reads the resources.
 
 Run (each toolchain in its own environment; ``make compile-check`` builds
 them, runs both and writes the report):
