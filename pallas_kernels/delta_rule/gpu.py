@@ -68,6 +68,9 @@ def _in_specs(names, arrays, lay: Layout):
 
 
 def _kernel(*refs, names, spec, lay, reverse, barrier):
+  """One program: the chunks in sweep order, the state in the ``states``
+  slots; ``barrier`` (off in interpret mode, where programs run one after
+  another) orders each chunk's writes before the next chunk's reads."""
   r = dict(zip(names, refs))
   x = r["states"]                              # [N + 1, K blocks, bk, V]
   dot = functools.partial(chunk_step.dot, spec=spec)
@@ -108,8 +111,8 @@ def _kernel(*refs, names, spec, lay, reverse, barrier):
 
 
 def _key_major(x, lay: Layout):
-  """``[B, H, N, R, K_pad] -> [B, H, N, K blocks, R, block_k]``: every key
-  block of every input is then addressed with the same offsets."""
+  """``[B, H, N, R, K_pad] -> [B, H, N, K blocks, R, block_k]``, so the
+  loops over key blocks index a leading axis (``ref[n, kb]``)."""
   b, h, n, rows, _ = x.shape
   x = x.reshape(b, h, n, rows, lay.k_blocks, lay.block_k)
   return jnp.transpose(x, (0, 1, 2, 4, 3, 5))
