@@ -46,14 +46,21 @@ $(VENV_CUDA)/.installed: constraints.txt constraints-compile.txt
 	$(VENV_CUDA)/bin/python $(TOOLCHAIN_PIP) jax jax-cuda12-plugin jax-cuda12-pjrt nvidia-cuda-nvcc-cu12 absl-py pytest
 	touch $@
 
-compile-check: $(VENV_TPU)/.installed $(VENV_CUDA)/.installed
+# The two toolchains are installed, tested and run side by side (one CPU
+# core each); each run traces a case once for all of its targets and
+# compiles every distinct kernel once per target.
+compile-check:
+	$(MAKE) -j2 $(VENV_TPU)/.installed $(VENV_CUDA)/.installed
 	mkdir -p $(COMPILE_OUT)
-	$(VENV_TPU)/bin/python -m pytest -q -p no:cacheprovider tests/test_compile_check.py
-	$(VENV_CUDA)/bin/python -m pytest -q -p no:cacheprovider tests/test_compile_check.py
 	status=0; \
-	$(VENV_TPU)/bin/python experiments/compile_kernels.py --toolchain=tpu --out=$(COMPILE_OUT)/tpu.json > $(COMPILE_OUT)/tpu.log 2>&1 & tpu=$$!; \
-	$(VENV_CUDA)/bin/python experiments/compile_kernels.py --toolchain=cuda --out=$(COMPILE_OUT)/cuda.json > $(COMPILE_OUT)/cuda.log 2>&1 || status=1; \
+	( $(VENV_TPU)/bin/python -m pytest -q -p no:cacheprovider tests/test_compile_check.py \
+	  && $(VENV_TPU)/bin/python experiments/compile_kernels.py --toolchain=tpu --out=$(COMPILE_OUT)/tpu.json ) \
+	  > $(COMPILE_OUT)/tpu.log 2>&1 & tpu=$$!; \
+	( $(VENV_CUDA)/bin/python -m pytest -q -p no:cacheprovider tests/test_compile_check.py \
+	  && $(VENV_CUDA)/bin/python experiments/compile_kernels.py --toolchain=cuda --out=$(COMPILE_OUT)/cuda.json ) \
+	  > $(COMPILE_OUT)/cuda.log 2>&1 || status=1; \
 	wait $$tpu || status=1; \
+	tail -n 3 $(COMPILE_OUT)/tpu.log $(COMPILE_OUT)/cuda.log; \
 	$(VENV_TPU)/bin/python experiments/compile_kernels.py --report=$(COMPILE_OUT)/tpu.json,$(COMPILE_OUT)/cuda.json --out=benchmarks/RESULTS_compile.md || status=1; \
 	exit $$status
 

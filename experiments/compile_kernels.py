@@ -5,12 +5,18 @@ Every kernel of ``pallas_kernels`` (the gated-linear family: ``none``,
 sweep of DeltaNet, Gated DeltaNet and KDA) is compiled, forward and
 backward, in float32 and bfloat16, at the kernel tests' shapes and at the
 per-head shapes of the layers' papers, for TPU v4, v5e, v5p, v6e (libtpu)
-and GPU sm_80, sm_90 (jax-cuda12-plugin). One program per case holds the
+and GPU sm_80, sm_90 (jax-cuda12-plugin). Each case's program holds the
 forward kernel and the backward kernels (``jax.value_and_grad`` of a loss
 over the outputs and the final state, with an initial state and segment
-ids, so every optional input and output is compiled). A case fails on a
-compile error (VMEM or shared-memory overflow included) or, on GPU, on a
-register spill. ``compile_targets.py`` reads the resources.
+ids, so every optional input and output is there); it is traced once per
+toolchain and dtype, and each distinct ``pallas_call`` in it is compiled on
+its own (the XLA around the kernels is not what is checked), once per
+target: a kernel equal to one already compiled for the target (same body,
+grid, blocks, operands and settings: the delta-rule kernels do not depend
+on the gate kind, so DeltaNet's and KDA's at equal widths are one) is
+reported as such, not compiled again. A case
+fails on a compile error (VMEM or shared-memory overflow included) or, on
+GPU, on a register spill. ``compile_targets.py`` reads the resources.
 
 Run (each toolchain in its own environment; ``make compile-check`` builds
 them, runs both and writes the report):
@@ -155,39 +161,127 @@ def program(case: Case, dtype: str, backend: str, block_sizes=None):
   return jax.value_and_grad(loss, argnums=argnums), args
 
 
-def check(case: Case, dtype: str, target: str, dump_dir: str,
-          block_sizes=None) -> dict:
-  """Compiles one case; a dict with the kernels' resources, the compile
-  time and ``ok`` / ``error``."""
-  backend = "tpu" if target in compile_targets.TPU_TARGETS else "gpu"
+def _pallas_eqns(jaxpr):
+  """The ``pallas_call`` equations of ``jaxpr`` and of the jaxprs inside
+  its equations (calls, custom derivatives), in order."""
+  from jax.extend import core
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      yield eqn
+      continue
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        if isinstance(sub, core.ClosedJaxpr):
+          yield from _pallas_eqns(sub.jaxpr)
+        elif isinstance(sub, core.Jaxpr):
+          yield from _pallas_eqns(sub)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+  """One ``pallas_call`` of a case's program, ready to compile alone."""
+  name: str    # the pallas_call's name
+  key: str     # equal for equal kernels: body, grid, blocks, operands
+  eqn: object  # the jaxpr equation
+
+
+def kernels(case: Case, dtype: str, backend: str, block_sizes=None):
+  """The distinct Pallas kernels of ``case``'s forward and backward program
+  (``program``), traced once for all targets of ``backend``."""
+  import jax
   fn, args = program(case, dtype, backend, block_sizes)
+  found = {}
+  for eqn in _pallas_eqns(jax.make_jaxpr(fn)(*args).jaxpr):
+    params = eqn.params
+    key = repr((params["name"], str(params["jaxpr"]),
+                params["grid_mapping"], params["compiler_params"],
+                [v.aval for v in eqn.invars], params["out_avals"],
+                params["input_output_aliases"]))
+    found.setdefault(key, Kernel(params["name"], key, eqn))
+  return list(found.values())
+
+
+def compile_kernel(kernel: Kernel, target: str, dump_dir: str):
+  """Compiles the kernel alone (its ``pallas_call`` on abstract operands)
+  for ``target``: its ``KernelResources`` (raises what the compiler
+  raises)."""
+  import jax
+  eqn = kernel.eqn
+  args = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype)
+          for v in eqn.invars]
+
+  def call(*operands):
+    return eqn.primitive.bind(*operands, **eqn.params)
+
+  # The dumps are named (and filtered) after the function.
+  call.__name__ = call.__qualname__ = kernel.name
+
+  found = compile_targets.compile_kernels(call, args, target, dump_dir)
+  if len(found) != 1:
+    raise RuntimeError(f"expected the resources of {kernel.name} alone, got "
+                       f"{[k.kernel for k in found]}")
+  return dataclasses.replace(found[0], kernel=kernel.name)
+
+
+def _check_kernel(kernel: Kernel, target: str, dump_dir: str) -> dict:
+  backend = "tpu" if target in compile_targets.TPU_TARGETS else "gpu"
   start = time.perf_counter()
-  result = {"case": case.name, "dtype": dtype, "target": target}
   try:
-    kernels = compile_targets.compile_kernels(fn, args, target, dump_dir)
+    res = compile_kernel(kernel, target, dump_dir)
   except Exception as e:  # noqa: BLE001 -- any compiler error fails the case
     first = str(e).strip().splitlines()
-    result.update(ok=False, error=first[0][:300] if first else repr(e),
-                  kernels=[])
+    out = {"kernel": kernel.name, "ok": False,
+           "error": first[0][:300] if first else repr(e)}
   else:
-    spills = [k.kernel for k in kernels if backend == "gpu"
-              and (k.spill_bytes or k.spill_loads)]
-    result.update(ok=not spills, kernels=[dataclasses.asdict(k)
-                                          for k in kernels],
-                  error=f"register spills in {spills}" if spills else None)
-  result["seconds"] = round(time.perf_counter() - start, 1)
-  return result
+    spills = backend == "gpu" and bool(res.spill_bytes or res.spill_loads)
+    out = {**dataclasses.asdict(res), "ok": not spills,
+           "error": "register spills" if spills else None}
+  out["seconds"] = round(time.perf_counter() - start, 1)
+  return out
+
+
+def check(case: Case, dtype: str, target: str, dump_dir: str,
+          block_sizes=None, *, traced=None, compiled=None) -> dict:
+  """Compiles every distinct kernel of one case for ``target``; a dict with
+  the kernels' resources, compile times and ``ok`` / ``error``.
+  ``traced``: ``kernels(...)`` of the case if already traced; ``compiled``:
+  a dict ``key -> kernel result`` of this target shared between cases (a
+  kernel equal to one already compiled is not compiled again)."""
+  backend = "tpu" if target in compile_targets.TPU_TARGETS else "gpu"
+  if traced is None:
+    traced = kernels(case, dtype, backend, block_sizes)
+  compiled = {} if compiled is None else compiled
+  rows = []
+  for kernel in traced:
+    if kernel.key in compiled:
+      rows.append({**compiled[kernel.key], "seconds": 0.0,
+                   "same_as": compiled[kernel.key]["compiled_in"]})
+      continue
+    row = _check_kernel(kernel, target, dump_dir)
+    row["compiled_in"] = case.name
+    compiled[kernel.key] = row
+    rows.append(row)
+  failed = [r for r in rows if not r["ok"]]
+  return {"case": case.name, "dtype": dtype, "target": target,
+          "ok": not failed, "kernels": rows,
+          "error": "; ".join(f"{r['kernel']}: {r['error']}"
+                             for r in failed) or None,
+          "seconds": round(sum(r["seconds"] for r in rows), 1)}
 
 
 def run_checks(toolchain, targets, cases, dtypes, out):
   dump_dir = tempfile.mkdtemp(prefix="compile_kernels_")
   for key, value in compile_targets.environment(toolchain, dump_dir).items():
     os.environ[key] = value
+  backend = "tpu" if toolchain == "tpu" else "gpu"
   results = []
-  for target in targets:
-    for case in cases:
-      for dtype in dtypes:
-        result = check(case, dtype, target, dump_dir)
+  compiled = {target: {} for target in targets}
+  for case in cases:
+    for dtype in dtypes:
+      traced = kernels(case, dtype, backend)
+      for target in targets:
+        result = check(case, dtype, target, dump_dir, traced=traced,
+                       compiled=compiled[target])
         results.append(result)
         print(f"{target:6s} {case.name:22s} {dtype:9s} "
               f"{'ok  ' if result['ok'] else 'FAIL'} {result['seconds']:6.1f}s"
@@ -198,6 +292,12 @@ def run_checks(toolchain, targets, cases, dtypes, out):
           with open(out, "w") as f:
             json.dump(results, f, indent=1)
   return results
+
+
+def _when(kernel):
+  if "same_as" in kernel:
+    return f"= {kernel['same_as']}"
+  return f"{kernel['seconds']}"
 
 
 def _mib(n):
@@ -216,6 +316,9 @@ def report(paths, out):
       results += json.load(f)
   failed = [r for r in results if not r["ok"]]
   done = {(r["target"], r["case"], r["dtype"]) for r in results}
+  compiled = sum(1 for r in results for k in r["kernels"]
+                 if "same_as" not in k)
+  seconds = sum(k["seconds"] for r in results for k in r["kernels"])
   missing = [(t, c.name, d) for toolchain in compile_targets.TOOLCHAINS
              for t in compile_targets.TOOLCHAINS[toolchain] for c in CASES
              for d in ("float32", "bfloat16") if (t, c.name, d) not in done]
@@ -228,7 +331,9 @@ def report(paths, out):
       "figures, not measurements of speed. Regenerate with "
       "`make compile-check`.",
       "",
-      f"{len(results)} programs, {len(failed)} failed"
+      f"{len(results)} cases x dtypes x targets checked, {len(failed)} "
+      f"failed; {compiled} distinct kernels compiled in {seconds:.0f} s "
+      "(both toolchains' compile times summed)"
       + (f"; {len(missing)} of the full set not compiled in this run "
          f"(listed at the end)." if missing else "."),
       "",
@@ -236,8 +341,12 @@ def report(paths, out):
       "the vector registers spilled to VMEM (KiB), `MXU` the vmatmul "
       "instructions; GPU `regs` registers per thread, `spill` ptxas spill "
       "stores (KiB), `smem` shared memory per block (KiB), `mma` tensor-core "
-      "instructions in the PTX. Each program is the forward kernel and the "
-      "backward kernels of one case, dtype and target.",
+      "instructions in the PTX; `compile s` the seconds its compilation took, "
+      "or the case whose identical kernel (same body, blocks, grid and "
+      "operands) was compiled for the target. Each case's kernels are the "
+      "distinct Pallas kernels of its forward and backward program (the "
+      "gradient of a loss over the outputs and the final state, with an "
+      "initial state and segment ids), each compiled on its own.",
       "",
   ]
   if failed:
@@ -270,14 +379,17 @@ def report(paths, out):
                      f"FAILED: {r['error']} |")
       for k in r["kernels"]:
         head = f"| {r['target']} | {r['case']} | {r['dtype']} | {k['kernel']} "
+        if "matmuls" not in k:
+          lines.append(head + f"| FAILED: {k['error']} |")
+          continue
         if toolchain == "tpu":
           lines.append(head + f"| {_mib(k['vmem_bytes'])} | "
                        f"{_kb(k['spill_bytes'])} | {k['matmuls']} | "
-                       f"{r['seconds']} |")
+                       f"{_when(k)} |")
         else:
           lines.append(head + f"| {k['registers']} | "
                        f"{_kb(k['spill_bytes'])} | {_kb(k['shared_bytes'])} | "
-                       f"{k['threads']} | {k['matmuls']} | {r['seconds']} |")
+                       f"{k['threads']} | {k['matmuls']} | {_when(k)} |")
     lines.append("")
   if missing:
     lines += ["## Not compiled in this run", "",

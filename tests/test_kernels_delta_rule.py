@@ -79,11 +79,10 @@ CASES = [
     KernelCase(_case("kda", 45, strong=True, dim_v=130), "tpu",
                blocks=TPU_TWO_BLOCKS),
     KernelCase(_case("kda", 45, use_qk_l2norm=True), "gpu"),
-    # Key-column and row blocks inside a GPU program: K = 32 in two blocks,
-    # chunks of 32 rows in two.
+    # Key-column blocks inside a GPU program: K = 32 in two blocks.
     KernelCase(_case("kda", 40, dim_k=32, chunk_size=32, strong=True), "gpu",
-               blocks=BlockSizes("gpu", block_v=16, block_k=16, block_c=16,
-                                 num_warps=4, num_stages=1)),
+               blocks=BlockSizes("gpu", block_v=16, block_k=16, num_warps=4,
+                                 num_stages=1)),
     KernelCase(_case("gated_delta_rule", 1, segments=False,
                      initial_state=False), "tpu", final_state=False),
 ]
@@ -298,7 +297,6 @@ def test_sweep_rejects_bad_shapes(change, message):
     ({"backend": "gpu", "block_v": 24}, "power of two"),
     ({"backend": "gpu", "block_v": 8}, "power of two"),
     ({"backend": "gpu", "block_k": 24}, "power of two"),
-    ({"backend": "tpu", "block_c": 8}, "multiple of 16"),
     ({"backend": "gpu", "num_warps": 3}, "num_warps"),
     ({"backend": "gpu", "num_stages": 0}, "num_stages"),
     ({"backend": "mps"}, "backend"),

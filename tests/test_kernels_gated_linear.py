@@ -311,3 +311,18 @@ def test_block_size_defaults_are_valid():
       blocks = BlockSizes.default(backend, per_channel=per_channel,
                                   chunk_size=40)
       assert blocks.chunk == 48 and blocks.sub_chunk == 16
+
+
+def test_default_blocks_fit_widths_that_are_not_powers_of_two():
+  """Based's 273 key channels pad to 384 lanes on TPU: the default 256-wide
+  blocks halve to 128; a block given that does not divide still raises."""
+  from pallas_kernels.gated_linear import layout
+  lay = layout.make_layout(1, 512, 2, 273, 257,
+                           BlockSizes.default("tpu", per_channel=False))
+  for tiles in (lay.forward, lay.backward):
+    assert (tiles.block_k, tiles.k_blocks) == (128, 3)
+    assert (tiles.block_v, tiles.v_blocks) == (128, 3)
+  with pytest.raises(ValueError, match="block_k .256. must divide"):
+    layout.make_layout(1, 512, 2, 273, 257,
+                       BlockSizes("tpu", sub_chunk=64, chunk=256,
+                                  block_k=256))

@@ -21,14 +21,11 @@ class BlockSizes:
   backend: str                  # "tpu" (Mosaic) or "gpu" (Triton)
   block_v: int | None = None    # value columns of the state per program, in
                                 # the forward and the backward sweep (None:
-                                # all); the backward's sums over value
-                                # columns add the programs' parts in XLA
+                                # all)
   block_k: int | None = None    # key columns per product inside a program
                                 # (None: all): the state is held as blocks
                                 # [block_v, block_k], so no [C, K] term is
                                 # loaded whole
-  block_c: int | None = None    # chunk rows per product inside a program
-                                # (None: all)
   num_warps: int | None = None  # GPU only: warps per program
   num_stages: int | None = None  # GPU only: software pipelining stages
 
@@ -36,8 +33,6 @@ class BlockSizes:
     common.check_backend(self.backend)
     common.check_width("block_v", self.block_v, self.backend)
     common.check_width("block_k", self.block_k, self.backend)
-    if self.block_c is not None:
-      common.check_rows("block_c", self.block_c, self.backend)
     common.check_gpu_settings(self.backend, self.num_warps, self.num_stages)
 
   @classmethod
@@ -46,11 +41,10 @@ class BlockSizes:
 
     TPU: 128 value columns per program (one lane tile; a ``[128, K]``
     float32 state in VMEM), all key columns and rows at once. GPU: 16 value
-    columns per program and products over 32 key columns at a time, so that
-    the float32 state and its gradient (``[16, K]`` each) and the ``[C, 32]``
-    tiles fit in registers at 4 warps, and ``B * H * V / 16`` programs run
-    at once. (Smaller row blocks, ``block_c``, measured worse: ptxas keeps
-    more of the unrolled products' operands live.)
+    columns per program and products over 32 key columns at a time at 4
+    warps: a program's registers hold ``[C, 16]`` pseudo-values and one
+    ``[C, 32]`` / ``[32, 16]`` block of each operand (the state itself stays
+    in memory, ``gpu.py``), and ``B * H * V / 16`` programs run at once.
     """
     common.check_backend(backend)
     if backend == "tpu":

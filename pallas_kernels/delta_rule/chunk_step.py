@@ -1,44 +1,52 @@
 """The kernel body: one chunk of the delta rule's sweep, on loaded values.
 
-Shared by the Mosaic (TPU) and Triton (GPU) kernels, which differ only in
-how they walk the chunks (grid steps on TPU, one ``fori_loop`` per program
-on GPU) and where they keep the state.
+The Mosaic (TPU) kernel runs ``step``; the Triton (GPU) kernel
+(``gpu.py``) runs the same products transposed, on an untransposed state
+kept in memory one key block at a time, and shares ``dot`` and the input
+names.
 
-Per chunk of ``C`` tokens, with the WY (UT) terms prepared outside the
-sweep (``ops.py``; the derivation is in
-``lin_attn_jax/ops/delta_rule/README.md``) and ``S`` the state entering the
-chunk, kept transposed as ``X = S^T: [V, K]``:
+The sweep over chunks, with the WY (UT) terms prepared outside it
+(``ops.py``; the derivation is in ``lin_attn_jax/ops/delta_rule/README.md``)
+and ``S_n`` the state entering chunk ``n``, kept transposed as
+``X_n = S_n^T: [V, K]``, is
 
-    U  = U' - W S                    pseudo-values (what the chunk writes)
-    o  = Q S + P U                   outputs
-    S' = diag(d) S + K^T U           the state leaving the chunk
+    U_n     = U'_n - W_n S_n                 pseudo-values
+    S_{n+1} = diag(d_n) S_n + K_n^T U_n
 
-and, going back, from ``dS'`` (the gradient of the state leaving it) and
-``do``:
+The outputs ``o_n = Q_n S_n + P_n U_n`` need nothing sequential once every
+``S_n`` and ``U_n`` is known, so they are not computed here: the kernels
+write ``S_n`` and ``U_n`` and the outputs are products over all chunks at
+once (``ops.py``), as flash-linear-attention splits its ``chunk_delta_h``
+and ``chunk_o`` kernels. The gradient of the sweep is the same recurrence
+walked backwards (it is linear in ``(U', S)``): with ``dS_{n+1}`` the
+gradient of the state leaving chunk ``n`` and ``gU_n = P_n^T do_n``,
+``gS_n = Q_n^T do_n`` the gradients the outputs send,
 
-    dU  = P^T do + K dS'             (= dU', the gradient of U')
-    dW  = -dU S^T     dQ = do S^T     dP = do U^T     dK = U dS'^T
-    dd  = sum_v S * dS'              (per key channel)
-    dS  = diag(d) dS' + Q^T do - W^T dU
+    dU_n = gU_n + K_n dS_{n+1}               (= dU'_n)
+    dS_n = diag(d_n) dS_{n+1} + Q_n^T do_n - W_n^T dU_n
 
-Each value column of the state evolves on its own (``W S`` mixes key
-channels only), so a program may own a block of value columns: ``U``,
-``o``, ``dU`` and the states split by columns; ``dW``, ``dQ``, ``dP``,
-``dK`` and ``dd`` are sums over value columns, which each program returns
-for its own block. Inside a program the state is held as blocks of key
-columns, ``[V, block_k]`` each, and every product runs on blocks of
-``block_c`` rows and ``block_k`` key columns (``W S``, ``Q S`` summed block
-by block), so no ``[C, K]`` or ``[C, C]`` term is loaded whole: the
-registers a GPU program needs do not grow with ``K`` or ``C`` beyond the
-state itself.
+So one body serves both directions: per chunk, from the carried state
+``x`` (a tuple of ``[V, block_k]`` blocks of key columns),
 
-Numerics: the state, every product and every accumulation are float32.
-bfloat16 inputs use bfloat16 matmul operands (the state and the
-pseudo-values rounded for the product, as the inputs are) with float32
-accumulation; float32 inputs use float32 matmuls (on GPU as three TF32
-products on the tensor cores, ``pallas_kernels.common.dots``).
+    y = a + M1 x^T                            [C, V]
+    x = x * d + y^T M2 (+ E_a^T E_b)          [V, K]
 
-Letters: i and j rows of a chunk, k key channel, v value channel.
+forward: ``a = U'``, ``M1 = -W``, ``M2 = K``, no ``E``; backward (chunks in
+reverse): ``a = gU``, ``M1 = K``, ``M2 = -W``, ``E = (do, Q)``. The kernels
+write ``x`` entering each chunk (``S_n``, or ``dS_{n+1}``) and ``y``
+(``U_n``, or ``dU_n``). Each value column of the state evolves on its own
+(``M1 x^T`` mixes key channels only), so a program owns a block of value
+columns and its ``y`` and ``x`` are just its columns: nothing is summed
+across programs.
+
+Numerics: the state, ``a``, ``y`` and every accumulation are float32.
+bfloat16 inputs use bfloat16 matmul operands (the terms, and the state and
+``y`` rounded for their products, as flash-linear-attention does) with
+float32 accumulation; float32 inputs use float32 matmuls
+(``pallas_kernels.common.dots``: the highest precision on TPU, 3xTF32 on
+GPU).
+
+Letters: c row of a chunk, k key channel, v value channel.
 """
 
 from __future__ import annotations
@@ -49,18 +57,23 @@ from typing import Callable
 import jax.numpy as jnp
 
 from pallas_kernels.common import dots
-from pallas_kernels.common.dots import NN, NT, TN
+from pallas_kernels.common.dots import NT, TN
 
 _F32 = jnp.float32
-GRAD_NAMES = ("w", "u", "q", "scores", "k", "decay")
+
+# Inputs with key columns (loaded one block of ``block_k`` at a time), and
+# with value columns (this program's block, whole).
+KEY_INPUTS = ("m1", "m2", "decay", "e_b")
+VALUE_INPUTS = ("a", "e_a")
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
   """What a kernel body is specialised for (all static)."""
-  bf16_dots: bool    # matmul operands in bfloat16 (bfloat16 inputs); else
-                     # float32 (``pallas_kernels.common.dots``)
+  bf16_dots: bool       # matmul operands in bfloat16 (bfloat16 inputs);
+                        # else float32 (``pallas_kernels.common.dots``)
   backend: str = "tpu"  # "tpu" or "gpu": how float32 matmuls run
+  extra: bool = False   # the E_a^T E_b term (the backward sweep)
 
 
 def dot(a, b, dims, spec: KernelSpec):
@@ -69,87 +82,24 @@ def dot(a, b, dims, spec: KernelSpec):
                                               backend=spec.backend))
 
 
-# load(name, rb, cb): block (rb, cb) of the chunk's term ``name`` as loaded
-# (input dtype): rows in blocks of ``block_c`` (rb None: the one row of
-# ``decay``), columns in blocks of ``block_k`` key channels (``w``, ``q``,
-# ``k``, ``decay``), of ``block_c`` rows (``scores``), or all of this
-# program's value columns (``u``, ``do``: cb None).
-Load = Callable[[str, "int | None", "int | None"], object]
+# load(name, kb): the chunk's input ``name`` as stored: block ``kb`` of
+# ``block_k`` key columns of a ``KEY_INPUTS`` one ([C, block_k], the decay
+# [1, block_k]), or the program's value columns of a ``VALUE_INPUTS`` one
+# ([C, block_v], kb None).
+Load = Callable[[str, "int | None"], object]
 
 
-def _pseudo_values(load: Load, state, spec: KernelSpec, row_blocks: int):
-  """``U = U' - W S`` by row blocks: ``[block_c, V]`` float32 each."""
-  u = []
-  for rb in range(row_blocks):
-    u_r = load("u", rb, None).astype(_F32)
-    for kb, s in enumerate(state):
-      u_r = u_r - dot(load("w", rb, kb), s, NT, spec)           # [c, V]
-    u.append(u_r)
-  return u
-
-
-def forward(load: Load, state, spec: KernelSpec, row_blocks: int, *,
-            outputs: bool = True):
-  """``(o, state leaving the chunk)`` from the state entering it.
-
-  States are tuples of ``[V, block_k]`` float32 blocks; ``o`` is None or a
-  list of ``[block_c, V]`` float32 row blocks. ``P`` is lower triangular,
-  so row block ``rb`` of ``P U`` reads the row blocks ``cb <= rb`` of
-  ``U``.
-  """
-  u = _pseudo_values(load, state, spec, row_blocks)
-  o = None
-  if outputs:
-    o = []
-    for rb in range(row_blocks):
-      o_r = dot(load("scores", rb, 0), u[0], NN, spec)          # [c, V]
-      for cb in range(1, rb + 1):
-        o_r = o_r + dot(load("scores", rb, cb), u[cb], NN, spec)
-      for kb, s in enumerate(state):
-        o_r = o_r + dot(load("q", rb, kb), s, NT, spec)
-      o.append(o_r)
+def step(load: Load, state, spec: KernelSpec):
+  """``(y [C, V] float32, the carried state after the chunk)`` from the
+  state before it, a tuple of ``[V, block_k]`` float32 blocks."""
+  y = load("a", None).astype(_F32)
+  for kb, x in enumerate(state):
+    y = y + dot(load("m1", kb), x, NT, spec)                    # [C, V]
+  e_a = load("e_a", None) if spec.extra else None
   new_state = []
-  for kb, s in enumerate(state):
-    s = s * load("decay", None, kb)                             # [V, K]
-    for rb in range(row_blocks):
-      s = s + dot(u[rb], load("k", rb, kb), TN, spec)
-    new_state.append(s)
-  return o, tuple(new_state)
-
-
-def backward(load: Load, state, d_state, spec: KernelSpec, row_blocks: int,
-             store):
-  """The gradient of the state entering the chunk (a tuple of blocks).
-
-  ``state``: the state entering the chunk, ``d_state``: the gradient of the
-  state leaving it, both tuples of ``[V, block_k]`` float32 blocks.
-  ``store(name, rb, cb, grad)`` receives the float32 gradient of each block
-  of each term (blocks as in ``load``): sums over this program's value
-  columns, except ``u``, which is its columns.
-  """
-  u = _pseudo_values(load, state, spec, row_blocks)             # [c, V]
-  do = [load("do", rb, None) for rb in range(row_blocks)]
-  du = []
-  for rb in range(row_blocks):
-    du_r = dot(load("scores", rb, rb), do[rb], TN, spec)        # [c, V]
-    for later in range(rb + 1, row_blocks):
-      du_r = du_r + dot(load("scores", later, rb), do[later], TN, spec)
-    for kb, ds in enumerate(d_state):
-      du_r = du_r + dot(load("k", rb, kb), ds, NT, spec)
-    store("u", rb, None, du_r)
-    du.append(du_r)
-  for rb in range(row_blocks):
-    for cb in range(row_blocks):
-      store("scores", rb, cb, dot(do[rb], u[cb], NT, spec))     # [c, c]
-  d_entering = []
-  for kb, (s, ds) in enumerate(zip(state, d_state)):
-    store("decay", None, kb, jnp.sum(s * ds, axis=0, keepdims=True))
-    d_s = ds * load("decay", None, kb)                          # [V, K]
-    for rb in range(row_blocks):
-      store("w", rb, kb, -dot(du[rb], s, NN, spec))             # [c, K]
-      store("q", rb, kb, dot(do[rb], s, NN, spec))
-      store("k", rb, kb, dot(u[rb], ds, NN, spec))
-      d_s = (d_s + dot(do[rb], load("q", rb, kb), TN, spec)
-             - dot(du[rb], load("w", rb, kb), TN, spec))
-    d_entering.append(d_s)
-  return tuple(d_entering)
+  for kb, x in enumerate(state):
+    x = x * load("decay", kb) + dot(y, load("m2", kb), TN, spec)  # [V, K]
+    if spec.extra:
+      x = x + dot(e_a, load("e_b", kb), TN, spec)
+    new_state.append(x)
+  return y, tuple(new_state)

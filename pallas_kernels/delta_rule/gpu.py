@@ -1,18 +1,30 @@
-"""Triton (GPU) kernels of the delta rule's chunk sweep.
+"""Triton (GPU) kernel of the delta rule's chunk sweep.
 
 Triton programs run independently and have no scratch memory, so each
 program owns one (batch, head, block of value columns) for the whole
-sequence: grid ``(B, H, V blocks)``, a ``fori_loop`` over the chunks with
-the ``[block_v, K]`` float32 state (or state gradient) in registers as the
-loop carry as a tuple of ``[block_v, block_k]`` blocks of key columns,
-reading chunk ``n`` of each input as ``ref[n]`` (a term with key columns one
-block at a time). Tiles have power-of-two sizes (chunk rows, ``K`` and
-``V`` padded to a power of two >= 16, as ``tl.dot`` needs).
+sequence: grid ``(B, H, V blocks)``, a ``fori_loop`` over the chunks (from
+the last one in the backward sweep), reading chunk ``n`` of each input as
+``ref[n]``.
 
-- ``forward``: outputs, the final state, and (for the backward pass) the
-  state entering each chunk, each optional.
-- ``backward``: the reverse sweep, from the last chunk to the first,
-  reading the entering states that ``forward`` recomputed.
+The carried state does not live in registers: it lives in the kernel's
+``states`` output, which holds the state entering every chunk anyway. With
+``N + 1`` slots (the last, or in the backward sweep the first, is the final
+state), a chunk reads its entering state from one slot and writes the next
+one, one ``[block_k, block_v]`` block of key rows at a time in a
+``fori_loop`` over key blocks, untransposed (``chunk_step.step`` with the
+products transposed):
+
+    y    = a + sum_kb M1_kb S_kb                        [C, block_v]
+    S'_kb = d_kb * S_kb + M2_kb^T y (+ E_b,kb^T E_a)    [block_k, block_v]
+
+so a program's registers hold ``y`` and one block of each operand, however
+wide ``K`` is (a register-resident ``[K, block_v]`` float32 state made
+ptxas spill on sm_80 at K = 128 already). A barrier after each chunk's
+writes makes them visible to the whole program before the next chunk reads
+them (threads read blocks other threads wrote). Key inputs are laid out key
+block major (``[N, K blocks, C, block_k]``), so a block is ``ref[n, kb]``.
+Tiles have power-of-two sizes (chunk rows, ``K`` and ``V`` padded to a
+power of two >= 16, as ``tl.dot`` needs).
 """
 
 from __future__ import annotations
@@ -23,12 +35,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.common import compiler
+from pallas_kernels.common.dots import NN, TN
 from pallas_kernels.delta_rule import chunk_step
 from pallas_kernels.delta_rule.block_sizes import BlockSizes
 from pallas_kernels.delta_rule.layout import Layout
-from pallas_kernels.delta_rule.tpu import tile
 
 _F32 = jnp.float32
 
@@ -37,167 +50,113 @@ def _in_specs(names, arrays, lay: Layout):
   """Whole-sequence blocks; the grid is ``(b, h, vb)``."""
   out = []
   for name in names:
-    rows, width = arrays[name].shape[-2:]
-    n = lay.chunks
-    if name in ("w", "q", "scores", "k", "decay"):
-      spec = pl.BlockSpec((None, None, n, rows, width),
-                          lambda b, h, vb: (b, h, 0, 0, 0))
-    elif name in ("u", "do"):
-      spec = pl.BlockSpec((None, None, n, rows, lay.block_v),
+    shape = arrays[name].shape
+    if name in chunk_step.KEY_INPUTS:
+      spec = pl.BlockSpec((None, None) + shape[2:],
+                          lambda b, h, vb: (b, h, 0, 0, 0, 0))
+    elif name in chunk_step.VALUE_INPUTS:
+      spec = pl.BlockSpec((None, None, lay.chunks, shape[-2], lay.block_v),
                           lambda b, h, vb: (b, h, 0, 0, vb))
-    elif name == "states":
-      spec = pl.BlockSpec((None, None, n, lay.block_v, lay.k_pad),
-                          lambda b, h, vb: (b, h, 0, vb, 0))
-    elif name in ("initial_state", "d_final"):
-      spec = pl.BlockSpec((None, None, lay.block_v, lay.k_pad),
-                          lambda b, h, vb: (b, h, vb, 0))
+    elif name == "initial_state":
+      spec = pl.BlockSpec((None, None, lay.k_blocks, lay.block_k,
+                           lay.block_v),
+                          lambda b, h, vb: (b, h, 0, 0, vb))
     else:
       raise ValueError(f"unknown kernel input {name!r}")
     out.append(spec)
   return out
 
 
-def _key_block(lay: Layout, kb):
-  return pl.ds(kb * lay.block_k, lay.block_k)
+def _kernel(*refs, names, spec, lay, reverse, barrier):
+  """One program: the chunks in sweep order, the state in the ``states``
+  slots; ``barrier`` (off in interpret mode, where programs run one after
+  another) orders each chunk's writes before the next chunk's reads."""
+  r = dict(zip(names, refs))
+  x = r["states"]                              # [N + 1, K blocks, bk, V]
+  dot = functools.partial(chunk_step.dot, spec=spec)
+  sync = pltriton.debug_barrier if barrier else (lambda: None)
+  first = lay.chunks if reverse else 0         # slot of the entering state
+
+  def init(kb, carry):
+    if "initial_state" in r:
+      x[first, kb] = r["initial_state"][kb]
+    else:
+      x[first, kb] = jnp.zeros((lay.block_k, lay.block_v), _F32)
+    return carry
+
+  def chunk(i, carry):
+    n = lay.chunks - 1 - i if reverse else i
+    src, dst = (n + 1, n) if reverse else (n, n + 1)
+
+    def product(kb, y):
+      return y + dot(r["m1"][n, kb], x[src, kb], NN)            # [C, V]
+
+    y = lax.fori_loop(0, lay.k_blocks, product, r["a"][n].astype(_F32))
+    r["y"][n] = y
+
+    def update(kb, carry):
+      s = x[src, kb] * r["decay"][n, kb] + dot(r["m2"][n, kb], y, TN)
+      if spec.extra:
+        s = s + dot(r["e_b"][n, kb], r["e_a"][n], TN)
+      x[dst, kb] = s                                            # [bk, V]
+      return carry
+
+    lax.fori_loop(0, lay.k_blocks, update, 0)
+    sync()
+    return carry
+
+  lax.fori_loop(0, lay.k_blocks, init, 0)
+  sync()
+  lax.fori_loop(0, lay.chunks, chunk, 0)
 
 
-def _read_blocks(ref, lay: Layout, *index):
-  """``ref[*index]``, a ``[V, K]`` state, as ``[V, block_k]`` blocks."""
-  return tuple(ref[(*index, slice(None), _key_block(lay, kb))]
-               for kb in range(lay.k_blocks))
+def _key_major(x, lay: Layout):
+  """``[B, H, N, R, K_pad] -> [B, H, N, K blocks, R, block_k]``, so the
+  loops over key blocks index a leading axis (``ref[n, kb]``)."""
+  b, h, n, rows, _ = x.shape
+  x = x.reshape(b, h, n, rows, lay.k_blocks, lay.block_k)
+  return jnp.transpose(x, (0, 1, 2, 4, 3, 5))
 
 
-def _write_blocks(ref, blocks, lay: Layout, *index):
-  for kb, block in enumerate(blocks):
-    ref[(*index, slice(None), _key_block(lay, kb))] = block
-
-
-def _initial(r, name, lay: Layout):
-  if name in r:
-    return _read_blocks(r[name], lay)
-  return tuple(jnp.zeros((lay.block_v, lay.block_k), _F32)
-               for _ in range(lay.k_blocks))
-
-
-def _loader(r, lay: Layout, n):
-  return lambda name, rb, cb: r[name][(n, *tile(lay, name, rb, cb))]
-
-
-def _call(kernel, names, arrays, lay, blocks, outputs, *, name, cost,
-          interpret):
-  return pl.pallas_call(
+def sweep(arrays, spec, lay: Layout, blocks: BlockSizes, *, reverse: bool,
+          final_state: bool, name: str, cost, interpret: bool = False):
+  """As ``tpu.sweep``: ``(y [B, H, N, C_pad, V_pad], x entering each chunk
+  [B, H, N, V_pad, K_pad], final [B, H, V_pad, K_pad] or None)``,
+  float32."""
+  b, h, n_chunks = lay.batch, lay.heads, lay.chunks
+  kb, bk = lay.k_blocks, lay.block_k
+  arrays = dict(arrays)
+  for key in chunk_step.KEY_INPUTS:
+    if key in arrays:
+      arrays[key] = _key_major(arrays[key], lay)
+  # The decay scales key rows of the state: [B, H, N, K blocks, bk, 1].
+  arrays["decay"] = jnp.swapaxes(arrays["decay"], -1, -2)
+  if "initial_state" in arrays:
+    arrays["initial_state"] = jnp.swapaxes(
+        arrays["initial_state"], -1, -2).reshape(b, h, kb, bk, lay.v_pad)
+  names = list(arrays)
+  outputs = [
+      ("y", jax.ShapeDtypeStruct((b, h, n_chunks, lay.c_pad, lay.v_pad),
+                                 _F32),
+       pl.BlockSpec((None, None, n_chunks, lay.c_pad, lay.block_v),
+                    lambda b, h, vb: (b, h, 0, 0, vb))),
+      ("states", jax.ShapeDtypeStruct(
+          (b, h, n_chunks + 1, kb, bk, lay.v_pad), _F32),
+       pl.BlockSpec((None, None, n_chunks + 1, kb, bk, lay.block_v),
+                    lambda b, h, vb: (b, h, 0, 0, 0, vb)))]
+  kernel = functools.partial(
+      _kernel, names=names + [o[0] for o in outputs], spec=spec, lay=lay,
+      reverse=reverse, barrier=not interpret)
+  outs = pl.pallas_call(
       kernel, out_shape=[shape for _, shape, _ in outputs],
-      grid=(lay.batch, lay.heads, lay.v_blocks),
+      grid=(b, h, lay.v_blocks),
       in_specs=_in_specs(names, arrays, lay),
-      out_specs=[spec for _, _, spec in outputs],
+      out_specs=[s for _, _, s in outputs],
       compiler_params=compiler.gpu_params(blocks.num_warps, blocks.num_stages),
       cost_estimate=cost, interpret=interpret, name=name,
   )(*arrays.values())
-
-
-def _forward_kernel(*refs, names, spec, lay):
-  r = dict(zip(names, refs))
-
-  def body(n, state):
-    if "states" in r:
-      _write_blocks(r["states"], state, lay, n)
-    o, state = chunk_step.forward(_loader(r, lay, n), state, spec,
-                                  lay.c_blocks, outputs="o" in r)
-    if o is not None:
-      for rb, o_r in enumerate(o):
-        r["o"][(n, *tile(lay, "o", rb, None))] = o_r.astype(r["o"].dtype)
-    return state
-
-  state = lax.fori_loop(0, lay.chunks, body, _initial(r, "initial_state", lay))
-  if "final_state" in r:
-    _write_blocks(r["final_state"], state, lay)
-
-
-def forward(arrays, spec, lay: Layout, blocks: BlockSizes, *, out_dtype,
-            outputs: bool, final_state: bool, states: bool, cost,
-            interpret: bool = False):
-  """``(o [B, H, N, C_pad, V_pad] or None, final state [B, H, V_pad, K_pad]
-  or None, entering states [B, H, N, V_pad, K_pad] or None)``."""
-  names = list(arrays)
-  b, h, n_chunks = lay.batch, lay.heads, lay.chunks
-  wanted = []
-  if outputs:
-    wanted.append(("o", jax.ShapeDtypeStruct(
-        (b, h, n_chunks, lay.c_pad, lay.v_pad), out_dtype),
-                   pl.BlockSpec((None, None, n_chunks, lay.c_pad, lay.block_v),
-                                lambda b, h, vb: (b, h, 0, 0, vb))))
-  if final_state:
-    wanted.append(("final_state", jax.ShapeDtypeStruct(
-        (b, h, lay.v_pad, lay.k_pad), _F32),
-                   pl.BlockSpec((None, None, lay.block_v, lay.k_pad),
-                                lambda b, h, vb: (b, h, vb, 0))))
-  if states:
-    wanted.append(("states", jax.ShapeDtypeStruct(
-        (b, h, n_chunks, lay.v_pad, lay.k_pad), _F32),
-                   pl.BlockSpec((None, None, n_chunks, lay.block_v, lay.k_pad),
-                                lambda b, h, vb: (b, h, 0, vb, 0))))
-  out_names = [name for name, _, _ in wanted]
-  kernel = functools.partial(_forward_kernel, names=names + out_names,
-                             spec=spec, lay=lay)
-  outs = _call(kernel, names, arrays, lay, blocks, wanted,
-               name="delta_rule_forward" if outputs else "delta_rule_states",
-               cost=cost, interpret=interpret)
-  found = dict(zip(out_names, outs))
-  return found.get("o"), found.get("final_state"), found.get("states")
-
-
-def _backward_kernel(*refs, names, spec, lay):
-  r = dict(zip(names, refs))
-
-  def body(i, d_state):
-    n = lay.chunks - 1 - i
-
-    def store(name, rb, cb, grad):
-      r["d_" + name][(n, *tile(lay, name, rb, cb))] = grad
-
-    return chunk_step.backward(_loader(r, lay, n),
-                               _read_blocks(r["states"], lay, n), d_state,
-                               spec, lay.c_blocks, store)
-
-  d_state = lax.fori_loop(0, lay.chunks, body, _initial(r, "d_final", lay))
-  if "d_initial" in r:
-    _write_blocks(r["d_initial"], d_state, lay)
-
-
-def backward(arrays, spec, lay: Layout, blocks: BlockSizes, *,
-             d_initial: bool, cost, interpret: bool = False):
-  """The reverse sweep: ``({name: gradient}, d_initial [B, H, V_pad, K_pad]
-  or None)``, float32.
-
-  The gradients of ``w, q, scores, k, decay`` are ``[B, H, V blocks, N,
-  rows, width]``, one part per block of value columns (to be summed); that of
-  ``u`` is ``[B, H, N, C_pad, V_pad]``.
-  """
-  names = list(arrays)
-  b, h, n_chunks, vbs = lay.batch, lay.heads, lay.chunks, lay.v_blocks
-  wanted = []
-  for name in chunk_step.GRAD_NAMES:
-    rows, width = arrays[name].shape[-2:]
-    if name == "u":
-      wanted.append(("d_u", jax.ShapeDtypeStruct(
-          (b, h, n_chunks, rows, lay.v_pad), _F32), pl.BlockSpec(
-              (None, None, n_chunks, rows, lay.block_v),
-              lambda b, h, vb: (b, h, 0, 0, vb))))
-    else:
-      wanted.append(("d_" + name, jax.ShapeDtypeStruct(
-          (b, h, vbs, n_chunks, rows, width), _F32), pl.BlockSpec(
-              (None, None, None, n_chunks, rows, width),
-              lambda b, h, vb: (b, h, vb, 0, 0, 0))))
-  if d_initial:
-    wanted.append(("d_initial", jax.ShapeDtypeStruct(
-        (b, h, lay.v_pad, lay.k_pad), _F32), pl.BlockSpec(
-            (None, None, lay.block_v, lay.k_pad),
-            lambda b, h, vb: (b, h, vb, 0))))
-  out_names = [name for name, _, _ in wanted]
-  kernel = functools.partial(_backward_kernel, names=names + out_names,
-                             spec=spec, lay=lay)
-  outs = _call(kernel, names, arrays, lay, blocks, wanted,
-               name="delta_rule_backward", cost=cost, interpret=interpret)
-  found = dict(zip(out_names, outs))
-  d_init = found.pop("d_initial", None)
-  return {name[2:]: grad for name, grad in found.items()}, d_init
+  slots = jnp.swapaxes(outs[1].reshape(b, h, n_chunks + 1, lay.k_pad,
+                                       lay.v_pad), -1, -2)  # [B,H,N+1,V,K]
+  states, final = ((slots[:, :, 1:], slots[:, :, 0]) if reverse else
+                   (slots[:, :, :-1], slots[:, :, -1]))
+  return outs[0], states, (final if final_state else None)

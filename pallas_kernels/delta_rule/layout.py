@@ -2,15 +2,14 @@
 
 The kernels walk the chunks of one (batch, head) pair, so the per-chunk
 inputs ``[B, N, H, R, F]`` (R rows of a chunk: C tokens, or 1 for the chunk
-decay) become ``[B, H, N, R_pad, F_pad]``, with:
-
-- chunk rows and feature axes zero-padded to the backend's tiles and the
-  state kept transposed (``pallas_kernels.common.layout``). A zero row of
-  ``w``, ``u`` and ``k`` writes nothing to the state, a zero row of ``q``
-  and of ``scores`` reads nothing; padded output rows and value columns are
-  cut off;
-- a scalar decay per head broadcast to every key channel (one kernel for
-  the three gate kinds; its gradient sums the channels back).
+decay) become ``[B, H, N, R_pad, F_pad]``, with chunk rows and feature axes
+zero-padded to the backend's tiles and the state kept transposed
+(``pallas_kernels.common.layout``). A zero row or key column of ``M1``,
+``M2`` and ``E_b`` and a zero value column of ``a`` and ``E_a`` add
+nothing to ``y`` or to the state, so padded rows and columns of the
+kernels' outputs are zero; they are cut off. A scalar decay per head is
+broadcast to every key channel (one kernel for the three gate kinds; its
+gradient sums the channels back).
 
 Letters: b batch, n chunk, h head, r row of a chunk, f feature (k key
 channel, v value channel), g gate width (1 or K).
@@ -44,7 +43,6 @@ class Layout:
   v_pad: int       # V padded to the backend's tiles
   block_v: int     # value columns per program
   block_k: int     # key columns per product inside a program
-  block_c: int     # chunk rows per product inside a program
 
   @property
   def v_blocks(self) -> int:
@@ -54,10 +52,6 @@ class Layout:
   def k_blocks(self) -> int:
     return self.k_pad // self.block_k
 
-  @property
-  def c_blocks(self) -> int:
-    return self.c_pad // self.block_c
-
 
 def make_layout(b: int, n: int, h: int, c: int, dk: int, dv: int,
                 blocks: BlockSizes) -> Layout:
@@ -65,13 +59,11 @@ def make_layout(b: int, n: int, h: int, c: int, dk: int, dv: int,
   k_pad, v_pad = padded_features(dk, backend), padded_features(dv, backend)
   block_v = common.feature_blocks(v_pad, blocks.block_v, v_pad, "block_v")
   block_k = common.feature_blocks(k_pad, blocks.block_k, k_pad, "block_k")
-  c_pad = padded_rows(c, backend)
-  block_c = common.feature_blocks(c_pad, blocks.block_c, c_pad, "block_c")
-  return Layout(b, n, h, c, dk, dv, c_pad, k_pad, v_pad, block_v, block_k,
-                block_c)
+  return Layout(b, n, h, c, dk, dv, padded_rows(c, backend), k_pad, v_pad,
+                block_v, block_k)
 
 
-def to_kernel(x, rows_pad: int, f_pad: int, dtype):
+def to_kernel(x, rows_pad: int, f_pad: int, dtype=_F32):
   """``[B, N, H, R, F] -> [B, H, N, R_pad, F_pad]``, zero-padded."""
   b, n, h = x.shape[:3]
   x = common.pad_to(x, (b, n, h, rows_pad, f_pad), dtype)
@@ -83,6 +75,23 @@ def from_kernel(x, rows: int, f: int):
   return jnp.transpose(x[:, :, :, :rows, :f], (0, 2, 1, 3, 4))
 
 
+def rows_to_kernel(x, lay: Layout, dtype=_F32):
+  """Chunk rows with key columns, ``[B, N, H, C, K] -> [B, H, N, C_pad,
+  K_pad]``."""
+  return to_kernel(x, lay.c_pad, lay.k_pad, dtype)
+
+
+def values_to_kernel(x, lay: Layout, dtype=_F32):
+  """Chunk rows with value columns, ``[B, N, H, C, V] -> [B, H, N, C_pad,
+  V_pad]``."""
+  return to_kernel(x, lay.c_pad, lay.v_pad, dtype)
+
+
+def values_from_kernel(x, lay: Layout):
+  """``[B, H, N, C_pad, V_pad] -> [B, N, H, C, V]``."""
+  return from_kernel(x, lay.chunk, lay.dim_v)
+
+
 def decay_to_kernel(decay, lay: Layout):
   """``[B, N, H, G]`` float32 -> ``[B, H, N, 1, K_pad]`` (G = 1 broadcast)."""
   decay = jnp.broadcast_to(jnp.asarray(decay, _F32),
@@ -90,10 +99,10 @@ def decay_to_kernel(decay, lay: Layout):
   return to_kernel(decay[:, :, :, None, :], 1, lay.k_pad, _F32)
 
 
-def decay_from_kernel(d_decay, lay: Layout, width: int):
-  """``[B, H, N, 1, K_pad] -> [B, N, H, width]`` (summed over K for 1)."""
-  d_decay = from_kernel(d_decay, 1, lay.dim_k)[:, :, :, 0]      # [B,N,H,K]
-  return jnp.sum(d_decay, axis=-1, keepdims=True) if width == 1 else d_decay
+def states_from_kernel(states, lay: Layout):
+  """Per-chunk states ``[B, H, N, V_pad, K_pad] -> [B, H, N, V, K]`` (still
+  transposed, head-major)."""
+  return states[:, :, :, :lay.dim_v, :lay.dim_k]
 
 
 def state_to_kernel(state, lay: Layout):
@@ -104,25 +113,3 @@ def state_to_kernel(state, lay: Layout):
 def state_from_kernel(state, lay: Layout):
   """``[B, H, V_pad, K_pad] -> [B, H, K, V]``."""
   return common.state_from_kernel(state, lay.dim_k, lay.dim_v)
-
-
-def kernel_arrays(terms, initial_state, lay: Layout, *, bf16_dots: bool):
-  """The kernels' inputs, by name (absent ones left out).
-
-  ``terms``: the ``ChunkTerms`` of ``ops.py`` (``w, q, k: [B, N, H, C, K]``,
-  ``u: [B, N, H, C, V]``, ``scores: [B, N, H, C, C]``, ``decay: [B, N, H,
-  G]``); ``initial_state: [B, H, K, V]`` or None. Matmul operands are
-  stored in bfloat16 when ``bf16_dots``, else in float32; the decay always
-  in float32.
-  """
-  dtype = jnp.bfloat16 if bf16_dots else _F32
-  c, k, v = lay.c_pad, lay.k_pad, lay.v_pad
-  arrays = {"w": to_kernel(terms.w, c, k, dtype),
-            "u": to_kernel(terms.u, c, v, dtype),
-            "q": to_kernel(terms.q, c, k, dtype),
-            "scores": to_kernel(terms.scores, c, c, dtype),
-            "k": to_kernel(terms.k, c, k, dtype),
-            "decay": decay_to_kernel(terms.decay, lay)}
-  if initial_state is not None:
-    arrays["initial_state"] = state_to_kernel(initial_state, lay)
-  return arrays

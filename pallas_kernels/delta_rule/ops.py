@@ -4,19 +4,25 @@ The chunked delta rule (WY / UT form) has a chunk-local part, the terms
 ``ChunkTerms`` of every chunk (one small triangular inverse per chunk, no
 dependence on the state), and a sequential part, the sweep over chunks:
 
-    U_n = U'_n - W_n S_n,   o_n = Q_n S_n + P_n U_n,
-    S_{n+1} = diag(d_n) S_n + K_n^T U_n
+    U_n = U'_n - W_n S_n,   S_{n+1} = diag(d_n) S_n + K_n^T U_n,
+    o_n = Q_n S_n + P_n U_n
 
-This module runs the sweep (``chunk_step.py`` has the equations of one
-chunk and of its gradient):
+This module runs it (``chunk_step.py`` has the equations of the kernel
+body and of the gradient):
 
-- Forward: one kernel, outputs and the final state.
-- Backward (``jax.custom_vjp``): the forward kernel again, writing the state
-  entering each chunk instead of the outputs (nothing but the inputs is
-  kept from the forward pass), then a reverse sweep kernel for the
-  gradients of every term and of the initial state. XLA only adds up the
-  parts of the gradients that programs owning different value columns
-  return.
+- Forward: one sweep kernel writes the state entering every chunk and the
+  pseudo-values ``U_n`` (and the final state); the outputs are then two
+  batched matmuls over all chunks at once, in XLA (nothing sequential is
+  left in them), as flash-linear-attention splits ``chunk_delta_h`` from
+  ``chunk_o``. The sweep kernel only carries the state.
+- Backward (``jax.custom_vjp``): the forward sweep again (kernel
+  ``delta_rule_states``; nothing but the inputs is kept from the forward
+  pass), the gradients the outputs send
+  (``P^T do``, and ``dQ``, ``dP``) as batched matmuls, then the same sweep
+  kernel walked from the last chunk to the first for ``dU'`` and the
+  gradient of the state leaving every chunk (and of the initial state);
+  ``dW``, ``dK`` and the chunk decays' gradient are batched matmuls over
+  all chunks again.
 
 The terms themselves are prepared outside (``lin_attn_jax.ops.delta_rule``,
 in XLA, differentiated by JAX's autodiff).
@@ -25,6 +31,9 @@ The kernel is picked by ``backend`` or, when it is None, by the platform the
 call is lowered for (``jax.lax.platform_dependent``): ``tpu`` -> Mosaic,
 ``cuda`` -> Triton, anything else -> the Mosaic kernel in interpret mode
 (slow; for tests and debugging on CPU).
+
+Letters: b batch, n chunk, h head, i and j (or c) rows of a chunk, k key
+channel, v value channel.
 """
 
 from __future__ import annotations
@@ -39,7 +48,6 @@ import numpy as np
 
 from pallas_kernels.common import blocks as common_blocks
 from pallas_kernels.common import compiler, dispatch
-from pallas_kernels.common.layout import sum_parts
 from pallas_kernels.delta_rule import gpu, layout, tpu
 from pallas_kernels.delta_rule.block_sizes import BlockSizes
 from pallas_kernels.delta_rule.chunk_step import KernelSpec
@@ -76,75 +84,105 @@ class _Config:
   blocks: tuple                 # ((backend, BlockSizes), ...) per backend
 
 
-def _prepare(cfg: _Config, backend: str, terms: ChunkTerms):
+def _prepare(cfg: _Config, backend: str, terms: ChunkTerms, *,
+             extra: bool = False):
   blocks = dict(cfg.blocks)[backend]
   b, n, h, c, dk = terms.w.shape
   lay = layout.make_layout(b, n, h, c, dk, terms.u.shape[-1], blocks)
-  return blocks, lay, KernelSpec(bf16_dots=cfg.bf16_dots, backend=backend)
+  return blocks, lay, KernelSpec(bf16_dots=cfg.bf16_dots, backend=backend,
+                                 extra=extra)
 
 
-def _cost(lay: layout.Layout, arrays, passes: int):
-  """A cost estimate: ``passes`` times the forward sweep's products per
-  chunk (``W S``, ``Q S``, ``K^T U``: ``3 C K V`` multiply-adds; ``P U``:
-  ``C^2 V``)."""
-  per_chunk = 2 * lay.c_pad * lay.v_pad * (3 * lay.k_pad + lay.c_pad)
-  return compiler.cost(flops=lay.batch * lay.heads * lay.chunks * per_chunk
-                       * passes, transcendentals=0,
-                       arrays=list(arrays.values()))
-
-
-def _forward_sweep(backend, blocks, arrays, spec, lay, interpret, **wanted):
-  cost = _cost(lay, arrays, 1)
+def _sweep_kernel(backend, blocks, arrays, spec, lay, interpret, **options):
+  """One sweep kernel; its cost: per chunk ``M1 x^T`` and ``y^T M2`` (and
+  ``E_a^T E_b``), ``C K V`` multiply-adds each."""
+  products = 3 if spec.extra else 2
+  cost = compiler.cost(
+      flops=2 * lay.batch * lay.heads * lay.chunks * lay.c_pad * lay.k_pad
+      * lay.v_pad * products, transcendentals=0, arrays=list(arrays.values()))
   if backend == "tpu":
-    return tpu.forward(arrays, spec, lay, cost=cost, interpret=interpret,
-                       **wanted)
-  return gpu.forward(arrays, spec, lay, blocks, cost=cost,
-                     interpret=interpret, **wanted)
+    return tpu.sweep(arrays, spec, lay, cost=cost, interpret=interpret,
+                     **options)
+  return gpu.sweep(arrays, spec, lay, blocks, cost=cost, interpret=interpret,
+                   **options)
+
+
+def _mm(subscripts, a, b, bf16: bool):
+  """A float32-accumulated batched matmul: bfloat16 operands, or float32
+  ones at the highest precision (as the kernels' ``chunk_step.dot``)."""
+  if bf16:
+    return jnp.einsum(subscripts, a.astype(jnp.bfloat16),
+                      b.astype(jnp.bfloat16), preferred_element_type=_F32)
+  return jnp.einsum(subscripts, a, b, precision=jax.lax.Precision.HIGHEST,
+                    preferred_element_type=_F32)
+
+
+def _states_and_pseudo_values(cfg: _Config, backend: str, interpret: bool,
+                              terms: ChunkTerms, s0, *, final_state: bool,
+                              name: str):
+  """The forward sweep: ``(layout, U [B, N, H, C, V], the state entering
+  each chunk X = S^T [B, H, N, V, K], final state [B, H, V_pad, K_pad] or
+  None)``, float32; ``name``: the kernel's."""
+  blocks, lay, spec = _prepare(cfg, backend, terms)
+  dtype = jnp.bfloat16 if cfg.bf16_dots else _F32
+  arrays = {"a": layout.values_to_kernel(terms.u, lay),
+            "m1": layout.rows_to_kernel(-terms.w, lay, dtype),
+            "m2": layout.rows_to_kernel(terms.k, lay, dtype),
+            "decay": layout.decay_to_kernel(terms.decay, lay)}
+  if s0 is not None:
+    arrays["initial_state"] = layout.state_to_kernel(s0, lay)
+  u, states, final = _sweep_kernel(
+      backend, blocks, arrays, spec, lay, interpret, reverse=False,
+      final_state=final_state, name=name)
+  return (lay, layout.values_from_kernel(u, lay),
+          layout.states_from_kernel(states, lay), final)
 
 
 def _forward(cfg: _Config, backend: str, interpret: bool, terms, s0):
-  blocks, lay, spec = _prepare(cfg, backend, terms)
-  arrays = layout.kernel_arrays(terms, s0, lay, bf16_dots=cfg.bf16_dots)
-  out_dtype = jnp.bfloat16 if cfg.bf16_dots else _F32
-  o, final, _ = _forward_sweep(
-      backend, blocks, arrays, spec, lay, interpret, out_dtype=out_dtype,
-      outputs=True, final_state=cfg.output_final_state, states=False)
-  o = layout.from_kernel(o, lay.chunk, lay.dim_v)               # [B,N,H,C,V]
+  lay, u, states, final = _states_and_pseudo_values(
+      cfg, backend, interpret, terms, s0,
+      final_state=cfg.output_final_state, name="delta_rule_forward")
+  bf16 = cfg.bf16_dots
+  o = (_mm("bnhck,bhnvk->bnhcv", terms.q, states, bf16)
+       + _mm("bnhij,bnhjv->bnhiv", terms.scores, u, bf16))    # [B,N,H,C,V]
+  o = o.astype(jnp.bfloat16 if bf16 else _F32)
   return o, (None if final is None else layout.state_from_kernel(final, lay))
 
 
 def _backward(cfg: _Config, backend: str, interpret: bool, terms, s0, do,
               d_final):
-  blocks, lay, spec = _prepare(cfg, backend, terms)
-  arrays = layout.kernel_arrays(terms, s0, lay, bf16_dots=cfg.bf16_dots)
-  _, _, states = _forward_sweep(
-      backend, blocks, arrays, spec, lay, interpret, out_dtype=_F32,
-      outputs=False, final_state=False, states=True)
-  arrays = {name: x for name, x in arrays.items() if name != "initial_state"}
-  arrays["do"] = layout.to_kernel(do, lay.c_pad, lay.v_pad,
-                                  arrays["u"].dtype)            # [B,H,N,C,V]
-  arrays["states"] = states
+  _, u, states, _ = _states_and_pseudo_values(
+      cfg, backend, interpret, terms, s0, final_state=False,
+      name="delta_rule_states")
+  blocks, lay, spec = _prepare(cfg, backend, terms, extra=True)
+  bf16 = cfg.bf16_dots
+  dtype = jnp.bfloat16 if bf16 else _F32
+  do = jnp.asarray(do, _F32)
+  # What the outputs o = Q S + P U send back.
+  dq = _mm("bnhcv,bhnvk->bnhck", do, states, bf16)            # [B,N,H,C,K]
+  dscores = _mm("bnhiv,bnhjv->bnhij", do, u, bf16)            # [B,N,H,C,C]
+  du_outputs = _mm("bnhij,bnhiv->bnhjv", terms.scores, do, bf16)
+  arrays = {"a": layout.values_to_kernel(du_outputs, lay),
+            "m1": layout.rows_to_kernel(terms.k, lay, dtype),
+            "m2": layout.rows_to_kernel(-terms.w, lay, dtype),
+            "decay": layout.decay_to_kernel(terms.decay, lay),
+            "e_a": layout.values_to_kernel(do, lay, dtype),
+            "e_b": layout.rows_to_kernel(terms.q, lay, dtype)}
   if d_final is not None:
-    arrays["d_final"] = layout.state_to_kernel(d_final, lay)
-  cost = _cost(lay, arrays, 2)
-  if backend == "tpu":
-    grads, ds0 = tpu.backward(arrays, spec, lay, d_initial=s0 is not None,
-                              cost=cost, interpret=interpret)
-  else:
-    grads, ds0 = gpu.backward(arrays, spec, lay, blocks,
-                              d_initial=s0 is not None, cost=cost,
-                              interpret=interpret)
-  # Parts from the programs of different value columns: [B, H, VB, N, R, F].
-  parts = {name: sum_parts(jnp.moveaxis(grad, 2, 0))
-           for name, grad in grads.items() if name != "u"}
-  d_terms = ChunkTerms(
-      w=layout.from_kernel(parts["w"], lay.chunk, lay.dim_k),
-      u=layout.from_kernel(grads["u"], lay.chunk, lay.dim_v),
-      q=layout.from_kernel(parts["q"], lay.chunk, lay.dim_k),
-      scores=layout.from_kernel(parts["scores"], lay.chunk, lay.chunk),
-      k=layout.from_kernel(parts["k"], lay.chunk, lay.dim_k),
-      decay=layout.decay_from_kernel(parts["decay"], lay,
-                                     terms.decay.shape[-1]))
+    arrays["initial_state"] = layout.state_to_kernel(d_final, lay)
+  du, d_leaving, ds0 = _sweep_kernel(
+      backend, blocks, arrays, spec, lay, interpret, reverse=True,
+      final_state=s0 is not None, name="delta_rule_backward")
+  du = layout.values_from_kernel(du, lay)                     # [B,N,H,C,V]
+  d_leaving = layout.states_from_kernel(d_leaving, lay)       # [B,H,N,V,K]
+  dw = -_mm("bnhcv,bhnvk->bnhck", du, states, bf16)
+  dk = _mm("bnhcv,bhnvk->bnhck", u, d_leaving, bf16)
+  d_decay = jnp.einsum("bhnvk,bhnvk->bnhk", states, d_leaving,
+                       precision=jax.lax.Precision.HIGHEST)   # [B,N,H,K]
+  if terms.decay.shape[-1] == 1:
+    d_decay = jnp.sum(d_decay, axis=-1, keepdims=True)
+  d_terms = ChunkTerms(w=dw, u=du, q=dq, scores=dscores, k=dk,
+                       decay=d_decay)
   return d_terms, (None if ds0 is None else layout.state_from_kernel(ds0, lay))
 
 
@@ -209,8 +247,9 @@ def chunk_delta_rule_sweep(
     initial_state: ``[B, H, K, V]`` or None (zeros); float32.
     output_final_state: also return the state after the last chunk.
     bf16_dots: bfloat16 matmul operands with float32 accumulation (for
-      bfloat16 inputs); else float32 matmuls at the highest precision. The
-      state is float32 either way.
+      bfloat16 inputs), in the kernels and in the batched matmuls around
+      them; else float32 matmuls at the highest precision. The state is
+      float32 either way.
     backend: "tpu" (Mosaic), "gpu" (Triton), or None: by the platform the
       call is lowered for (tpu, cuda; any other platform runs the Mosaic
       kernel in interpret mode).

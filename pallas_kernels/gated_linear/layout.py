@@ -61,10 +61,14 @@ class Layout:
 
 
 def _tiles(blocks: BlockSizes, direction: str, k_pad: int, v_pad: int):
+  # A block given must divide the padded width; a default one is halved
+  # until it does (256 -> 128 for Based's 273 key channels, 384 lanes).
+  given = ((blocks.block_k, blocks.block_v) if direction == "forward" else
+           (blocks.backward_block_k, blocks.backward_block_v))
   block_k, block_v = blocks.features(direction)
   prefix = "" if direction == "forward" else "backward_"
-  bk = common.feature_blocks(k_pad, block_k, block_k, prefix + "block_k")
-  bv = common.feature_blocks(v_pad, block_v, block_v, prefix + "block_v")
+  bk = common.feature_blocks(k_pad, given[0], block_k, prefix + "block_k")
+  bv = common.feature_blocks(v_pad, given[1], block_v, prefix + "block_v")
   return Tiles(bk, bv, k_pad // bk, v_pad // bv)
 
 
