@@ -30,7 +30,7 @@ def test_lm_config_passes_impl():
                                    "kda": {"impl": "xla"}})
   lm = nnx.eval_shape(lambda: LM(config, rngs=nnx.Rngs(0)))
   assert [(b.mixer.impl, b.mixer.chunk_size) for b in lm.blocks] == [
-      ("pallas", 16), ("xla", 64)]
+      ("pallas", 16), ("xla", None)]
 
 
 def test_chunk_form_passes_chunk_size_and_impl(monkeypatch):
@@ -41,6 +41,9 @@ def test_chunk_form_passes_chunk_size_and_impl(monkeypatch):
 
   base.chunk_form(op, 48, "pallas")()
   assert seen == {"chunk_size": 48, "impl": "pallas"}
+  base.chunk_form(op, None, "xla")()
+  expected = 32 if jax.default_backend() == "cpu" else 64
+  assert seen == {"chunk_size": expected, "impl": "xla"}
 
 
 def test_pallas_impl_matches_xla():

@@ -119,9 +119,20 @@ def checked_impl(impl: str) -> str:
   return impl
 
 
-def chunk_form(op: Callable, chunk_size: int, impl: str) -> Callable:
+def resolved_chunk_size(chunk_size: int | None) -> int:
+  """A mixer's ``chunk_size``, ``None`` meaning the backend's default: 32 on
+  CPU (at head width 32, the fastest of 16/32/64 for the delta-rule, KDA,
+  RWKV and GLA chunk forms, within noise, and 20-40% quicker to compile
+  than 64), 64 on TPU/GPU (the kernels' tiles)."""
+  if chunk_size is not None:
+    return chunk_size
+  return 32 if jax.default_backend() == "cpu" else 64
+
+
+def chunk_form(op: Callable, chunk_size: int | None, impl: str) -> Callable:
   """The chunk form ``op`` with a mixer's ``chunk_size`` and ``impl``."""
-  return functools.partial(op, chunk_size=chunk_size, impl=impl)
+  return functools.partial(op, chunk_size=resolved_chunk_size(chunk_size),
+                           impl=impl)
 
 
 def check_mode(mode) -> None:

@@ -90,8 +90,8 @@ def mamba2_decay_params(rngs: nnx.Rngs, shape, *, dt_min=1e-3, dt_max=0.1,
           modules.param(rngs, dt_bias_init, shape, ("heads",), param_dtype))
 
 
-def run_delta_rule(ctx: Context, q, k, v, beta, g, state, chunk_size: int,
-                   impl: str = "auto"):
+def run_delta_rule(ctx: Context, q, k, v, beta, g, state,
+                   chunk_size: int | None, impl: str = "auto"):
   """The delta-rule op of ``ctx``'s mode (or its step when decoding).
 
   ``q, k: [B, T, H, K]``, ``v: [B, T, H, V]``, ``beta: [B, T, H]``, ``g``
@@ -140,7 +140,8 @@ class DeltaNet(Mixer):
       for ``H``.
     head_k_dim, head_v_dim: explicit key and value widths per head; they
       replace ``expand_k`` and ``expand_v`` (None: from those).
-    chunk_size: chunk length of the chunk form (speed only).
+    chunk_size: chunk length of the chunk form (speed only); None: 32
+      on CPU, 64 on TPU/GPU (``base.resolved_chunk_size``).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
       implementation (``lin_attn_jax.ops.common.dispatch``).
   """
@@ -150,7 +151,7 @@ class DeltaNet(Mixer):
                conv_size: int = 4, use_output_gate: bool = False,
                allow_neg_eigval: bool = False, norm_eps: float = 1e-5,
                n_v_heads: int | None = None, head_k_dim: int | None = None,
-               head_v_dim: int | None = None, chunk_size: int = 64,
+               head_v_dim: int | None = None, chunk_size: int | None = None,
                impl: str = "auto", zero_init_gate: bool = True,
                dtype=_F32, param_dtype=_F32):
     for name, value in (("n_v_heads", n_v_heads), ("head_k_dim", head_k_dim),
@@ -309,7 +310,7 @@ class GatedDeltaNet(DeltaNet):
                conv_size: int = 4, use_output_gate: bool = True,
                allow_neg_eigval: bool = False, norm_eps: float = 1e-5,
                n_v_heads: int | None = None, head_k_dim: int | None = None,
-               head_v_dim: int | None = None, chunk_size: int = 64,
+               head_v_dim: int | None = None, chunk_size: int | None = None,
                impl: str = "auto", zero_init_gate: bool = True,
                dtype=_F32, param_dtype=_F32):
     super().__init__(d_model, n_heads, rngs=rngs, expand_k=expand_k,
@@ -358,7 +359,7 @@ class KDA(DeltaNet):
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 1.0, expand_v: float = 1.0,
                conv_size: int = 4, allow_neg_eigval: bool = False,
-               norm_eps: float = 1e-5, chunk_size: int = 64,
+               norm_eps: float = 1e-5, chunk_size: int | None = None,
                impl: str = "auto", dtype=_F32, param_dtype=_F32):
     super().__init__(d_model, n_heads, rngs=rngs, expand_k=expand_k,
                      expand_v=expand_v, conv_size=conv_size,

@@ -29,7 +29,8 @@ class GLA(MatrixStateMixer):
     gate_logit_normalizer: divides the log-sigmoid gate (16), so decays start
       close to 1.
     norm_eps: epsilon of the per-head RMSNorm (1e-5).
-    chunk_size: chunk length of the chunk form (speed only).
+    chunk_size: chunk length of the chunk form (speed only); None: 32
+      on CPU, 64 on TPU/GPU (``base.resolved_chunk_size``).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
       implementation (``lin_attn_jax.ops.common.dispatch``).
   """
@@ -37,7 +38,7 @@ class GLA(MatrixStateMixer):
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 0.5, expand_v: float = 1.0,
                gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0,
-               norm_eps: float = 1e-5, chunk_size: int = 64,
+               norm_eps: float = 1e-5, chunk_size: int | None = None,
                impl: str = "auto", dtype=jnp.float32,
                param_dtype=jnp.float32):
     key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)

@@ -54,15 +54,16 @@ class HGRN2(MatrixStateMixer):
     d_model: ``D``. n_heads: ``H``; value width per head ``D / H``.
     expand_ratio: ``K``, forget (key) channels per head; None for ``D / H``.
     lower_bound: ``lb`` in ``[0, 1)``, the least forget-gate value.
-    chunk_size: chunk length of the chunk form (speed only).
+    chunk_size: chunk length of the chunk form (speed only); None: 32
+      on CPU, 64 on TPU/GPU (``base.resolved_chunk_size``).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
       implementation (``lin_attn_jax.ops.common.dispatch``).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_ratio: int | None = None, lower_bound: float = 0.0,
-               chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
-               param_dtype=jnp.float32):
+               chunk_size: int | None = None, impl: str = "auto",
+               dtype=jnp.float32, param_dtype=jnp.float32):
     if expand_ratio is None:
       expand_ratio = head_dim(d_model, n_heads, "d_model")
     if not isinstance(expand_ratio, int) or expand_ratio < 1:

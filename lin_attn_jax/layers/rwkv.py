@@ -27,7 +27,8 @@ from flax import nnx
 
 from lin_attn_jax.feature_maps import orthonormal_columns
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer, zero_state
+from lin_attn_jax.layers.base import (Context, Mixer,
+                                     resolved_chunk_size, zero_state)
 from lin_attn_jax.ops import (chunk_rwkv6, chunk_rwkv7, parallel_rwkv6,
                               parallel_rwkv7, recurrent_rwkv6, recurrent_rwkv7,
                               rwkv6_step, rwkv7_step)
@@ -63,7 +64,8 @@ def check_positive(name: str, value):
   return value
 
 
-def run_form(ctx: Context, forms, step, args, state, chunk_size: int):
+def run_form(ctx: Context, forms, step, args, state,
+             chunk_size: int | None):
   """The op form of ``ctx``'s mode on ``args`` (``[B, T, ...]`` arrays and
   parameters), or its ``step`` when decoding; ``scale=1`` as in RWKV.
 
@@ -75,7 +77,8 @@ def run_form(ctx: Context, forms, step, args, state, chunk_size: int):
     o, state = step(*inputs, state, scale=1.0, reset=ctx.restart)
     return o[:, None], state
   chunk, parallel, recurrent = forms
-  form = ctx.pick(chunk=functools.partial(chunk, chunk_size=chunk_size),
+  form = ctx.pick(chunk=functools.partial(
+                      chunk, chunk_size=resolved_chunk_size(chunk_size)),
                   parallel=parallel, recurrent=recurrent)
   return form(*(a for a, _ in args), scale=1.0,
               initial_state=ctx.carried(state),
@@ -118,7 +121,8 @@ class RWKV6(Mixer):
     layer_index, n_layers: depth of this layer, for the inits.
     norm_eps: epsilon of the GroupNorm (64e-5, the reference's ``1e-5 *
       head_size_divisor ** 2``).
-    chunk_size: chunk length of the chunk form (speed only).
+    chunk_size: chunk length of the chunk form (speed only); None: 32
+      on CPU, 64 on TPU/GPU (``base.resolved_chunk_size``).
   """
 
   no_weight_decay = ("lerp_base", "lerp_weights", "decay_base", "bonus")
@@ -127,8 +131,8 @@ class RWKV6(Mixer):
                expand_k: float = 1.0, expand_v: float = 1.0,
                mix_low_rank_dim: int = 32, decay_low_rank_dim: int = 64,
                layer_index: int = 0, n_layers: int = 1,
-               norm_eps: float = 64e-5, chunk_size: int = 64, dtype=_F32,
-               param_dtype=_F32):
+               norm_eps: float = 64e-5, chunk_size: int | None = None,
+               dtype=_F32, param_dtype=_F32):
     key_dim, value_dim = d_model * expand_k, d_model * expand_v
     if key_dim != int(key_dim) or value_dim != int(value_dim):
       raise ValueError(f"expand_k * d_model = {key_dim} and expand_v * "
@@ -315,7 +319,8 @@ class RWKV7(Mixer):
     value_low_rank_dim: rank of the value-residual LoRA; None for the
       reference's ``1.7 sqrt(D)`` rounded to a multiple of 32 (at least 32).
     norm_eps: epsilon of the GroupNorm (64e-5).
-    chunk_size: chunk length of the chunk form (speed only).
+    chunk_size: chunk length of the chunk form (speed only); None: 32
+      on CPU, 64 on TPU/GPU (``base.resolved_chunk_size``).
   """
 
   no_weight_decay = ("lerp_weights", "decay_base", "iclr_base",
@@ -328,8 +333,8 @@ class RWKV7(Mixer):
                n_layers: int = 1, zero_init_output: bool = True,
                value_residual: bool = False,
                value_low_rank_dim: int | None = None,
-               norm_eps: float = 64e-5, chunk_size: int = 64, dtype=_F32,
-               param_dtype=_F32):
+               norm_eps: float = 64e-5, chunk_size: int | None = None,
+               dtype=_F32, param_dtype=_F32):
     self.head_dim = n = check_heads(d_model, n_heads)
     self.first_layer = layer_index == 0
     self.value_residual = value_residual and not self.first_layer
