@@ -26,6 +26,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunks
 from lin_attn_jax.ops.common.segments import document_index
@@ -37,15 +38,42 @@ def _mm(subscripts, *operands):
   return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
 
 
+def _select(subscripts, *operands):
+  """A product with a 0/1 matrix: exact at any backend's matmul precision."""
+  return jnp.einsum(subscripts, *operands, precision=jax.lax.Precision.HIGHEST,
+                    preferred_element_type=_F32)
+
+
 def _heads_first(x, chunk):
   """``[B, T, H, ...] -> [B, H, N, C, ...]`` (T a multiple of ``chunk``)."""
   return jnp.moveaxis(split_chunks(x, chunk), 3, 1)
 
 
-def _pairs(y):
-  """``vec(y y^T)``: ``[..., K] -> [..., K^2]``."""
-  outer = _mm("...i,...j->...ij", y, y)
-  return outer.reshape(y.shape[:-1] + (y.shape[-1] ** 2,))
+def _pair_tables(dim):
+  """The pairs ``i <= j`` of channels and the maps between bases.
+
+  Returns ``(first, second, weight, to_pairs, to_full)``: ``first, second
+  [K, P]`` pick ``y_i`` and ``y_j`` of pair ``p`` (``P = K (K + 1) / 2``);
+  ``weight [P]`` is 1 on the diagonal and 2 off it, so that
+  ``(y . z)^2 = sum_p weight_p y_i y_j z_i z_j``; ``to_pairs [P, K^2]``
+  maps the rows ``vec(y y^T) / sqrt(2)`` of ``feature_maps.taylor``'s state
+  to sums of ``y_i y_j`` (its symmetric part, all that a query reads) and
+  ``to_full [K^2, P]`` maps back.
+  """
+  i, j = np.triu_indices(dim)
+  pairs = np.arange(i.size)
+  first = np.zeros((dim, i.size), np.float32)
+  second = np.zeros((dim, i.size), np.float32)
+  first[i, pairs] = 1.0
+  second[j, pairs] = 1.0
+  weight = np.where(i == j, 1.0, 2.0).astype(np.float32)
+  to_pairs = np.zeros((i.size, dim * dim), np.float32)
+  to_pairs[pairs, i * dim + j] = np.where(i == j, math.sqrt(2.0), 0.5 ** 0.5)
+  to_pairs[pairs, j * dim + i] = np.where(i == j, math.sqrt(2.0), 0.5 ** 0.5)
+  to_full = np.zeros((dim * dim, i.size), np.float32)
+  to_full[i * dim + j, pairs] = 0.5 ** 0.5
+  to_full[j * dim + i, pairs] = 0.5 ** 0.5
+  return first, second, weight, to_pairs, to_full
 
 
 def taylor_chunk(q, k, v_aug, *, scale, initial_state, output_final_state,
@@ -68,10 +96,11 @@ def taylor_chunk(q, k, v_aug, *, scale, initial_state, output_final_state,
   b, t, h, f = q.shape
   chunk = min(chunk_size, t)
   root = math.sqrt(scale)
+  first, second, weight, to_pairs, to_full = (
+      jnp.asarray(x) for x in _pair_tables(f))
   y_q, y_k, v_aug = (pad_time(x, chunk) for x in (
       jnp.asarray(q, _F32) * root, jnp.asarray(k, _F32) * root, v_aug))
   y_q, y_k, v_c = (_heads_first(x, chunk) for x in (y_q, y_k, v_aug))
-  n = v_c.shape[2]
   packed = segment_ids is not None
 
   a = _mm("bhnif,bhnjf->bhnij", y_q, y_k)                       # [B,H,N,C,C]
@@ -89,17 +118,22 @@ def taylor_chunk(q, k, v_aug, *, scale, initial_state, output_final_state,
   scores = jnp.where(mask, 1.0 + a + 0.5 * (a * a), 0.0)
   o = _mm("bhnij,bhnjv->bhniv", scores, v_c)                    # [B,H,N,C,V]
 
+  k_pairs = (_select("fp,bhnjf->bhnpj", first, y_k)
+             * _select("fp,bhnjf->bhnpj", second, y_k))        # [B,H,N,P,C]
   own = jnp.concatenate([
       jnp.sum(v_own, axis=3)[:, :, :, None],
       _mm("bhnjf,bhnjv->bhnfv", y_k, v_own),
-      _mm("bhnje,bhnjv->bhnev", _pairs(y_k), v_own)],
-      axis=3)                                                   # [B,H,N,S,V]
-  # The state in this basis: the pair rows without the 1 / sqrt(2).
-  basis = jnp.concatenate([jnp.ones((1 + f,), _F32),
-                           jnp.full((f * f,), math.sqrt(2.0), _F32)])
-  state0 = (jnp.zeros(own.shape[:2] + own.shape[3:], _F32)
-            if initial_state is None
-            else jnp.asarray(initial_state, _F32) * basis[:, None])
+      _mm("bhnpj,bhnjv->bhnpv", k_pairs, v_own)],
+      axis=3)                                                   # [B,H,N,R,V]
+  # State rows R: 1, y (K), then y_i y_j for the pairs i <= j (P).
+  lead = 1 + f
+  if initial_state is None:
+    state0 = jnp.zeros(own.shape[:2] + own.shape[3:], _F32)
+  else:
+    init = jnp.asarray(initial_state, _F32)
+    state0 = jnp.concatenate(
+        [init[:, :, :lead],
+         _select("pe,bhev->bhpv", to_pairs, init[:, :, lead:])], axis=2)
   if packed:
     passes = (doc_c[:, :, -1] == doc_before).astype(_F32)       # [B, N]
 
@@ -109,22 +143,33 @@ def taylor_chunk(q, k, v_aug, *, scale, initial_state, output_final_state,
 
     final, entering = jax.lax.scan(
         carry, state0, (passes.T, jnp.moveaxis(own, 2, 0)))
-    entering = jnp.moveaxis(entering, 0, 2)                     # [B,H,N,S,V]
+    entering = jnp.moveaxis(entering, 0, 2)                     # [B,H,N,R,V]
   else:
-    totals = jnp.cumsum(own, axis=2)                            # [B,H,N,S,V]
+    totals = jax.lax.associative_scan(jnp.add, own, axis=2)     # [B,H,N,R,V]
     entering = jnp.concatenate(
         [jnp.zeros_like(own[:, :, :1]), totals[:, :, :-1]], axis=2)
     entering = entering + state0[:, :, None]
     final = state0 + totals[:, :, -1]
 
+  q_pairs = (_select("fp,bhnif->bhnip", first, y_q)
+             * _select("fp,bhnif->bhnip", second, y_q))        # [B,H,N,C,P]
   read = (entering[:, :, :, None, 0]
-          + _mm("bhnif,bhnfv->bhniv", y_q, entering[:, :, :, 1:1 + f])
-          + _mm("bhnie,bhnev->bhniv", _pairs(y_q),
-                0.5 * entering[:, :, :, 1 + f:]))               # [B,H,N,C,V]
+          + _mm("bhnif,bhnfv->bhniv", y_q, entering[:, :, :, 1:lead])
+          + _mm("bhnip,bhnpv->bhniv", q_pairs,
+                (0.5 * weight)[:, None] * entering[:, :, :, lead:]))
   if packed:
     reached = (doc_c == doc_before[..., None])[:, None, :, :, None]
     read = jnp.where(reached, read, 0.0)
   o = merge_chunks(jnp.moveaxis(o + read, 1, 3))[:, :t]         # [B,T,H,V]
   if not output_final_state:
     return o, None
-  return o, final / basis[:, None]
+  final_pairs = _select("ep,bhpv->bhev", to_full, final[:, :, lead:])
+  if initial_state is not None:
+    # The antisymmetric part of the initial pair rows is never read: it
+    # reaches the final state unchanged unless a document starts.
+    init_pairs = init[:, :, lead:].reshape(b, h, f, f, -1)
+    skew = 0.5 * (init_pairs - jnp.swapaxes(init_pairs, 2, 3))
+    kept = 1.0 if not packed else (doc[:, -1] == 0).astype(_F32)[:, None,
+                                                                  None, None]
+    final_pairs = final_pairs + kept * skew.reshape(final_pairs.shape)
+  return o, jnp.concatenate([final[:, :, :lead], final_pairs], axis=2)
