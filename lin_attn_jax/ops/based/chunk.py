@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lin_attn_jax.ops.common.chunking import merge_chunks, pad_time, split_chunks
+from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
+                                             split_chunks)
 from lin_attn_jax.ops.common.segments import document_index
 
 _F32 = jnp.float32
