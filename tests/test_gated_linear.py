@@ -43,7 +43,7 @@ CASES_BY_OP = {
     "linear_attn": [CASES[1], CASES[4], CASES[5]],
     "retention": [CASES[0], CASES[3], CASES[6]],
     "linear_attn_normalized": [CASES[1], CASES[6]],
-    "based": [CASES[3], CASES[5]],
+    "based": [CASES[3], CASES[5], CASES[6]],
 }
 
 

@@ -9,9 +9,15 @@ The sliding-window softmax half of a Based block lives in the layer.
 
 from __future__ import annotations
 
+import functools
+
+import jax.numpy as jnp
+
 from lin_attn_jax import feature_maps
-from lin_attn_jax.ops.common import checks
-from lin_attn_jax.ops.linear_attn import (chunk_linear_attn, linear_attn_step,
+from lin_attn_jax.ops.based.chunk import taylor_chunk
+from lin_attn_jax.ops.common import checks, context_parallel, dispatch
+from lin_attn_jax.ops.linear_attn import (NORMALIZER_EPS, chunk_linear_attn,
+                                          linear_attn_step,
                                           naive_recurrent_linear_attn,
                                           parallel_linear_attn,
                                           recurrent_linear_attn)
@@ -58,10 +64,39 @@ def chunk_based(q, k, v, *, scale=None, initial_state=None,
       ``chunk_linear_attn``.
   Returns:
     ``(o [B, T, H, V], final_state or None)``.
+
+  The XLA form (``ops/based/chunk.py``) evaluates the Taylor kernel from
+  ``q . k`` inside chunks and carries the state in blocks; the Pallas
+  kernels and the context-parallel split run ``chunk_linear_attn`` on the
+  features.
   """
-  return _call(chunk_linear_attn, q, k, v, scale, initial_state=initial_state,
-               output_final_state=output_final_state, segment_ids=segment_ids,
-               chunk_size=chunk_size, impl=impl)
+  b, t, h, dk, dv = checks.check_qkv(q, k, v)
+  checks.check_float("q", q)
+  checks.check_float("k", k)
+  checks.check_state("initial_state", initial_state,
+                     (b, h, 1 + dk + dk * dk, dv + 1),
+                     "[B, H, 1 + K + K^2, V + 1]")
+  checks.check_segment_ids(segment_ids, b, t)
+  checks.check_chunk_size(chunk_size)
+  dispatch.check_impl(impl)
+  features = functools.partial(
+      _call, chunk_linear_attn, q, k, v, scale, initial_state=initial_state,
+      output_final_state=output_final_state, segment_ids=segment_ids,
+      chunk_size=chunk_size)
+  if context_parallel.sequence_parallel_size() > 1:
+    return features(impl=impl)
+
+  def xla():
+    vf = jnp.asarray(v, jnp.float32)
+    v_aug = jnp.concatenate([vf, jnp.ones_like(vf[..., :1])], axis=-1)
+    o, final = taylor_chunk(
+        q, k, v_aug, scale=dk ** -0.5 if scale is None else scale,
+        initial_state=initial_state, output_final_state=output_final_state,
+        segment_ids=segment_ids, chunk_size=chunk_size)
+    o = o[..., :-1] / (o[..., -1:] + NORMALIZER_EPS)
+    return o.astype(v.dtype), final
+
+  return dispatch.run(impl, xla, lambda: features(impl="pallas"))
 
 
 def recurrent_based(q, k, v, *, scale=None, initial_state=None,

@@ -124,11 +124,13 @@ def parallel_causal_conv1d(x, weight, bias=None, *, activation=None,
 def chunk_causal_conv1d(x, weight, bias=None, *, activation=None,
                         initial_state=None, output_final_state=False,
                         segment_ids=None, chunk_size=64):
-  """Depthwise causal convolution, chunk by chunk.
+  """Depthwise causal convolution, the training form.
 
-  A ``lax.scan`` over chunks carries the last ``W - 1`` inputs (and their
-  document indices) into the next chunk; inside a chunk the taps are summed
-  as in the parallel form. Memory is ``O(C D)`` per step besides the output.
+  The taps are summed over the whole sequence at once, one shifted,
+  document-masked copy per tap (as in ``parallel_causal_conv1d``): XLA fuses
+  the copies into one pass, which on CPU is faster than a ``lax.scan`` over
+  chunks carrying the last ``W - 1`` inputs (the chunk axis copies and the
+  per-step overhead cost more than the ``W`` taps).
 
   Args:
     x: ``[B, T, D]``.
@@ -140,7 +142,8 @@ def chunk_causal_conv1d(x, weight, bias=None, *, activation=None,
       (oldest first), or None for zeros.
     output_final_state: also return the last ``W - 1`` inputs.
     segment_ids: ``[B, T]`` int; no tap crosses a change of id.
-    chunk_size: tokens per chunk (speed and memory only).
+    chunk_size: kept for the common signature of the chunk forms (checked,
+      no effect).
   Returns:
     ``(y [B, T, D] in x's dtype, final_state [B, W - 1, D] float32 or
     None)``.
@@ -155,44 +158,12 @@ def chunk_causal_conv1d(x, weight, bias=None, *, activation=None,
   batch, length, channels, taps = validate(x, weight, bias, activation,
                                            initial_state, segment_ids)
   checks.check_chunk_size(chunk_size)
-  y, final = chunked_conv(jnp.asarray(x, _F32), jnp.asarray(weight, _F32),
-                          initial_window(initial_state, batch, taps, channels),
-                          document_index(segment_ids, batch, length),
-                          chunk_size, output_final_state)
+  y, final = shifted_sum_conv(jnp.asarray(x, _F32), jnp.asarray(weight, _F32),
+                              initial_window(initial_state, batch, taps,
+                                             channels),
+                              document_index(segment_ids, batch, length),
+                              output_final_state)
   return finish(y, bias, activation).astype(x.dtype), final
-
-
-def chunked_conv(x, weight, window, doc, chunk_size, output_final_state):
-  """Float32 core of the chunk form; arguments as in ``shifted_sum_conv``."""
-  batch, length, channels = x.shape
-  taps = weight.shape[1]
-  chunk = min(chunk_size, length)
-  # Padding at the end comes after every real token, so no real output reads
-  # it; the final window is read from the unpadded sequence.
-  x_c = split_chunks(pad_time(x, chunk), chunk)                 # [B, N, C, D]
-  doc_c = jnp.pad(doc, ((0, 0), (0, x_c.shape[1] * chunk - length)),
-                  constant_values=-1)
-  doc_c = split_chunks(doc_c, chunk)                            # [B, N, C]
-
-  def one_chunk(carry, inputs):
-    window, window_doc = carry                 # [B, W-1, D], [B, W-1]
-    x_n, doc_n = inputs                        # [B, C, D], [B, C]
-    padded = jnp.concatenate([window, x_n], axis=1)
-    doc_padded = jnp.concatenate([window_doc, doc_n], axis=1)
-    y = _shifted_sum(padded, doc_padded, weight, chunk)
-    return (padded[:, chunk:], doc_padded[:, chunk:]), y
-
-  carry0 = (window, jnp.zeros((batch, taps - 1), doc.dtype))
-  _, y = jax.lax.scan(one_chunk, carry0,
-                      (jnp.moveaxis(x_c, 1, 0), jnp.moveaxis(doc_c, 1, 0)))
-  y = jnp.moveaxis(y, 0, 1).reshape(batch, -1, channels)[:, :length]
-  final = None
-  if output_final_state:
-    padded = jnp.concatenate([window, x[:, max(0, length - taps + 1):]], axis=1)
-    doc_padded = jnp.pad(doc, ((0, 0), (taps - 1, 0)))
-    doc_padded = doc_padded[:, doc_padded.shape[1] - padded.shape[1]:]
-    final = _final_window(padded, doc_padded, taps)
-  return y, final
 
 
 def toeplitz_conv(x, weight, window, doc, chunk_size, output_final_state):
@@ -200,7 +171,7 @@ def toeplitz_conv(x, weight, window, doc, chunk_size, output_final_state):
   matrix of the taps times the chunk, plus one times the previous chunk.
 
   For wide kernels (H3's shift SSM, up to ``MAX_WIDTH`` taps), where the
-  tap-by-tap sum of ``chunked_conv`` costs ``W`` passes over the data and
+  tap-by-tap sum of ``shifted_sum_conv`` costs ``W`` passes over the data and
   as many operations to compile. The chunk length is at least ``W - 1``, so
   every tap reaches back one chunk at most. Work is ``O(T D L)``; with
   document indices the two products are masked per chunk (a ``[B, T / L,

@@ -1,0 +1,176 @@
+"""Based's chunk form in XLA, with the Taylor kernel evaluated from ``q . k``.
+
+The Taylor features ``phi(x) = [1, y, vec(y y^T) / sqrt(2)]`` (``y = sqrt(s)
+x``, ``1 + K + K^2`` wide, 273 for ``K = 16``) are only needed for the
+state. Inside a chunk the kernel itself is cheaper:
+
+    phi(q_i) . phi(k_j) = 1 + a_ij + a_ij^2 / 2,   a_ij = y_i . y_j,
+
+one ``[C, C]`` matmul over ``K`` channels instead of over ``1 + K + K^2``.
+The state ``S = sum_j phi(k_j) [v_j, 1]^T`` is kept as its three blocks,
+``sum [v, 1]``, ``sum y [v, 1]^T`` and ``sum vec(y y^T) [v, 1]^T`` (the last
+one without the ``1 / sqrt(2)``, which becomes the ``1 / 2`` of the read):
+no ``[T, 1 + K + K^2]`` feature tensor is concatenated, and every chunk
+tensor is laid out heads first (``[B, H, N, C, ...]``), the layout of its
+matmuls. Without documents the states entering the chunks are a prefix sum
+over chunks; with them, a ``lax.scan`` that stops a state where a document
+starts.
+
+Letters: b batch, h head, n chunk, i and j positions in a chunk, f feature
+channel (``K``), e a pair of channels (``K^2``), v value channel (``V + 1``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
+                                             split_chunks)
+from lin_attn_jax.ops.common.segments import document_index
+
+_F32 = jnp.float32
+
+
+def _mm(subscripts, *operands):
+  return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
+
+
+def _select(subscripts, *operands):
+  """A product with a 0/1 matrix: exact at any backend's matmul precision."""
+  return jnp.einsum(subscripts, *operands, precision=jax.lax.Precision.HIGHEST,
+                    preferred_element_type=_F32)
+
+
+def _heads_first(x, chunk):
+  """``[B, T, H, ...] -> [B, H, N, C, ...]`` (T a multiple of ``chunk``)."""
+  return jnp.moveaxis(split_chunks(x, chunk), 3, 1)
+
+
+def _pair_tables(dim):
+  """The pairs ``i <= j`` of channels and the maps between bases.
+
+  Returns ``(first, second, weight, to_pairs, to_full)``: ``first, second
+  [K, P]`` pick ``y_i`` and ``y_j`` of pair ``p`` (``P = K (K + 1) / 2``);
+  ``weight [P]`` is 1 on the diagonal and 2 off it, so that
+  ``(y . z)^2 = sum_p weight_p y_i y_j z_i z_j``; ``to_pairs [P, K^2]``
+  maps the rows ``vec(y y^T) / sqrt(2)`` of ``feature_maps.taylor``'s state
+  to sums of ``y_i y_j`` (its symmetric part, all that a query reads) and
+  ``to_full [K^2, P]`` maps back.
+  """
+  i, j = np.triu_indices(dim)
+  pairs = np.arange(i.size)
+  first = np.zeros((dim, i.size), np.float32)
+  second = np.zeros((dim, i.size), np.float32)
+  first[i, pairs] = 1.0
+  second[j, pairs] = 1.0
+  weight = np.where(i == j, 1.0, 2.0).astype(np.float32)
+  to_pairs = np.zeros((i.size, dim * dim), np.float32)
+  to_pairs[pairs, i * dim + j] = np.where(i == j, math.sqrt(2.0), 0.5 ** 0.5)
+  to_pairs[pairs, j * dim + i] = np.where(i == j, math.sqrt(2.0), 0.5 ** 0.5)
+  to_full = np.zeros((dim * dim, i.size), np.float32)
+  to_full[i * dim + j, pairs] = 0.5 ** 0.5
+  to_full[j * dim + i, pairs] = 0.5 ** 0.5
+  return first, second, weight, to_pairs, to_full
+
+
+def taylor_chunk(q, k, v_aug, *, scale, initial_state, output_final_state,
+                 segment_ids, chunk_size):
+  """Unnormalised Taylor linear attention of ``v_aug``, chunkwise.
+
+  Args:
+    q, k: ``[B, T, H, K]`` raw (before the feature map); v_aug: ``[B, T, H,
+      V]`` float32 (the values with their all-ones normalizer column).
+    scale: ``s`` of the Taylor kernel (a Python number).
+    initial_state: ``[B, H, 1 + K + K^2, V]`` in the basis of
+      ``feature_maps.taylor``, or None.
+    output_final_state, segment_ids ``[B, T]`` or None, chunk_size: as in
+      ``chunk_based``.
+  Returns:
+    ``(o [B, T, H, V] float32, final_state or None)``:
+    ``o_i = sum_{j <= i, same document} phi(q_i) . phi(k_j) v_aug_j`` plus
+    the initial state's part.
+  """
+  b, t, h, f = q.shape
+  chunk = min(chunk_size, t)
+  root = math.sqrt(scale)
+  first, second, weight, to_pairs, to_full = (
+      jnp.asarray(x) for x in _pair_tables(f))
+  y_q, y_k, v_aug = (pad_time(x, chunk) for x in (
+      jnp.asarray(q, _F32) * root, jnp.asarray(k, _F32) * root, v_aug))
+  y_q, y_k, v_c = (_heads_first(x, chunk) for x in (y_q, y_k, v_aug))
+  packed = segment_ids is not None
+
+  a = _mm("bhnif,bhnjf->bhnij", y_q, y_k)                       # [B,H,N,C,C]
+  mask = jnp.tril(jnp.ones((chunk, chunk), dtype=bool))
+  if packed:
+    doc = pad_time(document_index(segment_ids, b, t), chunk, mode="edge")
+    doc_c = split_chunks(doc, chunk)                            # [B, N, C]
+    doc_before = jnp.concatenate([jnp.zeros((b, 1), doc.dtype), doc[:, :-1]],
+                                 axis=1)[:, ::chunk]            # [B, N]
+    mask = mask & (doc_c[..., :, None] == doc_c[..., None, :])[:, None]
+    in_last_doc = doc_c == doc_c[:, :, -1:]                     # [B, N, C]
+    v_own = jnp.where(in_last_doc[:, None, :, :, None], v_c, 0.0)
+  else:
+    v_own = v_c
+  scores = jnp.where(mask, 1.0 + a + 0.5 * (a * a), 0.0)
+  o = _mm("bhnij,bhnjv->bhniv", scores, v_c)                    # [B,H,N,C,V]
+
+  k_pairs = (_select("fp,bhnjf->bhnpj", first, y_k)
+             * _select("fp,bhnjf->bhnpj", second, y_k))        # [B,H,N,P,C]
+  own = jnp.concatenate([
+      jnp.sum(v_own, axis=3)[:, :, :, None],
+      _mm("bhnjf,bhnjv->bhnfv", y_k, v_own),
+      _mm("bhnpj,bhnjv->bhnpv", k_pairs, v_own)],
+      axis=3)                                                   # [B,H,N,R,V]
+  # State rows R: 1, y (K), then y_i y_j for the pairs i <= j (P).
+  lead = 1 + f
+  if initial_state is None:
+    state0 = jnp.zeros(own.shape[:2] + own.shape[3:], _F32)
+  else:
+    init = jnp.asarray(initial_state, _F32)
+    state0 = jnp.concatenate(
+        [init[:, :, :lead],
+         _select("pe,bhev->bhpv", to_pairs, init[:, :, lead:])], axis=2)
+  if packed:
+    passes = (doc_c[:, :, -1] == doc_before).astype(_F32)       # [B, N]
+
+    def carry(state, inputs):
+      passes_n, own_n = inputs
+      return passes_n[:, None, None, None] * state + own_n, state
+
+    final, entering = jax.lax.scan(
+        carry, state0, (passes.T, jnp.moveaxis(own, 2, 0)))
+    entering = jnp.moveaxis(entering, 0, 2)                     # [B,H,N,R,V]
+  else:
+    totals = jax.lax.associative_scan(jnp.add, own, axis=2)     # [B,H,N,R,V]
+    entering = jnp.concatenate(
+        [jnp.zeros_like(own[:, :, :1]), totals[:, :, :-1]], axis=2)
+    entering = entering + state0[:, :, None]
+    final = state0 + totals[:, :, -1]
+
+  q_pairs = (_select("fp,bhnif->bhnip", first, y_q)
+             * _select("fp,bhnif->bhnip", second, y_q))        # [B,H,N,C,P]
+  read = (entering[:, :, :, None, 0]
+          + _mm("bhnif,bhnfv->bhniv", y_q, entering[:, :, :, 1:lead])
+          + _mm("bhnip,bhnpv->bhniv", q_pairs,
+                (0.5 * weight)[:, None] * entering[:, :, :, lead:]))
+  if packed:
+    reached = (doc_c == doc_before[..., None])[:, None, :, :, None]
+    read = jnp.where(reached, read, 0.0)
+  o = merge_chunks(jnp.moveaxis(o + read, 1, 3))[:, :t]         # [B,T,H,V]
+  if not output_final_state:
+    return o, None
+  final_pairs = _select("ep,bhpv->bhev", to_full, final[:, :, lead:])
+  if initial_state is not None:
+    # The antisymmetric part of the initial pair rows is never read: it
+    # reaches the final state unchanged unless a document starts.
+    init_pairs = init[:, :, lead:].reshape(b, h, f, f, -1)
+    skew = 0.5 * (init_pairs - jnp.swapaxes(init_pairs, 2, 3))
+    kept = 1.0 if not packed else (doc[:, -1] == 0).astype(_F32)[:, None,
+                                                                  None, None]
+    final_pairs = final_pairs + kept * skew.reshape(final_pairs.shape)
+  return o, jnp.concatenate([final[:, :, :lead], final_pairs], axis=2)
