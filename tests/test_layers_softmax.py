@@ -24,17 +24,18 @@ CAUSAL_CASES = {
                                           "summary_size": 2,
                                           "block_size": 8}),
 }
-# Packed documents take the same path through both sparse patterns; the
-# fixed one is checked with them only, to keep the file fast.
-CAUSAL_RUNS = [(case, use_segments) for case in sorted(CAUSAL_CASES)
-               for use_segments in (False, True)
-               if (case, use_segments) != ("sparse_attn_fixed", False)]
+# Without segment ids the same modes run on one document: slow only, as for
+# the other mixers (the segment case covers every path and the masks
+# besides).
+CAUSAL_RUNS = [pytest.param(case, use_segments,
+                            id=f"{case}-{'seg' if use_segments else 'noseg'}",
+                            marks=() if use_segments else pytest.mark.slow)
+               for case in sorted(CAUSAL_CASES)
+               for use_segments in (False, True)]
 LINFORMER_OPTIONS = {"max_len": 32, "projected_length": 8}
 
 
-@pytest.mark.parametrize(
-    "case, use_segments", CAUSAL_RUNS,
-    ids=[f"{c}-{'seg' if s else 'noseg'}" for c, s in CAUSAL_RUNS])
+@pytest.mark.parametrize("case, use_segments", CAUSAL_RUNS)
 def test_modes_decoding_and_gradients(case, use_segments):
   name, options = CAUSAL_CASES[case]
   lm = lm_checks.tiny_lm(name, options)
