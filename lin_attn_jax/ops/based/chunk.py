@@ -30,7 +30,7 @@ import numpy as np
 
 from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
                                              split_chunks)
-from lin_attn_jax.ops.common.segments import document_index
+from lin_attn_jax.ops.common.segments import chunk_documents
 
 _F32 = jnp.float32
 
@@ -107,10 +107,7 @@ def taylor_chunk(q, k, v_aug, *, scale, initial_state, output_final_state,
   a = _mm("bhnif,bhnjf->bhnij", y_q, y_k)                       # [B,H,N,C,C]
   mask = jnp.tril(jnp.ones((chunk, chunk), dtype=bool))
   if packed:
-    doc = pad_time(document_index(segment_ids, b, t), chunk, mode="edge")
-    doc_c = split_chunks(doc, chunk)                            # [B, N, C]
-    doc_before = jnp.concatenate([jnp.zeros((b, 1), doc.dtype), doc[:, :-1]],
-                                 axis=1)[:, ::chunk]            # [B, N]
+    doc_c, doc_before = chunk_documents(segment_ids, b, t, chunk)
     mask = mask & (doc_c[..., :, None] == doc_c[..., None, :])[:, None]
     in_last_doc = doc_c == doc_c[:, :, -1:]                     # [B, N, C]
     v_own = jnp.where(in_last_doc[:, None, :, :, None], v_c, 0.0)
@@ -170,7 +167,7 @@ def taylor_chunk(q, k, v_aug, *, scale, initial_state, output_final_state,
     # reaches the final state unchanged unless a document starts.
     init_pairs = init[:, :, lead:].reshape(b, h, f, f, -1)
     skew = 0.5 * (init_pairs - jnp.swapaxes(init_pairs, 2, 3))
-    kept = 1.0 if not packed else (doc[:, -1] == 0).astype(_F32)[:, None,
+    kept = 1.0 if not packed else (doc_c[:, -1, -1] == 0).astype(_F32)[:, None,
                                                                   None, None]
     final_pairs = final_pairs + kept * skew.reshape(final_pairs.shape)
   return o, jnp.concatenate([final[:, :, :lead], final_pairs], axis=2)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from lin_attn_jax.ops.common.chunking import pad_time, split_chunks
+
 
 def reset_flags(segment_ids, batch: int, length: int):
   """``[B, T]`` bool: True where a new document starts (never at t = 0)."""
@@ -32,3 +34,20 @@ def document_index(segment_ids, batch: int, length: int):
 def same_document_mask(doc_q, doc_k):
   """``[..., Tq, Tk]`` bool from ``[..., Tq]`` and ``[..., Tk]`` indices."""
   return doc_q[..., :, None] == doc_k[..., None, :]
+
+
+def chunk_documents(segment_ids, batch: int, length: int, chunk: int):
+  """Document indices per chunk from ``[B, T]`` segment ids, or None.
+
+  Returns:
+    ``(doc_c [B, N, C], doc_before [B, N])``: the document of every token
+    (T padded to a multiple of ``chunk`` with the last document) and of the
+    token before each chunk; None without segment ids.
+  """
+  if segment_ids is None:
+    return None
+  doc = pad_time(document_index(segment_ids, batch, length), chunk,
+                 mode="edge")
+  doc_before = jnp.concatenate([jnp.zeros((batch, 1), doc.dtype),
+                                doc[:, :-1]], axis=1)[:, ::chunk]  # [B, N]
+  return split_chunks(doc, chunk), doc_before

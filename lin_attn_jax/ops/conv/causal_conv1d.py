@@ -155,15 +155,11 @@ def chunk_causal_conv1d(x, weight, bias=None, *, activation=None,
     >>> y.shape, s.shape
     ((2, 100, 8), (2, 3, 8))
   """
-  batch, length, channels, taps = validate(x, weight, bias, activation,
-                                           initial_state, segment_ids)
   checks.check_chunk_size(chunk_size)
-  y, final = shifted_sum_conv(jnp.asarray(x, _F32), jnp.asarray(weight, _F32),
-                              initial_window(initial_state, batch, taps,
-                                             channels),
-                              document_index(segment_ids, batch, length),
-                              output_final_state)
-  return finish(y, bias, activation).astype(x.dtype), final
+  return parallel_causal_conv1d(x, weight, bias, activation=activation,
+                                initial_state=initial_state,
+                                output_final_state=output_final_state,
+                                segment_ids=segment_ids)
 
 
 def toeplitz_conv(x, weight, window, doc, chunk_size, output_final_state):

@@ -43,7 +43,7 @@ from lin_attn_jax.ops.common.chunk_scores import (intra_chunk_scores,
 from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
                                              split_chunks)
 from lin_attn_jax.ops.common.decay import chunk_log_decays
-from lin_attn_jax.ops.common.segments import document_index
+from lin_attn_jax.ops.common.segments import chunk_documents
 from lin_attn_jax.ops.delta_rule import context_parallel as split
 from lin_attn_jax.ops.delta_rule.inputs import (default_scale,
                                                 expand_query_key, validate)
@@ -69,21 +69,6 @@ def chunk_layout(t, chunk_size, sub_chunk_size):
   c = min(sub_chunk_size, chunk_size)
   # A sequence shorter than a chunk only needs enough whole sub-chunks.
   return min(chunk_size, -(-t // c) * c), c
-
-
-def chunk_documents(segment_ids, b, t, chunk):
-  """Document indices per chunk from ``[B, T]`` segment ids, or None.
-
-  Returns:
-    ``(doc_c [B, N, C], doc_before [B, N])``: the document of every token
-    and of the token before each chunk; None without segment ids.
-  """
-  if segment_ids is None:
-    return None
-  doc = pad_time(document_index(segment_ids, b, t), chunk, mode="edge")
-  doc_before = jnp.concatenate([jnp.zeros((b, 1), doc.dtype), doc[:, :-1]],
-                               axis=1)[:, ::chunk]              # [B, N]
-  return split_chunks(doc, chunk), doc_before
 
 
 def document_masks(docs):

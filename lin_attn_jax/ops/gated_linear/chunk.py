@@ -57,7 +57,7 @@ from lin_attn_jax.ops.common.chunk_scores import (dot_last, halves,
                                                   level_log_decays,
                                                   power_of_two)
 from lin_attn_jax.ops.common.decay import chunk_log_decays, shift
-from lin_attn_jax.ops.common.segments import document_index
+from lin_attn_jax.ops.common.segments import chunk_documents
 from lin_attn_jax.ops.gated_linear import context_parallel as split
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
 from lin_attn_jax.ops.gated_linear.scalar_decay import scalar_decay_outputs
@@ -248,15 +248,12 @@ def _chunk_xla(q, k, v, g, *, scale, initial_state, output_final_state,
   subs = chunk // c
   if g is None:
     g = jnp.zeros((b, t, h, 1), _F32)
-  doc = document_index(segment_ids, b, t)                       # [B, T]
-
   out_dtype = v.dtype
   q, k, g, v = (pad_time(jnp.asarray(x, _F32), chunk) for x in (q, k, g, v))
-  doc = pad_time(doc, chunk, mode="edge")
-  n = q.shape[1] // chunk
-  doc_c = split_chunks(doc, chunk)                              # [B, N, C]
-  doc_before = jnp.concatenate([jnp.zeros((b, 1), doc.dtype), doc[:, :-1]],
-                               axis=1)[:, ::chunk]              # [B, N]
+  # One document (all indices 0) without segment ids.
+  doc_c, doc_before = chunk_documents(
+      jnp.zeros((b, t), jnp.int32) if segment_ids is None else segment_ids,
+      b, t, chunk)                                              # [B,N,C], [B,N]
   per_chunk = (split_chunks(scale * q, chunk), split_chunks(k, chunk),
                split_chunks(v, chunk), split_chunks(g, chunk), doc_c,
                doc_before)

@@ -31,8 +31,9 @@ from lin_attn_jax.ops.common.chunk_scores import intra_chunk_scores
 from lin_attn_jax.ops.common.chunking import (map_chunk_groups, merge_chunks,
                                              pad_time, split_chunks)
 from lin_attn_jax.ops.common.decay import chunk_log_decays, shift
+from lin_attn_jax.ops.common.segments import chunk_documents
 from lin_attn_jax.ops.delta_rule.chunk import (check_chunk_sizes, chunk_layout,
-                                               chunk_documents, document_masks,
+                                               document_masks,
                                                invert_unit_lower,
                                                scan_chunk_states)
 from lin_attn_jax.ops.rwkv7 import context_parallel as split
