@@ -42,7 +42,7 @@ def test_chunk_form_passes_chunk_size_and_impl(monkeypatch):
   base.chunk_form(op, 48, "pallas")()
   assert seen == {"chunk_size": 48, "impl": "pallas"}
   base.chunk_form(op, None, "xla")()
-  expected = 32 if jax.default_backend() == "cpu" else 64
+  expected = 16 if jax.default_backend() == "cpu" else 64
   assert seen == {"chunk_size": expected, "impl": "xla"}
 
 

@@ -140,7 +140,7 @@ class DeltaNet(Mixer):
       for ``H``.
     head_k_dim, head_v_dim: explicit key and value widths per head; they
       replace ``expand_k`` and ``expand_v`` (None: from those).
-    chunk_size: chunk length of the chunk form (speed only); None: 32
+    chunk_size: chunk length of the chunk form (speed only); None: 16
       on CPU, 64 on TPU/GPU (``base.resolved_chunk_size``).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
       implementation (``lin_attn_jax.ops.common.dispatch``).

@@ -29,7 +29,7 @@ class GLA(MatrixStateMixer):
     gate_logit_normalizer: divides the log-sigmoid gate (16), so decays start
       close to 1.
     norm_eps: epsilon of the per-head RMSNorm (1e-5).
-    chunk_size: chunk length of the chunk form (speed only); None: 32
+    chunk_size: chunk length of the chunk form (speed only); None: 16
       on CPU, 64 on TPU/GPU (``base.resolved_chunk_size``).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
       implementation (``lin_attn_jax.ops.common.dispatch``).

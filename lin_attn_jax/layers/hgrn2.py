@@ -54,7 +54,7 @@ class HGRN2(MatrixStateMixer):
     d_model: ``D``. n_heads: ``H``; value width per head ``D / H``.
     expand_ratio: ``K``, forget (key) channels per head; None for ``D / H``.
     lower_bound: ``lb`` in ``[0, 1)``, the least forget-gate value.
-    chunk_size: chunk length of the chunk form (speed only); None: 32
+    chunk_size: chunk length of the chunk form (speed only); None: 16
       on CPU, 64 on TPU/GPU (``base.resolved_chunk_size``).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
       implementation (``lin_attn_jax.ops.common.dispatch``).

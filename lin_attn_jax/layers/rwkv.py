@@ -121,7 +121,7 @@ class RWKV6(Mixer):
     layer_index, n_layers: depth of this layer, for the inits.
     norm_eps: epsilon of the GroupNorm (64e-5, the reference's ``1e-5 *
       head_size_divisor ** 2``).
-    chunk_size: chunk length of the chunk form (speed only); None: 32
+    chunk_size: chunk length of the chunk form (speed only); None: 16
       on CPU, 64 on TPU/GPU (``base.resolved_chunk_size``).
   """
 
@@ -319,7 +319,7 @@ class RWKV7(Mixer):
     value_low_rank_dim: rank of the value-residual LoRA; None for the
       reference's ``1.7 sqrt(D)`` rounded to a multiple of 32 (at least 32).
     norm_eps: epsilon of the GroupNorm (64e-5).
-    chunk_size: chunk length of the chunk form (speed only); None: 32
+    chunk_size: chunk length of the chunk form (speed only); None: 16
       on CPU, 64 on TPU/GPU (``base.resolved_chunk_size``).
   """
 

@@ -51,7 +51,8 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import (checks, context_parallel, dispatch,
                                     kernel_sharding)
-from lin_attn_jax.ops.common.chunking import (map_chunk_groups, merge_chunks,
+from lin_attn_jax.ops.common.chunking import (chunks_per_group,
+                                             map_chunk_groups, merge_chunks,
                                              pad_time, split_chunks)
 from lin_attn_jax.ops.common.chunk_scores import (dot_last, halves,
                                                   level_log_decays,
@@ -64,8 +65,6 @@ from lin_attn_jax.ops.gated_linear.scalar_decay import scalar_decay_outputs
 from pallas_kernels.gated_linear import chunk_gated_linear_attention
 
 _F32 = jnp.float32
-# Tokens whose in-chunk factors are alive at once (memory, not results).
-_TOKENS_PER_GROUP = 512
 
 
 def _mm(subscripts, *operands):
@@ -257,7 +256,7 @@ def _chunk_xla(q, k, v, g, *, scale, initial_state, output_final_state,
   per_chunk = (split_chunks(scale * q, chunk), split_chunks(k, chunk),
                split_chunks(v, chunk), split_chunks(g, chunk), doc_c,
                doc_before)
-  group = max(1, _TOKENS_PER_GROUP // chunk)
+  group = chunks_per_group(chunk, h * max(dk, dv))
 
   # Only ``[C, K]`` factors per chunk: no grouping needed.
   own_state, chunk_decay = _chunk_states(*per_chunk, sub=c)

@@ -28,7 +28,8 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import context_parallel
 from lin_attn_jax.ops.common.chunk_scores import intra_chunk_scores
-from lin_attn_jax.ops.common.chunking import (map_chunk_groups, merge_chunks,
+from lin_attn_jax.ops.common.chunking import (chunks_per_group,
+                                             map_chunk_groups, merge_chunks,
                                              pad_time, split_chunks)
 from lin_attn_jax.ops.common.decay import chunk_log_decays, shift
 from lin_attn_jax.ops.common.segments import chunk_documents
@@ -40,9 +41,6 @@ from lin_attn_jax.ops.rwkv7 import context_parallel as split
 from lin_attn_jax.ops.rwkv7.inputs import default_scale, validate
 
 _F32 = jnp.float32
-# Tokens whose chunk-local terms are alive at once (memory, not results).
-_TOKENS_PER_GROUP = 512
-
 
 def _mm(subscripts, *operands):
   return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
@@ -143,7 +141,7 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
       functools.partial(_chunk_local, sub=c),
       tuple(split_chunks(x, chunk) for x in (scale * r, w, k)) + (v_c,)
       + tuple(split_chunks(x, chunk) for x in (a, b)) + (docs or ()),
-      max(1, _TOKENS_PER_GROUP // chunk))
+      chunks_per_group(chunk, h * max(dk, dv)))
 
   # Step 4: the state entering every chunk.
   state0 = (jnp.zeros((bs, h, dk, dv), _F32) if initial_state is None
