@@ -43,14 +43,11 @@ import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common.chunking import pad_time
+from lin_attn_jax.ops.common.products import mm_nt
 from lin_attn_jax.ops.common.decay import (reverse_exclusive_cumsum, segsum,
                                            shift)
 
 _F32 = jnp.float32
-
-
-def _mm(subscripts, *operands):
-  return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
 
 
 def dot_last(a, b):
@@ -117,7 +114,7 @@ def _scalar_decay_scores(x, y, g, strict):
   if strict:
     pair = jnp.concatenate([jnp.full_like(pair[..., :1, :], -jnp.inf),
                             pair[..., :-1, :]], axis=-2)
-  return _mm("...ik,...jk->...ij", x, y) * jnp.exp(pair)
+  return mm_nt(x, y) * jnp.exp(pair)
 
 
 def intra_chunk_scores(xs, ys, g, strict=False):
@@ -157,7 +154,7 @@ def intra_chunk_scores(xs, ys, g, strict=False):
                               for x, s in zip(xs, strict)], axis=-2)
     y_write = jnp.concatenate([halves(y, half, -2)[0] * write for y in ys],
                               axis=-2)
-    lower.append(_mm("...pik,...pjk->...pij", x_read, y_write))
+    lower.append(mm_nt(x_read, y_write))                        # [..., P, h, h]
     half *= 2
 
   def one(a, b):

@@ -43,6 +43,7 @@ from lin_attn_jax.ops.common.chunk_scores import (intra_chunk_scores,
 from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
                                              split_chunks)
 from lin_attn_jax.ops.common.decay import chunk_log_decays
+from lin_attn_jax.ops.common.products import mm_nn, mm_tn
 from lin_attn_jax.ops.common.segments import chunk_documents
 from lin_attn_jax.ops.delta_rule import context_parallel as split
 from lin_attn_jax.ops.delta_rule.inputs import (default_scale,
@@ -138,7 +139,7 @@ def _forward_substitution(a, rhs):
   block = SOLVE_BLOCK
   t, width = a.shape[-1], rhs.shape[-1]
   if t <= block:
-    return _mm("...ij,...jr->...ir", invert_unit_lower(a), rhs)
+    return mm_nn(invert_unit_lower(a), rhs)
   n = -(-t // block)
   pad = n * block - t
   lead = a.shape[:-2]
@@ -210,8 +211,7 @@ def invert_unit_lower(a):
                         a.reshape(lead + (pairs, 2 * m, pairs, 2 * m)))
     inv = inverse.reshape(lead + (pairs, 2, m, m))
     inv11, inv22 = inv[..., 0, :, :], inv[..., 1, :, :]
-    lower = -_mm("...ij,...jk,...kl->...il", inv22, blocks[..., m:, :m],
-                 inv11)                                 # [..., pairs, m, m]
+    lower = -mm_nn(mm_nn(inv22, blocks[..., m:, :m]), inv11)                                 # [..., pairs, m, m]
     inverse = join_blocks(inverse, lower)               # [..., pairs, 2m, 2m]
     m *= 2
   return inverse[..., 0, :c, :c]
@@ -255,7 +255,7 @@ def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk,
   dk = k.shape[-1]
   k_from_start = jnp.where(reached, k_h * jnp.exp(from_start), 0.0)
   rhs = beta_h[..., None] * jnp.concatenate([k_from_start, v_h], axis=-1)
-  wu = _mm("bnhij,bnhjx->bnhix", invert_unit_lower(a), rhs)     # [B,N,H,C,K+V]
+  wu = mm_nn(invert_unit_lower(a), rhs)                         # [B,N,H,C,K+V]
   return ChunkTerms(
       w=wu[..., :dk], u=wu[..., dk:],
       q=jnp.where(reached, q_h * jnp.exp(from_start), 0.0),     # [B,N,H,C,K]
@@ -273,12 +273,11 @@ def sweep_xla(terms: ChunkTerms, state0):
   """
   dk = terms.w.shape[-1]
   transition = (terms.decay[..., :, None] * jnp.eye(dk, dtype=_F32)
-                - _mm("bnhjk,bnhjl->bnhkl", terms.k, terms.w))  # [B,N,H,K,K]
-  own = _mm("bnhjk,bnhjv->bnhkv", terms.k, terms.u)             # [B,N,H,K,V]
+                - mm_tn(terms.k, terms.w))                      # [B,N,H,K,K]
+  own = mm_tn(terms.k, terms.u)                                 # [B,N,H,K,V]
   final_state, entering = scan_chunk_states(transition, own, state0)
-  u = terms.u - _mm("bnhjk,bnhkv->bnhjv", terms.w, entering)    # [B,N,H,C,V]
-  o = (_mm("bnhij,bnhjv->bnhiv", terms.scores, u)
-       + _mm("bnhik,bnhkv->bnhiv", terms.q, entering))          # [B,N,H,C,V]
+  u = terms.u - mm_nn(terms.w, entering)                        # [B,N,H,C,V]
+  o = mm_nn(terms.scores, u) + mm_nn(terms.q, entering)         # [B,N,H,C,V]
   return o, final_state
 
 

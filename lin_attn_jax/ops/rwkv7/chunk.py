@@ -32,6 +32,7 @@ from lin_attn_jax.ops.common.chunking import (chunks_per_group,
                                              map_chunk_groups, merge_chunks,
                                              pad_time, split_chunks)
 from lin_attn_jax.ops.common.decay import chunk_log_decays, shift
+from lin_attn_jax.ops.common.products import mm_nn, mm_tn
 from lin_attn_jax.ops.common.segments import chunk_documents
 from lin_attn_jax.ops.delta_rule.chunk import (check_chunk_sizes, chunk_layout,
                                                document_masks,
@@ -41,10 +42,6 @@ from lin_attn_jax.ops.rwkv7 import context_parallel as split
 from lin_attn_jax.ops.rwkv7.inputs import default_scale, validate
 
 _F32 = jnp.float32
-
-def _mm(subscripts, *operands):
-  return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
-
 
 def _chunk_local(r_c, w_c, k_c, v_c, a_c, b_c, *docs, sub):
   """Steps 1-3 and each chunk's transition (no dependence on the state).
@@ -75,9 +72,9 @@ def _chunk_local(r_c, w_c, k_c, v_c, a_c, b_c, *docs, sub):
 
   # Step 3: W and U from one triangular inverse per chunk.
   a_from_start = jnp.where(reached, a_h * jnp.exp(before), 0.0)  # [B,N,H,C,K]
-  rhs = jnp.concatenate([a_from_start, _mm("bnhij,bnhjv->bnhiv", a_k, v_h)],
+  rhs = jnp.concatenate([a_from_start, mm_nn(a_k, v_h)],
                         axis=-1)                                # [B,N,H,C,K+V]
-  wu = _mm("bnhij,bnhjx->bnhix", invert_unit_lower(-a_b), rhs)
+  wu = mm_nn(invert_unit_lower(-a_b), rhs)                      # [B,N,H,C,K+V]
   w_, u = wu[..., :dk], wu[..., dk:]
 
   # Step 4 (its chunk-local part): the chunk transitions.
@@ -85,9 +82,8 @@ def _chunk_local(r_c, w_c, k_c, v_c, a_c, b_c, *docs, sub):
   b_to_end, k_to_end = b_h * decay_to_end, k_h * decay_to_end
   decay = jnp.where(passes, jnp.exp(total), 0.0)                # [B,N,H,K]
   transition = (decay[..., :, None] * jnp.eye(dk, dtype=_F32)
-                + _mm("bnhjk,bnhjl->bnhkl", b_to_end, w_))      # [B,N,H,K,K]
-  own = (_mm("bnhjk,bnhjv->bnhkv", b_to_end, u)
-         + _mm("bnhjk,bnhjv->bnhkv", k_to_end, v_h))            # [B,N,H,K,V]
+                + mm_tn(b_to_end, w_))                          # [B,N,H,K,K]
+  own = mm_tn(b_to_end, u) + mm_tn(k_to_end, v_h)               # [B,N,H,K,V]
   r_from_start = jnp.where(reached, r_h * jnp.exp(from_start), 0.0)
   return transition, own, w_, u, r_b, r_k, r_from_start
 
@@ -149,9 +145,8 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   final_state, entering = scan_chunk_states(transition, own, state0)
 
   # Step 5: outputs.
-  x = u + _mm("bnhik,bnhkv->bnhiv", w_, entering)               # [B,N,H,C,V]
-  o = (_mm("bnhij,bnhjv->bnihv", r_b, x)
-       + _mm("bnhij,bnjhv->bnihv", r_k, v_c)
-       + _mm("bnhik,bnhkv->bnihv", r_from_start, entering))     # [B,N,C,H,V]
-  o = merge_chunks(o)[:, :t]
+  x = u + mm_nn(w_, entering)                                  # [B,N,H,C,V]
+  o = (mm_nn(r_b, x) + mm_nn(r_k, jnp.moveaxis(v_c, 3, 2))
+       + mm_nn(r_from_start, entering))                         # [B,N,H,C,V]
+  o = merge_chunks(jnp.moveaxis(o, 2, 3))[:, :t]                # [B,T,H,V]
   return o.astype(out_dtype), (final_state if output_final_state else None)
