@@ -29,6 +29,9 @@ import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common.chunking import pad_time
+from lin_attn_jax.ops.common.products import mm_nn as _mm_nn
+from lin_attn_jax.ops.common.products import mm_nt as _mm_nt
+from lin_attn_jax.ops.common.products import transposed as _transposed
 from lin_attn_jax.ops.common.segments import chunk_documents
 
 _F32 = jnp.float32
@@ -36,59 +39,6 @@ _F32 = jnp.float32
 
 def _mm(subscripts, *operands):
   return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
-
-
-# Products whose gradients contract the last axis of their left operand:
-# XLA:CPU hands such matmuls to its fast library (YNNPACK) and runs the
-# others, which autodiff makes of a plain einsum, several times slower. The
-# transposes they need are of the narrow operand (``[C, C]`` or ``[C, V]``)
-# and are made in memory: XLA would otherwise fold them back into the
-# product's dimension numbers.
-
-def _transposed(x):
-  """``x`` with its last two axes swapped, materialized."""
-  return jax.lax.optimization_barrier(jnp.swapaxes(x, -1, -2))
-
-
-@jax.custom_vjp
-def _mm_nt(a, b):
-  """``a @ b^T`` over the last two axes: ``[..., I, R], [..., J, R] -> [...,
-  I, J]`` float32."""
-  return _mm("...ir,...jr->...ij", a, b)
-
-
-def _mm_nt_fwd(a, b):
-  return _mm_nt(a, b), (a, b)
-
-
-def _mm_nt_bwd(res, g):
-  a, b = res
-  return (_mm("...ij,...jr->...ir", g, b).astype(a.dtype),
-          _mm("...ji,...ir->...jr", _transposed(g), a).astype(b.dtype))
-
-
-_mm_nt.defvjp(_mm_nt_fwd, _mm_nt_bwd)
-
-
-@jax.custom_vjp
-def _mm_nn(a, b):
-  """``a @ b`` over the last two axes: ``[..., I, J], [..., J, R] -> [...,
-  I, R]`` float32; ``a`` is the narrow operand (transposed for the
-  gradient of ``b``)."""
-  return _mm("...ij,...jr->...ir", a, b)
-
-
-def _mm_nn_fwd(a, b):
-  return _mm_nn(a, b), (a, b)
-
-
-def _mm_nn_bwd(res, g):
-  a, b = res
-  return (_mm("...ir,...jr->...ij", g, b).astype(a.dtype),
-          _mm("...ji,...ir->...jr", _transposed(a), g).astype(b.dtype))
-
-
-_mm_nn.defvjp(_mm_nn_fwd, _mm_nn_bwd)
 
 
 def heads_first_features(x, projection, *, query: bool):
