@@ -22,8 +22,11 @@ from flax import nnx
 
 from lin_attn_jax import feature_maps
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer, checked_impl, zero_state
+from lin_attn_jax.layers.base import (Context, Mixer, checked_impl,
+                                      chunk_form, zero_state)
 from lin_attn_jax.layers.linear_attn import head_dim, run_linear_attn
+from lin_attn_jax.ops import chunk_favor_attn
+from lin_attn_jax.ops.performer.chunk import heads_first_features
 
 
 class RandomProjection(nnx.Variable):
@@ -38,10 +41,13 @@ class Performer(Mixer):
   ``feature_maps.favor_plus_projection`` from the ``params`` stream at
   construction); the q/k/v/o projections are LeCun normal (the Flax
   ``Dense`` default of the paper's code). Query features are shifted by
-  their own maximum exponent before the ``exp`` (a per-query constant that
-  cancels in the normalization) so that a long query cannot underflow them
-  all; key exponents ``w . x - |x|^2 / 2`` are at most ``|w|^2 / 2`` and need
-  no shift. The cache is the state ``[B, H, M, K + 1]`` float32.
+  their own maximum of ``w . x`` (dropping ``|x|^2 / 2``: both are per-query
+  constants that cancel in the normalization) so that a long query cannot
+  underflow them all; key exponents ``w . x - |x|^2 / 2`` are at most
+  ``|w|^2 / 2`` and need no shift. The projection enters as a constant (no
+  gradient is made for it). The chunk form is ``ops.chunk_favor_attn``,
+  which makes the features itself in the layout of its matmuls. The cache is
+  the state ``[B, H, M, K + 1]`` float32.
 
   Args:
     d_model: ``D``. n_heads: ``H``.
@@ -78,18 +84,16 @@ class Performer(Mixer):
     """Replaces the random projection by a new draw from ``key``."""
     self.projection[...] = self._draw(key)
 
+  def _projection(self):
+    """``W`` as a constant: never trained, so no gradient is made for it."""
+    return jax.lax.stop_gradient(self.projection[...])
+
   def features(self, x, *, query: bool):
-    """FAVOR+ features ``[B, T, H, K] -> [B, T, H, M]``."""
-    x = x * self.head_dim ** -0.25
-    w = self.projection[...]
-    stabilizer = None
-    if query:
-      xf = x.astype(jnp.float32)
-      exponent = (jnp.einsum("bthk,mk->bthm", xf, w)
-                  - 0.5 * jnp.sum(xf * xf, -1, keepdims=True))  # [B, T, H, M]
-      stabilizer = jax.lax.stop_gradient(
-          jnp.max(exponent, axis=-1, keepdims=True))            # [B, T, H, 1]
-    return feature_maps.favor_plus(x, w, stabilizer=stabilizer)
+    """FAVOR+ features ``[B, T, H, K] -> [B, T, H, M]`` float32 (queries
+    shifted by their largest exponent), as ``ops.chunk_favor_attn`` makes
+    them."""
+    w = self._projection()
+    return jnp.swapaxes(heads_first_features(x, w, query=query), 1, 2)
 
   def init_mixer_cache(self, batch_size, max_len, dtype):
     del max_len, dtype
@@ -104,9 +108,16 @@ class Performer(Mixer):
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     shape = (b, t, self.n_heads, self.head_dim)
-    q = self.features(self.q_proj(x).reshape(shape), query=True)  # [B, T, H, M]
-    k = self.features(self.k_proj(x).reshape(shape), query=False)
+    q = self.q_proj(x).reshape(shape)                           # [B, T, H, K]
+    k = self.k_proj(x).reshape(shape)                           # [B, T, H, K]
     v = self.v_proj(x).reshape(shape)                           # [B, T, H, K]
-    o, state = run_linear_attn(q, k, v, ctx, normalize=True,
-                               chunk_size=self.chunk_size, impl=self.impl)
+    if ctx.mode == "chunk" and not ctx.decoding:
+      o, state = chunk_form(chunk_favor_attn, self.chunk_size, self.impl)(
+          q, k, v, self._projection(), initial_state=ctx.carried(ctx.cache),
+          output_final_state=ctx.cache is not None,
+          segment_ids=ctx.segment_ids)
+    else:
+      o, state = run_linear_attn(
+          self.features(q, query=True), self.features(k, query=False), v,
+          ctx, normalize=True, chunk_size=self.chunk_size, impl=self.impl)
     return self.o_proj(o.reshape(b, t, -1)), state

@@ -21,6 +21,7 @@ from lin_attn_jax.ops.linear_attn import (chunk_linear_attn, linear_attn_step,
                                           naive_recurrent_linear_attn,
                                           parallel_linear_attn,
                                           recurrent_linear_attn)
+from lin_attn_jax.ops.performer import chunk_favor_attn, favor_features
 from lin_attn_jax.ops.retention import (chunk_retention,
                                         naive_recurrent_retention,
                                         parallel_retention,

@@ -7,14 +7,16 @@ state. Inside a chunk the kernel itself is cheaper:
     phi(q_i) . phi(k_j) = 1 + a_ij + a_ij^2 / 2,   a_ij = y_i . y_j,
 
 one ``[C, C]`` matmul over ``K`` channels instead of over ``1 + K + K^2``.
-The state ``S = sum_j phi(k_j) [v_j, 1]^T`` is kept as its three blocks,
-``sum [v, 1]``, ``sum y [v, 1]^T`` and ``sum vec(y y^T) [v, 1]^T`` (the last
-one without the ``1 / sqrt(2)``, which becomes the ``1 / 2`` of the read):
-no ``[T, 1 + K + K^2]`` feature tensor is concatenated, and every chunk
-tensor is laid out heads first (``[B, H, N, C, ...]``), the layout of its
-matmuls. Without documents the states entering the chunks are a prefix sum
-over chunks; with them, a ``lax.scan`` that stops a state where a document
-starts.
+The state ``S = sum_j phi(k_j) [v_j, 1]^T`` is kept over the rows ``[1,
+y, y_i y_j for the pairs i <= j]`` (``1 + K + K (K + 1) / 2``, 153 for ``K
+= 16``): the symmetric part of ``vec(y y^T)``, all that a query reads, with
+the query's pair products weighted 1/2 on the diagonal and 1 off it. The
+state is kept transposed, ``[V, R]``, so that the products that make and
+read it contract the last axis of their left operand (``ops/common/
+products.py``), and every chunk tensor is laid out heads first (``[B, H, N,
+C, ...]``), the layout of its matmuls. Without documents the states entering
+the chunks are a prefix sum over chunks; with them, a ``lax.scan`` that
+stops a state where a document starts.
 
 Letters: b batch, h head, n chunk, i and j positions in a chunk, f feature
 channel (``K``), e a pair of channels (``K^2``), v value channel (``V + 1``).
@@ -30,6 +32,7 @@ import numpy as np
 
 from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
                                              split_chunks)
+from lin_attn_jax.ops.common.products import mm_nn, mm_nt, transposed
 from lin_attn_jax.ops.common.segments import chunk_documents
 
 _F32 = jnp.float32
@@ -77,6 +80,14 @@ def _pair_tables(dim):
   return first, second, weight, to_pairs, to_full
 
 
+def _pairs(y, first, second):
+  """``y_i y_j`` for the pairs ``i <= j`` of ``_pair_tables``: ``[..., K]
+  -> [..., P]``, picked by products with its 0/1 tables (exact), in the
+  layout in which XLA:CPU runs them and their gradients fastest."""
+  return (_select("...f,fp->...p", y, first)
+          * _select("...f,fp->...p", y, second))
+
+
 def taylor_chunk(q, k, v_aug, *, scale, initial_state, output_final_state,
                  segment_ids, chunk_size):
   """Unnormalised Taylor linear attention of ``v_aug``, chunkwise.
@@ -104,7 +115,7 @@ def taylor_chunk(q, k, v_aug, *, scale, initial_state, output_final_state,
   y_q, y_k, v_c = (_heads_first(x, chunk) for x in (y_q, y_k, v_aug))
   packed = segment_ids is not None
 
-  a = _mm("bhnif,bhnjf->bhnij", y_q, y_k)                       # [B,H,N,C,C]
+  a = mm_nt(y_q, y_k)                                           # [B,H,N,C,C]
   mask = jnp.tril(jnp.ones((chunk, chunk), dtype=bool))
   if packed:
     doc_c, doc_before = chunk_documents(segment_ids, b, t, chunk)
@@ -114,24 +125,27 @@ def taylor_chunk(q, k, v_aug, *, scale, initial_state, output_final_state,
   else:
     v_own = v_c
   scores = jnp.where(mask, 1.0 + a + 0.5 * (a * a), 0.0)
-  o = _mm("bhnij,bhnjv->bhniv", scores, v_c)                    # [B,H,N,C,V]
+  o = mm_nn(scores, v_c)                                        # [B,H,N,C,V]
 
-  k_pairs = (_select("fp,bhnjf->bhnpj", first, y_k)
-             * _select("fp,bhnjf->bhnpj", second, y_k))        # [B,H,N,P,C]
-  own = jnp.concatenate([
-      jnp.sum(v_own, axis=3)[:, :, :, None],
-      _mm("bhnjf,bhnjv->bhnfv", y_k, v_own),
-      _mm("bhnpj,bhnjv->bhnpv", k_pairs, v_own)],
-      axis=3)                                                   # [B,H,N,R,V]
-  # State rows R: 1, y (K), then y_i y_j for the pairs i <= j (P).
+  # State rows R: 1, y (K), then y_i y_j for the pairs i <= j (P). States
+  # are kept transposed, [V, R], so that each product contracts the last
+  # axis of its left operand.
   lead = 1 + f
+  ones = jnp.ones(y_k.shape[:-1] + (1,), _F32)
+  k_rows = jnp.concatenate(
+      [ones, y_k, _pairs(y_k, first, second)], axis=-1)        # [B,H,N,C,R]
+  q_rows = jnp.concatenate(
+      [ones, y_q, _pairs(y_q, first, second) * (0.5 * weight)],
+      axis=-1)                                                  # [B,H,N,C,R]
+  own = mm_nn(transposed(v_own), k_rows)                        # [B,H,N,V,R]
   if initial_state is None:
     state0 = jnp.zeros(own.shape[:2] + own.shape[3:], _F32)
   else:
     init = jnp.asarray(initial_state, _F32)
-    state0 = jnp.concatenate(
+    state0 = jnp.swapaxes(jnp.concatenate(
         [init[:, :, :lead],
-         _select("pe,bhev->bhpv", to_pairs, init[:, :, lead:])], axis=2)
+         _select("pe,bhev->bhpv", to_pairs, init[:, :, lead:])], axis=2),
+        -1, -2)                                                 # [B,H,V,R]
   if packed:
     passes = (doc_c[:, :, -1] == doc_before).astype(_F32)       # [B, N]
 
@@ -141,26 +155,22 @@ def taylor_chunk(q, k, v_aug, *, scale, initial_state, output_final_state,
 
     final, entering = jax.lax.scan(
         carry, state0, (passes.T, jnp.moveaxis(own, 2, 0)))
-    entering = jnp.moveaxis(entering, 0, 2)                     # [B,H,N,R,V]
+    entering = jnp.moveaxis(entering, 0, 2)                     # [B,H,N,V,R]
   else:
-    totals = jax.lax.associative_scan(jnp.add, own, axis=2)     # [B,H,N,R,V]
+    totals = jax.lax.associative_scan(jnp.add, own, axis=2)     # [B,H,N,V,R]
     entering = jnp.concatenate(
         [jnp.zeros_like(own[:, :, :1]), totals[:, :, :-1]], axis=2)
     entering = entering + state0[:, :, None]
     final = state0 + totals[:, :, -1]
 
-  q_pairs = (_select("fp,bhnif->bhnip", first, y_q)
-             * _select("fp,bhnif->bhnip", second, y_q))        # [B,H,N,C,P]
-  read = (entering[:, :, :, None, 0]
-          + _mm("bhnif,bhnfv->bhniv", y_q, entering[:, :, :, 1:lead])
-          + _mm("bhnip,bhnpv->bhniv", q_pairs,
-                (0.5 * weight)[:, None] * entering[:, :, :, lead:]))
+  read = mm_nt(q_rows, entering)                                # [B,H,N,C,V]
   if packed:
     reached = (doc_c == doc_before[..., None])[:, None, :, :, None]
     read = jnp.where(reached, read, 0.0)
   o = merge_chunks(jnp.moveaxis(o + read, 1, 3))[:, :t]         # [B,T,H,V]
   if not output_final_state:
     return o, None
+  final = jnp.swapaxes(final, -1, -2)                           # [B,H,R,V]
   final_pairs = _select("ep,bhpv->bhev", to_full, final[:, :, lead:])
   if initial_state is not None:
     # The antisymmetric part of the initial pair rows is never read: it
