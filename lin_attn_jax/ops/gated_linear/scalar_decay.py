@@ -34,7 +34,7 @@ def _mm(subscripts, *operands):
   return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
 
 
-def _pairwise_sums(g):
+def chunk_pairwise_sums(g):
   """``out[..., i, j] = sum_{j < m <= i} g[..., m]`` (0 for ``j >= i``).
 
   One matmul with a constant 0/1 matrix ``[C * C, C]``: each entry is a sum
@@ -69,7 +69,7 @@ def scalar_decay_outputs(q_c, k_c, v_c, g_c, doc_c, doc_before, entering, *,
   if packed:
     same_doc = doc_c[:, :, :, None] == doc_c[:, :, None, :]     # [B,N,i,j]
     mask = mask & same_doc[:, :, None]                          # [B,N,1,i,j]
-  decay = jnp.exp(jnp.where(mask, _pairwise_sums(g), -jnp.inf))  # [B,N,H,i,j]
+  decay = jnp.exp(jnp.where(mask, chunk_pairwise_sums(g), -jnp.inf))  # [B,N,H,i,j]
   scores = _mm("bnhik,bnhjk->bnhij", q, k) * decay
   o = _mm("bnhij,bnhjv->bnhiv", scores, v)                      # [B,N,H,C,V]
   from_start = jnp.cumsum(g, axis=3)[..., None]                 # [B,N,H,C,1]

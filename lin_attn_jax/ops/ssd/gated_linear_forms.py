@@ -12,9 +12,12 @@ so the forms here are the GLA core's own, not a second implementation.
 
 from __future__ import annotations
 
+from lin_attn_jax.ops.common import checks, context_parallel, dispatch
 from lin_attn_jax.ops.gated_linear import (chunk_gated_linear,
                                            parallel_gated_linear)
-from lin_attn_jax.ops.ssd.inputs import add_skip, to_gated_linear, validate
+from lin_attn_jax.ops.ssd.chunk import chunk_ssd_xla
+from lin_attn_jax.ops.ssd.inputs import (add_skip, time_step, to_gated_linear,
+                                         validate)
 
 
 def chunk_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=False,
@@ -40,7 +43,9 @@ def chunk_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=False,
     output_final_state: also return the state after the last token.
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
     chunk_size, sub_chunk_size, impl: as in ``chunk_gated_linear`` (speed
-      only; ``impl="auto"`` runs the Pallas kernel on TPU and GPU).
+      only; ``impl="auto"`` runs the Pallas kernel on TPU and GPU). The XLA
+      form is ``ssd/chunk.py``'s, which keeps ``B`` and ``C`` per group;
+      the kernels and the context-parallel split are the GLA core's.
   Returns:
     ``(y [B, T, H, P] in x's dtype, final_state [B, H, N, P] float32 or
     None)``.
@@ -53,12 +58,32 @@ def chunk_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=False,
     ((1, 100, 4, 16), (1, 4, 8, 16))
   """
   validate(x, dt, A, B, C, D, dt_bias, dt_softplus, initial_state, segment_ids)
-  q, k, v, g = to_gated_linear(x, dt, A, B, C, dt_bias, dt_softplus)
-  o, final = chunk_gated_linear(q, k, v, g, scale=1.0,
-                                initial_state=initial_state,
-                                output_final_state=output_final_state,
-                                segment_ids=segment_ids, chunk_size=chunk_size,
-                                sub_chunk_size=sub_chunk_size, impl=impl)
+  checks.check_chunk_size(chunk_size)
+  checks.check_chunk_size(sub_chunk_size, "sub_chunk_size")
+  if chunk_size % min(sub_chunk_size, chunk_size):
+    raise ValueError(f"sub_chunk_size ({sub_chunk_size}) must divide "
+                     f"chunk_size ({chunk_size})")
+  dispatch.check_impl(impl)
+
+  def gated_linear(impl):
+    q, k, v, g = to_gated_linear(x, dt, A, B, C, dt_bias, dt_softplus)
+    return chunk_gated_linear(q, k, v, g, scale=1.0,
+                              initial_state=initial_state,
+                              output_final_state=output_final_state,
+                              segment_ids=segment_ids, chunk_size=chunk_size,
+                              sub_chunk_size=sub_chunk_size, impl=impl)
+
+  def xla():
+    return chunk_ssd_xla(x, time_step(dt, dt_bias, dt_softplus), A, B, C,
+                         initial_state=initial_state,
+                         output_final_state=output_final_state,
+                         segment_ids=segment_ids, chunk_size=chunk_size,
+                         sub_chunk_size=sub_chunk_size)
+
+  if context_parallel.sequence_parallel_size() > 1:
+    o, final = gated_linear(impl)
+  else:
+    o, final = dispatch.run(impl, xla, lambda: gated_linear("pallas"))
   return add_skip(o, x, D).astype(x.dtype), final
 
 

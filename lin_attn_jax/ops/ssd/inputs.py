@@ -119,4 +119,7 @@ def add_skip(y, x, D):
   """``y + D x`` (float32) for ``y, x: [..., H, P]`` and ``D: [H]``."""
   if D is None:
     return y
-  return y + jnp.asarray(D, _F32)[:, None] * jnp.asarray(x, _F32)
+  # An einsum: D's gradient is then a dot_general, several times faster on
+  # CPU than the multiply-and-reduce of a broadcast multiply.
+  return y + jnp.einsum("h,...hp->...hp", jnp.asarray(D, _F32),
+                        jnp.asarray(x, _F32))
