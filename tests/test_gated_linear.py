@@ -61,7 +61,7 @@ def test_chunk_outputs_over_groups_of_chunks(monkeypatch):
   """Long sequences map the chunk form's in-chunk outputs over groups of
   chunks (rematerialised); here groups of 2 chunks, the last one padded."""
   module = importlib.import_module("lin_attn_jax.ops.gated_linear.chunk")
-  monkeypatch.setattr(module, "chunks_per_group", lambda chunk, width: 2)
+  monkeypatch.setattr(module, "chunks_per_group", lambda chunk: 2)
   check_forms("gla", CASES[1], forms=("chunk",))
 
 

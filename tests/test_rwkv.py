@@ -249,7 +249,7 @@ def test_rwkv7_chunk_local_terms_over_groups_of_chunks(monkeypatch):
   """Long sequences map RWKV-7's chunk-local terms over groups of chunks
   (rematerialised); here groups of 2 chunks, the last one padded."""
   module = importlib.import_module("lin_attn_jax.ops.rwkv7.chunk")
-  monkeypatch.setattr(module, "chunks_per_group", lambda chunk, width: 2)
+  monkeypatch.setattr(module, "chunks_per_group", lambda chunk: 2)
   case = Case("rwkv7", 100, segments=True, chunk_size=16, sub_chunk_size=8,
               forms=("chunk",))
   check_forms(case, case.forms, make_inputs(case, 1), jnp.float32,

@@ -256,7 +256,7 @@ def _chunk_xla(q, k, v, g, *, scale, initial_state, output_final_state,
   per_chunk = (split_chunks(scale * q, chunk), split_chunks(k, chunk),
                split_chunks(v, chunk), split_chunks(g, chunk), doc_c,
                doc_before)
-  group = chunks_per_group(chunk, h * max(dk, dv))
+  group = chunks_per_group(chunk)
 
   # Only ``[C, K]`` factors per chunk: no grouping needed.
   own_state, chunk_decay = _chunk_states(*per_chunk, sub=c)

@@ -137,7 +137,7 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
       functools.partial(_chunk_local, sub=c),
       tuple(split_chunks(x, chunk) for x in (scale * r, w, k)) + (v_c,)
       + tuple(split_chunks(x, chunk) for x in (a, b)) + (docs or ()),
-      chunks_per_group(chunk, h * max(dk, dv)))
+      chunks_per_group(chunk))
 
   # Step 4: the state entering every chunk.
   state0 = (jnp.zeros((bs, h, dk, dv), _F32) if initial_state is None
