@@ -140,3 +140,13 @@ def check_negative(name: str, x, what: str) -> None:
 def check_chunk_size(chunk_size: int, name: str = "chunk_size") -> None:
   if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
     raise ValueError(f"{name} must be a positive integer, got {chunk_size!r}")
+
+
+def check_chunk_sizes(chunk_size: int, sub_chunk_size: int) -> None:
+  """Both positive integers, the sub-chunk dividing the chunk (a sub-chunk
+  longer than the chunk is the chunk)."""
+  check_chunk_size(chunk_size)
+  check_chunk_size(sub_chunk_size, "sub_chunk_size")
+  if chunk_size % min(sub_chunk_size, chunk_size):
+    raise ValueError(f"sub_chunk_size ({sub_chunk_size}) must divide "
+                     f"chunk_size ({chunk_size})")

@@ -57,14 +57,6 @@ def _mm(subscripts, *operands):
   return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
 
 
-def check_chunk_sizes(chunk_size, sub_chunk_size):
-  checks.check_chunk_size(chunk_size)
-  checks.check_chunk_size(sub_chunk_size, "sub_chunk_size")
-  if chunk_size % min(sub_chunk_size, chunk_size):
-    raise ValueError(f"sub_chunk_size ({sub_chunk_size}) must divide "
-                     f"chunk_size ({chunk_size})")
-
-
 def chunk_layout(t, chunk_size, sub_chunk_size):
   """``(chunk, sub_chunk)`` actually used for a sequence of length ``t``."""
   c = min(sub_chunk_size, chunk_size)
@@ -328,7 +320,7 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
   """
   b, t, h, hv, dk, dv, g = validate(q, k, v, beta, g, initial_state,
                                     segment_ids)
-  check_chunk_sizes(chunk_size, sub_chunk_size)
+  checks.check_chunk_sizes(chunk_size, sub_chunk_size)
   dispatch.check_impl(impl)
   scale = default_scale(scale, dk)
   chunk, c = chunk_layout(t, chunk_size, sub_chunk_size)

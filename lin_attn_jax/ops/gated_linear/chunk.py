@@ -205,11 +205,7 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
     ((1, 100, 2, 32), (1, 2, 16, 32))
   """
   b, t, h, dk, dv, g = validate(q, k, v, g, initial_state, segment_ids)
-  checks.check_chunk_size(chunk_size)
-  checks.check_chunk_size(sub_chunk_size, "sub_chunk_size")
-  if chunk_size % min(sub_chunk_size, chunk_size):
-    raise ValueError(f"sub_chunk_size ({sub_chunk_size}) must divide "
-                     f"chunk_size ({chunk_size})")
+  checks.check_chunk_sizes(chunk_size, sub_chunk_size)
   dispatch.check_impl(impl)
   scale = default_scale(scale, dk)
   xla = functools.partial(

@@ -26,7 +26,7 @@ import functools
 
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import context_parallel
+from lin_attn_jax.ops.common import checks, context_parallel
 from lin_attn_jax.ops.common.chunk_scores import intra_chunk_scores
 from lin_attn_jax.ops.common.chunking import (chunks_per_group,
                                              map_chunk_groups, merge_chunks,
@@ -34,7 +34,7 @@ from lin_attn_jax.ops.common.chunking import (chunks_per_group,
 from lin_attn_jax.ops.common.decay import chunk_log_decays, shift
 from lin_attn_jax.ops.common.products import mm_nn, mm_tn
 from lin_attn_jax.ops.common.segments import chunk_documents
-from lin_attn_jax.ops.delta_rule.chunk import (check_chunk_sizes, chunk_layout,
+from lin_attn_jax.ops.delta_rule.chunk import (chunk_layout,
                                                document_masks,
                                                invert_unit_lower,
                                                scan_chunk_states)
@@ -123,7 +123,7 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
     (1, 100, 2, 32)
   """
   bs, t, h, dk, dv = validate(r, w, k, v, a, b, initial_state, segment_ids)
-  check_chunk_sizes(chunk_size, sub_chunk_size)
+  checks.check_chunk_sizes(chunk_size, sub_chunk_size)
   scale = default_scale(scale, dk)
   chunk, c = chunk_layout(t, chunk_size, sub_chunk_size)
   out_dtype = v.dtype

@@ -58,11 +58,7 @@ def chunk_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=False,
     ((1, 100, 4, 16), (1, 4, 8, 16))
   """
   validate(x, dt, A, B, C, D, dt_bias, dt_softplus, initial_state, segment_ids)
-  checks.check_chunk_size(chunk_size)
-  checks.check_chunk_size(sub_chunk_size, "sub_chunk_size")
-  if chunk_size % min(sub_chunk_size, chunk_size):
-    raise ValueError(f"sub_chunk_size ({sub_chunk_size}) must divide "
-                     f"chunk_size ({chunk_size})")
+  checks.check_chunk_sizes(chunk_size, sub_chunk_size)
   dispatch.check_impl(impl)
 
   def gated_linear(impl):
