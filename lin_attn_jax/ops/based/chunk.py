@@ -33,7 +33,8 @@ import numpy as np
 from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
                                              split_chunks)
 from lin_attn_jax.ops.common.products import mm_nn, mm_nt, transposed
-from lin_attn_jax.ops.common.segments import chunk_documents
+from lin_attn_jax.ops.common.segments import (chunk_documents,
+                                             same_document_mask)
 
 _F32 = jnp.float32
 
@@ -119,7 +120,7 @@ def taylor_chunk(q, k, v_aug, *, scale, initial_state, output_final_state,
   mask = jnp.tril(jnp.ones((chunk, chunk), dtype=bool))
   if packed:
     doc_c, doc_before = chunk_documents(segment_ids, b, t, chunk)
-    mask = mask & (doc_c[..., :, None] == doc_c[..., None, :])[:, None]
+    mask = mask & same_document_mask(doc_c, doc_c)[:, None]
     in_last_doc = doc_c == doc_c[:, :, -1:]                     # [B, N, C]
     v_own = jnp.where(in_last_doc[:, None, :, :, None], v_c, 0.0)
   else:

@@ -32,7 +32,8 @@ from lin_attn_jax.ops.common.chunking import pad_time
 from lin_attn_jax.ops.common.products import mm_nn as _mm_nn
 from lin_attn_jax.ops.common.products import mm_nt as _mm_nt
 from lin_attn_jax.ops.common.products import transposed as _transposed
-from lin_attn_jax.ops.common.segments import chunk_documents
+from lin_attn_jax.ops.common.segments import (chunk_documents,
+                                             same_document_mask)
 
 _F32 = jnp.float32
 
@@ -94,7 +95,7 @@ def favor_chunk(q, k, v, projection, *, initial_state, output_final_state,
   mask = jnp.tril(jnp.ones((chunk, chunk), dtype=bool))
   if packed:
     doc_c, doc_before = chunk_documents(segment_ids, b, t, chunk)
-    mask = mask & (doc_c[..., :, None] == doc_c[..., None, :])[:, None]
+    mask = mask & same_document_mask(doc_c, doc_c)[:, None]
     in_last_doc = (doc_c == doc_c[:, :, -1:]).astype(_F32)[:, None]
   scores = jnp.where(mask, scores, 0.0)
   num = _mm_nn(scores, v_c)                                    # [B,H,N,C,V]
