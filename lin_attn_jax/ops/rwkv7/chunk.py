@@ -43,20 +43,18 @@ from lin_attn_jax.ops.rwkv7.inputs import default_scale, validate
 
 _F32 = jnp.float32
 
-def _chunk_local(r_c, w_c, k_c, v_c, a_c, b_c, *docs, sub):
+def _chunk_local(r_h, w_h, k_h, v_h, a_h, b_h, *docs, sub):
   """Steps 1-3 and each chunk's transition (no dependence on the state).
 
   Args:
-    r_c, w_c, k_c, a_c, b_c: ``[B, N, C, H, K]`` (r scaled); v_c: ``[B, N,
-      C, H, V]``; docs: ``chunk_documents`` (``doc_c, doc_before``) or none.
+    r_h, w_h, k_h, a_h, b_h: ``[B, N, H, C, K]`` (r scaled); v_h: ``[B, N,
+      H, C, V]``; docs: ``chunk_documents`` (``doc_c, doc_before``) or none.
   Returns:
     ``transition [B, N, H, K, K]``, ``own [B, N, H, K, V]``, ``w_ [B, N, H,
     C, K]``, ``u [B, N, H, C, V]``, ``r_b, r_k [B, N, H, C, C]`` and
     ``r_from_start [B, N, H, C, K]``.
   """
   same_doc, reached, in_last_doc, passes = document_masks(docs or None)
-  r_h, w_h, k_h, v_h, a_h, b_h = (jnp.moveaxis(x, 3, 2)         # [B,N,H,C,*]
-                                  for x in (r_c, w_c, k_c, v_c, a_c, b_c))
   dk = r_h.shape[-1]
 
   # Step 1: log-decays from the chunk start to i (and to i - 1), and from j
@@ -130,13 +128,19 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   r, w, k, v, a, b = (pad_time(jnp.asarray(x, _F32), chunk)
                       for x in (r, w, k, v, a, b))
   docs = chunk_documents(segment_ids, bs, t, chunk)
-  v_c = split_chunks(v, chunk)                                  # [B,N,C,H,V]
 
-  # Steps 1-4 (chunk-local), over groups of chunks.
+  def head_major(x):                                            # [B,N,H,C,*]
+    return jnp.moveaxis(split_chunks(x, chunk), 3, 2)
+
+  # Steps 1-4 (chunk-local), over groups of chunks. The inputs are moved
+  # to the head-major layout once, here: inside the groups the move would
+  # be fused into every consumer, and its index arithmetic makes those
+  # kernels several times slower to compile.
+  v_h = head_major(v)                                           # [B,N,H,C,V]
   transition, own, w_, u, r_b, r_k, r_from_start = map_chunk_groups(
       functools.partial(_chunk_local, sub=c),
-      tuple(split_chunks(x, chunk) for x in (scale * r, w, k)) + (v_c,)
-      + tuple(split_chunks(x, chunk) for x in (a, b)) + (docs or ()),
+      tuple(head_major(x) for x in (scale * r, w, k)) + (v_h,)
+      + tuple(head_major(x) for x in (a, b)) + (docs or ()),
       chunks_per_group(chunk))
 
   # Step 4: the state entering every chunk.
@@ -146,7 +150,7 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
 
   # Step 5: outputs.
   x = u + mm_nn(w_, entering)                                  # [B,N,H,C,V]
-  o = (mm_nn(r_b, x) + mm_nn(r_k, jnp.moveaxis(v_c, 3, 2))
+  o = (mm_nn(r_b, x) + mm_nn(r_k, v_h)
        + mm_nn(r_from_start, entering))                         # [B,N,H,C,V]
   o = merge_chunks(jnp.moveaxis(o, 2, 3))[:, :t]                # [B,T,H,V]
   return o.astype(out_dtype), (final_state if output_final_state else None)
