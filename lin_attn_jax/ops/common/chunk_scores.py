@@ -141,11 +141,12 @@ def intra_chunk_scores(xs, ys, g, strict=False):
     # Tokens after the chunk's end touch no pair of the chunk's tokens.
     xs, ys = ([pad_time(z, size, axis=-2) for z in zs] for zs in (xs, ys))
     g = pad_time(g, size, axis=-2)
+  # Letters a and b: the index of x in xs and of y in ys.
   diagonal = jnp.stack([
       jnp.stack([jnp.zeros(g.shape[:-1], _F32) if s else dot_last(x, y)
                  for y in ys], axis=-2)
-      for x, s in zip(xs, strict)], axis=-3)                    # [..., a, b, C]
-  blocks = diagonal[..., :, None, None]                         # [..., a, b, C, 1, 1]
+      for x, s in zip(xs, strict)], axis=-3)                    # [...,a,b,C]
+  blocks = diagonal[..., :, None, None]                         # [...,a,b,C,1,1]
   half = 1
   while half < size:
     to_i, from_j = level_log_decays(g, half, axis=-2)           # [..., P, h, G]
@@ -156,12 +157,14 @@ def intra_chunk_scores(xs, ys, g, strict=False):
                               for x, s in zip(xs, strict)], axis=-2)
     y_write = jnp.concatenate([halves(y, half, -2)[0] * write for y in ys],
                               axis=-2)
-    lower = mm_nt(x_read, y_write)                              # [..., P, a*h, b*h]
-    lower = lower.reshape(lower.shape[:-2] + (len(xs), half, len(ys), half))
-    lower = jnp.moveaxis(lower, (-4, -2), (-5, -4))             # [..., a, b, P, h, h]
-    blocks = join_blocks(blocks, lower)                         # [..., a, b, P, 2h, 2h]
+    lower = mm_nt(x_read, y_write)                              # [...,P,ah,bh]
+    lower = lower.reshape(lower.shape[:-2]
+                          + (len(xs), half, len(ys), half))     # [...,P,a,h,b,h]
+    lower = jnp.moveaxis(lower, (-4, -2), (-5, -4))             # [...,a,b,P,h,h]
+    # One join for every pair of the level.
+    blocks = join_blocks(blocks, lower)                     # [...,a,b,P,2h,2h]
     half *= 2
-  scores = blocks[..., 0, :c, :c]                               # [..., a, b, C, C]
+  scores = blocks[..., 0, :c, :c]                               # [...,a,b,C,C]
   return [[scores[..., a, b, :, :] for b in range(len(ys))]
           for a in range(len(xs))]
 

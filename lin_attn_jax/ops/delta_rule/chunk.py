@@ -203,7 +203,8 @@ def invert_unit_lower(a):
                         a.reshape(lead + (pairs, 2 * m, pairs, 2 * m)))
     inv = inverse.reshape(lead + (pairs, 2, m, m))
     inv11, inv22 = inv[..., 0, :, :], inv[..., 1, :, :]
-    lower = -mm_nn(mm_nn(inv22, blocks[..., m:, :m]), inv11)                                 # [..., pairs, m, m]
+    lower = -mm_nn(mm_nn(inv22, blocks[..., m:, :m]),
+                   inv11)                               # [..., pairs, m, m]
     inverse = join_blocks(inverse, lower)               # [..., pairs, 2m, 2m]
     m *= 2
   return inverse[..., 0, :c, :c]
