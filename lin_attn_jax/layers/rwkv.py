@@ -32,9 +32,57 @@ from lin_attn_jax.layers.base import (Context, Mixer,
 from lin_attn_jax.ops import (chunk_rwkv6, chunk_rwkv7, parallel_rwkv6,
                               parallel_rwkv7, recurrent_rwkv6, recurrent_rwkv7,
                               rwkv6_step, rwkv7_step)
+from lin_attn_jax.ops.common.products import transposed
 from lin_attn_jax.ops.delta_rule import l2_normalize
 
 _F32 = jnp.float32
+
+
+@jax.custom_vjp
+def _matmul(x, kernel):
+  """``x @ kernel``: ``[B, T, D], [D, E] -> [B, T, E]`` float32.
+
+  Autodiff of a plain matmul makes the kernel's gradient ``x^T g``, a
+  product over the leading (token) axis of both operands, which XLA:CPU
+  runs outside its fast matmul library and feeds through a transposing
+  copy fused with the producers of ``x`` and ``g``. Here it is one batched
+  product of ``x`` transposed in memory (one plain copy) by ``g``, summed
+  over the batch (no reshape across the batch and length axes, which may
+  be sharded).
+  """
+  return jnp.einsum("btd,de->bte", x, kernel, preferred_element_type=_F32)
+
+
+def _matmul_fwd(x, kernel):
+  return _matmul(x, kernel), (x, kernel)
+
+
+def _matmul_bwd(res, g):
+  x, kernel = res
+  dx = jnp.einsum("bte,de->btd", g, kernel, preferred_element_type=_F32)
+  dk = jnp.einsum("bdt,bte->bde", transposed(x), g,
+                  preferred_element_type=_F32)                   # [B, D, E]
+  return dx.astype(x.dtype), jnp.sum(dk, axis=0).astype(kernel.dtype)
+
+
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def project(x, kernel, dtype=None):
+  """``x @ kernel`` over the last axis of ``x [B, T, D]`` (``kernel [D,
+  E]``), computed in ``dtype`` (x's when None) with float32 accumulation;
+  the result in ``dtype``. Forward and gradients are those of
+  ``nnx.Linear`` without bias; the kernel's gradient is formed as
+  ``_matmul`` says."""
+  dtype = x.dtype if dtype is None else dtype
+  return _matmul(x.astype(dtype), kernel.astype(dtype)).astype(dtype)
+
+
+def apply_linear(layer: nnx.Linear, x):
+  """``layer(x)`` for a bias-free ``nnx.Linear`` (``modules.dense``), by
+  ``project``."""
+  dtype = layer.dtype or jnp.result_type(x, layer.kernel[...])
+  return project(x, layer.kernel[...], dtype)
 
 
 def depth_ratios(layer_index: int, n_layers: int):
@@ -203,11 +251,9 @@ class RWKV6(Mixer):
 
   def log_decay(self, xw):
     """``-exp(w_0 + tanh(x_w A_w) B_w)``: ``[B, T, H * K]`` float32, < 0."""
-    xw = xw.astype(_F32)
-    w = self.decay_base[...].astype(_F32) + jnp.tanh(
-        xw @ self.decay_down[...].astype(_F32)) @ self.decay_up[...].astype(
-            _F32)
-    return -jnp.exp(w)
+    lora = project(jnp.tanh(project(xw, self.decay_down[...], _F32)),
+                   self.decay_up[...], _F32)
+    return -jnp.exp(self.decay_base[...].astype(_F32) + lora)
 
   def mix(self, x, ctx: Context):
     b, t, d = x.shape
@@ -216,23 +262,27 @@ class RWKV6(Mixer):
     shifted, last = modules.token_shift(x, ctx, cache.get("shift"))
     delta = shifted - x                                         # [B, T, D]
     base = x + delta * self.lerp_base[...].astype(x.dtype)
-    lora = jnp.tanh(base @ self.lerp_down[...].astype(x.dtype))
-    lora = lora.reshape(b, t, 5, -1)                            # [B, T, 5, R]
-    lora = jnp.einsum("btfr,frd->fbtd", lora,
-                      self.lerp_up[...].astype(x.dtype))        # [5, B, T, D]
-    lerp = self.lerp_weights[...].astype(x.dtype)[:, None, None] + lora
-    mixed = x + delta * lerp                                    # [5, B, T, D]
-    xw, xk, xv, xr, xg = mixed                                  # [B, T, D] each
+    lora = jnp.tanh(project(base, self.lerp_down[...]))         # [B, T, 5 R]
+    up = self.lerp_up[...]                                      # [5, R, D]
+    rank = up.shape[1]
+    lerp = self.lerp_weights[...].astype(x.dtype)               # [5, D]
+    # Five [B, T, D] inputs, each from its own slice of the LoRA: one
+    # [B, T, 5, D] einsum would need a transpose for its batch axis.
+    xw, xk, xv, xr, xg = (
+        x + delta * (lerp[f] + project(lora[..., f * rank:(f + 1) * rank],
+                                       up[f]))
+        for f in range(5))                                      # [B, T, D] each
     w = self.log_decay(xw).reshape(b, t, h, n)                  # [B, T, H, K]
-    r = self.r_proj(xr).reshape(b, t, h, n)                     # [B, T, H, K]
-    k = self.k_proj(xk).reshape(b, t, h, n)                     # [B, T, H, K]
-    v = self.v_proj(xv).reshape(b, t, h, nv)                    # [B, T, H, V]
+    r = apply_linear(self.r_proj, xr).reshape(b, t, h, n)       # [B, T, H, K]
+    k = apply_linear(self.k_proj, xk).reshape(b, t, h, n)       # [B, T, H, K]
+    v = apply_linear(self.v_proj, xv).reshape(b, t, h, nv)      # [B, T, H, V]
     o, state = run_form(
         ctx, (chunk_rwkv6, parallel_rwkv6, recurrent_rwkv6), rwkv6_step,
         [(r, True), (k, True), (v, True), (w, True),
          (self.bonus[...], False)], cache.get("state"), self.chunk_size)
     o = self.norm(o) + self.norm_bias[...].astype(o.dtype)      # [B, T, D]
-    y = self.o_proj(o * jax.nn.silu(self.g_proj(xg)))
+    y = apply_linear(self.o_proj,
+                     o * jax.nn.silu(apply_linear(self.g_proj, xg)))
     if ctx.cache is None:
       return y, None
     return y, {"shift": last, "state": state}
