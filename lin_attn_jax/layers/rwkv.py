@@ -473,18 +473,17 @@ class RWKV7(Mixer):
     """``-exp(w)`` with ``w = -softplus(-(w_0 + lora(x_w))) - 0.5``:
     ``[B, T, D]`` float32 in (-exp(-0.5), 0)."""
     xw = xw.astype(_F32)
-    w = self.decay_base[...].astype(_F32) + jnp.tanh(
-        xw @ self.decay_down[...].astype(_F32)) @ self.decay_up[...].astype(
-            _F32)
+    w = self.decay_base[...].astype(_F32) + project(
+        jnp.tanh(project(xw, self.decay_down[...], _F32)),
+        self.decay_up[...], _F32)
     return -jnp.exp(-jax.nn.softplus(-w) - 0.5)
 
   def iclr(self, xa):
     """In-context learning rate ``sigmoid(a_0 + x_a A_a B_a)``: ``[B, T, D]``
     float32 in (0, 1)."""
     xa = xa.astype(_F32)
-    return jax.nn.sigmoid(self.iclr_base[...].astype(_F32)
-                          + (xa @ self.iclr_down[...].astype(_F32))
-                          @ self.iclr_up[...].astype(_F32))
+    return jax.nn.sigmoid(self.iclr_base[...].astype(_F32) + project(
+        project(xa, self.iclr_down[...], _F32), self.iclr_up[...], _F32))
 
   def mix(self, x, ctx: Context):
     b, t, d = x.shape
@@ -494,10 +493,10 @@ class RWKV7(Mixer):
     delta = shifted - x                                         # [B, T, D]
     mixed = x + delta * self.lerp_weights[...].astype(x.dtype)[:, None, None]
     xr, xw, xk, xv, xa, xg = mixed                              # [B, T, D] each
-    r = self.r_proj(xr).reshape(b, t, h, n)                     # [B, T, H, K]
+    r = apply_linear(self.r_proj, xr).reshape(b, t, h, n)       # [B, T, H, K]
     w = self.log_decay(xw).reshape(b, t, h, n)                  # [B, T, H, K]
-    k = self.k_proj(xk)                                         # [B, T, D]
-    v = self.v_proj(xv)                                         # [B, T, D]
+    k = apply_linear(self.k_proj, xk)                           # [B, T, D]
+    v = apply_linear(self.v_proj, xv)                           # [B, T, D]
     carry = ctx.carry
     if self.first_layer and carry is not None:
       carry = dict(carry, v_first=v)
@@ -507,15 +506,15 @@ class RWKV7(Mixer):
                          "layer's values: run it inside an LM (Mixer.run "
                          "with the carry of layer 0)")
       xvf = xv.astype(_F32)
-      mix = jax.nn.sigmoid(self.value_base[...].astype(_F32)
-                           + (xvf @ self.value_down[...].astype(_F32))
-                           @ self.value_up[...].astype(_F32))   # [B, T, D]
+      mix = jax.nn.sigmoid(self.value_base[...].astype(_F32) + project(
+          project(xvf, self.value_down[...], _F32), self.value_up[...],
+          _F32))                                                # [B, T, D]
       vf = v.astype(_F32)
       v = (vf + (carry["v_first"].astype(_F32) - vf) * mix).astype(v.dtype)
     v = v.reshape(b, t, h, n)                                   # [B, T, H, V]
     a = self.iclr(xa)                                           # [B, T, D]
-    gate = (jax.nn.sigmoid(xg @ self.gate_down[...].astype(x.dtype))
-            @ self.gate_up[...].astype(x.dtype))                # [B, T, D]
+    gate = project(jax.nn.sigmoid(project(xg, self.gate_down[...])),
+                   self.gate_up[...])                           # [B, T, D]
     kf = k.astype(_F32)
     kappa = l2_normalize((kf * self.key_norm_scale[...].astype(_F32))
                          .reshape(b, t, h, n))                  # [B, T, H, K]
@@ -531,6 +530,6 @@ class RWKV7(Mixer):
                     keepdims=True) * v.astype(_F32)             # [B, T, H, V]
     o = (self.norm(o).astype(_F32) + self.norm_bias[...].astype(_F32)
          + bonus.reshape(b, t, d))                              # [B, T, D]
-    y = self.o_proj((o * gate.astype(_F32)).astype(x.dtype))
+    y = apply_linear(self.o_proj, (o * gate.astype(_F32)).astype(x.dtype))
     new_cache = None if ctx.cache is None else {"shift": last, "state": state}
     return y, new_cache, carry
