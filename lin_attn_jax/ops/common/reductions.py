@@ -1,0 +1,36 @@
+"""Column sums over all tokens, in a form XLA:CPU runs fast.
+
+The gradient of a ``[D]`` vector broadcast over ``[..., D]`` (a bias, a
+depthwise convolution tap, a norm's scale) is a sum over all leading axes.
+XLA:CPU rewrites such a long reduction into a ``reduce-window`` that it does
+not fuse with the product feeding it, so that product is written out first:
+two passes over a ``[B, T, D]`` tensor per parameter. ``column_sum`` sums a
+leading axis of ``ROWS_FIRST`` blocks first (a plain loop over contiguous
+rows, fused with the product), then the short remainder:
+several times faster at ``B T = 8192, D = 256``.
+
+Letters: r row (all leading axes), d channel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+ROWS_FIRST = 16
+
+
+def column_sum(x):
+  """``x [..., D] -> [D]``: the sum over every leading axis, float32."""
+  channels = x.shape[-1]
+  rows = math.prod(x.shape[:-1])
+  x = jnp.asarray(x, jnp.float32)
+  if rows % ROWS_FIRST or rows < 2 * ROWS_FIRST:
+    return jnp.sum(x.reshape(rows, channels), axis=0)
+  partial = jnp.sum(x.reshape(ROWS_FIRST, rows // ROWS_FIRST, channels),
+                    axis=0)                                     # [R / 16, D]
+  # The barrier keeps XLA from merging the two sums back into one.
+  return jnp.sum(jax.lax.optimization_barrier(partial), axis=0)
+
