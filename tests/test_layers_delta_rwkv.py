@@ -9,6 +9,7 @@ from flax import nnx
 from lin_attn_jax.layers import (KDA, MIXERS, RWKV6, RWKV7, DeltaNet,
                                  GatedDeltaNet)
 from lin_attn_jax.layers import rwkv
+from lin_attn_jax.ops.common import reductions
 from tests import lm_checks
 from tests.form_checks import rel_rms
 
@@ -159,6 +160,24 @@ def test_rwkv_project_matches_a_plain_matmul(dtype):
   for a, b in zip((got, *got_vjp(cotangent)), (want, *want_vjp(cotangent))):
     assert a.shape == b.shape and a.dtype == b.dtype
     assert rel_rms(a, b) < tol
+
+
+@pytest.mark.parametrize("rows", [5, 40])
+def test_channel_parameters_match_plain_broadcasts(rows):
+  # RWKV-7's per-channel parameters enter through these; their gradients
+  # (column sums, two-stage from 32 rows) are checked against autodiff.
+  rng = np.random.default_rng(1)
+  x, cotangent = (jnp.asarray(rng.normal(size=(2, rows, 6)), jnp.float32)
+                  for _ in range(2))
+  p = jnp.asarray(rng.normal(size=(6,)), jnp.float32)
+  for fast, plain in ((reductions.times_channels, lambda x, p: x * p),
+                      (reductions.plus_channels, lambda x, p: x + p)):
+    got, got_vjp = jax.vjp(fast, x, p)
+    want, want_vjp = jax.vjp(plain, x, p)
+    for a, b in zip((got, *got_vjp(cotangent)),
+                    (want, *want_vjp(cotangent))):
+      assert a.shape == b.shape and a.dtype == b.dtype
+      assert rel_rms(a, b) < 1e-6
 
 
 def test_rwkv7_decay_and_learning_rate_ranges():

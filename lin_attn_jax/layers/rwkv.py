@@ -33,6 +33,7 @@ from lin_attn_jax.ops import (chunk_rwkv6, chunk_rwkv7, parallel_rwkv6,
                               parallel_rwkv7, recurrent_rwkv6, recurrent_rwkv7,
                               rwkv6_step, rwkv7_step)
 from lin_attn_jax.ops.common.products import transposed
+from lin_attn_jax.ops.common.reductions import plus_channels, times_channels
 from lin_attn_jax.ops.delta_rule import l2_normalize
 
 _F32 = jnp.float32
@@ -473,17 +474,18 @@ class RWKV7(Mixer):
     """``-exp(w)`` with ``w = -softplus(-(w_0 + lora(x_w))) - 0.5``:
     ``[B, T, D]`` float32 in (-exp(-0.5), 0)."""
     xw = xw.astype(_F32)
-    w = self.decay_base[...].astype(_F32) + project(
+    w = plus_channels(project(
         jnp.tanh(project(xw, self.decay_down[...], _F32)),
-        self.decay_up[...], _F32)
+        self.decay_up[...], _F32), self.decay_base[...].astype(_F32))
     return -jnp.exp(-jax.nn.softplus(-w) - 0.5)
 
   def iclr(self, xa):
     """In-context learning rate ``sigmoid(a_0 + x_a A_a B_a)``: ``[B, T, D]``
     float32 in (0, 1)."""
     xa = xa.astype(_F32)
-    return jax.nn.sigmoid(self.iclr_base[...].astype(_F32) + project(
-        project(xa, self.iclr_down[...], _F32), self.iclr_up[...], _F32))
+    return jax.nn.sigmoid(plus_channels(project(
+        project(xa, self.iclr_down[...], _F32), self.iclr_up[...], _F32),
+        self.iclr_base[...].astype(_F32)))
 
   def mix(self, x, ctx: Context):
     b, t, d = x.shape
@@ -491,8 +493,9 @@ class RWKV7(Mixer):
     cache = {} if ctx.cache is None else ctx.cache
     shifted, last = modules.token_shift(x, ctx, cache.get("shift"))
     delta = shifted - x                                         # [B, T, D]
-    mixed = x + delta * self.lerp_weights[...].astype(x.dtype)[:, None, None]
-    xr, xw, xk, xv, xa, xg = mixed                              # [B, T, D] each
+    lerp = self.lerp_weights[...].astype(x.dtype)               # [6, D]
+    xr, xw, xk, xv, xa, xg = (x + times_channels(delta, lerp[i])
+                              for i in range(6))                # [B, T, D] each
     r = apply_linear(self.r_proj, xr).reshape(b, t, h, n)       # [B, T, H, K]
     w = self.log_decay(xw).reshape(b, t, h, n)                  # [B, T, H, K]
     k = apply_linear(self.k_proj, xk)                           # [B, T, D]
@@ -506,9 +509,9 @@ class RWKV7(Mixer):
                          "layer's values: run it inside an LM (Mixer.run "
                          "with the carry of layer 0)")
       xvf = xv.astype(_F32)
-      mix = jax.nn.sigmoid(self.value_base[...].astype(_F32) + project(
+      mix = jax.nn.sigmoid(plus_channels(project(
           project(xvf, self.value_down[...], _F32), self.value_up[...],
-          _F32))                                                # [B, T, D]
+          _F32), self.value_base[...].astype(_F32)))            # [B, T, D]
       vf = v.astype(_F32)
       v = (vf + (carry["v_first"].astype(_F32) - vf) * mix).astype(v.dtype)
     v = v.reshape(b, t, h, n)                                   # [B, T, H, V]
@@ -516,9 +519,10 @@ class RWKV7(Mixer):
     gate = project(jax.nn.sigmoid(project(xg, self.gate_down[...])),
                    self.gate_up[...])                           # [B, T, D]
     kf = k.astype(_F32)
-    kappa = l2_normalize((kf * self.key_norm_scale[...].astype(_F32))
+    kappa = l2_normalize(times_channels(kf, self.key_norm_scale[...]
+                                        .astype(_F32))
                          .reshape(b, t, h, n))                  # [B, T, H, K]
-    k = kf * (1 + (a - 1) * self.key_iclr_mix[...].astype(_F32))
+    k = kf * (1 + times_channels(a - 1, self.key_iclr_mix[...].astype(_F32)))
     k = k.astype(x.dtype).reshape(b, t, h, n)                   # [B, T, H, K]
     a = a.reshape(b, t, h, n)                                   # [B, T, H, K]
     o, state = run_form(

@@ -34,3 +34,40 @@ def column_sum(x):
   # The barrier keeps XLA from merging the two sums back into one.
   return jnp.sum(jax.lax.optimization_barrier(partial), axis=0)
 
+
+
+@jax.custom_vjp
+def times_channels(x, p):
+  """``x * p`` for ``x [..., D]`` and a parameter ``p [D]`` of x's dtype;
+  p's gradient is a ``column_sum``."""
+  return x * p
+
+
+def _times_fwd(x, p):
+  return x * p, (x, p)
+
+
+def _times_bwd(res, g):
+  x, p = res
+  return g * p, column_sum(g * x).astype(p.dtype)
+
+
+times_channels.defvjp(_times_fwd, _times_bwd)
+
+
+@jax.custom_vjp
+def plus_channels(x, p):
+  """``x + p`` for ``x [..., D]`` and a parameter ``p [D]`` of x's dtype;
+  p's gradient is a ``column_sum``."""
+  return x + p
+
+
+def _plus_fwd(x, p):
+  return x + p, None
+
+
+def _plus_bwd(_, g):
+  return g, column_sum(g).astype(g.dtype)
+
+
+plus_channels.defvjp(_plus_fwd, _plus_bwd)
