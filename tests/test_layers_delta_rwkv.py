@@ -8,8 +8,7 @@ from flax import nnx
 
 from lin_attn_jax.layers import (KDA, MIXERS, RWKV6, RWKV7, DeltaNet,
                                  GatedDeltaNet)
-from lin_attn_jax.layers import rwkv
-from lin_attn_jax.ops.common import reductions
+from lin_attn_jax.ops.common import products, reductions
 from tests import lm_checks
 from tests.form_checks import rel_rms
 
@@ -152,7 +151,7 @@ def test_rwkv_project_matches_a_plain_matmul(dtype):
     return jnp.einsum("btd,de->bte", x, kernel,
                       preferred_element_type=jnp.float32).astype(dtype)
 
-  got, got_vjp = jax.vjp(rwkv.project, x, kernel)
+  got, got_vjp = jax.vjp(products.project, x, kernel)
   want, want_vjp = jax.vjp(plain, x, kernel)
   # bfloat16: both round float32 sums to 8 bits (rms error ~1e-3).
   tol = 1e-6 if dtype == jnp.float32 else 4e-3

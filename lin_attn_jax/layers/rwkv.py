@@ -32,56 +32,16 @@ from lin_attn_jax.layers.base import (Context, Mixer,
 from lin_attn_jax.ops import (chunk_rwkv6, chunk_rwkv7, parallel_rwkv6,
                               parallel_rwkv7, recurrent_rwkv6, recurrent_rwkv7,
                               rwkv6_step, rwkv7_step)
-from lin_attn_jax.ops.common.products import transposed
+from lin_attn_jax.ops.common.products import project
 from lin_attn_jax.ops.common.reductions import plus_channels, times_channels
 from lin_attn_jax.ops.delta_rule import l2_normalize
 
 _F32 = jnp.float32
 
 
-@jax.custom_vjp
-def _matmul(x, kernel):
-  """``x @ kernel``: ``[B, T, D], [D, E] -> [B, T, E]`` float32.
-
-  Autodiff of a plain matmul makes the kernel's gradient ``x^T g``, a
-  product over the leading (token) axis of both operands, which XLA:CPU
-  runs outside its fast matmul library and feeds through a transposing
-  copy fused with the producers of ``x`` and ``g``. Here it is one batched
-  product of ``x`` transposed in memory (one plain copy) by ``g``, summed
-  over the batch (no reshape across the batch and length axes, which may
-  be sharded).
-  """
-  return jnp.einsum("btd,de->bte", x, kernel, preferred_element_type=_F32)
-
-
-def _matmul_fwd(x, kernel):
-  return _matmul(x, kernel), (x, kernel)
-
-
-def _matmul_bwd(res, g):
-  x, kernel = res
-  dx = jnp.einsum("bte,de->btd", g, kernel, preferred_element_type=_F32)
-  dk = jnp.einsum("bdt,bte->bde", transposed(x), g,
-                  preferred_element_type=_F32)                   # [B, D, E]
-  return dx.astype(x.dtype), jnp.sum(dk, axis=0).astype(kernel.dtype)
-
-
-_matmul.defvjp(_matmul_fwd, _matmul_bwd)
-
-
-def project(x, kernel, dtype=None):
-  """``x @ kernel`` over the last axis of ``x [B, T, D]`` (``kernel [D,
-  E]``), computed in ``dtype`` (x's when None) with float32 accumulation;
-  the result in ``dtype``. Forward and gradients are those of
-  ``nnx.Linear`` without bias; the kernel's gradient is formed as
-  ``_matmul`` says."""
-  dtype = x.dtype if dtype is None else dtype
-  return _matmul(x.astype(dtype), kernel.astype(dtype)).astype(dtype)
-
-
 def apply_linear(layer: nnx.Linear, x):
   """``layer(x)`` for a bias-free ``nnx.Linear`` (``modules.dense``), by
-  ``project``."""
+  ``products.project``."""
   dtype = layer.dtype or jnp.result_type(x, layer.kernel[...])
   return project(x, layer.kernel[...], dtype)
 

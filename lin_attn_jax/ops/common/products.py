@@ -5,7 +5,8 @@ left operand; the others run several times slower. Autodiff of a plain
 einsum makes some of the slow kind (``a^T @ g`` for the gradient of ``b`` in
 ``a @ b``). ``mm_nt`` and ``mm_nn`` have gradients written with the
 transposes made in memory, of the narrow operand (``[C, C]`` or ``[C, V]``
-in a chunk form).
+in a chunk form). ``project`` is a layer's ``[B, T, D] @ [D, E]`` with its
+kernel gradient formed the same way.
 """
 
 from __future__ import annotations
@@ -70,3 +71,43 @@ def mm_tn(a, b):
   """``a^T @ b`` over the last two axes: ``[..., J, I], [..., J, R] -> [...,
   I, R]`` float32, with ``a`` (the narrow operand) transposed in memory."""
   return mm_nn(transposed(a), b)
+
+
+@jax.custom_vjp
+def _project_matmul(x, kernel):
+  """``x @ kernel``: ``[B, T, D], [D, E] -> [B, T, E]`` float32.
+
+  Autodiff of a plain matmul makes the kernel's gradient ``x^T g``, a
+  product over the leading (token) axis of both operands, which XLA:CPU
+  runs outside its fast matmul library and feeds through a transposing
+  copy fused with the producers of ``x`` and ``g``. Here it is one batched
+  product of ``x`` transposed in memory (one plain copy) by ``g``, summed
+  over the batch (no reshape across the batch and length axes, which may
+  be sharded).
+  """
+  return jnp.einsum("btd,de->bte", x, kernel, preferred_element_type=_F32)
+
+
+def _project_matmul_fwd(x, kernel):
+  return _project_matmul(x, kernel), (x, kernel)
+
+
+def _project_matmul_bwd(res, g):
+  x, kernel = res
+  dx = jnp.einsum("bte,de->btd", g, kernel, preferred_element_type=_F32)
+  dk = jnp.einsum("bdt,bte->bde", transposed(x), g,
+                  preferred_element_type=_F32)                   # [B, D, E]
+  return dx.astype(x.dtype), jnp.sum(dk, axis=0).astype(kernel.dtype)
+
+
+_project_matmul.defvjp(_project_matmul_fwd, _project_matmul_bwd)
+
+
+def project(x, kernel, dtype=None):
+  """``x @ kernel`` over the last axis of ``x [B, T, D]`` (``kernel [D,
+  E]``), computed in ``dtype`` (x's when None) with float32 accumulation;
+  the result in ``dtype``. Forward and gradients are those of
+  ``nnx.Linear`` without bias; the kernel's gradient is formed as
+  ``_project_matmul`` says."""
+  dtype = x.dtype if dtype is None else dtype
+  return _project_matmul(x.astype(dtype), kernel.astype(dtype)).astype(dtype)
