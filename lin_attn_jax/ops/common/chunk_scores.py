@@ -44,8 +44,7 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common.chunking import pad_time
 from lin_attn_jax.ops.common.products import mm_nt
-from lin_attn_jax.ops.common.decay import (reverse_exclusive_cumsum, segsum,
-                                           shift)
+from lin_attn_jax.ops.common.decay import segsum, shift
 
 _F32 = jnp.float32
 
@@ -71,24 +70,44 @@ def halves(x, half: int, axis: int):
                for side in (0, 1))
 
 
-def level_log_decays(g, half: int, axis: int, strict=False):
-  """The two log-decays of a halving level with blocks of ``2 * half``.
+def level_log_decays(g, axis: int, strict=False):
+  """The two log-decays of every halving level, by doubling.
 
   Args:
-    g: log-decays, the token axis ``axis`` a multiple of ``2 * half``.
+    g: log-decays, the token axis ``axis`` a power of two.
     strict: the read side stops before ``i``.
   Returns:
-    ``(to_i, from_j)``, ``axis`` split into ``[P, half]``: ``to_i`` for
+    ``{half: (to_i, from_j)}`` for ``half = 1, 2, ..., size / 2``, ``axis``
+    split into ``[P, half]`` (blocks of ``2 * half`` tokens): ``to_i`` for
     ``i`` in the right half, ``sum_{mid < m <= i} g_m`` (``mid < m < i``
     when strict), and ``from_j`` for ``j`` in the left half, ``sum_{j < m
     <= mid} g_m``.
+
+  The sums inside aligned blocks of ``2 * width`` tokens are those inside
+  its two halves plus the other half's total (a sum of other terms, never a
+  difference): ``log2(C)`` passes over ``g``, where a cumulative sum per
+  level costs ``half`` additions per entry.
   """
   axis = axis % g.ndim
-  left, right = halves(g, half, axis)
-  to_i = jnp.cumsum(right, axis=axis + 1)
-  if strict:
-    to_i = shift(to_i, 1, axis=axis + 1)
-  return to_i, reverse_exclusive_cumsum(left, axis=axis + 1)
+  size = g.shape[axis]
+  upto = g                        # sum from the block's start to i, i included
+  after = jnp.zeros_like(g)       # sum from after j to the block's end
+  levels = {}
+  width = 1
+  while width < size:
+    (upto_left, upto_right), (after_left, after_right) = (
+        halves(x, width, axis) for x in (upto, after))
+    levels[width] = (shift(upto_right, 1, axis=axis + 1) if strict
+                     else upto_right, after_left)
+    total_left, total_right = (
+        jax.lax.slice_in_dim(x, width - 1, width, axis=axis + 1)
+        for x in (upto_left, upto_right))
+    upto, after = (
+        jnp.stack(pair, axis=axis + 1).reshape(g.shape)
+        for pair in ((upto_left, upto_right + total_left),
+                     (after_left + total_right, after_right)))
+    width *= 2
+  return levels
 
 
 def join_blocks(diagonal, lower):
@@ -147,9 +166,8 @@ def intra_chunk_scores(xs, ys, g, strict=False):
                  for y in ys], axis=-2)
       for x, s in zip(xs, strict)], axis=-3)                    # [...,a,b,C]
   blocks = diagonal[..., :, None, None]                         # [...,a,b,C,1,1]
-  half = 1
-  while half < size:
-    to_i, from_j = level_log_decays(g, half, axis=-2)           # [..., P, h, G]
+  for half, (to_i, from_j) in level_log_decays(g, axis=-2).items():
+    # to_i, from_j: [..., P, h, G]
     read = {s: jnp.exp(shift(to_i, 1, axis=-2) if s else to_i)
             for s in set(strict)}
     write = jnp.exp(from_j)
@@ -163,7 +181,6 @@ def intra_chunk_scores(xs, ys, g, strict=False):
     lower = jnp.moveaxis(lower, (-4, -2), (-5, -4))             # [...,a,b,P,h,h]
     # One join for every pair of the level.
     blocks = join_blocks(blocks, lower)                     # [...,a,b,P,2h,2h]
-    half *= 2
   scores = blocks[..., 0, :c, :c]                               # [...,a,b,C,C]
   return [[scores[..., a, b, :, :] for b in range(len(ys))]
           for a in range(len(xs))]

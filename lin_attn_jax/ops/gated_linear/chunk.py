@@ -125,11 +125,11 @@ def _pairs_in_chunk(q_c, k_c, v_c, g_c, doc_c, strict):
       doc_c = pad_time(doc_c, size, axis=2, mode="edge")
   o = (jnp.zeros(v_c.shape, _F32) if strict
        else dot_last(q_c, k_c)[..., None] * v_c)                # i = j
-  half = size // 2
-  while half >= 1:
+  levels = level_log_decays(g_c, axis=2, strict=strict)
+  for half in sorted(levels, reverse=True):
     (_, q_right), (k_left, _), (v_left, _) = (
         halves(x, half, axis=2) for x in (q_c, k_c, v_c))
-    to_i, from_j = level_log_decays(g_c, half, axis=2, strict=strict)
+    to_i, from_j = levels[half]
     q_read = q_right * jnp.exp(to_i)                            # [B,N,P,i,H,K]
     k_write = k_left * jnp.exp(from_j)                          # [B,N,P,j,H,K]
     scores = _mm("bnpihk,bnpjhk->bnphij", q_read, k_write)
@@ -140,7 +140,6 @@ def _pairs_in_chunk(q_c, k_c, v_c, g_c, doc_c, strict):
     o_right = _mm("bnphij,bnpjhv->bnpihv", scores, v_left)
     o = o + jnp.stack([jnp.zeros_like(o_right), o_right], axis=3).reshape(
         o.shape)
-    half //= 2
   return o[:, :, :c]
 
 

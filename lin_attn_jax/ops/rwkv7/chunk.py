@@ -15,7 +15,10 @@ reads and ``S_in`` the entering state (derivation in README.md):
    ``X = W S_in + U``.
 4. Chunk transitions ``S_out = (D + B_end^T W) S_in + B_end^T U + K_end^T V``
    and a ``lax.scan`` over chunks.
-5. Outputs ``o = (exp(G) * R) S_in + P_rb X + P_rk V``.
+5. Outputs ``o = (exp(G) * R) S_in + P_rb X + P_rk V``, taken as ``o =
+   (P_rb U + P_rk V) + (exp(G) * R + P_rb W) S_in`` so that only ``[C, K]``
+   and ``[C, V]`` terms of a chunk, not its ``[C, C]`` scores, outlive the
+   chunk-local stage.
 
 Letters as in ``delta_rule/chunk.py``.
 """
@@ -44,15 +47,15 @@ from lin_attn_jax.ops.rwkv7.inputs import default_scale, validate
 _F32 = jnp.float32
 
 def _chunk_local(r_h, w_h, k_h, v_h, a_h, b_h, *docs, sub):
-  """Steps 1-3 and each chunk's transition (no dependence on the state).
+  """Steps 1-3, each chunk's transition and the state-free part of step 5.
 
   Args:
     r_h, w_h, k_h, a_h, b_h: ``[B, N, H, C, K]`` (r scaled); v_h: ``[B, N,
       H, C, V]``; docs: ``chunk_documents`` (``doc_c, doc_before``) or none.
   Returns:
-    ``transition [B, N, H, K, K]``, ``own [B, N, H, K, V]``, ``w_ [B, N, H,
-    C, K]``, ``u [B, N, H, C, V]``, ``r_b, r_k [B, N, H, C, C]`` and
-    ``r_from_start [B, N, H, C, K]``.
+    ``transition [B, N, H, K, K]``, ``own [B, N, H, K, V]``, ``reads [B, N,
+    H, C, K]`` and ``o_local [B, N, H, C, V]``: the output is ``o_local +
+    reads S_in``.
   """
   same_doc, reached, in_last_doc, passes = document_masks(docs or None)
   dk = r_h.shape[-1]
@@ -72,18 +75,23 @@ def _chunk_local(r_h, w_h, k_h, v_h, a_h, b_h, *docs, sub):
   a_from_start = jnp.where(reached, a_h * jnp.exp(before), 0.0)  # [B,N,H,C,K]
   rhs = jnp.concatenate([a_from_start, mm_nn(a_k, v_h)],
                         axis=-1)                                # [B,N,H,C,K+V]
-  wu = mm_nn(invert_unit_lower(-a_b), rhs)                      # [B,N,H,C,K+V]
-  w_, u = wu[..., :dk], wu[..., dk:]
+  wu = mm_nn(invert_unit_lower(-a_b), rhs)             # [W | U], [B,N,H,C,K+V]
 
   # Step 4 (its chunk-local part): the chunk transitions.
   decay_to_end = jnp.where(in_last_doc, jnp.exp(to_end), 0.0)   # [B,N,H,C,K]
   b_to_end, k_to_end = b_h * decay_to_end, k_h * decay_to_end
   decay = jnp.where(passes, jnp.exp(total), 0.0)                # [B,N,H,K]
+  b_wu = mm_tn(b_to_end, wu)                                    # [B,N,H,K,K+V]
   transition = (decay[..., :, None] * jnp.eye(dk, dtype=_F32)
-                + mm_tn(b_to_end, w_))                          # [B,N,H,K,K]
-  own = mm_tn(b_to_end, u) + mm_tn(k_to_end, v_h)               # [B,N,H,K,V]
+                + b_wu[..., :dk])                               # [B,N,H,K,K]
+  own = b_wu[..., dk:] + mm_tn(k_to_end, v_h)                   # [B,N,H,K,V]
+  # Step 5 (its chunk-local part): o = o_local + reads S_in, with
+  # X = W S_in + U. Only [C, K] and [C, V] terms leave the chunk.
   r_from_start = jnp.where(reached, r_h * jnp.exp(from_start), 0.0)
-  return transition, own, w_, u, r_b, r_k, r_from_start
+  r_wu = mm_nn(r_b, wu)                                         # [B,N,H,C,K+V]
+  reads = r_from_start + r_wu[..., :dk]                         # [B,N,H,C,K]
+  o_local = r_wu[..., dk:] + mm_nn(r_k, v_h)                    # [B,N,H,C,V]
+  return transition, own, reads, o_local
 
 
 @context_parallel.splits_sequence(lambda: split.context_parallel_rwkv7)
@@ -137,7 +145,7 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   # be fused into every consumer, and its index arithmetic makes those
   # kernels several times slower to compile.
   v_h = head_major(v)                                           # [B,N,H,C,V]
-  transition, own, w_, u, r_b, r_k, r_from_start = map_chunk_groups(
+  transition, own, reads, o_local = map_chunk_groups(
       functools.partial(_chunk_local, sub=c),
       tuple(head_major(x) for x in (scale * r, w, k)) + (v_h,)
       + tuple(head_major(x) for x in (a, b)) + (docs or ()),
@@ -149,8 +157,6 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   final_state, entering = scan_chunk_states(transition, own, state0)
 
   # Step 5: outputs.
-  x = u + mm_nn(w_, entering)                                  # [B,N,H,C,V]
-  o = (mm_nn(r_b, x) + mm_nn(r_k, v_h)
-       + mm_nn(r_from_start, entering))                         # [B,N,H,C,V]
+  o = o_local + mm_nn(reads, entering)                          # [B,N,H,C,V]
   o = merge_chunks(jnp.moveaxis(o, 2, 3))[:, :t]                # [B,T,H,V]
   return o.astype(out_dtype), (final_state if output_final_state else None)
