@@ -66,8 +66,9 @@ def halves(x, half: int, axis: int):
   axis = axis % x.ndim
   blocks = x.shape[axis] // (2 * half)
   x = x.reshape(x.shape[:axis] + (blocks, 2, half) + x.shape[axis + 1:])
-  return tuple(jax.lax.index_in_dim(x, side, axis + 1, keepdims=False)
-               for side in (0, 1))
+  # unstack, not two slices: its gradient is one stack of the two
+  # cotangents, where two slices' are two padded copies summed.
+  return tuple(jnp.unstack(x, axis=axis + 1))
 
 
 def level_log_decays(g, axis: int, strict=False):
@@ -121,7 +122,7 @@ def join_blocks(diagonal, lower):
   """
   p, h = lower.shape[-3], lower.shape[-1]
   pairs = diagonal.reshape(diagonal.shape[:-3] + (p, 2, h, h))
-  upper_left, lower_right = pairs[..., 0, :, :], pairs[..., 1, :, :]
+  upper_left, lower_right = jnp.unstack(pairs, axis=-3)
   return jnp.concatenate(
       [jnp.concatenate([upper_left, jnp.zeros_like(upper_left)], axis=-1),
        jnp.concatenate([lower, lower_right], axis=-1)], axis=-2)
@@ -182,8 +183,8 @@ def intra_chunk_scores(xs, ys, g, strict=False):
     # One join for every pair of the level.
     blocks = join_blocks(blocks, lower)                     # [...,a,b,P,2h,2h]
   scores = blocks[..., 0, :c, :c]                               # [...,a,b,C,C]
-  return [[scores[..., a, b, :, :] for b in range(len(ys))]
-          for a in range(len(xs))]
+  return [list(jnp.unstack(row, axis=-3))
+          for row in jnp.unstack(scores, axis=-4)]
 
 
 def sequence_scores(x, y, g, mask, *, strict=False):

@@ -86,22 +86,29 @@ def document_masks(docs):
   return same_doc, reached, in_last_doc, passes
 
 
-def scan_chunk_states(transition, own, state0):
-  """``S_{n+1} = transition_n S_n + own_n`` over chunks.
+def scan_chunk_states(transition, own, state0, diagonal=None):
+  """``S_{n+1} = (diag(diagonal_n) + transition_n) S_n + own_n`` over chunks.
 
   Args:
     transition: ``[B, N, H, K, K]``; own: ``[B, N, H, K, V]``;
-    state0: ``[B, H, K, V]``.
+    state0: ``[B, H, K, V]``; diagonal: ``[B, N, H, G]`` (``G`` 1 or
+      ``K``) or None: a diagonal part of the transition, kept apart so that
+      no ``[K, K]`` identity is broadcast and added (nor its gradient
+      summed back).
   Returns:
     ``(final state [B, H, K, V], entering states [B, N, H, K, V])``.
   """
   def carry_state(state, inputs):
-    step, add = inputs                        # [B,H,K,K], [B,H,K,V]
-    return _mm("bhkl,bhlv->bhkv", step, state) + add, state
+    step, add, diag = inputs                  # [B,H,K,K], [B,H,K,V], [B,H,G]
+    new = _mm("bhkl,bhlv->bhkv", step, state) + add
+    if diag is not None:
+      new = new + diag[..., :, None] * state
+    return new, state
 
   final, entering = jax.lax.scan(
-      carry_state, state0, (jnp.moveaxis(transition, 1, 0),
-                            jnp.moveaxis(own, 1, 0)))
+      carry_state, state0,
+      tuple(None if x is None else jnp.moveaxis(x, 1, 0)
+            for x in (transition, own, diagonal)))
   return final, jnp.moveaxis(entering, 0, 1)
 
 
@@ -202,7 +209,7 @@ def invert_unit_lower(a):
     blocks = jnp.einsum("...pipj->...pij",
                         a.reshape(lead + (pairs, 2 * m, pairs, 2 * m)))
     inv = inverse.reshape(lead + (pairs, 2, m, m))
-    inv11, inv22 = inv[..., 0, :, :], inv[..., 1, :, :]
+    inv11, inv22 = jnp.unstack(inv, axis=-3)
     lower = -mm_nn(mm_nn(inv22, blocks[..., m:, :m]),
                    inv11)                               # [..., pairs, m, m]
     inverse = join_blocks(inverse, lower)               # [..., pairs, 2m, 2m]
@@ -248,9 +255,9 @@ def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk,
   dk = k.shape[-1]
   k_from_start = jnp.where(reached, k_h * jnp.exp(from_start), 0.0)
   rhs = beta_h[..., None] * jnp.concatenate([k_from_start, v_h], axis=-1)
-  wu = mm_nn(invert_unit_lower(a), rhs)                         # [B,N,H,C,K+V]
+  w, u = jnp.split(mm_nn(invert_unit_lower(a), rhs), [dk], axis=-1)
   return ChunkTerms(
-      w=wu[..., :dk], u=wu[..., dk:],
+      w=w, u=u,                                                 # [B,N,H,C,*]
       q=jnp.where(reached, q_h * jnp.exp(from_start), 0.0),     # [B,N,H,C,K]
       scores=qk,
       k=jnp.where(in_last_doc, k_h * jnp.exp(to_end), 0.0),     # [B,N,H,C,K]
@@ -264,11 +271,10 @@ def sweep_xla(terms: ChunkTerms, state0):
   ``lax.scan`` over chunks for the state entering each chunk, then the
   outputs ``o = (exp(G) * Q) S_in + P (U - W S_in)``.
   """
-  dk = terms.w.shape[-1]
-  transition = (terms.decay[..., :, None] * jnp.eye(dk, dtype=_F32)
-                - mm_tn(terms.k, terms.w))                      # [B,N,H,K,K]
+  transition = -mm_tn(terms.k, terms.w)                         # [B,N,H,K,K]
   own = mm_tn(terms.k, terms.u)                                 # [B,N,H,K,V]
-  final_state, entering = scan_chunk_states(transition, own, state0)
+  final_state, entering = scan_chunk_states(transition, own, state0,
+                                            terms.decay)
   u = terms.u - mm_nn(terms.w, entering)                        # [B,N,H,C,V]
   o = mm_nn(terms.scores, u) + mm_nn(terms.q, entering)         # [B,N,H,C,V]
   return o, final_state

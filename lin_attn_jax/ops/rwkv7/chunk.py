@@ -53,9 +53,10 @@ def _chunk_local(r_h, w_h, k_h, v_h, a_h, b_h, *docs, sub):
     r_h, w_h, k_h, a_h, b_h: ``[B, N, H, C, K]`` (r scaled); v_h: ``[B, N,
       H, C, V]``; docs: ``chunk_documents`` (``doc_c, doc_before``) or none.
   Returns:
-    ``transition [B, N, H, K, K]``, ``own [B, N, H, K, V]``, ``reads [B, N,
-    H, C, K]`` and ``o_local [B, N, H, C, V]``: the output is ``o_local +
-    reads S_in``.
+    ``decay [B, N, H, K]`` and ``b_w [B, N, H, K, K]`` (the transition is
+    ``diag(decay) + b_w``), ``own [B, N, H, K, V]``, ``reads [B, N, H, C,
+    K]`` and ``o_local [B, N, H, C, V]``: the output is ``o_local + reads
+    S_in``.
   """
   same_doc, reached, in_last_doc, passes = document_masks(docs or None)
   dk = r_h.shape[-1]
@@ -81,17 +82,16 @@ def _chunk_local(r_h, w_h, k_h, v_h, a_h, b_h, *docs, sub):
   decay_to_end = jnp.where(in_last_doc, jnp.exp(to_end), 0.0)   # [B,N,H,C,K]
   b_to_end, k_to_end = b_h * decay_to_end, k_h * decay_to_end
   decay = jnp.where(passes, jnp.exp(total), 0.0)                # [B,N,H,K]
-  b_wu = mm_tn(b_to_end, wu)                                    # [B,N,H,K,K+V]
-  transition = (decay[..., :, None] * jnp.eye(dk, dtype=_F32)
-                + b_wu[..., :dk])                               # [B,N,H,K,K]
-  own = b_wu[..., dk:] + mm_tn(k_to_end, v_h)                   # [B,N,H,K,V]
+  # The transition is diag(decay) + b_w.
+  b_w, b_u = jnp.split(mm_tn(b_to_end, wu), [dk], axis=-1)      # [B,N,H,K,*]
+  own = b_u + mm_tn(k_to_end, v_h)                              # [B,N,H,K,V]
   # Step 5 (its chunk-local part): o = o_local + reads S_in, with
   # X = W S_in + U. Only [C, K] and [C, V] terms leave the chunk.
   r_from_start = jnp.where(reached, r_h * jnp.exp(from_start), 0.0)
-  r_wu = mm_nn(r_b, wu)                                         # [B,N,H,C,K+V]
-  reads = r_from_start + r_wu[..., :dk]                         # [B,N,H,C,K]
-  o_local = r_wu[..., dk:] + mm_nn(r_k, v_h)                    # [B,N,H,C,V]
-  return transition, own, reads, o_local
+  r_w, r_u = jnp.split(mm_nn(r_b, wu), [dk], axis=-1)
+  reads = r_from_start + r_w                                    # [B,N,H,C,K]
+  o_local = r_u + mm_nn(r_k, v_h)                               # [B,N,H,C,V]
+  return decay, b_w, own, reads, o_local
 
 
 @context_parallel.splits_sequence(lambda: split.context_parallel_rwkv7)
@@ -145,7 +145,7 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   # be fused into every consumer, and its index arithmetic makes those
   # kernels several times slower to compile.
   v_h = head_major(v)                                           # [B,N,H,C,V]
-  transition, own, reads, o_local = map_chunk_groups(
+  decay, b_w, own, reads, o_local = map_chunk_groups(
       functools.partial(_chunk_local, sub=c),
       tuple(head_major(x) for x in (scale * r, w, k)) + (v_h,)
       + tuple(head_major(x) for x in (a, b)) + (docs or ()),
@@ -154,7 +154,7 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   # Step 4: the state entering every chunk.
   state0 = (jnp.zeros((bs, h, dk, dv), _F32) if initial_state is None
             else jnp.asarray(initial_state, _F32))
-  final_state, entering = scan_chunk_states(transition, own, state0)
+  final_state, entering = scan_chunk_states(b_w, own, state0, decay)
 
   # Step 5: outputs.
   o = o_local + mm_nn(reads, entering)                          # [B,N,H,C,V]
