@@ -1,8 +1,9 @@
 """Times the parallel, chunk and recurrent forms side by side.
 
-For each op and length: forward and forward+backward wall time (median of
-``--repeats`` runs after a warm-up, all forms of one length measured
-back-to-back) and the compiled temp memory from
+For each op and length: forward and forward+backward wall time (minimum
+over ``--repeats`` rounds after a warm-up; each round runs every form of
+that op and length once, forward and forward+backward, so the forms are
+timed side by side) and the compiled temp memory from
 ``jax.jit(f).lower(...).compile().memory_analysis()`` (exact, repeatable).
 Writes a markdown table to stdout and, with ``--out``, into a section of
 that file (replacing an earlier section for the same ops and shapes).
@@ -22,7 +23,7 @@ from absl import app, flags  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from experiments.bench_utils import median_time, write_section  # noqa: E402
+from experiments.bench_utils import interleaved_min_times, write_section  # noqa: E402
 from experiments.specs import all_specs  # noqa: E402
 from experiments.specs.base import Dims  # noqa: E402
 
@@ -38,12 +39,13 @@ flags.DEFINE_integer("dim_v", 64, "V.")
 flags.DEFINE_integer("chunk_size", 64, "Chunk size of the chunk forms.")
 flags.DEFINE_integer("max_parallel_length", 8192,
                      "Longest T for the parallel form (its memory is O(T^2)).")
-flags.DEFINE_integer("repeats", 3, "Timed runs per measurement.")
+flags.DEFINE_integer("repeats", 5, "Timed rounds (every form once per round).")
 flags.DEFINE_string("out", "", "Markdown file to write the table into.")
 
 
-def measure(spec, form_name, inputs, chunk_size, repeats):
-  """Returns (fwd s, fwd+bwd s, fwd temp bytes, fwd+bwd temp bytes)."""
+def compile_form(spec, form_name, inputs, chunk_size):
+  """Returns (fwd run, fwd+bwd run, fwd temp bytes, fwd+bwd temp bytes);
+  a run is a no-argument call of the compiled function."""
   form = spec.forms[form_name]
   kwargs = {"chunk_size": chunk_size} if form_name in spec.chunked else {}
   diff_names = [n for n in spec.grad_args if inputs.get(n) is not None]
@@ -60,12 +62,11 @@ def measure(spec, form_name, inputs, chunk_size, repeats):
 
   grad = jax.grad(loss, argnums=tuple(range(len(diff_names))))
   args = [inputs[n] for n in diff_names]
-  fwd = jax.jit(forward)
-  bwd = jax.jit(grad)
-  mem_f = fwd.lower(*args).compile().memory_analysis().temp_size_in_bytes
-  mem_b = bwd.lower(*args).compile().memory_analysis().temp_size_in_bytes
-  return (median_time(fwd, args, repeats), median_time(bwd, args, repeats),
-          mem_f, mem_b)
+  fwd = jax.jit(forward).lower(*args).compile()
+  bwd = jax.jit(grad).lower(*args).compile()
+  return (lambda: fwd(*args), lambda: bwd(*args),
+          fwd.memory_analysis().temp_size_in_bytes,
+          bwd.memory_analysis().temp_size_in_bytes)
 
 
 def _mib(n):
@@ -90,12 +91,16 @@ def main(argv):
       dims = Dims(FLAGS.batch, length, FLAGS.heads, FLAGS.dim_k, FLAGS.dim_v)
       inputs = spec.make_inputs(jax.random.PRNGKey(0), dims, False)
       inputs["segment_ids"] = None
-      results = {}
+      compiled = {}
       for form in FLAGS.forms:
         if form == "parallel" and length > FLAGS.max_parallel_length:
           continue
-        results[form] = measure(spec, form, inputs, FLAGS.chunk_size,
-                                FLAGS.repeats)
+        compiled[form] = compile_form(spec, form, inputs, FLAGS.chunk_size)
+      times = interleaved_min_times(
+          {(form, kind): run for form, runs in compiled.items()
+           for kind, run in enumerate(runs[:2])}, FLAGS.repeats)
+      results = {form: (times[form, 0], times[form, 1], mem_f, mem_b)
+                 for form, (_, _, mem_f, mem_b) in compiled.items()}
       base = results.get("chunk")
       for form, (tf, tb, mf, mb) in results.items():
         rel_t = f"{tb / base[1]:.2f}x" if base else "-"

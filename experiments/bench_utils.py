@@ -10,6 +10,23 @@ import time
 import jax
 
 
+def interleaved_min_times(fns, repeats: int, warmup: int = 1):
+  """Minimum wall time of each ``fn()`` of ``fns`` (a dict) over ``repeats``
+  rounds that run every function once in turn, after ``warmup`` untimed
+  runs of each: on a shared machine a slow spell then hits every function
+  of a round alike, and the minimum is the least disturbed run."""
+  for fn in fns.values():
+    for _ in range(max(warmup, 1)):
+      jax.block_until_ready(fn())
+  times = {name: [] for name in fns}
+  for _ in range(repeats):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn())
+      times[name].append(time.perf_counter() - start)
+  return {name: min(ts) for name, ts in times.items()}
+
+
 def median_time(fn, args, repeats: int, warmup: int = 1) -> float:
   """Median wall time of ``fn(*args)`` over ``repeats`` runs, after
   ``warmup`` untimed runs (the first compiles)."""
