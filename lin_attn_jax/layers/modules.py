@@ -27,6 +27,7 @@ from flax import nnx
 
 from lin_attn_jax.ops import (causal_conv1d_step, chunk_causal_conv1d,
                               parallel_causal_conv1d, recurrent_causal_conv1d)
+from lin_attn_jax.ops.common.reductions import times_channels
 from lin_attn_jax.ops.conv import token_shift as ops_token_shift
 
 
@@ -119,7 +120,8 @@ class HeadNorm(nnx.Module):
     if self.kind == "layer":
       x = x - jnp.mean(x, axis=-1, keepdims=True)
     x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
-    y = x.reshape(b, t, -1) * self.scale[...].astype(jnp.float32)
+    y = times_channels(x.reshape(b, t, -1),
+                       self.scale[...].astype(jnp.float32))
     if gate is not None and not self.gate_first:
       y = y * jax.nn.silu(gate.astype(jnp.float32))
     return y.astype(dtype)

@@ -241,7 +241,7 @@ class RWKV6(Mixer):
         ctx, (chunk_rwkv6, parallel_rwkv6, recurrent_rwkv6), rwkv6_step,
         [(r, True), (k, True), (v, True), (w, True),
          (self.bonus[...], False)], cache.get("state"), self.chunk_size)
-    o = self.norm(o) + self.norm_bias[...].astype(o.dtype)      # [B, T, D]
+    o = plus_channels(self.norm(o), self.norm_bias[...].astype(o.dtype))
     y = apply_linear(self.o_proj,
                      o * jax.nn.silu(apply_linear(self.g_proj, xg)))
     if ctx.cache is None:
@@ -489,10 +489,12 @@ class RWKV7(Mixer):
         ctx, (chunk_rwkv7, parallel_rwkv7, recurrent_rwkv7), rwkv7_step,
         [(r, True), (w, True), (k, True), (v, True), (-kappa, True),
          (kappa * a, True)], cache.get("state"), self.chunk_size)
-    bonus = jnp.sum(r.astype(_F32) * k.astype(_F32)
-                    * self.bonus[...].astype(_F32), axis=-1,
-                    keepdims=True) * v.astype(_F32)             # [B, T, H, V]
-    o = (self.norm(o).astype(_F32) + self.norm_bias[...].astype(_F32)
+    rk = times_channels((r.astype(_F32) * k.astype(_F32)).reshape(b, t, d),
+                        self.bonus[...].astype(_F32).reshape(d))
+    bonus = (jnp.sum(rk.reshape(b, t, h, n), axis=-1, keepdims=True)
+             * v.astype(_F32))                                  # [B, T, H, V]
+    o = (plus_channels(self.norm(o).astype(_F32),
+                       self.norm_bias[...].astype(_F32))
          + bonus.reshape(b, t, d))                              # [B, T, D]
     y = apply_linear(self.o_proj, (o * gate.astype(_F32)).astype(x.dtype))
     new_cache = None if ctx.cache is None else {"shift": last, "state": state}
