@@ -1,9 +1,9 @@
 """Times the parallel, chunk and recurrent forms side by side.
 
 For each op and length: forward and forward+backward wall time (minimum
-over ``--repeats`` rounds after a warm-up; each round runs every form of
-that op and length once, forward and forward+backward, so the forms are
-timed side by side) and the compiled temp memory from
+over ``--repeats`` rounds; each round gives every form of that op and
+length, forward and forward+backward, one untimed and one timed run, so the
+forms are timed side by side) and the compiled temp memory from
 ``jax.jit(f).lower(...).compile().memory_analysis()`` (exact, repeatable).
 Writes a markdown table to stdout and, with ``--out``, into a section of
 that file (replacing an earlier section for the same ops and shapes).

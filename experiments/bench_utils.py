@@ -10,17 +10,17 @@ import time
 import jax
 
 
-def interleaved_min_times(fns, repeats: int, warmup: int = 1):
+def interleaved_min_times(fns, repeats: int):
   """Minimum wall time of each ``fn()`` of ``fns`` (a dict) over ``repeats``
-  rounds that run every function once in turn, after ``warmup`` untimed
-  runs of each: on a shared machine a slow spell then hits every function
-  of a round alike, and the minimum is the least disturbed run."""
-  for fn in fns.values():
-    for _ in range(max(warmup, 1)):
-      jax.block_until_ready(fn())
+  rounds. A round gives every function one turn: an untimed call, then a
+  timed one. On a shared machine a slow spell then hits every function of a
+  round alike, and the minimum is the least disturbed run; the untimed call
+  first keeps a function from paying for the memory that the one before it
+  released (fresh pages fault in on first touch)."""
   times = {name: [] for name in fns}
   for _ in range(repeats):
     for name, fn in fns.items():
+      jax.block_until_ready(fn())
       start = time.perf_counter()
       jax.block_until_ready(fn())
       times[name].append(time.perf_counter() - start)
