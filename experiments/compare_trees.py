@@ -1,0 +1,146 @@
+"""Times this tree against another checkout of it, in one process.
+
+On a shared machine the speed of the whole machine moves by tens of percent
+between runs, so two runs of a benchmark (before and after a change)
+compare the days as much as the code. This script imports the library and
+``experiments`` from ``--other`` first, compiles what it times, then does
+the same from this tree, and times both in interleaved rounds (each turn
+an untimed then a timed run). With a checkout of an older commit:
+
+  git worktree add /tmp/before 18a160b5
+  python experiments/compare_trees.py --other=/tmp/before \\
+      --step_mixers=linear_attn,rwkv7,kda --step_shape=2x4096
+  python experiments/compare_trees.py --other=/tmp/before --step_mixers= \\
+      --chunk_ops=kda,rwkv7 --op_length=8192
+
+``--step_mixers``: the LM train step of ``bench_train_step.py`` (its model
+flags at their defaults); prints the minimum step time in each tree, its
+ratio to the first mixer of this tree, and the loss after the last step
+(equal in both trees when the change is exact). ``--chunk_ops``: forward and
+backward of each op's chunk form on the inputs of ``bench_forms.py`` (B=1,
+H=4, K=V=64, float32); prints the minimum time in each tree and this
+tree's time over the other's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from absl import app, flags
+
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+flags.DEFINE_string("other", None, "Root of the other checkout.",
+                    required=True)
+flags.DEFINE_list("step_mixers", ["linear_attn", "rwkv7"],
+                  "Mixers whose train step to time; the first is the "
+                  "reference of the ratios.")
+flags.DEFINE_string("step_shape", "2x4096",
+                    "Batch x length of the train step.")
+flags.DEFINE_list("chunk_ops", [], "Ops whose chunk form to time.")
+flags.DEFINE_integer("op_length", 8192, "T of the ops.")
+flags.DEFINE_integer("op_chunk_size", 64, "Chunk size of the ops.")
+flags.DEFINE_integer("compare_rounds", 8, "Timed rounds.")
+FLAGS = flags.FLAGS
+
+_PACKAGES = ("lin_attn_jax", "experiments", "pallas_kernels")
+
+
+def _import_from(root, module):
+  """``module`` (and the library under it) imported from ``root``."""
+  for name in [m for m in sys.modules if m.split(".")[0] in _PACKAGES]:
+    del sys.modules[name]
+  sys.path.insert(0, root)
+  try:
+    __import__(module)
+    loaded = sys.modules[module]
+  finally:
+    sys.path.remove(root)
+  if not os.path.abspath(loaded.__file__).startswith(os.path.abspath(root)):
+    raise RuntimeError(f"imported {loaded.__file__}, not from {root}")
+  return loaded
+
+
+def _op_run(root, name):
+  """A no-argument run of the compiled forward+backward of ``name``'s chunk
+  form, from the tree at ``root``."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  specs = _import_from(root, "experiments.specs")
+  base = _import_from(root, "experiments.specs.base")
+  spec = specs.all_specs()[name]
+  dims = base.Dims(1, FLAGS.op_length, 4, 64, 64)
+  inputs = spec.make_inputs(jax.random.PRNGKey(0), dims, False)
+  inputs["segment_ids"] = None
+  diff_names = [n for n in spec.grad_args if inputs.get(n) is not None]
+  fixed = {n: x for n, x in inputs.items() if n not in diff_names}
+
+  def loss(*diff):
+    o, state = spec.forms["chunk"](**fixed, **dict(zip(diff_names, diff)),
+                                   output_final_state=True,
+                                   chunk_size=FLAGS.op_chunk_size)
+    return jnp.sum(o.astype(jnp.float32)) + jnp.sum(state)
+
+  args = [inputs[n] for n in diff_names]
+  compiled = jax.jit(jax.grad(loss, argnums=tuple(range(len(args))))).lower(
+      *args).compile()
+  return lambda: compiled(*args)
+
+
+def _interleaved_min(runs):
+  import jax  # pylint: disable=g-import-not-at-top
+  times = {key: [] for key in runs}
+  for _ in range(FLAGS.compare_rounds):
+    for key, run in runs.items():
+      jax.block_until_ready(run())
+      start = time.perf_counter()
+      jax.block_until_ready(run())
+      times[key].append(time.perf_counter() - start)
+  return {key: min(ts) for key, ts in times.items()}
+
+
+def main(argv):
+  del argv
+  trees = (("other", os.path.abspath(FLAGS.other)), ("this", _HERE))
+  if FLAGS.step_mixers:
+    batch, length = (int(x) for x in FLAGS.step_shape.split("x"))
+    runners = {}
+    for tree, root in trees:
+      bench = _import_from(root, "experiments.bench_train_step")
+      for name in FLAGS.step_mixers:
+        runners[tree, name] = bench.Runner(name, batch, length)
+        print(f"{tree} {name}: compiled in "
+              f"{runners[tree, name].compile_s:.1f} s", flush=True)
+
+    def step(runner):
+      def run():
+        runner.run()
+        return ()
+      return run
+
+    best = _interleaved_min({key: step(r) for key, r in runners.items()})
+    reference = best["this", FLAGS.step_mixers[0]]
+    print(f"Train step, B={batch}, T={length}: minimum of "
+          f"{FLAGS.compare_rounds} interleaved rounds; ratios to "
+          f"{FLAGS.step_mixers[0]} of this tree")
+    for (tree, name), runner in runners.items():
+      t = best[tree, name]
+      print(f"{tree:5s} {name:20s} {t * 1e3:7.0f} ms  {t / reference:5.2f}x"
+            f"  loss {runner.loss:.5f}")
+  if FLAGS.chunk_ops:
+    runs = {(tree, name): _op_run(root, name)
+            for tree, root in trees for name in FLAGS.chunk_ops}
+    best = _interleaved_min(runs)
+    print(f"Chunk forms, forward+backward, T={FLAGS.op_length}, chunks of "
+          f"{FLAGS.op_chunk_size}: minimum of {FLAGS.compare_rounds} "
+          "interleaved rounds")
+    for name in FLAGS.chunk_ops:
+      print(f"{name:20s} other {best['other', name] * 1e3:7.0f} ms  this "
+            f"{best['this', name] * 1e3:7.0f} ms  this / other "
+            f"{best['this', name] / best['other', name]:.3f}")
+
+
+if __name__ == "__main__":
+  app.run(main)
