@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 from absl import app, flags
 
@@ -89,21 +88,13 @@ def _op_run(root, name):
   return lambda: compiled(*args)
 
 
-def _interleaved_min(runs):
-  import jax  # pylint: disable=g-import-not-at-top
-  times = {key: [] for key in runs}
-  for _ in range(FLAGS.compare_rounds):
-    for key, run in runs.items():
-      jax.block_until_ready(run())
-      start = time.perf_counter()
-      jax.block_until_ready(run())
-      times[key].append(time.perf_counter() - start)
-  return {key: min(ts) for key, ts in times.items()}
-
-
 def main(argv):
   del argv
   trees = (("other", os.path.abspath(FLAGS.other)), ("this", _HERE))
+
+  def interleaved_min(runs):
+    bench_utils = _import_from(_HERE, "experiments.bench_utils")
+    return bench_utils.interleaved_min_times(runs, FLAGS.compare_rounds)
   if FLAGS.step_mixers:
     batch, length = (int(x) for x in FLAGS.step_shape.split("x"))
     runners = {}
@@ -120,7 +111,7 @@ def main(argv):
         return ()
       return run
 
-    best = _interleaved_min({key: step(r) for key, r in runners.items()})
+    best = interleaved_min({key: step(r) for key, r in runners.items()})
     reference = best["this", FLAGS.step_mixers[0]]
     print(f"Train step, B={batch}, T={length}: minimum of "
           f"{FLAGS.compare_rounds} interleaved rounds; ratios to "
@@ -132,7 +123,7 @@ def main(argv):
   if FLAGS.chunk_ops:
     runs = {(tree, name): _op_run(root, name)
             for tree, root in trees for name in FLAGS.chunk_ops}
-    best = _interleaved_min(runs)
+    best = interleaved_min(runs)
     print(f"Chunk forms, forward+backward, T={FLAGS.op_length}, chunks of "
           f"{FLAGS.op_chunk_size}: minimum of {FLAGS.compare_rounds} "
           "interleaved rounds")

@@ -35,7 +35,6 @@ def column_sum(x):
   return jnp.sum(jax.lax.optimization_barrier(partial), axis=0)
 
 
-
 @jax.custom_vjp
 def times_channels(x, p):
   """``x * p`` for ``x [..., D]`` and a parameter ``p [D]`` of x's dtype;
