@@ -158,6 +158,15 @@ def test_based_cached_prefill_agrees_across_modes():
       np.testing.assert_allclose(leaf, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_performer_default_features_follow_the_head_width():
+  # int(K ln K): K = 32 -> 110, K = 64 -> 266; an explicit count is kept.
+  for d_model, heads, expected in ((64, 2, 110), (128, 2, 266), (8, 4, 2)):
+    layer = Performer(d_model, heads, rngs=nnx.Rngs(0))
+    assert layer.nb_features == expected
+    assert layer.projection[...].shape == (expected, d_model // heads)
+  assert Performer(64, 2, rngs=nnx.Rngs(0), nb_features=24).nb_features == 24
+
+
 def test_performer_redraw_changes_projection_and_outputs_not_gradients():
   layer = Performer(32, 2, rngs=nnx.Rngs(0), nb_features=16)
   x = _x((1, 7, 32))

@@ -1,7 +1,8 @@
 """FAVOR+ linear attention chunkwise in XLA, features made heads first.
 
-Performer's features are ``M`` wide (256) for heads of ``K`` channels (32),
-so every tensor of width ``M`` dominates the chunk form's time. Here they
+Performer's features are ``M`` wide (``int(K ln K)`` by default: 110 for
+heads of ``K = 32`` channels, 266 for 64), several times the head width, so
+every tensor of width ``M`` dominates the chunk form's time. Here they
 are made once, in the layout of the chunk matmuls: q and k (``K`` wide) are
 moved heads first (``[B, H, T, K]``), and the features come out of their
 product with the projection already as ``[B, H, N, C, M]``: no ``M``-wide
