@@ -22,8 +22,15 @@ form computes its in-chunk pairs the same way):
 - the pairs inside each half are the same problem at half the size, down to
   single tokens: ``log2(C)`` levels, and every pair ``j < i`` lies in exactly
   one block of one level, so the levels' blocks tile the strictly lower
-  triangle of the ``[C, C]`` matrix (``join_blocks``); the diagonal is
-  ``x_i . y_i`` (0 when strict).
+  triangle of the ``[C, C]`` matrix; the diagonal is ``x_i . y_i`` (0 when
+  strict).
+
+A chunk (at most ``MAX_BATCHED_SIZE`` tokens) takes every level in one
+batched matmul, each level's blocks stacked into one ``[C/2, C/2]`` product
+whose block diagonal holds them, and places the pairs with one gather
+(``_batched_level_scores``): a few kernels for all levels, where joining
+them level by level (``join_blocks``, kept for whole sequences) compiles
+several per level, forward and backward.
 
 Every factor is ``exp`` of a sum of gates ``<= 0`` summed from its own terms,
 so strong gates underflow to 0 where the true value is negligible and never
@@ -39,8 +46,11 @@ channel, g gate width (1 or K); leading axes (batch, chunk, head) are
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lin_attn_jax.ops.common.chunking import pad_time
 from lin_attn_jax.ops.common.products import mm_nt
@@ -137,6 +147,130 @@ def _scalar_decay_scores(x, y, g, strict):
   return mm_nt(x, y) * jnp.exp(pair)
 
 
+# Chunks of at most this many tokens build their scores with every level at
+# once (``_batched_level_scores``); longer ones (a whole sequence, in the
+# parallel forms) join the levels' blocks level by level.
+MAX_BATCHED_SIZE = 64
+
+
+@functools.lru_cache(maxsize=None)
+def _pair_positions(size: int):
+  """Where each pair ``(i, j)`` of a chunk of ``size`` tokens (a power of
+  two) lies in the flat scores of ``_batched_level_scores``.
+
+  The flat scores of one pair of operands are the levels' products
+  ``[L, n, n]`` (``n = size / 2``: row ``p h + r`` the ``r``-th token of the
+  right half of block ``p``, column likewise in the left half), then the
+  ``size`` diagonal entries, then one zero. Returns ``(take [size, size],
+  back [L n n + size + 1])``: ``take`` the flat index of every entry (the
+  zero above the diagonal), ``back`` for each flat index the entry that
+  reads it (``size * size``, a zero, where none does: products across
+  blocks and the zero itself). Every flat index below the zero is read at
+  most once, so the gradient is a gather too.
+  """
+  n, levels = size // 2, size.bit_length() - 1
+  diagonal, zero = levels * n * n, levels * n * n + size
+  take = np.full((size, size), zero, np.int32)
+  back = np.full((zero + 1,), size * size, np.int32)
+  for i in range(size):
+    take[i, i] = diagonal + i
+    for j in range(i):
+      half = 1 << ((i ^ j).bit_length() - 1)
+      row = (i // (2 * half)) * half + i % half
+      col = (j // (2 * half)) * half + j % half
+      take[i, j] = (half.bit_length() - 1) * n * n + row * n + col
+  for flat, at in enumerate(take.reshape(-1)):
+    if at != zero:
+      back[at] = flat
+  return take, back
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _place_pairs(flat, size):
+  """``flat [..., L n n + size + 1] -> [..., size, size]`` by
+  ``_pair_positions``."""
+  take, _ = _pair_positions(size)
+  return jnp.take(flat, jnp.asarray(take), axis=-1)
+
+
+def _place_pairs_fwd(flat, size):
+  return _place_pairs(flat, size), None
+
+
+def _place_pairs_bwd(size, _, ct):
+  _, back = _pair_positions(size)
+  ct = ct.reshape(ct.shape[:-2] + (size * size,))
+  ct = jnp.concatenate([ct, jnp.zeros(ct.shape[:-1] + (1,), ct.dtype)],
+                       axis=-1)
+  return (jnp.take(ct, jnp.asarray(back), axis=-1),)
+
+
+_place_pairs.defvjp(_place_pairs_fwd, _place_pairs_bwd)
+
+
+def _batched_level_scores(xs, ys, g, strict, diagonal):
+  """Every level's blocks in one batched matmul, placed by one gather.
+
+  Level ``h`` needs the products of the right halves (read side) and left
+  halves (write side) of its blocks of ``2h`` tokens; stacked over its
+  ``P`` blocks they are ``n = size / 2`` rows on each side, for every
+  level. One ``[n, n]`` product per level (and pair of operands) holds the
+  ``[h, h]`` products of each block on its block diagonal, next to
+  products across blocks that no pair reads (finite: their factors are
+  ``<= 1``). ``L / 4`` times the work of one ``[size, size]`` product, in
+  one matmul instead of ``2 L`` small ones and ``L`` joins.
+  """
+  size = g.shape[-2]
+  n = size // 2
+  levels = level_log_decays(g, axis=-2)
+
+  def stacked(pieces):                                        # [..., L, n, *]
+    return jnp.stack([p.reshape(p.shape[:-3] + (n, p.shape[-1]))
+                      for p in pieces], axis=-3)
+
+  read = {s: jnp.exp(stacked([shift(levels[h][0], 1, axis=-2) if s
+                               else levels[h][0] for h in sorted(levels)]))
+          for s in set(strict)}                               # [..., L, n, G]
+  write = jnp.exp(stacked([levels[h][1] for h in sorted(levels)]))
+  x_read = jnp.concatenate(
+      [stacked([halves(x, h, -2)[1] for h in sorted(levels)]) * read[s]
+       for x, s in zip(xs, strict)], axis=-2)                 # [..., L, a n, K]
+  y_write = jnp.concatenate(
+      [stacked([halves(y, h, -2)[0] for h in sorted(levels)]) * write
+       for y in ys], axis=-2)                                 # [..., L, b n, K]
+  products = mm_nt(x_read, y_write)                           # [..., L, a n, b n]
+  lead = products.shape[:-3]
+  products = products.reshape(lead + (len(levels), len(xs), n, len(ys), n))
+  products = jnp.moveaxis(products, (-4, -2), (-5, -4))       # [..., a, b, L, n, n]
+  flat = jnp.concatenate(
+      [products.reshape(products.shape[:-3] + (-1,)), diagonal,
+       jnp.zeros(diagonal.shape[:-1] + (1,), _F32)], axis=-1)
+  return _place_pairs(flat, size)                             # [..., a, b, C, C]
+
+
+def _joined_level_scores(xs, ys, g, strict, diagonal):
+  """The levels' blocks joined level by level (no products across blocks):
+  for long chunks, where ``_batched_level_scores`` would hold ``L / 4``
+  times the ``[size, size]`` scores."""
+  blocks = diagonal[..., :, None, None]                         # [...,a,b,C,1,1]
+  for half, (to_i, from_j) in level_log_decays(g, axis=-2).items():
+    # to_i, from_j: [..., P, h, G]
+    read = {s: jnp.exp(shift(to_i, 1, axis=-2) if s else to_i)
+            for s in set(strict)}
+    write = jnp.exp(from_j)
+    x_read = jnp.concatenate([halves(x, half, -2)[1] * read[s]
+                              for x, s in zip(xs, strict)], axis=-2)
+    y_write = jnp.concatenate([halves(y, half, -2)[0] * write for y in ys],
+                              axis=-2)
+    lower = mm_nt(x_read, y_write)                              # [...,P,ah,bh]
+    lower = lower.reshape(lower.shape[:-2]
+                          + (len(xs), half, len(ys), half))     # [...,P,a,h,b,h]
+    lower = jnp.moveaxis(lower, (-4, -2), (-5, -4))             # [...,a,b,P,h,h]
+    # One join for every pair of the level.
+    blocks = join_blocks(blocks, lower)                     # [...,a,b,P,2h,2h]
+  return blocks[..., 0, :, :]                                   # [...,a,b,C,C]
+
+
 def intra_chunk_scores(xs, ys, g, strict=False):
   """Causal decay-weighted scores of every pair of ``xs`` and ``ys``.
 
@@ -166,23 +300,13 @@ def intra_chunk_scores(xs, ys, g, strict=False):
       jnp.stack([jnp.zeros(g.shape[:-1], _F32) if s else dot_last(x, y)
                  for y in ys], axis=-2)
       for x, s in zip(xs, strict)], axis=-3)                    # [...,a,b,C]
-  blocks = diagonal[..., :, None, None]                         # [...,a,b,C,1,1]
-  for half, (to_i, from_j) in level_log_decays(g, axis=-2).items():
-    # to_i, from_j: [..., P, h, G]
-    read = {s: jnp.exp(shift(to_i, 1, axis=-2) if s else to_i)
-            for s in set(strict)}
-    write = jnp.exp(from_j)
-    x_read = jnp.concatenate([halves(x, half, -2)[1] * read[s]
-                              for x, s in zip(xs, strict)], axis=-2)
-    y_write = jnp.concatenate([halves(y, half, -2)[0] * write for y in ys],
-                              axis=-2)
-    lower = mm_nt(x_read, y_write)                              # [...,P,ah,bh]
-    lower = lower.reshape(lower.shape[:-2]
-                          + (len(xs), half, len(ys), half))     # [...,P,a,h,b,h]
-    lower = jnp.moveaxis(lower, (-4, -2), (-5, -4))             # [...,a,b,P,h,h]
-    # One join for every pair of the level.
-    blocks = join_blocks(blocks, lower)                     # [...,a,b,P,2h,2h]
-  scores = blocks[..., 0, :c, :c]                               # [...,a,b,C,C]
+  if size == 1:
+    scores = diagonal[..., None]
+  elif size <= MAX_BATCHED_SIZE:
+    scores = _batched_level_scores(xs, ys, g, strict, diagonal)
+  else:
+    scores = _joined_level_scores(xs, ys, g, strict, diagonal)
+  scores = scores[..., :c, :c]                                  # [...,a,b,C,C]
   return [list(jnp.unstack(row, axis=-3))
           for row in jnp.unstack(scores, axis=-4)]
 

@@ -1,0 +1,76 @@
+"""``intra_chunk_scores``: per-channel decay scores of a chunk, every level
+in one batched matmul (chunks) or joined level by level (whole sequences),
+against the pairwise definition in float64."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lin_attn_jax.ops.common import chunk_scores
+
+
+def _reference(x, y, g, strict):
+  """``A[i, j] = sum_k x_ik y_jk exp(sum_{j < m <= i} g_mk)`` (``m < i`` and
+  no diagonal when strict), float64."""
+  c = x.shape[-2]
+  out = np.zeros(x.shape[:-2] + (c, c))
+  for i in range(c):
+    for j in range(i + 1):
+      if strict and j == i:
+        continue
+      decay = np.exp(np.sum(g[..., j + 1:i + (0 if strict else 1), :],
+                            axis=-2))
+      out[..., i, j] = np.sum(x[..., i, :] * y[..., j, :] * decay, axis=-1)
+  return out
+
+
+def _inputs(c, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((2, 2, c, 4))
+  y = rng.standard_normal((2, 2, c, 4))
+  r = rng.standard_normal((2, 2, c, 4))
+  # Strong and weak gates: a few tokens decay by e^-8 and more.
+  g = -np.exp(rng.standard_normal((2, 2, c, 4)) * 1.5)
+  return x, y, r, g
+
+
+def _scores(x, y, r, g):
+  # Two read sides (strict, causal) against two written sides, as RWKV-7.
+  rows = chunk_scores.intra_chunk_scores((x, r), (y, x), g,
+                                         strict=(True, False))
+  return [s for row in rows for s in row]
+
+
+# 3 and 33 are padded (to 4 and to 64, the largest batched chunk).
+@pytest.mark.parametrize("c", [3, 8, 33])
+def test_batched_levels_match_the_definition_and_the_joined_levels(
+    c, monkeypatch):
+  x, y, r, g = _inputs(c)
+  args = tuple(jnp.asarray(z, jnp.float32) for z in (x, y, r, g))
+  expected = [_reference(a, b, g, s)
+              for a, s in ((x, True), (r, False)) for b in (y, x)]
+  cotangents = [np.random.default_rng(k).standard_normal(e.shape)
+                for k, e in enumerate(expected)]
+
+  def loss(*a):
+    return sum(jnp.sum(s * ct) for s, ct in zip(_scores(*a), cotangents))
+
+  # Fresh functions for each path: jit would reuse a trace of the same one.
+  batched = jax.jit(lambda *a: _scores(*a))(*args)
+  batched_grads = jax.jit(jax.grad(lambda *a: loss(*a),
+                                   argnums=(0, 1, 2, 3)))(*args)
+  for got, want in zip(batched, expected):
+    scale = np.max(np.abs(want))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=0,
+                               atol=2e-6 * scale)
+
+  # The same scores joined level by level: equal values and gradients.
+  monkeypatch.setattr(chunk_scores, "MAX_BATCHED_SIZE", 1)
+  joined = jax.jit(lambda *a: _scores(*a))(*args)
+  joined_grads = jax.jit(jax.grad(lambda *a: loss(*a),
+                                  argnums=(0, 1, 2, 3)))(*args)
+  for a, b in zip(batched + list(batched_grads), joined + list(joined_grads)):
+    scale = np.max(np.abs(np.asarray(b)))
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0,
+                               atol=2e-6 * scale)
