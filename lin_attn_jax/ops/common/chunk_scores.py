@@ -25,7 +25,7 @@ form computes its in-chunk pairs the same way):
   triangle of the ``[C, C]`` matrix; the diagonal is ``x_i . y_i`` (0 when
   strict).
 
-A chunk (at most ``MAX_BATCHED_SIZE`` tokens) takes every level in one
+A short chunk (``MAX_BATCHED_SIZE`` tokens) takes every level in one
 batched matmul, each level's blocks stacked into one ``[C/2, C/2]`` product
 whose block diagonal holds them, and places the pairs with one gather
 (``_batched_level_scores``): a few kernels for all levels, where joining
@@ -148,9 +148,13 @@ def _scalar_decay_scores(x, y, g, strict):
 
 
 # Chunks of at most this many tokens build their scores with every level at
-# once (``_batched_level_scores``); longer ones (a whole sequence, in the
-# parallel forms) join the levels' blocks level by level.
-MAX_BATCHED_SIZE = 64
+# once (``_batched_level_scores``): fewer kernels to compile, as fast to run
+# at 16 (the CPU default). Longer ones (chunks of 64, the accelerators'
+# default, and whole sequences in the parallel forms) join the levels'
+# blocks level by level: at 64 the batched products are 1.5x the work and
+# memory of the ``[C, C]`` scores, and KDA's chunk form was no faster with
+# them on CPU (0.92x and 1.20x the time in two in-process comparisons).
+MAX_BATCHED_SIZE = 16
 
 
 @functools.lru_cache(maxsize=None)
