@@ -32,6 +32,7 @@ def _inputs(c, seed=0):
   r = rng.standard_normal((2, 2, c, 4))
   # Strong and weak gates: a few tokens decay by e^-8 and more.
   g = -np.exp(rng.standard_normal((2, 2, c, 4)) * 1.5)
+  g[0, 0, c // 2, 1] = -np.inf          # a full reset of one channel
   return x, y, r, g
 
 
