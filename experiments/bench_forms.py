@@ -23,7 +23,8 @@ from absl import app, flags  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from experiments.bench_utils import interleaved_min_times, write_section  # noqa: E402
+from experiments.bench_utils import (compile_form,  # noqa: E402
+                                     interleaved_min_times, write_section)
 from experiments.specs import all_specs  # noqa: E402
 from experiments.specs.base import Dims  # noqa: E402
 
@@ -41,32 +42,6 @@ flags.DEFINE_integer("max_parallel_length", 8192,
                      "Longest T for the parallel form (its memory is O(T^2)).")
 flags.DEFINE_integer("repeats", 5, "Timed rounds (every form once per round).")
 flags.DEFINE_string("out", "", "Markdown file to write the table into.")
-
-
-def compile_form(spec, form_name, inputs, chunk_size):
-  """Returns (fwd run, fwd+bwd run, fwd temp bytes, fwd+bwd temp bytes);
-  a run is a no-argument call of the compiled function."""
-  form = spec.forms[form_name]
-  kwargs = {"chunk_size": chunk_size} if form_name in spec.chunked else {}
-  diff_names = [n for n in spec.grad_args if inputs.get(n) is not None]
-  fixed = {n: x for n, x in inputs.items() if n not in diff_names}
-
-  def forward(*diff):
-    o, state = form(**fixed, **dict(zip(diff_names, diff)),
-                    output_final_state=True, **kwargs)
-    return o, state
-
-  def loss(*diff):
-    o, state = forward(*diff)
-    return jnp.sum(o.astype(jnp.float32)) + jnp.sum(state)
-
-  grad = jax.grad(loss, argnums=tuple(range(len(diff_names))))
-  args = [inputs[n] for n in diff_names]
-  fwd = jax.jit(forward).lower(*args).compile()
-  bwd = jax.jit(grad).lower(*args).compile()
-  return (lambda: fwd(*args), lambda: bwd(*args),
-          fwd.memory_analysis().temp_size_in_bytes,
-          bwd.memory_analysis().temp_size_in_bytes)
 
 
 def _mib(n):

@@ -8,6 +8,7 @@ import statistics
 import time
 
 import jax
+import jax.numpy as jnp
 
 
 def interleaved_min_times(fns, repeats: int):
@@ -25,6 +26,32 @@ def interleaved_min_times(fns, repeats: int):
       jax.block_until_ready(fn())
       times[name].append(time.perf_counter() - start)
   return {name: min(ts) for name, ts in times.items()}
+
+
+def compile_form(spec, form_name, inputs, chunk_size):
+  """Returns (fwd run, fwd+bwd run, fwd temp bytes, fwd+bwd temp bytes);
+  a run is a no-argument call of the compiled function."""
+  form = spec.forms[form_name]
+  kwargs = {"chunk_size": chunk_size} if form_name in spec.chunked else {}
+  diff_names = [n for n in spec.grad_args if inputs.get(n) is not None]
+  fixed = {n: x for n, x in inputs.items() if n not in diff_names}
+
+  def forward(*diff):
+    o, state = form(**fixed, **dict(zip(diff_names, diff)),
+                    output_final_state=True, **kwargs)
+    return o, state
+
+  def loss(*diff):
+    o, state = forward(*diff)
+    return jnp.sum(o.astype(jnp.float32)) + jnp.sum(state)
+
+  grad = jax.grad(loss, argnums=tuple(range(len(diff_names))))
+  args = [inputs[n] for n in diff_names]
+  fwd = jax.jit(forward).lower(*args).compile()
+  bwd = jax.jit(grad).lower(*args).compile()
+  return (lambda: fwd(*args), lambda: bwd(*args),
+          fwd.memory_analysis().temp_size_in_bytes,
+          bwd.memory_analysis().temp_size_in_bytes)
 
 
 def median_time(fn, args, repeats: int, warmup: int = 1) -> float:

@@ -64,28 +64,18 @@ def _import_from(root, module):
 
 def _op_run(root, name):
   """A no-argument run of the compiled forward+backward of ``name``'s chunk
-  form, from the tree at ``root``."""
+  form, from the tree at ``root`` (compiled by this tree's
+  ``bench_utils.compile_form``, as ``bench_forms.py`` does)."""
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   specs = _import_from(root, "experiments.specs")
   base = _import_from(root, "experiments.specs.base")
   spec = specs.all_specs()[name]
-  dims = base.Dims(1, FLAGS.op_length, 4, 64, 64)
-  inputs = spec.make_inputs(jax.random.PRNGKey(0), dims, False)
+  inputs = spec.make_inputs(jax.random.PRNGKey(0),
+                            base.Dims(1, FLAGS.op_length, 4, 64, 64), False)
   inputs["segment_ids"] = None
-  diff_names = [n for n in spec.grad_args if inputs.get(n) is not None]
-  fixed = {n: x for n, x in inputs.items() if n not in diff_names}
-
-  def loss(*diff):
-    o, state = spec.forms["chunk"](**fixed, **dict(zip(diff_names, diff)),
-                                   output_final_state=True,
-                                   chunk_size=FLAGS.op_chunk_size)
-    return jnp.sum(o.astype(jnp.float32)) + jnp.sum(state)
-
-  args = [inputs[n] for n in diff_names]
-  compiled = jax.jit(jax.grad(loss, argnums=tuple(range(len(args))))).lower(
-      *args).compile()
-  return lambda: compiled(*args)
+  bench_utils = _import_from(_HERE, "experiments.bench_utils")
+  return bench_utils.compile_form(spec, "chunk", inputs,
+                                  FLAGS.op_chunk_size)[1]
 
 
 def main(argv):

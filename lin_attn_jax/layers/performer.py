@@ -42,7 +42,7 @@ def default_nb_features(dim: int) -> int:
   Performer's state is ``M x (K + 1)`` per head and its step time grows
   with ``M``.
   """
-  return max(dim, int(dim * math.log(dim))) if dim > 1 else 1
+  return max(dim, int(dim * math.log(dim)))
 
 
 class RandomProjection(nnx.Variable):

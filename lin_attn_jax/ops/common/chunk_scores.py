@@ -343,9 +343,7 @@ def intra_chunk_scores(xs, ys, g, strict=False):
       jnp.stack([jnp.zeros(g.shape[:-1], _F32) if s else dot_last(x, y)
                  for y in ys], axis=-2)
       for x, s in zip(xs, strict)], axis=-3)                    # [...,a,b,C]
-  if size == 1:
-    scores = diagonal[..., None]
-  elif size <= MAX_BATCHED_SIZE:
+  if 1 < size <= MAX_BATCHED_SIZE:
     scores = _batched_level_scores(xs, ys, g, strict, diagonal)
   else:
     scores = _joined_level_scores(xs, ys, g, strict, diagonal)
