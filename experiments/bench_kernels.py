@@ -35,6 +35,7 @@ import itertools
 import os
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -107,7 +108,10 @@ def jax_functions(op, impl):
 
 
 def fla_timer():
-  """A function timing fla's kernels, or ``(None, why not)``."""
+  """``(run, "")`` or ``(None, why not)``; ``run(op, inputs, do, backward,
+  warmup, iters)`` times fla's kernel of ``op`` like ``median_time`` (wall
+  clock to a synchronised device) and returns ``(median seconds, output as
+  numpy or None when timing the backward pass)``."""
   try:
     import torch
     import fla  # noqa: F401
@@ -131,68 +135,141 @@ def fla_timer():
     def step():
       o, _ = kernel(**leaves, output_final_state=False, **options)
       if backward:
+        for x in leaves.values():
+          x.grad = None
         o.backward(do)
+      return o
 
     for _ in range(warmup):
       step()
     torch.cuda.synchronize()
     times = []
     for _ in range(iters):
-      start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-      start.record()
+      start = time.perf_counter()
       step()
-      end.record()
       torch.cuda.synchronize()
-      times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+      times.append(time.perf_counter() - start)
+    with torch.no_grad():
+      o = step() if not backward else None
+    return statistics.median(times), (
+        None if o is None else o.float().cpu().numpy())
 
   return run, ""
+
+
+def _compiled(fn, args):
+  """``(compiled fn, seconds to lower and compile)``."""
+  start = time.perf_counter()
+  compiled = jax.jit(fn).lower(*args).compile()
+  return compiled, time.perf_counter() - start
+
+
+def _time_impl(op, impl, inputs, do):
+  """Times, compile times and results of one implementation, or the error
+  that stopped it (a kernel that fails on this device is a row, not a crash
+  of the whole run)."""
+  forward, forward_backward = jax_functions(op, impl)
+  try:
+    fwd, fwd_compile = _compiled(forward, (inputs,))
+    print(f"{op} {impl}: forward compiled in {fwd_compile:.1f} s", flush=True)
+    bwd, bwd_compile = _compiled(forward_backward, (inputs, do))
+    print(f"{op} {impl}: forward+backward compiled in {bwd_compile:.1f} s",
+          flush=True)
+    result = {
+        "fwd": median_time(fwd, (inputs,), FLAGS.iters, FLAGS.warmup),
+        "fwd+bwd": median_time(bwd, (inputs, do), FLAGS.iters,
+                               FLAGS.warmup),
+        "compile": fwd_compile + bwd_compile,
+        "values": jax.device_get(bwd(inputs, do)),
+    }
+  except Exception as error:  # noqa: BLE001 (reported in the table)
+    message = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+    print(f"{op} {impl}: {message}", flush=True)
+    return {"error": message}
+  return result
+
+
+def _table(rows, platform, fla_note):
+  ms = lambda s: f"{1e3 * s:.2f}"  # noqa: E731
+  lines = [
+      f"{jax.devices()[0].device_kind} ({platform}), jax {jax.__version__}, "
+      f"B={FLAGS.batch}, {FLAGS.dtype}, median of {FLAGS.iters} runs after "
+      f"{FLAGS.warmup}; ratios are other / kernel (> 1: the kernel is "
+      f"faster). fla: {fla_note}. Agreement: largest elementwise difference "
+      "relative to the largest XLA value, of the output and of every "
+      "gradient (kernel vs XLA), of the output (fla vs XLA).",
+      "",
+      "| op | T | H | K=V | kernel fwd (ms) | kernel fwd+bwd (ms) | "
+      "XLA fwd (ms) | XLA fwd+bwd (ms) | XLA / kernel fwd | "
+      "XLA / kernel fwd+bwd | fla fwd (ms) | fla fwd+bwd (ms) | "
+      "fla / kernel fwd+bwd | compile kernel / XLA (s) | kernel vs XLA o, "
+      "grads | fla vs XLA o |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    kernel, xla = r["pallas"], r["xla"]
+    cells = [r["op"], str(r["T"]), str(r["H"]), str(r["D"])]
+    get = lambda res, key: ms(res[key]) if key in res else "-"  # noqa: E731
+    ratio = lambda a, b, key: (  # noqa: E731
+        f"{a[key] / b[key]:.2f}" if key in a and key in b else "-")
+    cells += [get(kernel, "fwd"), get(kernel, "fwd+bwd"), get(xla, "fwd"),
+              get(xla, "fwd+bwd"), ratio(xla, kernel, "fwd"),
+              ratio(xla, kernel, "fwd+bwd"), get(r["fla"], "fwd"),
+              get(r["fla"], "fwd+bwd"), ratio(r["fla"], kernel, "fwd+bwd")]
+    cells.append(f"{kernel['compile']:.1f} / {xla['compile']:.1f}"
+                 if "compile" in kernel and "compile" in xla else "-")
+    cells.append(r.get("agree", "-"))
+    cells.append(r.get("fla agree", "-"))
+    lines.append("| " + " | ".join(cells) + " |")
+  errors = [f"- {r['op']} T={r['T']} {impl}: {r[impl]['error']}"
+            for r in rows for impl in ("pallas", "xla", "fla")
+            if "error" in r[impl]]
+  if errors:
+    lines += ["", "Errors:", ""] + errors
+  return lines
 
 
 def benchmark():
   platform = jax.devices()[0].platform
   fla_run, fla_note = (fla_timer() if platform == "gpu"
                        else (None, "not a CUDA GPU"))
+  fla_note = "timed" if fla_run else fla_note
   dtype = _DTYPES[FLAGS.dtype]
   rows = []
+  lines = []
   for op, t, h, d in itertools.product(FLAGS.ops, FLAGS.lengths, FLAGS.heads,
                                        FLAGS.dims):
     t, h, d = int(t), int(h), int(d)
     inputs, do = make_inputs(op, FLAGS.batch, t, h, d, dtype)
     row = {"op": op, "T": t, "H": h, "D": d}
     for impl in ("pallas", "xla"):
-      forward, forward_backward = jax_functions(op, impl)
-      row[f"{impl} fwd"] = median_time(forward, (inputs,), FLAGS.iters,
-                                       FLAGS.warmup)
-      row[f"{impl} fwd+bwd"] = median_time(forward_backward, (inputs, do),
-                                           FLAGS.iters, FLAGS.warmup)
+      row[impl] = _time_impl(op, impl, inputs, do)
+    if "values" in row["pallas"] and "values" in row["xla"]:
+      diffs = [_rel_diff(a, b) for a, b in zip(
+          jax.tree.leaves(row["pallas"].pop("values")),
+          jax.tree.leaves(row["xla"]["values"]))]
+      row["agree"] = f"{diffs[0]:.1e}, {max(diffs[1:]):.1e}"
+    row["fla"] = {}
     if fla_run is not None:
-      for backward, name in ((False, "fla fwd"), (True, "fla fwd+bwd")):
-        row[name] = fla_run(op, inputs, do, backward, FLAGS.warmup,
-                            FLAGS.iters)
+      try:
+        # The backward first: fla refuses some ops' backward on some Triton
+        # versions, and its first call of each kernel autotunes (minutes).
+        bwd, _ = fla_run(op, inputs, do, True, FLAGS.warmup, FLAGS.iters)
+        fwd, o = fla_run(op, inputs, do, False, FLAGS.warmup, FLAGS.iters)
+        row["fla"] = {"fwd": fwd, "fwd+bwd": bwd}
+        if "values" in row["xla"]:
+          row["fla agree"] = (
+              f"{_rel_diff(o, jax.tree.leaves(row['xla']['values'])[0]):.1e}")
+      except Exception as error:  # noqa: BLE001 (reported in the table)
+        row["fla"] = {"error": f"{type(error).__name__}: "
+                               f"{error}".splitlines()[0][:200]}
+    row["xla"].pop("values", None)
+    row["pallas"].pop("values", None)
     rows.append(row)
     print(row, flush=True)
-  ms = lambda s: f"{1e3 * s:.2f}"  # noqa: E731
-  lines = [
-      f"{jax.devices()[0].device_kind} ({platform}), B={FLAGS.batch}, "
-      f"{FLAGS.dtype}, median of {FLAGS.iters} runs after {FLAGS.warmup}; "
-      f"ratios are other / kernel (> 1: the kernel is faster). fla: "
-      f"{'timed' if fla_run else fla_note}.",
-      "",
-      "| op | T | H | K=V | kernel fwd (ms) | kernel fwd+bwd (ms) | "
-      "XLA fwd+bwd (ms) | XLA / kernel fwd | XLA / kernel fwd+bwd | "
-      "fla fwd+bwd (ms) | fla / kernel fwd+bwd |",
-      "|---|---|---|---|---|---|---|---|---|---|---|"]
-  for r in rows:
-    fla = ((ms(r["fla fwd+bwd"]),
-            f"{r['fla fwd+bwd'] / r['pallas fwd+bwd']:.2f}")
-           if "fla fwd+bwd" in r else ("-", "-"))
-    lines.append(
-        f"| {r['op']} | {r['T']} | {r['H']} | {r['D']} | "
-        f"{ms(r['pallas fwd'])} | {ms(r['pallas fwd+bwd'])} | "
-        f"{ms(r['xla fwd+bwd'])} | {r['xla fwd'] / r['pallas fwd']:.2f} | "
-        f"{r['xla fwd+bwd'] / r['pallas fwd+bwd']:.2f} | {fla[0]} | "
-        f"{fla[1]} |")
+    lines = _table(rows, platform, fla_note)
+    if FLAGS.out:  # after every row: a run cut short keeps what it measured
+      with open(FLAGS.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
   return lines
 
 

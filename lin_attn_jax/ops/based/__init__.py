@@ -96,7 +96,8 @@ def chunk_based(q, k, v, *, scale=None, initial_state=None,
     o = o[..., :-1] / (o[..., -1:] + NORMALIZER_EPS)
     return o.astype(v.dtype), final
 
-  return dispatch.run(impl, xla, lambda: features(impl="pallas"))
+  return dispatch.run(impl, xla, lambda: features(impl="pallas"),
+                      family="gated_linear")
 
 
 def recurrent_based(q, k, v, *, scale=None, initial_state=None,

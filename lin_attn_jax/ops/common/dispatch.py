@@ -6,10 +6,10 @@
   and on any other platform the kernel in interpret mode (slow; for tests and
   debugging). ``jax.export`` for ``platforms=["tpu"]`` or ``["cuda"]`` from
   a CPU-only machine yields the kernel of that platform.
-- ``"auto"``: where the default backend is a TPU or GPU, the kernel on TPU
-  and CUDA and the XLA form on any other platform, again by lowering
-  platform; where the default backend is the CPU, the XLA form (without
-  tracing the kernels).
+- ``"auto"``: where the default backend is a TPU or GPU, the kernel on TPU,
+  on CUDA what ``AUTO_ON_CUDA`` says for the op's family, and the XLA form
+  on any other platform, again by lowering platform; where the default
+  backend is the CPU, the XLA form (without tracing the kernels).
 """
 
 from __future__ import annotations
@@ -26,13 +26,25 @@ _T = TypeVar("_T")
 _default_backend = jax.default_backend
 
 
+# What ``impl="auto"`` runs on CUDA, per family of kernels. Measured on an
+# H200 (benchmarks/RESULTS_kernels.md, B=8, H=16, K=V=128, bfloat16): the
+# gated-linear kernels' forward is 1.3-1.5x faster than the XLA chunk form,
+# but their forward+backward is 1.9-3.2x slower, so a training step runs
+# the XLA form; the delta-rule sweep kernels are faster in both (KDA 1.27x
+# forward, 1.17x forward+backward at T=2048). ``impl="pallas"`` still runs
+# the kernel.
+AUTO_ON_CUDA = {"gated_linear": "xla", "delta_rule": "pallas"}
+
+
 def check_impl(impl) -> None:
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
 
 
-def run(impl: str, xla: Callable[[], _T], pallas: Callable[[], _T]) -> _T:
-  """Calls ``xla()`` or ``pallas()`` (both without arguments) per ``impl``."""
+def run(impl: str, xla: Callable[[], _T], pallas: Callable[[], _T], *,
+        family: str) -> _T:
+  """Calls ``xla()`` or ``pallas()`` (both without arguments) per ``impl``;
+  ``family`` (a key of ``AUTO_ON_CUDA``) names the kernels ``pallas`` runs."""
   check_impl(impl)
   if impl == "xla":
     return xla()
@@ -40,4 +52,5 @@ def run(impl: str, xla: Callable[[], _T], pallas: Callable[[], _T]) -> _T:
     return pallas()
   if _default_backend() not in ("tpu", "gpu"):
     return xla()
-  return jax.lax.platform_dependent(tpu=pallas, cuda=pallas, default=xla)
+  cuda = pallas if AUTO_ON_CUDA[family] == "pallas" else xla
+  return jax.lax.platform_dependent(tpu=pallas, cuda=cuda, default=xla)

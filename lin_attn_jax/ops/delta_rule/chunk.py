@@ -363,4 +363,4 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
         ("bnhcv", "bhkv" if output_final_state else None), batch=b,
         heads=hv))
 
-  return dispatch.run(impl, xla, pallas)
+  return dispatch.run(impl, xla, pallas, family="delta_rule")

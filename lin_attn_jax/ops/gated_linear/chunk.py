@@ -228,7 +228,7 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
              initial_state="bhkv", segment_ids="bt"),
         ("bthv", "bhkv" if output_final_state else None), batch=b, heads=h)
 
-  return dispatch.run(impl, xla, pallas)
+  return dispatch.run(impl, xla, pallas, family="gated_linear")
 
 
 def _chunk_xla(q, k, v, g, *, scale, initial_state, output_final_state,

@@ -75,4 +75,5 @@ def chunk_favor_attn(q, k, v, projection, *, initial_state=None,
       favor_chunk, q, k, v, projection, initial_state=initial_state,
       output_final_state=output_final_state, segment_ids=segment_ids,
       chunk_size=chunk_size, eps=NORMALIZER_EPS)
-  return dispatch.run(impl, xla, lambda: features("pallas"))
+  return dispatch.run(impl, xla, lambda: features("pallas"),
+                      family="gated_linear")

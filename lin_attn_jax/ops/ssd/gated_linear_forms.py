@@ -79,7 +79,8 @@ def chunk_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=False,
   if context_parallel.sequence_parallel_size() > 1:
     o, final = gated_linear(impl)
   else:
-    o, final = dispatch.run(impl, xla, lambda: gated_linear("pallas"))
+    o, final = dispatch.run(impl, xla, lambda: gated_linear("pallas"),
+                                 family="gated_linear")
   return add_skip(o, x, D).astype(x.dtype), final
 
 
