@@ -229,47 +229,57 @@ def _table(rows, platform, fla_note):
 
 
 def benchmark():
+  """Kernel and XLA form for every shape first, then fla's kernels (their
+  first call autotunes, about a minute each), rewriting the table (and
+  ``--out``) after every step, so a run cut short keeps what it measured."""
   platform = jax.devices()[0].platform
   fla_run, fla_note = (fla_timer() if platform == "gpu"
                        else (None, "not a CUDA GPU"))
   fla_note = "timed" if fla_run else fla_note
   dtype = _DTYPES[FLAGS.dtype]
-  rows = []
-  lines = []
-  for op, t, h, d in itertools.product(FLAGS.ops, FLAGS.lengths, FLAGS.heads,
-                                       FLAGS.dims):
-    t, h, d = int(t), int(h), int(d)
-    inputs, do = make_inputs(op, FLAGS.batch, t, h, d, dtype)
-    row = {"op": op, "T": t, "H": h, "D": d}
-    for impl in ("pallas", "xla"):
-      row[impl] = _time_impl(op, impl, inputs, do)
-    if "values" in row["pallas"] and "values" in row["xla"]:
-      diffs = [_rel_diff(a, b) for a, b in zip(
-          jax.tree.leaves(row["pallas"].pop("values")),
-          jax.tree.leaves(row["xla"]["values"]))]
-      row["agree"] = f"{diffs[0]:.1e}, {max(diffs[1:]):.1e}"
-    row["fla"] = {}
-    if fla_run is not None:
-      try:
-        # The backward first: fla refuses some ops' backward on some Triton
-        # versions, and its first call of each kernel autotunes (minutes).
-        bwd, _ = fla_run(op, inputs, do, True, FLAGS.warmup, FLAGS.iters)
-        fwd, o = fla_run(op, inputs, do, False, FLAGS.warmup, FLAGS.iters)
-        row["fla"] = {"fwd": fwd, "fwd+bwd": bwd}
-        if "values" in row["xla"]:
-          row["fla agree"] = (
-              f"{_rel_diff(o, jax.tree.leaves(row['xla']['values'])[0]):.1e}")
-      except Exception as error:  # noqa: BLE001 (reported in the table)
-        row["fla"] = {"error": f"{type(error).__name__}: "
-                               f"{error}".splitlines()[0][:200]}
-    row["xla"].pop("values", None)
-    row["pallas"].pop("values", None)
-    rows.append(row)
+  rows, outputs, lines = [], [], []
+
+  def report(row):
+    nonlocal lines
     print(row, flush=True)
     lines = _table(rows, platform, fla_note)
-    if FLAGS.out:  # after every row: a run cut short keeps what it measured
+    if FLAGS.out:
       with open(FLAGS.out, "w") as f:
         f.write("\n".join(lines) + "\n")
+
+  shapes = [(op, int(t), int(h), int(d)) for op, t, h, d in itertools.product(
+      FLAGS.ops, FLAGS.lengths, FLAGS.heads, FLAGS.dims)]
+  for op, t, h, d in shapes:
+    inputs, do = make_inputs(op, FLAGS.batch, t, h, d, dtype)
+    row = {"op": op, "T": t, "H": h, "D": d, "fla": {}}
+    for impl in ("pallas", "xla"):
+      row[impl] = _time_impl(op, impl, inputs, do)
+    kernel_values = row["pallas"].pop("values", None)
+    xla_values = row["xla"].pop("values", None)
+    if kernel_values is not None and xla_values is not None:
+      diffs = [_rel_diff(a, b) for a, b in zip(jax.tree.leaves(kernel_values),
+                                               jax.tree.leaves(xla_values))]
+      row["agree"] = f"{diffs[0]:.1e}, {max(diffs[1:]):.1e}"
+    outputs.append(None if xla_values is None
+                   else jax.tree.leaves(xla_values)[0])
+    rows.append(row)
+    report(row)
+  if fla_run is None:
+    return lines
+  for (op, t, h, d), row, xla_o in zip(shapes, rows, outputs):
+    inputs, do = make_inputs(op, FLAGS.batch, t, h, d, dtype)
+    try:
+      # The backward first: fla refuses some ops' backward on some Triton
+      # versions, and a refusal then costs no autotuning.
+      bwd, _ = fla_run(op, inputs, do, True, FLAGS.warmup, FLAGS.iters)
+      fwd, o = fla_run(op, inputs, do, False, FLAGS.warmup, FLAGS.iters)
+      row["fla"] = {"fwd": fwd, "fwd+bwd": bwd}
+      if xla_o is not None:
+        row["fla agree"] = f"{_rel_diff(o, xla_o):.1e}"
+    except Exception as error:  # noqa: BLE001 (reported in the table)
+      row["fla"] = {"error": f"{type(error).__name__}: "
+                             f"{error}".splitlines()[0][:200]}
+    report(row)
   return lines
 
 
