@@ -8,6 +8,10 @@
 # Each step has its own time limit and writes into OUTDIR as it goes, so a
 # step that fails or runs out of time leaves the others' results. fla is
 # timed when `torch` and `fla` import (pip install flash-linear-attention).
+# BENCH_FLAGS is passed on to bench_kernels.py (e.g. "--ops=kda,gla
+# --lengths=2048"): on an H200 each op and shape took about 25 s to compile
+# (kernel and XLA, forward and forward+backward), and fla's first call of
+# each op autotunes for about a minute.
 set -u
 out=${1:?usage: gpu_checks.sh OUTDIR [TEST_SECONDS] [BENCH_SECONDS]}
 test_seconds=${2:-150}
@@ -38,6 +42,6 @@ JAX_DEFAULT_MATMUL_PRECISION=highest timeout "$test_seconds" \
 
 echo "== kernel benchmark"
 timeout "$bench_seconds" "$PY" experiments/bench_kernels.py \
-  --out="$out/kernels_gpu.md" --iters=10 --warmup=2 2>&1 \
+  --out="$out/kernels_gpu.md" --iters=10 --warmup=2 ${BENCH_FLAGS:-} 2>&1 \
   | tee "$out/bench_kernels.txt" | tail -n 60
 echo "== done"
