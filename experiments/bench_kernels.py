@@ -108,7 +108,7 @@ def jax_functions(op, impl):
 
 
 def fla_timer():
-  """``(run, "")`` or ``(None, why not)``; ``run(op, inputs, do, backward,
+  """``(run, "timed")`` or ``(None, why not)``; ``run(op, inputs, do, backward,
   warmup, iters)`` times fla's kernel of ``op`` like ``median_time`` (wall
   clock to a synchronised device) and returns ``(median seconds, output as
   numpy or None when timing the backward pass)``."""
@@ -154,14 +154,19 @@ def fla_timer():
     return statistics.median(times), (
         None if o is None else o.float().cpu().numpy())
 
-  return run, ""
+  return run, "timed"
 
 
-def _compiled(fn, args):
-  """``(compiled fn, seconds to lower and compile)``."""
+def _compiled(jitted, args):
+  """``(compiled, seconds to lower and compile)`` of a jitted function."""
   start = time.perf_counter()
-  compiled = jax.jit(fn).lower(*args).compile()
+  compiled = jitted.lower(*args).compile()
   return compiled, time.perf_counter() - start
+
+
+def _error_text(error):
+  """One line for a table: the error's type and first line."""
+  return f"{type(error).__name__}: {error}".splitlines()[0][:200]
 
 
 def _time_impl(op, impl, inputs, do):
@@ -183,9 +188,8 @@ def _time_impl(op, impl, inputs, do):
         "values": jax.device_get(bwd(inputs, do)),
     }
   except Exception as error:  # noqa: BLE001 (reported in the table)
-    message = f"{type(error).__name__}: {error}".splitlines()[0][:200]
-    print(f"{op} {impl}: {message}", flush=True)
-    return {"error": message}
+    print(f"{op} {impl}: {_error_text(error)}", flush=True)
+    return {"error": _error_text(error)}
   return result
 
 
@@ -235,7 +239,6 @@ def benchmark():
   platform = jax.devices()[0].platform
   fla_run, fla_note = (fla_timer() if platform == "gpu"
                        else (None, "not a CUDA GPU"))
-  fla_note = "timed" if fla_run else fla_note
   dtype = _DTYPES[FLAGS.dtype]
   rows, outputs, lines = [], [], []
 
@@ -277,8 +280,7 @@ def benchmark():
       if xla_o is not None:
         row["fla agree"] = f"{_rel_diff(o, xla_o):.1e}"
     except Exception as error:  # noqa: BLE001 (reported in the table)
-      row["fla"] = {"error": f"{type(error).__name__}: "
-                             f"{error}".splitlines()[0][:200]}
+      row["fla"] = {"error": _error_text(error)}
     report(row)
   return lines
 
