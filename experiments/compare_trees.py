@@ -47,35 +47,48 @@ FLAGS = flags.FLAGS
 _PACKAGES = ("lin_attn_jax", "experiments", "pallas_kernels")
 
 
-def _import_from(root, module):
-  """``module`` (and the library under it) imported from ``root``."""
+def _import_from(root, module, then=None):
+  """``module`` (and the library under it) imported from ``root``; with
+  ``then``, returns ``then(module)`` instead, called while ``root`` is
+  still first on the path (an import that ``then`` makes, such as
+  ``all_specs``' lazy import of the spec modules, is from ``root`` too).
+  Every module of the packages loaded by then must be from ``root``."""
   for name in [m for m in sys.modules if m.split(".")[0] in _PACKAGES]:
     del sys.modules[name]
   sys.path.insert(0, root)
   try:
     __import__(module)
     loaded = sys.modules[module]
+    result = loaded if then is None else then(loaded)
   finally:
     sys.path.remove(root)
-  if not os.path.abspath(loaded.__file__).startswith(os.path.abspath(root)):
-    raise RuntimeError(f"imported {loaded.__file__}, not from {root}")
-  return loaded
+  for name, mod in list(sys.modules.items()):
+    path = getattr(mod, "__file__", None)
+    if (name.split(".")[0] in _PACKAGES and path is not None and not
+        os.path.abspath(path).startswith(os.path.abspath(root) + os.sep)):
+      raise RuntimeError(f"imported {path}, not from {root}")
+  return result
 
 
-def _op_run(root, name):
+def _op_run(root, name, bench_utils):
   """A no-argument run of the compiled forward+backward of ``name``'s chunk
   form, from the tree at ``root`` (compiled by this tree's
-  ``bench_utils.compile_form``, as ``bench_forms.py`` does)."""
+  ``bench_utils.compile_form``, as ``bench_forms.py`` does). The spec
+  modules are imported, and the form traced and compiled, before any
+  other tree's modules replace them."""
   import jax  # pylint: disable=g-import-not-at-top
-  specs = _import_from(root, "experiments.specs")
-  base = _import_from(root, "experiments.specs.base")
-  spec = specs.all_specs()[name]
-  inputs = spec.make_inputs(jax.random.PRNGKey(0),
-                            base.Dims(1, FLAGS.op_length, 4, 64, 64), False)
-  inputs["segment_ids"] = None
-  bench_utils = _import_from(_HERE, "experiments.bench_utils")
-  return bench_utils.compile_form(spec, "chunk", inputs,
-                                  FLAGS.op_chunk_size)[1]
+
+  def compile_op(specs):
+    base = sys.modules["experiments.specs.base"]
+    spec = specs.all_specs()[name]
+    inputs = spec.make_inputs(jax.random.PRNGKey(0),
+                              base.Dims(1, FLAGS.op_length, 4, 64, 64), False)
+    inputs["segment_ids"] = None
+    return bench_utils.compile_form(spec, "chunk", inputs,
+                                    FLAGS.op_chunk_size)[1]
+
+  return _import_from(root, "experiments.specs.base",
+                      lambda _: compile_op(sys.modules["experiments.specs"]))
 
 
 def main(argv):
@@ -111,7 +124,8 @@ def main(argv):
       print(f"{tree:5s} {name:20s} {t * 1e3:7.0f} ms  {t / reference:5.2f}x"
             f"  loss {runner.loss:.5f}")
   if FLAGS.chunk_ops:
-    runs = {(tree, name): _op_run(root, name)
+    bench_utils = _import_from(_HERE, "experiments.bench_utils")
+    runs = {(tree, name): _op_run(root, name, bench_utils)
             for tree, root in trees for name in FLAGS.chunk_ops}
     best = interleaved_min(runs)
     print(f"Chunk forms, forward+backward, T={FLAGS.op_length}, chunks of "

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from lin_attn_jax.ops import delta_rule as dr
+from lin_attn_jax.ops.common import chunking
 from lin_attn_jax.ops import gated_delta_rule as gdr
 from lin_attn_jax.ops import kda
 from tests.form_checks import (assert_close_errors, errors_against_reference,
@@ -158,6 +159,20 @@ def test_forms_match_naive_float32(case):
 def test_forms_match_naive_bfloat16(case):
   inputs = make_inputs(case, 7, strong=True, beta_max=2.0)
   check_forms(case, case.bfloat16, inputs, jnp.bfloat16, 1e-2)
+
+
+def test_chunk_groups_match_naive(monkeypatch):
+  """KDA's long chunks build their terms over groups of chunks (a map,
+  rematerialised): with groups of 2 chunks of 32, 7 chunks per row (the
+  last group padded) and documents across groups, the chunk form still
+  matches the naive recurrence."""
+  monkeypatch.setattr(chunking, "GROUP_FLOATS", 2 * 32 * 2 * 32)
+  case = Case("kda", 200, segments=True, chunk_size=32, sub_chunk_size=8,
+              forms=("chunk",))
+  inputs = make_inputs(case, 3)
+  form = bound(case.op, "chunk", case)
+  assert "remat" in str(jax.make_jaxpr(lambda x: form(**x))(inputs))
+  check_forms(case, case.forms, inputs, jnp.float32, 1e-5)
 
 
 def test_steps_with_resets_match_naive():
