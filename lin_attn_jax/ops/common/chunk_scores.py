@@ -88,11 +88,14 @@ def level_log_decays(g, axis: int, strict=False):
     g: log-decays, the token axis ``axis`` a power of two.
     strict: the read side stops before ``i``.
   Returns:
-    ``{half: (to_i, from_j)}`` for ``half = 1, 2, ..., size / 2``, ``axis``
-    split into ``[P, half]`` (blocks of ``2 * half`` tokens): ``to_i`` for
-    ``i`` in the right half, ``sum_{mid < m <= i} g_m`` (``mid < m < i``
-    when strict), and ``from_j`` for ``j`` in the left half, ``sum_{j < m
-    <= mid} g_m``.
+    ``(levels, (to_here, to_end))``. ``levels`` is ``{half: (to_i,
+    from_j)}`` for ``half = 1, 2, ..., size / 2``, ``axis`` split into
+    ``[P, half]`` (blocks of ``2 * half`` tokens): ``to_i`` for ``i`` in
+    the right half, ``sum_{mid < m <= i} g_m`` (``mid < m < i`` when
+    strict), and ``from_j`` for ``j`` in the left half, ``sum_{j < m <=
+    mid} g_m``. ``to_here`` and ``to_end``, shaped like ``g``, are the
+    whole axis's sums from its start to ``i`` (``i`` included) and from
+    after ``i`` to its end: the doubling's last step.
 
   The sums inside aligned blocks of ``2 * width`` tokens are those inside
   its two halves plus the other half's total (a sum of other terms, never a
@@ -118,7 +121,7 @@ def level_log_decays(g, axis: int, strict=False):
         for pair in ((upto_left, upto_right + total_left),
                      (after_left + total_right, after_right)))
     width *= 2
-  return levels
+  return levels, (upto, after)
 
 
 def join_blocks(diagonal, lower):
@@ -296,7 +299,8 @@ def _joined_level_scores(xs, ys, g, strict, diagonal):
   for long chunks, where ``_batched_level_scores`` would hold ``L / 4``
   times the ``[size, size]`` scores."""
   blocks = diagonal[..., :, None, None]                         # [...,a,b,C,1,1]
-  for half, (to_i, from_j) in level_log_decays(g, axis=-2).items():
+  levels, chunk_sums = level_log_decays(g, axis=-2)
+  for half, (to_i, from_j) in levels.items():
     # to_i, from_j: [..., P, h, G]
     read = {s: jnp.exp(shift(to_i, 1, axis=-2) if s else to_i)
             for s in set(strict)}
@@ -311,10 +315,10 @@ def _joined_level_scores(xs, ys, g, strict, diagonal):
     lower = jnp.moveaxis(lower, (-4, -2), (-5, -4))             # [...,a,b,P,h,h]
     # One join for every pair of the level.
     blocks = join_blocks(blocks, lower)                     # [...,a,b,P,2h,2h]
-  return blocks[..., 0, :, :]                                   # [...,a,b,C,C]
+  return blocks[..., 0, :, :], chunk_sums                       # [...,a,b,C,C]
 
 
-def intra_chunk_scores(xs, ys, g, strict=False):
+def intra_chunk_scores(xs, ys, g, strict=False, with_decays=False):
   """Causal decay-weighted scores of every pair of ``xs`` and ``ys``.
 
   Args:
@@ -323,33 +327,51 @@ def intra_chunk_scores(xs, ys, g, strict=False):
     g: ``[..., C, G]`` log-decay, ``G`` 1 or ``K``.
     strict: one bool, or one per ``x``: row i reads the state before token
       i (0 on the diagonal, and a pair decays over ``j < m < i``).
+    with_decays: also return the chunk's log-decays (those of
+      ``common.decay.chunk_log_decays``); the halving finds them on the
+      way.
   Returns:
     ``scores[a][b]``, ``[..., C, C]`` for ``xs[a]`` and ``ys[b]``, 0 above
-    the diagonal (and on it when strict).
+    the diagonal (and on it when strict); with ``with_decays``, ``(scores,
+    (to_here, to_end, total))``: from the chunk start to i (i included) and
+    from after i to the chunk end, shaped like ``g``, and the whole chunk's
+    ``[..., G]``, each the sum of its own gates.
   """
   strict = (tuple(strict) if isinstance(strict, (tuple, list))
             else (strict,) * len(xs))
-  if g.shape[-1] == 1:
-    return [[_scalar_decay_scores(x, y, g, s) for y in ys]
-            for x, s in zip(xs, strict)]
   c = g.shape[-2]
   size = power_of_two(c)
+
+  def out(scores, chunk_sums=None):
+    if not with_decays:
+      return scores
+    if chunk_sums is None:
+      chunk_sums = level_log_decays(pad_time(g, size, axis=-2), axis=-2)[1]
+    to_here, to_end = (x[..., :c, :] for x in chunk_sums)
+    return scores, (to_here, to_end, to_here[..., -1, :])
+
+  if g.shape[-1] == 1:
+    return out([[_scalar_decay_scores(x, y, g, s) for y in ys]
+                for x, s in zip(xs, strict)])
   if size != c:
     # Tokens after the chunk's end touch no pair of the chunk's tokens.
     xs, ys = ([pad_time(z, size, axis=-2) for z in zs] for zs in (xs, ys))
-    g = pad_time(g, size, axis=-2)
   # Letters a and b: the index of x in xs and of y in ys.
   diagonal = jnp.stack([
-      jnp.stack([jnp.zeros(g.shape[:-1], _F32) if s else dot_last(x, y)
+      jnp.stack([jnp.zeros(x.shape[:-1], _F32) if s else dot_last(x, y)
                  for y in ys], axis=-2)
       for x, s in zip(xs, strict)], axis=-3)                    # [...,a,b,C]
-  if 1 < size <= MAX_BATCHED_SIZE:
-    scores = _batched_level_scores(xs, ys, g, strict, diagonal)
+  if size <= MAX_BATCHED_SIZE:
+    scores = (diagonal[..., None] if size == 1 else
+              _batched_level_scores(xs, ys, pad_time(g, size, axis=-2),
+                                    strict, diagonal))
+    chunk_sums = None
   else:
-    scores = _joined_level_scores(xs, ys, g, strict, diagonal)
+    scores, chunk_sums = _joined_level_scores(
+        xs, ys, pad_time(g, size, axis=-2), strict, diagonal)
   scores = scores[..., :c, :c]                                  # [...,a,b,C,C]
-  return [list(jnp.unstack(row, axis=-3))
-          for row in jnp.unstack(scores, axis=-4)]
+  return out([list(jnp.unstack(row, axis=-3))
+              for row in jnp.unstack(scores, axis=-4)], chunk_sums)
 
 
 def sequence_scores(x, y, g, mask, *, strict=False):

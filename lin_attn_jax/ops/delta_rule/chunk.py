@@ -5,9 +5,10 @@ Inside a chunk the delta rule is written as plain linear attention on
 system per chunk; everything else is matmuls. The derivation is in this folder's
 README.md. Five steps:
 
-1. Log-decays from the chunk start and to the chunk end, summed in
-   sub-chunks (``common.decay.chunk_log_decays``): every decay factor below
-   is ``exp`` of a sum of gates, <= 1.
+1. Log-decays from the chunk start and to the chunk end, by doubling
+   (``common.chunk_scores.level_log_decays``, whose levels the halving of
+   step 2 uses): every decay factor below is ``exp`` of a sum of gates,
+   <= 1, and no sum is the difference of two others.
 2. Intra-chunk score matrices (``common.chunk_scores``; by halving for a
    decay per key channel, no ``[C, C, K]`` tensor):
    ``A[i, j] = beta_i k_i . (exp(G_i - G_j) * k_j)`` for ``j < i`` and
@@ -20,7 +21,10 @@ README.md. Five steps:
    ``lax.scan`` over chunks for the state entering each chunk.
 5. Outputs ``o = (exp(G) * Q) S_in + P (U - W S_in)``.
 
-Steps 1-3 (``chunk_terms``) are chunk-local and run in XLA. Steps 4-5, the
+Steps 1-3 (``chunk_terms``) are chunk-local and run in XLA; with a decay
+per key channel in long chunks, over groups of chunks that fit in cache,
+recomputed in the backward pass (``common.chunking.map_chunk_groups``).
+Steps 4-5, the
 sequential sweep over chunks, run in XLA (``sweep_xla``) or, with
 ``impl="pallas"`` (or ``"auto"`` on TPU/GPU), as the Pallas kernels of
 ``pallas_kernels.delta_rule``, which walk the chunks with the state in
@@ -33,10 +37,6 @@ v value channel, g gate width (1 or K).
 
 from __future__ import annotations
 
-import functools
-
-import functools
-
 import jax
 import jax.numpy as jnp
 
@@ -48,7 +48,6 @@ from lin_attn_jax.ops.common.chunk_scores import (MAX_BATCHED_SIZE,
 from lin_attn_jax.ops.common.chunking import (chunks_in_budget,
                                              map_chunk_groups, merge_chunks,
                                              pad_time, split_chunks)
-from lin_attn_jax.ops.common.decay import chunk_log_decays
 from lin_attn_jax.ops.common.products import mm_nn, mm_tn
 from lin_attn_jax.ops.common.segments import chunk_documents
 from lin_attn_jax.ops.delta_rule import context_parallel as split
@@ -223,8 +222,7 @@ def invert_unit_lower(a):
   return inverse[..., 0, :c, :c]
 
 
-def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk,
-                sub_chunk):
+def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk):
   """Steps 1-3: the WY terms of every chunk (no dependence on the state).
 
   Args:
@@ -232,8 +230,7 @@ def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk,
       T_pad, HV]``, g: ``[B, T_pad, HV, G]``, all float32, padded to whole
       chunks of ``chunk`` tokens with zeros (a zero key and beta write
       nothing, a zero log-decay decays nothing);
-    scale: query scale; segment_ids: ``[B, T]`` or None; length: ``T``;
-    sub_chunk: tokens per sub-chunk of the log-decay sums (step 1).
+    scale: query scale; segment_ids: ``[B, T]`` or None; length: ``T``.
   Returns:
     ``ChunkTerms`` (head-major ``[B, N, HV, C, .]``): ``w``, ``u`` (before
     subtracting ``W S_in``), the queries ``q`` and keys ``k`` with their
@@ -245,9 +242,8 @@ def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk,
     return jnp.moveaxis(split_chunks(x, chunk), 3, 2)
 
   operands = tuple(head_major(x) for x in (scale * q, k, v, g, beta)) + docs
-  local = functools.partial(_local_terms, sub_chunk=sub_chunk)
   if g.shape[-1] == 1 or chunk <= MAX_BATCHED_SIZE:
-    return local(*operands)
+    return _local_terms(*operands)
   # A decay per key channel in long chunks: the halving's levels make many
   # intermediates of the size of the keys. Over groups of chunks that fit
   # in cache (rematerialised) they ran 1.1-1.4x faster on CPU, forward and
@@ -255,23 +251,22 @@ def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk,
   # chunks of 32-64); a small problem (B=2, T=4096, H=2, K=32) neither
   # gained nor lost, and a scalar decay or short chunks lost.
   return map_chunk_groups(
-      local, operands,
+      _local_terms, operands,
       chunks_in_budget(chunk, q.shape[2] * max(chunk, *q.shape[3:],
                                                   *v.shape[3:])))
 
 
-def _local_terms(q_h, k_h, v_h, g_h, beta_h, *docs, sub_chunk):
+def _local_terms(q_h, k_h, v_h, g_h, beta_h, *docs):
   """``chunk_terms`` of the chunks given, head-major (``[B, N, HV, C,
   .]``), with ``chunk_documents``' ``docs`` or none."""
   same_doc, reached, in_last_doc, passes = document_masks(docs or None)
   chunk = q_h.shape[-2]
 
-  # Step 1: log-decays from the chunk start to i and from j to the chunk end.
-  from_start, to_end, total = chunk_log_decays(g_h, sub_chunk, axis=3)
-
-  # Step 2: intra-chunk scores, [B, N, H, C, C] each.
+  # Steps 1 and 2: intra-chunk scores, [B, N, H, C, C] each, and the
+  # log-decays from the chunk start to i and from j to the chunk end.
   strictly_lower = jnp.tril(jnp.ones((chunk, chunk), dtype=bool), -1)
-  (kk,), (qk,) = intra_chunk_scores((k_h, q_h), (k_h,), g_h)
+  ((kk,), (qk,)), (from_start, to_end, total) = intra_chunk_scores(
+      (k_h, q_h), (k_h,), g_h, with_decays=True)
   a = jnp.where(strictly_lower & same_doc, kk, 0.0) * beta_h[..., None]
   qk = jnp.where(same_doc, qk, 0.0)
 
@@ -327,8 +322,8 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
     chunk_size: tokens per chunk (speed only, not results), for both
       implementations; the kernels pad a chunk's rows to their tiles.
-    sub_chunk_size: tokens per sub-chunk of the log-decay sums; divides
-      ``chunk_size`` (speed only).
+    sub_chunk_size: divides ``chunk_size``; a sequence shorter than a chunk
+      is one chunk of whole sub-chunks of this many tokens (speed only).
     use_qk_l2norm: L2-normalise q and k inside the op (unit keys keep the
       transition stable).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"`` (see
@@ -354,7 +349,7 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
   checks.check_chunk_sizes(chunk_size, sub_chunk_size)
   dispatch.check_impl(impl)
   scale = default_scale(scale, dk)
-  chunk, c = chunk_layout(t, chunk_size, sub_chunk_size)
+  chunk, _ = chunk_layout(t, chunk_size, sub_chunk_size)
   if g is None:
     g = jnp.zeros((b, t, hv, 1), _F32)
   out_dtype = v.dtype
@@ -363,7 +358,7 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
   q, k, v, beta, g = (pad_time(jnp.asarray(x, _F32), chunk)
                       for x in (q, k, v, beta, g))
   terms = chunk_terms(q, k, v, beta, g, scale=scale, segment_ids=segment_ids,
-                      length=t, chunk=chunk, sub_chunk=c)
+                      length=t, chunk=chunk)
 
   def finish(o, final_state):
     o = merge_chunks(jnp.moveaxis(o, 2, 3))[:, :t]              # [B,T,HV,V]

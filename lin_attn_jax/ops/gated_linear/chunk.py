@@ -125,7 +125,7 @@ def _pairs_in_chunk(q_c, k_c, v_c, g_c, doc_c, strict):
       doc_c = pad_time(doc_c, size, axis=2, mode="edge")
   o = (jnp.zeros(v_c.shape, _F32) if strict
        else dot_last(q_c, k_c)[..., None] * v_c)                # i = j
-  levels = level_log_decays(g_c, axis=2, strict=strict)
+  levels, _ = level_log_decays(g_c, axis=2, strict=strict)
   for half in sorted(levels, reverse=True):
     (_, q_right), (k_left, _), (v_left, _) = (
         halves(x, half, axis=2) for x in (q_c, k_c, v_c))

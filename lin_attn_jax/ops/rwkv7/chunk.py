@@ -3,8 +3,8 @@
 Inside a chunk, with ``x_i = S_{i-1}^T a_i`` the value that the rank-one term
 reads and ``S_in`` the entering state (derivation in README.md):
 
-1. Log-decays from the chunk start and to the chunk end, summed in
-   sub-chunks (``common.decay.chunk_log_decays``).
+1. Log-decays from the chunk start and to the chunk end, by the doubling
+   whose levels the halving of step 2 uses.
 2. Intra-chunk score matrices by halving (``common.chunk_scores``, one
    matmul per block of a level for all four, no ``[C, C, K]`` tensor):
    strictly causal (reading the state before i) ``A_ab``, ``A_ak`` with a
@@ -25,8 +25,6 @@ Letters as in ``delta_rule/chunk.py``.
 
 from __future__ import annotations
 
-import functools
-
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks, context_parallel
@@ -34,7 +32,7 @@ from lin_attn_jax.ops.common.chunk_scores import intra_chunk_scores
 from lin_attn_jax.ops.common.chunking import (chunks_per_group,
                                              map_chunk_groups, merge_chunks,
                                              pad_time, split_chunks)
-from lin_attn_jax.ops.common.decay import chunk_log_decays, shift
+from lin_attn_jax.ops.common.decay import shift
 from lin_attn_jax.ops.common.products import mm_nn, mm_tn
 from lin_attn_jax.ops.common.segments import chunk_documents
 from lin_attn_jax.ops.delta_rule.chunk import (chunk_layout,
@@ -46,7 +44,7 @@ from lin_attn_jax.ops.rwkv7.inputs import default_scale, validate
 
 _F32 = jnp.float32
 
-def _chunk_local(r_h, w_h, k_h, v_h, a_h, b_h, *docs, sub):
+def _chunk_local(r_h, w_h, k_h, v_h, a_h, b_h, *docs):
   """Steps 1-3, each chunk's transition and the state-free part of step 5.
 
   Args:
@@ -61,16 +59,14 @@ def _chunk_local(r_h, w_h, k_h, v_h, a_h, b_h, *docs, sub):
   same_doc, reached, in_last_doc, passes = document_masks(docs or None)
   dk = r_h.shape[-1]
 
-  # Step 1: log-decays from the chunk start to i (and to i - 1), and from j
-  # to the chunk end, [B, N, H, C, K].
-  from_start, to_end, total = chunk_log_decays(w_h, sub, axis=3)
+  # Steps 1 and 2: intra-chunk scores, [B, N, H, C, C] each, and the
+  # log-decays from the chunk start to i (and to i - 1) and from j to the
+  # chunk end, [B, N, H, C, K].
+  scores, (from_start, to_end, total) = intra_chunk_scores(
+      (a_h, r_h), (b_h, k_h), w_h, strict=(True, False), with_decays=True)
+  (a_b, a_k), (r_b, r_k) = ([jnp.where(same_doc, s, 0.0) for s in row]
+                            for row in scores)
   before = shift(from_start, 1, axis=3)
-
-  # Step 2: intra-chunk scores, [B, N, H, C, C] each.
-  (a_b, a_k), (r_b, r_k) = (
-      [jnp.where(same_doc, s, 0.0) for s in row]
-      for row in intra_chunk_scores((a_h, r_h), (b_h, k_h), w_h,
-                                    strict=(True, False)))
 
   # Step 3: W and U from one triangular inverse per chunk.
   a_from_start = jnp.where(reached, a_h * jnp.exp(before), 0.0)  # [B,N,H,C,K]
@@ -114,8 +110,9 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
     initial_state: ``[B, H, K, V]`` float32, or None for zeros.
     output_final_state: also return the state after the last token.
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
-    chunk_size, sub_chunk_size: tokens per chunk and per sub-chunk of the
-      log-decay sums (speed only).
+    chunk_size: tokens per chunk (speed only).
+    sub_chunk_size: divides ``chunk_size``; a sequence shorter than a chunk
+      is one chunk of whole sub-chunks of this many tokens (speed only).
   Returns:
     ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32 or
     None)``.
@@ -131,7 +128,7 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   bs, t, h, dk, dv = validate(r, w, k, v, a, b, initial_state, segment_ids)
   checks.check_chunk_sizes(chunk_size, sub_chunk_size)
   scale = default_scale(scale, dk)
-  chunk, c = chunk_layout(t, chunk_size, sub_chunk_size)
+  chunk, _ = chunk_layout(t, chunk_size, sub_chunk_size)
   out_dtype = v.dtype
   r, w, k, v, a, b = (pad_time(jnp.asarray(x, _F32), chunk)
                       for x in (r, w, k, v, a, b))
@@ -146,7 +143,7 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   # kernels several times slower to compile.
   v_h = head_major(v)                                           # [B,N,H,C,V]
   decay, b_w, own, reads, o_local = map_chunk_groups(
-      functools.partial(_chunk_local, sub=c),
+      _chunk_local,
       tuple(head_major(x) for x in (scale * r, w, k)) + (v_h,)
       + tuple(head_major(x) for x in (a, b)) + (docs or ()),
       chunks_per_group(chunk))
