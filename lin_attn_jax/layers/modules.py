@@ -27,6 +27,7 @@ from flax import nnx
 
 from lin_attn_jax.ops import (causal_conv1d_step, chunk_causal_conv1d,
                               parallel_causal_conv1d, recurrent_causal_conv1d)
+from lin_attn_jax.ops.common.products import project
 from lin_attn_jax.ops.common.reductions import times_channels
 from lin_attn_jax.ops.conv import token_shift as ops_token_shift
 
@@ -61,16 +62,35 @@ def uniform_init(low: float, high: float):
   return init
 
 
+class Dense(nnx.Linear):
+  """``nnx.Linear`` (the same parameters and values) whose bias-free product
+  of a ``[B, T, D]`` input goes through ``ops.common.products.project``:
+  autodiff of a plain matmul forms the kernel's gradient ``x^T g`` as a
+  product over the token axis of both operands, which XLA:CPU runs outside
+  its fast matmul library, behind a transposing copy; ``project`` forms it
+  as one batched product of ``x`` transposed in memory. Other inputs (and a
+  layer with a bias or a matmul precision) take ``nnx.Linear``'s path."""
+
+  def __call__(self, inputs, out_sharding=None):
+    if (self.bias is not None or jnp.ndim(inputs) != 3
+        or out_sharding is not None or self.precision is not None):
+      return super().__call__(inputs, out_sharding)
+    kernel = self.kernel[...]
+    return project(inputs, kernel,
+                   self.dtype or jnp.result_type(inputs, kernel))
+
+
 def dense(in_features: int, out_features: int, axes=("embed", "heads"), *,
           rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32,
           use_bias: bool = False, kernel_init=None, bias_init=None):
-  """``nnx.Linear`` with partitioned kernel (and bias) initialisers.
+  """``Dense`` (an ``nnx.Linear``) with partitioned kernel (and bias)
+  initialisers.
 
   The default kernel init is LeCun normal (variance ``1 / in_features``).
   """
   kernel_init = kernel_init or nnx.initializers.lecun_normal()
   bias_init = bias_init or nnx.initializers.zeros_init()
-  return nnx.Linear(in_features, out_features, use_bias=use_bias,
+  return Dense(in_features, out_features, use_bias=use_bias,
                     kernel_init=partitioned(kernel_init, axes),
                     bias_init=partitioned(bias_init, axes[-1:]),
                     dtype=dtype, param_dtype=param_dtype, rngs=rngs)

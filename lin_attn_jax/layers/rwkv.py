@@ -39,13 +39,6 @@ from lin_attn_jax.ops.delta_rule import l2_normalize
 _F32 = jnp.float32
 
 
-def apply_linear(layer: nnx.Linear, x):
-  """``layer(x)`` for a bias-free ``nnx.Linear`` (``modules.dense``), by
-  ``products.project``."""
-  dtype = layer.dtype or jnp.result_type(x, layer.kernel[...])
-  return project(x, layer.kernel[...], dtype)
-
-
 def depth_ratios(layer_index: int, n_layers: int):
   """``(layer_index / (n_layers - 1), 1 - layer_index / n_layers)``.
 
@@ -234,16 +227,15 @@ class RWKV6(Mixer):
                                        up[f]))
         for f in range(5))                                      # [B, T, D] each
     w = self.log_decay(xw).reshape(b, t, h, n)                  # [B, T, H, K]
-    r = apply_linear(self.r_proj, xr).reshape(b, t, h, n)       # [B, T, H, K]
-    k = apply_linear(self.k_proj, xk).reshape(b, t, h, n)       # [B, T, H, K]
-    v = apply_linear(self.v_proj, xv).reshape(b, t, h, nv)      # [B, T, H, V]
+    r = self.r_proj(xr).reshape(b, t, h, n)       # [B, T, H, K]
+    k = self.k_proj(xk).reshape(b, t, h, n)       # [B, T, H, K]
+    v = self.v_proj(xv).reshape(b, t, h, nv)      # [B, T, H, V]
     o, state = run_form(
         ctx, (chunk_rwkv6, parallel_rwkv6, recurrent_rwkv6), rwkv6_step,
         [(r, True), (k, True), (v, True), (w, True),
          (self.bonus[...], False)], cache.get("state"), self.chunk_size)
     o = plus_channels(self.norm(o), self.norm_bias[...].astype(o.dtype))
-    y = apply_linear(self.o_proj,
-                     o * jax.nn.silu(apply_linear(self.g_proj, xg)))
+    y = self.o_proj(o * jax.nn.silu(self.g_proj(xg)))
     if ctx.cache is None:
       return y, None
     return y, {"shift": last, "state": state}
@@ -456,10 +448,10 @@ class RWKV7(Mixer):
     lerp = self.lerp_weights[...].astype(x.dtype)               # [6, D]
     xr, xw, xk, xv, xa, xg = (x + times_channels(delta, lerp[i])
                               for i in range(6))                # [B, T, D] each
-    r = apply_linear(self.r_proj, xr).reshape(b, t, h, n)       # [B, T, H, K]
+    r = self.r_proj(xr).reshape(b, t, h, n)       # [B, T, H, K]
     w = self.log_decay(xw).reshape(b, t, h, n)                  # [B, T, H, K]
-    k = apply_linear(self.k_proj, xk)                           # [B, T, D]
-    v = apply_linear(self.v_proj, xv)                           # [B, T, D]
+    k = self.k_proj(xk)                           # [B, T, D]
+    v = self.v_proj(xv)                           # [B, T, D]
     carry = ctx.carry
     if self.first_layer and carry is not None:
       carry = dict(carry, v_first=v)
@@ -496,6 +488,6 @@ class RWKV7(Mixer):
     o = (plus_channels(self.norm(o).astype(_F32),
                        self.norm_bias[...].astype(_F32))
          + bonus.reshape(b, t, d))                              # [B, T, D]
-    y = apply_linear(self.o_proj, (o * gate.astype(_F32)).astype(x.dtype))
+    y = self.o_proj((o * gate.astype(_F32)).astype(x.dtype))
     new_cache = None if ctx.cache is None else {"shift": last, "state": state}
     return y, new_cache, carry
