@@ -80,10 +80,11 @@ def _project_matmul(x, kernel):
   Autodiff of a plain matmul makes the kernel's gradient ``x^T g``, a
   product over the leading (token) axis of both operands, which XLA:CPU
   runs outside its fast matmul library and feeds through a transposing
-  copy fused with the producers of ``x`` and ``g``. Here it is one batched
-  product of ``x`` transposed in memory (one plain copy) by ``g``, summed
-  over the batch (no reshape across the batch and length axes, which may
-  be sharded).
+  copy fused with the producers of ``x`` and ``g``. Lowered for the CPU it
+  is here one batched product of ``x`` transposed in memory (one plain
+  copy) by ``g``, summed over the batch (no reshape across the batch and
+  length axes, which may be sharded); for any other platform, the plain
+  product, which holds no ``[B, D, E]`` intermediate.
   """
   return jnp.einsum("btd,de->bte", x, kernel, preferred_element_type=_F32)
 
@@ -92,12 +93,27 @@ def _project_matmul_fwd(x, kernel):
   return _project_matmul(x, kernel), (x, kernel)
 
 
+def kernel_grad_batched(x, g):
+  """``x^T g`` over ``[B, T, *]``: a batched product of ``x`` transposed in
+  memory, summed over the batch (XLA:CPU's fast library; holds ``[B, D,
+  E]``)."""
+  return jnp.sum(jnp.einsum("bdt,bte->bde", transposed(x), g,
+                            preferred_element_type=_F32), axis=0)
+
+
+def kernel_grad_merged(x, g):
+  """``x^T g`` over ``[B, T, *]`` as one product over both axes."""
+  return jnp.einsum("btd,bte->de", x, g, preferred_element_type=_F32)
+
+
 def _project_matmul_bwd(res, g):
   x, kernel = res
   dx = jnp.einsum("bte,de->btd", g, kernel, preferred_element_type=_F32)
-  dk = jnp.einsum("bdt,bte->bde", transposed(x), g,
-                  preferred_element_type=_F32)                   # [B, D, E]
-  return dx.astype(x.dtype), jnp.sum(dk, axis=0).astype(kernel.dtype)
+  # The batched form holds a [B, D, E] product; only the CPU, whose fast
+  # library it reaches, gains from it. Chosen by the lowering platform.
+  dk = jax.lax.platform_dependent(
+      x, g, cpu=kernel_grad_batched, default=kernel_grad_merged)
+  return dx.astype(x.dtype), dk.astype(kernel.dtype)
 
 
 _project_matmul.defvjp(_project_matmul_fwd, _project_matmul_bwd)
