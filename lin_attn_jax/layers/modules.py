@@ -67,8 +67,9 @@ class Dense(nnx.Linear):
   of a ``[B, T, D]`` input goes through ``ops.common.products.project``:
   autodiff of a plain matmul forms the kernel's gradient ``x^T g`` as a
   product over the token axis of both operands, which XLA:CPU runs outside
-  its fast matmul library, behind a transposing copy; ``project`` forms it
-  as one batched product of ``x`` transposed in memory. Other inputs (and a
+  its fast matmul library, behind a transposing copy; ``project``, lowered
+  for the CPU, forms it as one batched product of ``x`` transposed in
+  memory (elsewhere as the plain product). Other inputs (and a
   layer with a bias or a matmul precision) take ``nnx.Linear``'s path."""
 
   def __call__(self, inputs, out_sharding=None):

@@ -6,7 +6,7 @@ einsum makes some of the slow kind (``a^T @ g`` for the gradient of ``b`` in
 ``a @ b``). ``mm_nt`` and ``mm_nn`` have gradients written with the
 transposes made in memory, of the narrow operand (``[C, C]`` or ``[C, V]``
 in a chunk form). ``project`` is a layer's ``[B, T, D] @ [D, E]`` with its
-kernel gradient formed the same way.
+kernel gradient formed the same way where lowered for the CPU.
 """
 
 from __future__ import annotations
