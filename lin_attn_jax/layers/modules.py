@@ -92,9 +92,9 @@ def dense(in_features: int, out_features: int, axes=("embed", "heads"), *,
   kernel_init = kernel_init or nnx.initializers.lecun_normal()
   bias_init = bias_init or nnx.initializers.zeros_init()
   return Dense(in_features, out_features, use_bias=use_bias,
-                    kernel_init=partitioned(kernel_init, axes),
-                    bias_init=partitioned(bias_init, axes[-1:]),
-                    dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+               kernel_init=partitioned(kernel_init, axes),
+               bias_init=partitioned(bias_init, axes[-1:]),
+               dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
 
 def rms_norm(features: int, *, rngs: nnx.Rngs, axis_name="embed", eps=1e-6,

@@ -227,9 +227,9 @@ class RWKV6(Mixer):
                                        up[f]))
         for f in range(5))                                      # [B, T, D] each
     w = self.log_decay(xw).reshape(b, t, h, n)                  # [B, T, H, K]
-    r = self.r_proj(xr).reshape(b, t, h, n)       # [B, T, H, K]
-    k = self.k_proj(xk).reshape(b, t, h, n)       # [B, T, H, K]
-    v = self.v_proj(xv).reshape(b, t, h, nv)      # [B, T, H, V]
+    r = self.r_proj(xr).reshape(b, t, h, n)                     # [B, T, H, K]
+    k = self.k_proj(xk).reshape(b, t, h, n)                     # [B, T, H, K]
+    v = self.v_proj(xv).reshape(b, t, h, nv)                    # [B, T, H, V]
     o, state = run_form(
         ctx, (chunk_rwkv6, parallel_rwkv6, recurrent_rwkv6), rwkv6_step,
         [(r, True), (k, True), (v, True), (w, True),
@@ -448,10 +448,10 @@ class RWKV7(Mixer):
     lerp = self.lerp_weights[...].astype(x.dtype)               # [6, D]
     xr, xw, xk, xv, xa, xg = (x + times_channels(delta, lerp[i])
                               for i in range(6))                # [B, T, D] each
-    r = self.r_proj(xr).reshape(b, t, h, n)       # [B, T, H, K]
+    r = self.r_proj(xr).reshape(b, t, h, n)                     # [B, T, H, K]
     w = self.log_decay(xw).reshape(b, t, h, n)                  # [B, T, H, K]
-    k = self.k_proj(xk)                           # [B, T, D]
-    v = self.v_proj(xv)                           # [B, T, D]
+    k = self.k_proj(xk)                                         # [B, T, D]
+    v = self.v_proj(xv)                                         # [B, T, D]
     carry = ctx.carry
     if self.first_layer and carry is not None:
       carry = dict(carry, v_first=v)

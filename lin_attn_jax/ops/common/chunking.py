@@ -24,6 +24,13 @@ def pad_time(x, multiple: int, *, axis: int = 1, mode: str = "zeros"):
   return jnp.pad(x, widths)
 
 
+def chunk_layout(t: int, chunk_size: int, sub_chunk_size: int):
+  """``(chunk, sub_chunk)`` actually used for a sequence of length ``t``."""
+  c = min(sub_chunk_size, chunk_size)
+  # A sequence shorter than a chunk only needs enough whole sub-chunks.
+  return min(chunk_size, -(-t // c) * c), c
+
+
 def split_chunks(x, chunk_size: int, *, axis: int = 1):
   """``[B, T, ...] -> [B, N, C, ...]`` for T a multiple of ``chunk_size``."""
   shape = x.shape

@@ -45,7 +45,7 @@ from lin_attn_jax.ops.common import (checks, context_parallel, dispatch,
 from lin_attn_jax.ops.common.chunk_scores import (MAX_BATCHED_SIZE,
                                                   intra_chunk_scores,
                                                   join_blocks)
-from lin_attn_jax.ops.common.chunking import (chunks_in_budget,
+from lin_attn_jax.ops.common.chunking import (chunk_layout, chunks_in_budget,
                                              map_chunk_groups, merge_chunks,
                                              pad_time, split_chunks)
 from lin_attn_jax.ops.common.products import mm_nn, mm_tn
@@ -60,13 +60,6 @@ _F32 = jnp.float32
 
 def _mm(subscripts, *operands):
   return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
-
-
-def chunk_layout(t, chunk_size, sub_chunk_size):
-  """``(chunk, sub_chunk)`` actually used for a sequence of length ``t``."""
-  c = min(sub_chunk_size, chunk_size)
-  # A sequence shorter than a chunk only needs enough whole sub-chunks.
-  return min(chunk_size, -(-t // c) * c), c
 
 
 def document_masks(docs):

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import (checks, context_parallel, dispatch,
                                     kernel_sharding)
-from lin_attn_jax.ops.common.chunking import (chunks_per_group,
+from lin_attn_jax.ops.common.chunking import (chunk_layout, chunks_per_group,
                                              map_chunk_groups, merge_chunks,
                                              pad_time, split_chunks)
 from lin_attn_jax.ops.common.chunk_scores import (dot_last, halves,
@@ -237,10 +237,7 @@ def _chunk_xla(q, k, v, g, *, scale, initial_state, output_final_state,
   """The chunk form in XLA; ``g`` validated (``[B, T, H, G]`` or None)."""
   b, t, h, dk = q.shape
   dv = v.shape[-1]
-  c = min(sub_chunk_size, chunk_size)
-  # A sequence shorter than a chunk only needs enough whole sub-chunks.
-  chunk = min(chunk_size, -(-t // c) * c)
-  subs = chunk // c
+  chunk, c = chunk_layout(t, chunk_size, sub_chunk_size)
   if g is None:
     g = jnp.zeros((b, t, h, 1), _F32)
   out_dtype = v.dtype

@@ -29,14 +29,13 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks, context_parallel
 from lin_attn_jax.ops.common.chunk_scores import intra_chunk_scores
-from lin_attn_jax.ops.common.chunking import (chunks_per_group,
+from lin_attn_jax.ops.common.chunking import (chunk_layout, chunks_per_group,
                                              map_chunk_groups, merge_chunks,
                                              pad_time, split_chunks)
 from lin_attn_jax.ops.common.decay import shift
 from lin_attn_jax.ops.common.products import mm_nn, mm_tn
 from lin_attn_jax.ops.common.segments import chunk_documents
-from lin_attn_jax.ops.delta_rule.chunk import (chunk_layout,
-                                               document_masks,
+from lin_attn_jax.ops.delta_rule.chunk import (document_masks,
                                                invert_unit_lower,
                                                scan_chunk_states)
 from lin_attn_jax.ops.rwkv7 import context_parallel as split
