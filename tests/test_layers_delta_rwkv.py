@@ -1,5 +1,7 @@
 """Mixers on the delta-rule core and RWKV-6/7, each inside a 2-layer LM."""
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -270,3 +272,28 @@ def test_bfloat16_computation_float32_state(name):
   assert all(leaf.dtype == jnp.float32
              for leaf in jax.tree.leaves(cache["mixer"]))
   assert rel_rms(y, expected) < 5e-2
+
+
+@pytest.mark.parametrize("cls, module, op, expected", [
+    (DeltaNet, "deltanet", "chunk_delta_rule", 16),
+    (KDA, "deltanet", "chunk_delta_rule", 32),
+    (RWKV6, "rwkv", "chunk_rwkv6", 16),
+    (RWKV7, "rwkv", "chunk_rwkv7", 32),
+])
+def test_default_chunk_size_on_cpu(monkeypatch, cls, module, op, expected):
+  # chunk_size=None resolves per mixer on CPU; an explicit one is kept.
+  layer_module = importlib.import_module(f"lin_attn_jax.layers.{module}")
+  real = getattr(layer_module, op)
+  seen = []
+
+  def recording(*args, chunk_size, **kwargs):
+    seen.append(chunk_size)
+    return real(*args, chunk_size=chunk_size, **kwargs)
+
+  monkeypatch.setattr(layer_module, op, recording)
+  x = inputs(length=8)
+  for chunk_size in (None, 8):
+    mixer = cls(D_MODEL, HEADS, rngs=nnx.Rngs(0), chunk_size=chunk_size)
+    jax.eval_shape(lambda x, mixer=mixer: mixer(x, mode="chunk"), x)
+  assert jax.default_backend() == "cpu"
+  assert seen == [expected, 8]
