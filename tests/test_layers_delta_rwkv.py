@@ -278,7 +278,7 @@ def test_bfloat16_computation_float32_state(name):
     (DeltaNet, "deltanet", "chunk_delta_rule", 16),
     (KDA, "deltanet", "chunk_delta_rule", 32),
     (RWKV6, "rwkv", "chunk_rwkv6", 16),
-    (RWKV7, "rwkv", "chunk_rwkv7", 32),
+    (RWKV7, "rwkv", "chunk_rwkv7", 16),
 ])
 def test_default_chunk_size_on_cpu(monkeypatch, cls, module, op, expected):
   # chunk_size=None resolves per mixer on CPU; an explicit one is kept.

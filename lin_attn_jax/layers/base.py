@@ -129,11 +129,11 @@ def resolved_chunk_size(chunk_size: int | None,
                         cpu_default: int = CPU_CHUNK_SIZE) -> int:
   """A mixer's ``chunk_size``, ``None`` meaning the backend's default:
   ``cpu_default`` on CPU, 64 on TPU/GPU (the kernels' tiles). On CPU at
-  head width 32 the delta-rule, RWKV-6 and GLA chunk forms train as fast
+  head width 32 the delta-rule, RWKV and GLA chunk forms train as fast
   with chunks of 16 as with 32 (within noise, both faster than 64), and
   their training steps compile in 10-35% fewer CPU seconds (fewer halving
-  levels, smaller triangular inverses); KDA and RWKV-7 train faster with
-  32 (``Mixer.cpu_chunk_size``)."""
+  levels, smaller triangular inverses); KDA trains faster with 32
+  (``Mixer.cpu_chunk_size``)."""
   if chunk_size is not None:
     return chunk_size
   return cpu_default if jax.default_backend() == "cpu" else 64

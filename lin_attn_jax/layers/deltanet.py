@@ -358,7 +358,8 @@ class KDA(DeltaNet):
   """
 
   no_weight_decay = ("A_log", "dt_bias")
-  # Its LM training step on CPU: 8% faster with chunks of 32 than of 16.
+  # Its LM training step on CPU (B=2, T=4096, head width 32): 0-8% faster
+  # with chunks of 32 than of 16 in three in-process comparisons.
   cpu_chunk_size = 32
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,

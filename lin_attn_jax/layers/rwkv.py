@@ -27,7 +27,7 @@ from flax import nnx
 
 from lin_attn_jax.feature_maps import orthonormal_columns
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import (CPU_CHUNK_SIZE, Context, Mixer,
+from lin_attn_jax.layers.base import (Context, Mixer,
                                      resolved_chunk_size, zero_state)
 from lin_attn_jax.ops import (chunk_rwkv6, chunk_rwkv7, parallel_rwkv6,
                               parallel_rwkv7, recurrent_rwkv6, recurrent_rwkv7,
@@ -67,14 +67,12 @@ def check_positive(name: str, value):
 
 
 def run_form(ctx: Context, forms, step, args, state,
-             chunk_size: int | None, cpu_chunk_size: int = CPU_CHUNK_SIZE):
+             chunk_size: int | None):
   """The op form of ``ctx``'s mode on ``args`` (``[B, T, ...]`` arrays and
   parameters), or its ``step`` when decoding; ``scale=1`` as in RWKV.
 
   ``forms`` is ``(chunk, parallel, recurrent)``; ``args`` a sequence whose
-  entries are ``(array, per_token)``; ``chunk_size`` and ``cpu_chunk_size``
-  as in ``base.resolved_chunk_size``. Returns ``(o, final state or
-  None)``.
+  entries are ``(array, per_token)``. Returns ``(o, final state or None)``.
   """
   if ctx.decoding:
     inputs = [a[:, 0] if per_token else a for a, per_token in args]
@@ -82,8 +80,7 @@ def run_form(ctx: Context, forms, step, args, state,
     return o[:, None], state
   chunk, parallel, recurrent = forms
   form = ctx.pick(chunk=functools.partial(
-                      chunk, chunk_size=resolved_chunk_size(
-                          chunk_size, cpu_chunk_size)),
+                      chunk, chunk_size=resolved_chunk_size(chunk_size)),
                   parallel=parallel, recurrent=recurrent)
   return form(*(a for a, _ in args), scale=1.0,
               initial_state=ctx.carried(state),
@@ -325,14 +322,12 @@ class RWKV7(Mixer):
     value_low_rank_dim: rank of the value-residual LoRA; None for the
       reference's ``1.7 sqrt(D)`` rounded to a multiple of 32 (at least 32).
     norm_eps: epsilon of the GroupNorm (64e-5).
-    chunk_size: chunk length of the chunk form (speed only); None: 32
+    chunk_size: chunk length of the chunk form (speed only); None: 16
       on CPU, 64 on TPU/GPU (``base.resolved_chunk_size``).
   """
 
   no_weight_decay = ("lerp_weights", "decay_base", "iclr_base",
                      "key_norm_scale", "key_iclr_mix", "bonus")
-  # Its LM training step on CPU: faster with chunks of 32 than of 16.
-  cpu_chunk_size = 32
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                decay_low_rank_dim: int | None = None,
@@ -485,8 +480,7 @@ class RWKV7(Mixer):
     o, state = run_form(
         ctx, (chunk_rwkv7, parallel_rwkv7, recurrent_rwkv7), rwkv7_step,
         [(r, True), (w, True), (k, True), (v, True), (-kappa, True),
-         (kappa * a, True)], cache.get("state"), self.chunk_size,
-        self.cpu_chunk_size)
+         (kappa * a, True)], cache.get("state"), self.chunk_size)
     rk = times_channels((r.astype(_F32) * k.astype(_F32)).reshape(b, t, d),
                         self.bonus[...].astype(_F32).reshape(d))
     bonus = (jnp.sum(rk.reshape(b, t, h, n), axis=-1, keepdims=True)
