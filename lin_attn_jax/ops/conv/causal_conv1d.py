@@ -244,17 +244,17 @@ def chunk_causal_conv1d(x, weight, bias=None, *, activation=None,
                                 segment_ids=segment_ids)
 
 
-def toeplitz_conv(x, weight, window, doc, chunk_size, output_final_state):
+def toeplitz_conv(x, weight, window, chunk_size, output_final_state):
   """The convolution as matmuls: per chunk and channel, a ``[L, L]`` Toeplitz
   matrix of the taps times the chunk, plus one times the previous chunk.
 
   For wide kernels (H3's shift SSM, up to ``MAX_WIDTH`` taps), where the
   tap-by-tap sum of ``shifted_sum_conv`` costs ``W`` passes over the data and
   as many operations to compile. The chunk length is at least ``W - 1``, so
-  every tap reaches back one chunk at most. Work is ``O(T D L)``; with
-  document indices the two products are masked per chunk (a ``[B, T / L,
-  D, L, L]`` product). Arguments as in ``shifted_sum_conv``, ``doc`` may be
-  None (one document).
+  every tap reaches back one chunk at most. Work is ``O(T D L)``. One
+  document: masking the products per document would hold a ``[B, T / L,
+  D, L, L]`` product, slower than ``shifted_sum_conv``'s masked taps.
+  Arguments as in ``shifted_sum_conv``, without ``doc``.
   """
   batch, length, channels = x.shape
   taps = weight.shape[1]
@@ -271,25 +271,13 @@ def toeplitz_conv(x, weight, window, doc, chunk_size, output_final_state):
   x_c = split_chunks(pad_time(x, chunk), chunk)                 # [B, M, L, D]
   first_prev = jnp.pad(window, ((0, 0), (chunk - taps + 1, 0), (0, 0)))
   x_prev = jnp.concatenate([first_prev[:, None], x_c[:, :-1]], axis=1)
-  if doc is None:
-    y = (jnp.einsum("dts,bmsd->bmtd", own, x_c)
-         + jnp.einsum("dts,bmsd->bmtd", prev, x_prev))          # [B, M, L, D]
-  else:
-    doc_c = split_chunks(pad_time(doc, chunk, mode="edge"), chunk)  # [B,M,L]
-    # The window (and the zeros before it) belong to the first document.
-    doc_prev = jnp.concatenate([jnp.zeros_like(doc_c[:, :1]), doc_c[:, :-1]],
-                               axis=1)
-    same_own = (doc_c[..., :, None] == doc_c[..., None, :]).astype(_F32)
-    same_prev = (doc_c[..., :, None] == doc_prev[..., None, :]).astype(_F32)
-    y = (jnp.einsum("dts,bmts,bmsd->bmtd", own, same_own, x_c)
-         + jnp.einsum("dts,bmts,bmsd->bmtd", prev, same_prev, x_prev))
+  y = (jnp.einsum("dts,bmsd->bmtd", own, x_c)
+       + jnp.einsum("dts,bmsd->bmtd", prev, x_prev))            # [B, M, L, D]
   y = merge_chunks(y)[:, :length]
   final = None
   if output_final_state:
     padded = jnp.concatenate([window, x[:, max(0, length - taps + 1):]], axis=1)
-    doc_full = (jnp.zeros((batch, length), jnp.int32) if doc is None else doc)
-    doc_padded = jnp.pad(doc_full, ((0, 0), (taps - 1, 0)))
-    doc_padded = doc_padded[:, doc_padded.shape[1] - padded.shape[1]:]
+    doc_padded = jnp.zeros(padded.shape[:2], jnp.int32)
     final = _final_window(padded, doc_padded, taps)
   return y, final
 

@@ -206,6 +206,11 @@ def _as_pair(z):
   return jnp.concatenate([jnp.real(z), jnp.imag(z)], axis=-1)
 
 
+# The longest chunk of ``chunk_s4d`` with documents: its masked Toeplitz
+# product grows with the chunk length.
+MASKED_CHUNK = 16
+
+
 def chunk_s4d(u, log_dt, A_real, A_imag, B, C, *, D=None, initial_state=None,
               output_final_state=False, segment_ids=None, chunk_size=64):
   """H3's diagonal (S4D) SSM, chunkwise: matmuls and a scan over chunks.
@@ -224,9 +229,11 @@ def chunk_s4d(u, log_dt, A_real, A_imag, B, C, *, D=None, initial_state=None,
   The matrices depend on the parameters only (``O(D L^2 + D N L)``); no
   ``[T, ...]`` kernel is formed and there is no FFT. Work is ``O(T D (L +
   N))``, memory ``O(T D + (T / L) D N)``. With ``segment_ids`` the three
-  products are masked per chunk by document (the Toeplitz product then holds
-  a ``[B, T / L, D, L, L]`` mask product: pick a smaller ``chunk_size`` for
-  many channels).
+  products are masked per chunk by document: the Toeplitz product then
+  holds a ``[B, T / L, D, L, L]`` mask product, so chunks are at most
+  ``MASKED_CHUNK`` (16) tokens long (in an H3 LM with d_model 256, 4
+  layers, batch 8 x 256 on CPU: a train step of 1.06 s against 1.63 s with
+  chunks of 64).
 
   Args:
     u: ``[B, T, D]``.
@@ -237,7 +244,8 @@ def chunk_s4d(u, log_dt, A_real, A_imag, B, C, *, D=None, initial_state=None,
     initial_state: ``[B, D, N, 2]`` float32 complex state, or None.
     output_final_state: also return the state after the last token.
     segment_ids: ``[B, T]`` int; the state resets where the id changes.
-    chunk_size: tokens per chunk (speed and memory only).
+    chunk_size: tokens per chunk (speed and memory only; at most
+      ``MASKED_CHUNK`` with ``segment_ids``).
   Returns:
     ``(y [B, T, D] in u's dtype, final_state [B, D, N, 2] float32 or
     None)``.
@@ -254,7 +262,8 @@ def chunk_s4d(u, log_dt, A_real, A_imag, B, C, *, D=None, initial_state=None,
   batch, length, channels, n_modes = _validate(
       u, log_dt, A_real, A_imag, B, C, D, initial_state, segment_ids)
   checks.check_chunk_size(chunk_size)
-  chunk = min(chunk_size, length)
+  chunk = min(chunk_size, length,
+              MASKED_CHUNK if segment_ids is not None else chunk_size)
   n_chunks = -(-length // chunk)
   last = length - (n_chunks - 1) * chunk
   toeplitz, state_in, read_out, decay, last_in, last_decay = (
