@@ -276,9 +276,9 @@ def toeplitz_conv(x, weight, window, chunk_size, output_final_state):
   y = merge_chunks(y)[:, :length]
   final = None
   if output_final_state:
+    # The last W - 1 inputs (from the window where x is shorter).
     padded = jnp.concatenate([window, x[:, max(0, length - taps + 1):]], axis=1)
-    doc_padded = jnp.zeros(padded.shape[:2], jnp.int32)
-    final = _final_window(padded, doc_padded, taps)
+    final = padded[:, padded.shape[1] - (taps - 1):]
   return y, final
 
 

@@ -262,8 +262,9 @@ def chunk_s4d(u, log_dt, A_real, A_imag, B, C, *, D=None, initial_state=None,
   batch, length, channels, n_modes = _validate(
       u, log_dt, A_real, A_imag, B, C, D, initial_state, segment_ids)
   checks.check_chunk_size(chunk_size)
-  chunk = min(chunk_size, length,
-              MASKED_CHUNK if segment_ids is not None else chunk_size)
+  chunk = min(chunk_size, length)
+  if segment_ids is not None:
+    chunk = min(chunk, MASKED_CHUNK)
   n_chunks = -(-length // chunk)
   last = length - (n_chunks - 1) * chunk
   toeplitz, state_in, read_out, decay, last_in, last_decay = (
