@@ -2,6 +2,8 @@
 in one batched matmul (chunks) or joined level by level (whole sequences),
 against the pairwise definition in float64."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -76,3 +78,63 @@ def test_batched_levels_match_the_definition_and_the_joined_levels(
     scale = np.max(np.abs(np.asarray(b)))
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0,
                                atol=2e-6 * scale)
+
+
+def _raise(*args, **kwargs):
+  raise AssertionError("the halving ran where the factored scores apply")
+
+
+# 16 tokens (the CPU chunk), and 64 at RWKV-7's bound: a span of 38.8, the
+# largest factors the factored scores allow.
+@pytest.mark.parametrize("c", [16, 64])
+def test_factored_scores_match_the_definition_and_the_halving(
+    c, monkeypatch):
+  floor = -math.exp(-0.5)
+  assert chunk_scores.factored_applies(c, floor)
+  x, y, r, _ = _inputs(c)
+  rng = np.random.default_rng(1)
+  # Gates in (floor, 0): near 0 and near the bound.
+  g = floor * rng.uniform(0.0, 1.0, x.shape) ** 0.3
+  args = tuple(jnp.asarray(z, jnp.float32) for z in (x, y, r, g))
+  expected = [_reference(a, b, g, s)
+              for a, s in ((x, True), (r, False)) for b in (y, x)]
+  cotangents = [rng.standard_normal(e.shape) for e in expected]
+  decay_cts = [rng.standard_normal(s) for s in (g.shape, g.shape,
+                                                g.shape[:-2] + g.shape[-1:])]
+
+  def run(x, y, r, g, bound):
+    rows, decays = chunk_scores.intra_chunk_scores(
+        (x, r), (y, x), g, strict=(True, False), with_decays=True,
+        min_log_decay=bound)
+    return [s for row in rows for s in row], list(decays)
+
+  def loss(bound, *a):
+    scores, decays = run(*a, bound)
+    return (sum(jnp.sum(s * ct) for s, ct in zip(scores, cotangents))
+            + sum(jnp.sum(d * ct) for d, ct in zip(decays, decay_cts)))
+
+  halving = jax.jit(lambda *a: run(*a, None))(*args)
+  halving_grads = jax.jit(jax.grad(lambda *a: loss(None, *a),
+                                   argnums=(0, 1, 2, 3)))(*args)
+  for name in ("_batched_level_scores", "_joined_level_scores",
+               "level_log_decays"):
+    monkeypatch.setattr(chunk_scores, name, _raise)
+  factored = jax.jit(lambda *a: run(*a, floor))(*args)
+  factored_grads = jax.jit(jax.grad(lambda *a: loss(floor, *a),
+                                    argnums=(0, 1, 2, 3)))(*args)
+  for got, want in zip(factored[0], expected):
+    scale = np.max(np.abs(want))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=0,
+                               atol=2e-6 * scale)
+  for a, b in zip(factored[1] + list(factored_grads),
+                  halving[1] + list(halving_grads)):
+    scale = np.max(np.abs(np.asarray(b)))
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0,
+                               atol=2e-6 * scale)
+
+
+def test_factored_scores_only_within_their_span():
+  assert not chunk_scores.factored_applies(16, None)
+  assert chunk_scores.factored_applies(40, -1.0)
+  assert not chunk_scores.factored_applies(41, -1.0)
+  assert not chunk_scores.factored_applies(128, -math.exp(-0.5))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +59,7 @@ class Case:
   rate_max: float = 1.0     # RWKV-7's in-context learning rate in (0, max)
   chunk_size: int = 64
   sub_chunk_size: int = 16
+  min_log_decay: float | None = None  # RWKV-7's bound: w drawn above it
   forms: tuple[str, ...] = ("parallel", "chunk", "recurrent")
   bfloat16: tuple[str, ...] = ()  # forms also run with bfloat16 inputs
 
@@ -65,7 +67,8 @@ class Case:
     decays = "strong" if self.strong else "gentle"
     return (f"{self.op}-T{self.length}-init{int(self.initial_state)}"
             f"-seg{int(self.segments)}-{decays}-rate{self.rate_max:g}"
-            f"-C{self.chunk_size}")
+            f"-C{self.chunk_size}"
+            + ("" if self.min_log_decay is None else "-bounded"))
 
 
 # Every case compiles each of its forms once; the cover is spread over them.
@@ -77,6 +80,10 @@ CASES = [
     Case("rwkv7", 200, segments=True, strong=True, rate_max=2.0,
          bfloat16=("chunk", "recurrent")),
     Case("rwkv7", 64, initial_state=False, chunk_size=32, sub_chunk_size=8),
+    # The factored intra-chunk scores, at the largest span they allow
+    # (chunks of 64 with RWKV-7's bound -exp(-0.5): 38.8).
+    Case("rwkv7", 200, segments=True, rate_max=2.0, forms=("chunk",),
+         min_log_decay=-math.exp(-0.5), bfloat16=("chunk",)),
 ]
 
 
@@ -92,9 +99,14 @@ def make_inputs(case: Case, seed: int, strong=None, rate_max=None):
   rng = np.random.default_rng(seed)
   normal = lambda *shape: rng.standard_normal(shape, np.float32)
   w = log_sigmoid(normal(b, t, h, dk))
+  if case.min_log_decay is not None:
+    # RWKV-7's decay -exp(-softplus(-x) - 0.5) lies above -exp(-0.5).
+    w = -np.exp(log_sigmoid(normal(b, t, h, dk) + 2.0) - 0.5)
+  elif strong:
+    w = w / 0.05
   inputs = {
       "r": normal(b, t, h, dk),
-      "w": w / 0.05 if strong else w,
+      "w": w,
       "k": normal(b, t, h, dk),
       "v": normal(b, t, h, dv),
   }
@@ -119,6 +131,8 @@ def bound(op, form, case):
   if form == "chunk":
     options.update(chunk_size=case.chunk_size,
                    sub_chunk_size=case.sub_chunk_size)
+    if case.min_log_decay is not None:
+      options.update(min_log_decay=case.min_log_decay)
   return functools.partial(FORMS[op][form], **options)
 
 
@@ -243,6 +257,26 @@ def test_bad_step_input_raises():
                      x((2, 2, 8)), x((2, 2, 8)), state=x((2, 2, 6, 8)))
   with pytest.raises(ValueError, match="chunk_size"):
     rwkv7.chunk_rwkv7(**_rwkv7_inputs(), chunk_size=-1)
+  for bound in (0.0, 0.5, jnp.float32(-0.5), "-0.5"):
+    with pytest.raises(ValueError, match="min_log_decay"):
+      rwkv7.chunk_rwkv7(**_rwkv7_inputs(), min_log_decay=bound)
+
+
+def test_rwkv7_chunk_raises_decays_to_min_log_decay():
+  """Log-decays below ``min_log_decay`` act as the bound itself."""
+  case = Case("rwkv7", 40, chunk_size=16)
+  inputs = make_inputs(case, 5, strong=True)
+  inputs.pop("segment_ids", None)
+  bound = -0.5
+  assert float(jnp.min(inputs["w"])) < bound < float(jnp.max(inputs["w"]))
+  got = rwkv7.chunk_rwkv7(**inputs, chunk_size=16, output_final_state=True,
+                          min_log_decay=bound)
+  want = rwkv7.naive_recurrent_rwkv7(
+      **dict(inputs, w=jnp.maximum(inputs["w"], bound)),
+      output_final_state=True)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4,
+                               atol=1e-4 * float(jnp.max(jnp.abs(b))))
 
 
 def test_rwkv7_chunk_local_terms_over_groups_of_chunks(monkeypatch):

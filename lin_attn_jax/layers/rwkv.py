@@ -37,6 +37,8 @@ from lin_attn_jax.ops.common.reductions import plus_channels, times_channels
 from lin_attn_jax.ops.delta_rule import l2_normalize
 
 _F32 = jnp.float32
+# RWKV-7's log-decay ``-exp(-softplus(-w) - 0.5)`` lies above this bound.
+RWKV7_MIN_LOG_DECAY = -math.exp(-0.5)
 
 
 def depth_ratios(layer_index: int, n_layers: int):
@@ -477,8 +479,10 @@ class RWKV7(Mixer):
     k = kf * (1 + times_channels(a - 1, self.key_iclr_mix[...].astype(_F32)))
     k = k.astype(x.dtype).reshape(b, t, h, n)                   # [B, T, H, K]
     a = a.reshape(b, t, h, n)                                   # [B, T, H, K]
+    # The decays' bound lets the chunk form build its scores in one matmul.
+    chunk = functools.partial(chunk_rwkv7, min_log_decay=RWKV7_MIN_LOG_DECAY)
     o, state = run_form(
-        ctx, (chunk_rwkv7, parallel_rwkv7, recurrent_rwkv7), rwkv7_step,
+        ctx, (chunk, parallel_rwkv7, recurrent_rwkv7), rwkv7_step,
         [(r, True), (w, True), (k, True), (v, True), (-kappa, True),
          (kappa * a, True)], cache.get("state"), self.chunk_size)
     rk = times_channels((r.astype(_F32) * k.astype(_F32)).reshape(b, t, d),

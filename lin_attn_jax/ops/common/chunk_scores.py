@@ -39,6 +39,15 @@ exact in value where it is 0, but its gradient is two large terms that
 cancel only up to rounding, which swamps the small gradients of strong
 gates. No ``[C, C, K]`` tensor is formed.
 
+The exception, for callers that know a lower bound on the gates (RWKV-7's
+log-decays are above ``-exp(-0.5)`` by construction) and take short chunks
+(``factored_applies``): the factors are scaled from the chunk's start,
+``(x_i exp(G_i)) . (y_j exp(-G_j))`` with ``G`` the sum of gates from the
+chunk's start, one ``[aC, bC]`` product for every pair of every ``x`` and
+``y``, no halving. Its exponents are differences of sums; with the gates'
+span in a chunk at most ``MAX_FACTORED_SPAN`` the factors stay finite and
+the rounding of the difference (``|G| * 2^-24``) stays near float32's own.
+
 Letters: p block of a level, i and j position in a block (or chunk), k key
 channel, g gate width (1 or K); leading axes (batch, chunk, head) are
 ``...``.
@@ -139,6 +148,55 @@ def join_blocks(diagonal, lower):
   return jnp.concatenate(
       [jnp.concatenate([upper_left, jnp.zeros_like(upper_left)], axis=-1),
        jnp.concatenate([lower, lower_right], axis=-1)], axis=-2)
+
+
+# The factored scores' write factors reach ``exp(span)`` where a chunk's
+# gates sum to ``-span``: at 40, 2.4e17, far below float32's largest (3.4e38)
+# even times inputs of a thousand on each side.
+MAX_FACTORED_SPAN = 40.0
+
+
+def factored_applies(size: int, min_log_decay) -> bool:
+  """Whether chunks of ``size`` tokens whose gates are all ``>=
+  min_log_decay`` (a Python float, or None: no bound) take the factored
+  scores."""
+  return (min_log_decay is not None
+          and size * -float(min_log_decay) <= MAX_FACTORED_SPAN)
+
+
+def _gate_sums(g, which):
+  """Sums of ``g [..., C, G]`` along its tokens, by a 0/1 matrix (each the
+  sum of its own gates): ``"to_here"`` from the start to ``i`` included,
+  ``"before"`` to ``i`` excluded, ``"to_end"`` from after ``i`` to the end."""
+  c = g.shape[-2]
+  lower = np.tril(np.ones((c, c), np.float32), 0 if which == "to_here" else -1)
+  matrix = lower.T.copy() if which == "to_end" else lower
+  return jnp.einsum("ij,...jg->...ig", jnp.asarray(matrix), g,
+                    precision=jax.lax.Precision.HIGHEST,
+                    preferred_element_type=_F32)
+
+
+def _factored_scores(xs, ys, g, strict):
+  """Every pair's score from factors scaled from the chunk's start: ``x_i
+  exp(G_i)`` (``G_{i-1}`` when strict) and ``y_j exp(-G_j)``, one product
+  for all of them. Returns ``intra_chunk_scores``' ``(scores, (to_here,
+  to_end, total))``."""
+  c = g.shape[-2]
+  to_here = _gate_sums(g, "to_here")
+  read = {s: jnp.exp(_gate_sums(g, "before") if s else to_here)
+          for s in set(strict)}
+  write = jnp.exp(-to_here)
+  products = mm_nt(
+      jnp.concatenate([x * read[s] for x, s in zip(xs, strict)], axis=-2),
+      jnp.concatenate([y * write for y in ys], axis=-2))      # [...,aC,bC]
+  products = products.reshape(products.shape[:-2]
+                              + (len(xs), c, len(ys), c))
+  scores = []
+  for a, s in enumerate(strict):
+    causal = jnp.asarray(np.tril(np.ones((c, c), bool), -1 if s else 0))
+    scores.append([jnp.where(causal, products[..., a, :, b, :], 0.0)
+                   for b in range(len(ys))])
+  return scores, (to_here, _gate_sums(g, "to_end"), to_here[..., -1, :])
 
 
 def _scalar_decay_scores(x, y, g, strict):
@@ -318,7 +376,8 @@ def _joined_level_scores(xs, ys, g, strict, diagonal):
   return blocks[..., 0, :, :], chunk_sums                       # [...,a,b,C,C]
 
 
-def intra_chunk_scores(xs, ys, g, strict=False, with_decays=False):
+def intra_chunk_scores(xs, ys, g, strict=False, with_decays=False,
+                       min_log_decay=None):
   """Causal decay-weighted scores of every pair of ``xs`` and ``ys``.
 
   Args:
@@ -330,6 +389,10 @@ def intra_chunk_scores(xs, ys, g, strict=False, with_decays=False):
     with_decays: also return the chunk's log-decays (those of
       ``common.decay.chunk_log_decays``); the halving finds them on the
       way.
+    min_log_decay: a lower bound on every gate (a Python float ``<= 0``)
+      that the caller guarantees, or None. Where ``factored_applies``, the
+      scores are products of factors scaled from the chunk's start (module
+      docstring): one matmul, no halving.
   Returns:
     ``scores[a][b]``, ``[..., C, C]`` for ``xs[a]`` and ``ys[b]``, 0 above
     the diagonal (and on it when strict); with ``with_decays``, ``(scores,
@@ -353,6 +416,9 @@ def intra_chunk_scores(xs, ys, g, strict=False, with_decays=False):
   if g.shape[-1] == 1:
     return out([[_scalar_decay_scores(x, y, g, s) for y in ys]
                 for x, s in zip(xs, strict)])
+  if factored_applies(c, min_log_decay):
+    scores, decays = _factored_scores(xs, ys, g, strict)
+    return (scores, decays) if with_decays else scores
   if size != c:
     # Tokens after the chunk's end touch no pair of the chunk's tokens.
     xs, ys = ([pad_time(z, size, axis=-2) for z in zs] for zs in (xs, ys))

@@ -6,7 +6,9 @@ reads and ``S_in`` the entering state (derivation in README.md):
 1. Log-decays from the chunk start and to the chunk end, by the doubling
    whose levels the halving of step 2 uses.
 2. Intra-chunk score matrices by halving (``common.chunk_scores``, one
-   matmul per block of a level for all four, no ``[C, C, K]`` tensor):
+   matmul per block of a level for all four, no ``[C, C, K]`` tensor; or,
+   with ``min_log_decay`` and short enough chunks, one matmul of factors
+   scaled from the chunk's start):
    strictly causal (reading the state before i) ``A_ab``, ``A_ak`` with a
    as the query, causal ``P_rb``, ``P_rk`` with r as the query; all masked
    to one document.
@@ -24,6 +26,9 @@ Letters as in ``delta_rule/chunk.py``.
 """
 
 from __future__ import annotations
+
+import functools
+import numbers
 
 import jax.numpy as jnp
 
@@ -43,12 +48,13 @@ from lin_attn_jax.ops.rwkv7.inputs import default_scale, validate
 
 _F32 = jnp.float32
 
-def _chunk_local(r_h, w_h, k_h, v_h, a_h, b_h, *docs):
+def _chunk_local(r_h, w_h, k_h, v_h, a_h, b_h, *docs, min_log_decay=None):
   """Steps 1-3, each chunk's transition and the state-free part of step 5.
 
   Args:
     r_h, w_h, k_h, a_h, b_h: ``[B, N, H, C, K]`` (r scaled); v_h: ``[B, N,
       H, C, V]``; docs: ``chunk_documents`` (``doc_c, doc_before``) or none.
+    min_log_decay: as in ``chunk_rwkv7`` (``w_h`` already raised to it).
   Returns:
     ``decay [B, N, H, K]`` and ``b_w [B, N, H, K, K]`` (the transition is
     ``diag(decay) + b_w``), ``own [B, N, H, K, V]``, ``reads [B, N, H, C,
@@ -62,7 +68,8 @@ def _chunk_local(r_h, w_h, k_h, v_h, a_h, b_h, *docs):
   # log-decays from the chunk start to i (and to i - 1) and from j to the
   # chunk end, [B, N, H, C, K].
   scores, (from_start, to_end, total) = intra_chunk_scores(
-      (a_h, r_h), (b_h, k_h), w_h, strict=(True, False), with_decays=True)
+      (a_h, r_h), (b_h, k_h), w_h, strict=(True, False), with_decays=True,
+      min_log_decay=min_log_decay)
   (a_b, a_k), (r_b, r_k) = ([jnp.where(same_doc, s, 0.0) for s in row]
                             for row in scores)
   before = shift(from_start, 1, axis=3)
@@ -92,7 +99,7 @@ def _chunk_local(r_h, w_h, k_h, v_h, a_h, b_h, *docs):
 @context_parallel.splits_sequence(lambda: split.context_parallel_rwkv7)
 def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
                 output_final_state=False, segment_ids=None, chunk_size=64,
-                sub_chunk_size=8):
+                sub_chunk_size=8, min_log_decay=None):
   """RWKV-7 (Goose), chunkwise; the training path.
 
   ``S_t = diag(exp(w_t)) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T`` (the
@@ -112,6 +119,13 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
     chunk_size: tokens per chunk (speed only).
     sub_chunk_size: divides ``chunk_size``; a sequence shorter than a chunk
       is one chunk of whole sub-chunks of this many tokens (speed only).
+    min_log_decay: None, or a Python float ``< 0`` below which no ``w``
+      falls: ``w`` is raised to it where lower. With chunks of at most
+      ``chunk_scores.MAX_FACTORED_SPAN / -min_log_decay`` tokens the
+      intra-chunk scores are then one matmul of factors scaled from the
+      chunk's start instead of the halving (``common.chunk_scores``): the
+      RWKV-7 layer's decays are above ``-exp(-0.5)`` by construction, 64
+      tokens at most. Speed only, for ``w`` above the bound.
   Returns:
     ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32 or
     None)``.
@@ -127,10 +141,17 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   bs, t, h, dk, dv = validate(r, w, k, v, a, b, initial_state, segment_ids)
   checks.check_chunk_sizes(chunk_size, sub_chunk_size)
   scale = default_scale(scale, dk)
+  if min_log_decay is not None and not (
+      isinstance(min_log_decay, numbers.Real) and min_log_decay < 0):
+    raise ValueError(f"min_log_decay must be None or a Python float < 0, got "
+                     f"{min_log_decay!r}")
   chunk, _ = chunk_layout(t, chunk_size, sub_chunk_size)
   out_dtype = v.dtype
   r, w, k, v, a, b = (pad_time(jnp.asarray(x, _F32), chunk)
                       for x in (r, w, k, v, a, b))
+  if min_log_decay is not None:
+    # A where, not a maximum: the gradient passes whole at the bound.
+    w = jnp.where(w < min_log_decay, _F32(min_log_decay), w)
   docs = chunk_documents(segment_ids, bs, t, chunk)
 
   def head_major(x):                                            # [B,N,H,C,*]
@@ -142,7 +163,7 @@ def chunk_rwkv7(r, w, k, v, a, b, *, scale=None, initial_state=None,
   # kernels several times slower to compile.
   v_h = head_major(v)                                           # [B,N,H,C,V]
   decay, b_w, own, reads, o_local = map_chunk_groups(
-      _chunk_local,
+      functools.partial(_chunk_local, min_log_decay=min_log_decay),
       tuple(head_major(x) for x in (scale * r, w, k)) + (v_h,)
       + tuple(head_major(x) for x in (a, b)) + (docs or ()),
       chunks_per_group(chunk))

@@ -18,7 +18,7 @@ from lin_attn_jax.ops.rwkv7.inputs import validate
 def context_parallel_rwkv7(r, w, k, v, a, b, *, scale=None,
                            initial_state=None, output_final_state=False,
                            segment_ids=None, chunk_size=64, sub_chunk_size=8,
-                           axis_name=cp.SEQUENCE_AXIS, mesh=None):
+                           min_log_decay=None, axis_name=cp.SEQUENCE_AXIS, mesh=None):
   """``chunk_rwkv7`` with T split over the devices of ``axis_name``.
 
   Arguments and result as in ``chunk_rwkv7``, plus ``axis_name`` and
@@ -28,7 +28,7 @@ def context_parallel_rwkv7(r, w, k, v, a, b, *, scale=None,
   _, t, _, dk, _ = validate(r, w, k, v, a, b, initial_state, segment_ids)
   cp.local_length(t, cp.axis_size(axis_name, mesh), axis_name)
   options = dict(scale=scale, chunk_size=chunk_size,
-                 sub_chunk_size=sub_chunk_size)
+                 sub_chunk_size=sub_chunk_size, min_log_decay=min_log_decay)
 
   def device(split, whole):
     r, w, k, v, a, b, ids = split
