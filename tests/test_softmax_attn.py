@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -263,3 +265,19 @@ def test_chunk_never_forms_the_score_matrix():
   loss = lambda q: jnp.sum(chunk_softmax_attn(q, q, q, block_size=64))
   compiled = jax.jit(jax.grad(loss)).lower(q).compile()
   assert compiled.memory_analysis().temp_size_in_bytes < 0.25 * t * t * 4
+
+
+def test_window_over_groups_of_blocks(monkeypatch):
+  """The causal window's dense path over rematerialised groups of blocks
+  (groups of 2 blocks here, the last one padded), with documents and
+  grouped heads, against the parallel form."""
+  module = importlib.import_module("lin_attn_jax.ops.softmax_attn.chunk")
+  monkeypatch.setattr(module, "chunks_in_budget", lambda chunk, width: 2)
+  q, k, v, co = make_qkv(4, 2, 70, 4, 2, 8, 12)
+  ids = jnp.asarray(SEGMENTS)
+  assert_match(
+      lambda q, k, v: chunk_softmax_attn(q, k, v, window_size=21,
+                                         block_size=8, segment_ids=ids),
+      lambda q, k, v: parallel_softmax_attn(q, k, v, window_size=21,
+                                            segment_ids=ids),
+      q, k, v, co)

@@ -14,16 +14,23 @@ hold an allowed entry are computed (``blocksparse.blocksparse_attention``):
   non-global keys outside the window). The two passes count disjoint pairs
   and are merged exactly through their log-sum-exp.
 
+A causal window without global positions takes a dense path instead
+(``banded_attention``): each query block against the same key blocks, laid
+side by side as one ``[C, (p + 1) C]`` score block under a fixed band mask,
+over rematerialised groups of blocks; no gathers or scatters of blocks.
+
 ``block_size`` changes speed, never results beyond float tolerance.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from lin_attn_jax.ops.common import context_parallel
-from lin_attn_jax.ops.common.chunking import pad_time
+from lin_attn_jax.ops.common.chunking import (chunks_in_budget,
+                                             map_chunk_groups, pad_time)
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.softmax_attn import context_parallel as split
 from lin_attn_jax.ops.softmax_attn import masks
@@ -93,6 +100,57 @@ def global_query_block_pairs(length: int, block: int, glob_pos: np.ndarray, *,
   return q_blocks, k_blocks, [masks.GLOBAL_QUERY] * len(q_blocks)
 
 
+def banded_attention(q, k, v, doc, *, window_size: int, block: int, scale):
+  """Causal sliding-window attention without global positions.
+
+  Query block ``n`` attends to key blocks ``n - p .. n`` (``p = ceil((w -
+  1) / C)``, the blocks that ``window_key_blocks`` finds), laid side by side:
+  one ``[C, (p + 1) C]`` score block per query block and head, masked by the
+  band ``0 <= i - j < w`` (fixed for every block) and by documents. Keys
+  before the sequence's start carry document -1, which no query has. The
+  blocks run over rematerialised groups (``map_chunk_groups``) sized so
+  that a group's scores hold about ``chunking.GROUP_FLOATS`` floats.
+
+  Args:
+    q: ``[B, Tp, H, K]``; k, v: ``[B, Tp, Hkv, *]``, float32, ``Tp`` a
+      multiple of ``block``; doc: ``[B, Tp]`` int document index or None.
+    window_size: ``w``; block: ``C``; scale: multiplies the scores.
+  Returns:
+    ``o [B, Tp, H, V]`` float32.
+  """
+  b, tp, h, dk = q.shape
+  hkv, dv = k.shape[2], v.shape[-1]
+  g, c = h // hkv, block
+  n, p = tp // c, -(-(window_size - 1) // c)
+  keys = (p + 1) * c
+
+  def windows(x, fill):                  # [B, Tp, ...] -> [B, N, (p+1)C, ...]
+    x = jnp.pad(x, [(0, 0), (p * c, 0)] + [(0, 0)] * (x.ndim - 2),
+                constant_values=fill)
+    blocks = x.reshape((b, n + p, c) + x.shape[2:])
+    return jnp.concatenate([blocks[:, i:i + n] for i in range(p + 1)], axis=2)
+
+  doc = jnp.zeros((b, tp), jnp.int32) if doc is None else doc
+  q_b = q.reshape(b, n, c, hkv, g, dk).transpose(0, 1, 3, 4, 2, 5)
+  k_w, v_w = (jnp.moveaxis(windows(x, 0), 3, 2) for x in (k, v))
+  doc_q, doc_w = doc.reshape(b, n, c), windows(doc, -1)
+  rel = np.arange(c)[:, None] + p * c - np.arange(keys)[None, :]  # i - j
+  band = jnp.asarray((rel >= 0) & (rel < window_size))        # [C, (p+1)C]
+
+  def attend(q_b, k_w, v_w, doc_q, doc_w):
+    s = scale * jnp.einsum("bnhgik,bnhjk->bnhgij", q_b, k_w,
+                           preferred_element_type=jnp.float32)
+    allowed = band & (doc_q[..., :, None] == doc_w[..., None, :])
+    s = jnp.where(allowed[:, :, None, None], s, -jnp.inf)
+    # Every row allows its own position (the band's diagonal): no empty row.
+    return jnp.einsum("bnhgij,bnhjv->bnhgiv", jax.nn.softmax(s, axis=-1),
+                      v_w, preferred_element_type=jnp.float32)
+
+  o = map_chunk_groups(attend, (q_b, k_w, v_w, doc_q, doc_w),
+                       chunks_in_budget(c, h * keys))   # [B,N,hkv,g,C,V]
+  return o.transpose(0, 1, 4, 2, 3, 5).reshape(b, tp, h, dv)
+
+
 @context_parallel.splits_sequence(
     lambda: split.context_parallel_softmax_attn)
 def chunk_softmax_attn(q, k, v, *, scale=None, causal=True, window_size=None,
@@ -125,6 +183,9 @@ def chunk_softmax_attn(q, k, v, *, scale=None, causal=True, window_size=None,
   doc = (None if segment_ids is None
          else pad_time(document_index(segment_ids, b, t), c, mode="edge"))
   qp, kp, vp = (pad_time(jnp.asarray(x, jnp.float32), c) for x in (q, k, v))
+  if causal and window_size is not None and not glob.size:
+    return banded_attention(qp, kp, vp, doc, window_size=window_size,
+                            block=c, scale=scale)[:, :t].astype(v.dtype)
 
   k_pos = np.concatenate([seq_pos, glob_pos])
   k_all = jnp.concatenate([kp, gather_rows(k, glob_pos)], axis=1)
