@@ -275,9 +275,17 @@ def test_window_over_groups_of_blocks(monkeypatch):
   monkeypatch.setattr(module, "chunks_in_budget", lambda chunk, width: 2)
   q, k, v, co = make_qkv(4, 2, 70, 4, 2, 8, 12)
   ids = jnp.asarray(SEGMENTS)
+  assert module.banded_fits(70, 4, 9)
   assert_match(
-      lambda q, k, v: chunk_softmax_attn(q, k, v, window_size=21,
-                                         block_size=8, segment_ids=ids),
-      lambda q, k, v: parallel_softmax_attn(q, k, v, window_size=21,
+      lambda q, k, v: chunk_softmax_attn(q, k, v, window_size=9,
+                                         block_size=4, segment_ids=ids),
+      lambda q, k, v: parallel_softmax_attn(q, k, v, window_size=9,
                                             segment_ids=ids),
       q, k, v, co)
+
+
+def test_banded_path_only_for_short_windows():
+  module = importlib.import_module("lin_attn_jax.ops.softmax_attn.chunk")
+  assert module.banded_fits(4096, 64, 64)        # Based's window
+  assert module.banded_fits(4096, 128, 512)
+  assert not module.banded_fits(256, 128, 512)   # the window spans T
