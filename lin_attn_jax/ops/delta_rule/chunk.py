@@ -95,7 +95,17 @@ def scan_chunk_states(transition, own, state0, diagonal=None):
       summed back).
   Returns:
     ``(final state [B, H, K, V], entering states [B, N, H, K, V])``.
+
+  The gradient is written out (``_scan_states_bwd``): a reverse scan that
+  carries only the states' cotangent, one product per chunk, where
+  autodiff's reverse scan also forms and stacks each chunk's ``[K, K]``
+  transition gradient step by step; those come after it from one batched
+  product of the cotangents and the entering states.
   """
+  return _scan_states(transition, own, state0, diagonal)
+
+
+def _forward_scan(transition, own, state0, diagonal):
   def carry_state(state, inputs):
     step, add, diag = inputs                  # [B,H,K,K], [B,H,K,V], [B,H,G]
     new = _mm("bhkl,bhlv->bhkv", step, state) + add
@@ -108,6 +118,50 @@ def scan_chunk_states(transition, own, state0, diagonal=None):
       tuple(None if x is None else jnp.moveaxis(x, 1, 0)
             for x in (transition, own, diagonal)))
   return final, jnp.moveaxis(entering, 0, 1)
+
+
+@jax.custom_vjp
+def _scan_states(transition, own, state0, diagonal):
+  return _forward_scan(transition, own, state0, diagonal)
+
+
+def _scan_states_fwd(transition, own, state0, diagonal):
+  final, entering = _forward_scan(transition, own, state0, diagonal)
+  return (final, entering), (transition, diagonal, entering)
+
+
+def _scan_states_bwd(res, cotangents):
+  """With ``lam_{n+1}`` the cotangent of ``S_{n+1}`` (the final state's for
+  ``n + 1 = N``): ``lam_n = d entering_n + M_n^T lam_{n+1}``, ``M_n`` the
+  transition; ``d own_n = lam_{n+1}``, ``d transition_n = lam_{n+1}
+  S_n^T``, ``d diagonal_n`` the matching sum, ``d state0 = lam_0``."""
+  transition, diagonal, entering = res
+  d_final, d_entering = cotangents
+  # Transposed once, so that each step contracts the last axis.
+  steps_t = jnp.swapaxes(transition, -1, -2)
+
+  def carry_cotangent(lam, inputs):
+    step_t, diag, d_enter = inputs
+    prev = _mm("bhkl,bhlv->bhkv", step_t, lam) + d_enter
+    if diag is not None:
+      prev = prev + diag[..., :, None] * lam
+    return prev, lam
+
+  d_state0, d_own = jax.lax.scan(
+      carry_cotangent, d_final,
+      tuple(None if x is None else jnp.moveaxis(x, 1, 0)
+            for x in (steps_t, diagonal, d_entering)), reverse=True)
+  d_own = jnp.moveaxis(d_own, 0, 1)                             # [B,N,H,K,V]
+  d_transition = _mm("bnhkv,bnhlv->bnhkl", d_own, entering)
+  d_diagonal = None
+  if diagonal is not None:
+    d_diagonal = jnp.sum(d_own * entering, axis=-1)             # [B,N,H,K]
+    if diagonal.shape[-1] == 1:
+      d_diagonal = jnp.sum(d_diagonal, axis=-1, keepdims=True)
+  return d_transition, d_own, d_state0, d_diagonal
+
+
+_scan_states.defvjp(_scan_states_fwd, _scan_states_bwd)
 
 
 SOLVE_BLOCK = 64
