@@ -278,3 +278,33 @@ def test_bad_step_input_raises():
   with pytest.raises(ValueError, match="reset"):
     kda.kda_step(x((2, 2, 8)), x((2, 2, 8)), x((2, 4, 6)), -x((2, 4, 8)),
                  x((2, 4)), reset=jnp.zeros((3,), bool))
+
+
+@pytest.mark.parametrize("gate", [None, 1, 5])
+def test_chunk_state_scan_gradient_matches_autodiff(gate):
+  """``scan_chunk_states``' written-out gradient against autodiff of the
+  same scan, with no diagonal, a scalar one and one per key channel."""
+  from lin_attn_jax.ops.delta_rule import chunk as chunk_module
+  rng = np.random.default_rng(0)
+  b, n, h, k, v = 2, 7, 3, 5, 4
+  args = [jnp.asarray(x, jnp.float32) for x in (
+      0.3 * rng.standard_normal((b, n, h, k, k)),
+      rng.standard_normal((b, n, h, k, v)), rng.standard_normal((b, h, k, v)),
+      rng.uniform(0.2, 1.0, (b, n, h, gate or 1)))]
+  if gate is None:
+    args[3] = None
+  weights = [jnp.asarray(rng.standard_normal(s), jnp.float32)
+             for s in ((b, h, k, v), (b, n, h, k, v))]
+
+  def loss(scan):
+    def value(*a):
+      final, entering = scan(*a)
+      return jnp.sum(weights[0] * final) + jnp.sum(weights[1] * entering ** 2)
+    return value
+
+  argnums = (0, 1, 2) if gate is None else (0, 1, 2, 3)
+  got = jax.grad(loss(chunk_module.scan_chunk_states), argnums)(*args)
+  want = jax.grad(loss(chunk_module._affine_scan), argnums)(*args)
+  for a, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(w), rtol=1e-5,
+                               atol=1e-5 * float(jnp.max(jnp.abs(w))))

@@ -105,28 +105,31 @@ def scan_chunk_states(transition, own, state0, diagonal=None):
   return _scan_states(transition, own, state0, diagonal)
 
 
-def _forward_scan(transition, own, state0, diagonal):
-  def carry_state(state, inputs):
+def _affine_scan(steps, adds, init, diagonal, reverse=False):
+  """``x_{n+1} = (diag(diagonal_n) + steps_n) x_n + adds_n`` over axis 1
+  (from the last ``n`` down when ``reverse``): ``(last x, the x entering
+  each step [B, N, H, K, V])``."""
+  def carry(x, inputs):
     step, add, diag = inputs                  # [B,H,K,K], [B,H,K,V], [B,H,G]
-    new = _mm("bhkl,bhlv->bhkv", step, state) + add
+    new = _mm("bhkl,bhlv->bhkv", step, x) + add
     if diag is not None:
-      new = new + diag[..., :, None] * state
-    return new, state
+      new = new + diag[..., :, None] * x
+    return new, x
 
-  final, entering = jax.lax.scan(
-      carry_state, state0,
+  last, entering = jax.lax.scan(
+      carry, init,
       tuple(None if x is None else jnp.moveaxis(x, 1, 0)
-            for x in (transition, own, diagonal)))
-  return final, jnp.moveaxis(entering, 0, 1)
+            for x in (steps, adds, diagonal)), reverse=reverse)
+  return last, jnp.moveaxis(entering, 0, 1)
 
 
 @jax.custom_vjp
 def _scan_states(transition, own, state0, diagonal):
-  return _forward_scan(transition, own, state0, diagonal)
+  return _affine_scan(transition, own, state0, diagonal)
 
 
 def _scan_states_fwd(transition, own, state0, diagonal):
-  final, entering = _forward_scan(transition, own, state0, diagonal)
+  final, entering = _affine_scan(transition, own, state0, diagonal)
   return (final, entering), (transition, diagonal, entering)
 
 
@@ -137,21 +140,11 @@ def _scan_states_bwd(res, cotangents):
   S_n^T``, ``d diagonal_n`` the matching sum, ``d state0 = lam_0``."""
   transition, diagonal, entering = res
   d_final, d_entering = cotangents
-  # Transposed once, so that each step contracts the last axis.
-  steps_t = jnp.swapaxes(transition, -1, -2)
-
-  def carry_cotangent(lam, inputs):
-    step_t, diag, d_enter = inputs
-    prev = _mm("bhkl,bhlv->bhkv", step_t, lam) + d_enter
-    if diag is not None:
-      prev = prev + diag[..., :, None] * lam
-    return prev, lam
-
-  d_state0, d_own = jax.lax.scan(
-      carry_cotangent, d_final,
-      tuple(None if x is None else jnp.moveaxis(x, 1, 0)
-            for x in (steps_t, diagonal, d_entering)), reverse=True)
-  d_own = jnp.moveaxis(d_own, 0, 1)                             # [B,N,H,K,V]
+  # The transitions transposed once, so that each step contracts the last
+  # axis; the scan's "entering" values are the lam_{n+1}.
+  d_state0, d_own = _affine_scan(jnp.swapaxes(transition, -1, -2),
+                                 d_entering, d_final, diagonal,
+                                 reverse=True)                  # [B,N,H,K,V]
   d_transition = _mm("bnhkv,bnhlv->bnhkl", d_own, entering)
   d_diagonal = None
   if diagonal is not None:
