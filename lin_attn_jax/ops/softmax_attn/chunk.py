@@ -16,9 +16,9 @@ hold an allowed entry are computed (``blocksparse.blocksparse_attention``):
 
 A causal window without global positions, short against the sequence
 (``banded_fits``), takes a dense path instead (``banded_attention``): each
-query block against the same key blocks, laid
-side by side as one ``[C, (p + 1) C]`` score block under a fixed band mask,
-over rematerialised groups of blocks; no gathers or scatters of blocks.
+query block against the same key blocks, laid side by side as one ``[C,
+(p + 1) C]`` score block under a fixed band mask, over rematerialised
+groups of blocks; no gathers or scatters of blocks.
 
 ``block_size`` changes speed, never results beyond float tolerance.
 """
@@ -117,9 +117,9 @@ def banded_attention(q, k, v, doc, *, window_size: int, block: int, scale):
 
   Query block ``n`` attends to key blocks ``n - p .. n`` (``p = ceil((w -
   1) / C)``, the blocks that ``window_key_blocks`` finds, at most ``N -
-  1``), laid side by side:
-  one ``[C, (p + 1) C]`` score block per query block and head, masked by the
-  band ``0 <= i - j < w`` (fixed for every block) and by documents. Keys
+  1``), laid side by side: one ``[C, (p + 1) C]`` score block per query
+  block and head, masked by the band ``0 <= i - j < w`` (fixed for every
+  block) and by documents. Keys
   before the sequence's start carry document -1, which no query has. The
   blocks run over rematerialised groups (``map_chunk_groups``) sized so
   that a group's scores hold about ``chunking.GROUP_FLOATS`` floats.
