@@ -289,3 +289,22 @@ def test_banded_path_only_for_short_windows():
   assert module.banded_fits(4096, 64, 64)        # Based's window
   assert module.banded_fits(4096, 128, 512)
   assert not module.banded_fits(256, 128, 512)   # the window spans T
+
+
+def test_banded_path_under_jit_scan_and_grad():
+  """The banded path with every input traced: inside ``lax.scan`` and
+  under ``grad`` and ``jit``, equal to the plain call's gradients."""
+  module = importlib.import_module("lin_attn_jax.ops.softmax_attn.chunk")
+  assert module.banded_fits(40, 4, 5)
+  q, k, v, co = make_qkv(5, 1, 40, 2, 2, 8, 8)
+
+  def loss(q, k, v):
+    return jnp.sum(chunk_softmax_attn(q, k, v, window_size=5, block_size=4)
+                   * co)
+
+  grad = jax.grad(loss, argnums=(0, 1, 2))
+  scanned = jax.jit(lambda *a: jax.lax.scan(
+      lambda carry, _: (carry, grad(*a)), 0, None, length=1)[1])(q, k, v)
+  for got, want in zip(scanned, grad(q, k, v)):
+    np.testing.assert_allclose(np.asarray(got)[0], np.asarray(want),
+                               rtol=1e-5, atol=1e-6)
