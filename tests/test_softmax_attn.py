@@ -95,10 +95,14 @@ def test_chunk_matches_parallel_value_width(block_size):
                q, k, v, co)
 
 
-def test_bfloat16_accumulates_in_float32():
+# Window 20 in blocks of 16 takes the blockwise pass, 9 in blocks of 8 the
+# banded one (``banded_fits``).
+@pytest.mark.parametrize("window_size, block_size", [(20, 16), (9, 8)])
+def test_bfloat16_accumulates_in_float32(window_size, block_size):
   q, k, v, co = make_qkv(2, 1, 90, 2, 2, 16, 16, jnp.bfloat16)
-  o = jax.jit(chunked(window_size=20, block_size=16))(q, k, v)
-  ref = jax.jit(parallel(window_size=20))(
+  o = jax.jit(chunked(window_size=window_size, block_size=block_size))(
+      q, k, v)
+  ref = jax.jit(parallel(window_size=window_size))(
       *(x.astype(jnp.float32) for x in (q, k, v)))
   assert o.dtype == jnp.bfloat16
   assert rel_rms(o, ref) <= 1e-2
