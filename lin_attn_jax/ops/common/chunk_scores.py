@@ -164,14 +164,14 @@ def factored_applies(size: int, min_log_decay) -> bool:
           and size * -float(min_log_decay) <= MAX_FACTORED_SPAN)
 
 
-def _gate_sums(g, which):
+def _gate_sums(g, to_end=False):
   """Sums of ``g [..., C, G]`` along its tokens, by a 0/1 matrix (each the
-  sum of its own gates): ``"to_here"`` from the start to ``i`` included,
-  ``"before"`` to ``i`` excluded, ``"to_end"`` from after ``i`` to the end."""
+  sum of its own gates): from the chunk's start to ``i`` included, or (with
+  ``to_end``) from after ``i`` to the chunk's end."""
   c = g.shape[-2]
-  lower = np.tril(np.ones((c, c), np.float32), 0 if which == "to_here" else -1)
-  matrix = lower.T.copy() if which == "to_end" else lower
-  return jnp.einsum("ij,...jg->...ig", jnp.asarray(matrix), g,
+  lower = np.tril(np.ones((c, c), np.float32), -1 if to_end else 0)
+  return jnp.einsum("ij,...jg->...ig", jnp.asarray(lower.T if to_end
+                                                   else lower), g,
                     precision=jax.lax.Precision.HIGHEST,
                     preferred_element_type=_F32)
 
@@ -182,8 +182,10 @@ def _factored_scores(xs, ys, g, strict):
   for all of them. Returns ``intra_chunk_scores``' ``(scores, (to_here,
   to_end, total))``."""
   c = g.shape[-2]
-  to_here = _gate_sums(g, "to_here")
-  read = {s: jnp.exp(_gate_sums(g, "before") if s else to_here)
+  to_here = _gate_sums(g)
+  # Before i: the sums to i shifted by one (what the strict callers' own
+  # decays of step 1 use too, so the two are one computation).
+  read = {s: jnp.exp(shift(to_here, 1, axis=-2) if s else to_here)
           for s in set(strict)}
   write = jnp.exp(-to_here)
   products = mm_nt(
@@ -196,7 +198,7 @@ def _factored_scores(xs, ys, g, strict):
     causal = jnp.asarray(np.tril(np.ones((c, c), bool), -1 if s else 0))
     scores.append([jnp.where(causal, products[..., a, :, b, :], 0.0)
                    for b in range(len(ys))])
-  return scores, (to_here, _gate_sums(g, "to_end"), to_here[..., -1, :])
+  return scores, (to_here, _gate_sums(g, to_end=True), to_here[..., -1, :])
 
 
 def _scalar_decay_scores(x, y, g, strict):

@@ -72,7 +72,7 @@ def _chunk_local(r_h, w_h, k_h, v_h, a_h, b_h, *docs, min_log_decay=None):
       min_log_decay=min_log_decay)
   (a_b, a_k), (r_b, r_k) = ([jnp.where(same_doc, s, 0.0) for s in row]
                             for row in scores)
-  before = shift(from_start, 1, axis=3)
+  before = shift(from_start, 1, axis=-2)
 
   # Step 3: W and U from one triangular inverse per chunk.
   a_from_start = jnp.where(reached, a_h * jnp.exp(before), 0.0)  # [B,N,H,C,K]

@@ -101,6 +101,12 @@ def global_query_block_pairs(length: int, block: int, glob_pos: np.ndarray, *,
   return q_blocks, k_blocks, [masks.GLOBAL_QUERY] * len(q_blocks)
 
 
+def blocks_before(window_size: int, block: int) -> int:
+  """``p = ceil((w - 1) / C)``: the key blocks before a query block's own
+  that hold a key of some query's causal window."""
+  return -(-(window_size - 1) // block)
+
+
 def banded_fits(length: int, block: int, window_size: int) -> bool:
   """Whether a causal window takes ``banded_attention``: where its ``p``
   key blocks before each query block are at most a quarter of the ``N``
@@ -108,8 +114,7 @@ def banded_fits(length: int, block: int, window_size: int) -> bool:
   pairs than the blockwise pass, which skips the key blocks before the
   sequence's start; with a window as long as the sequence (B=16, T=256,
   w=512, C=128 in an LM step) the banded path was 10% slower."""
-  n = -(-length // block)
-  return 4 * -(-(window_size - 1) // block) <= n
+  return 4 * blocks_before(window_size, block) <= -(-length // block)
 
 
 def banded_attention(q, k, v, doc, *, window_size: int, block: int, scale):
@@ -136,7 +141,7 @@ def banded_attention(q, k, v, doc, *, window_size: int, block: int, scale):
   g, c = h // hkv, block
   n = tp // c
   # No more key blocks than the sequence has before a query block.
-  p = min(-(-(window_size - 1) // c), n - 1)
+  p = min(blocks_before(window_size, c), n - 1)
   keys = (p + 1) * c
 
   def windows(x, fill):                  # [B, Tp, ...] -> [B, N, (p+1)C, ...]
