@@ -54,3 +54,26 @@ def test_solution_and_gradients(t, monkeypatch):
   np.testing.assert_allclose(da, jnp.tril(ea, -1), rtol=0, atol=1e-5 * scale)
   np.testing.assert_allclose(drhs, erhs, rtol=0, atol=1e-5 * scale)
   assert not np.any(np.triu(np.asarray(da)))
+
+
+# 5 is padded to 8; 16 and 32 take the elementwise block products up to
+# blocks of chunk.SMALL_BLOCK and matmuls above.
+@pytest.mark.parametrize("c", [5, 16, 32])
+def test_invert_unit_lower_and_its_gradient(c):
+  a, _, upper = _system(c, seed=2)
+  w = np.random.default_rng(3).standard_normal(a.shape)
+  a32 = jnp.asarray(a + upper, jnp.float32)   # upper part must be ignored
+
+  def loss(a):
+    return jnp.sum(invert_unit_lower(a) * w)
+
+  inverse, grad = jax.jit(lambda a: (invert_unit_lower(a),
+                                     jax.grad(loss)(a)))(a32)
+  exact = np.linalg.inv(np.eye(c) + a)                 # float64, on the host
+  np.testing.assert_allclose(inverse, exact, rtol=0, atol=2e-6)
+  # d/da sum(M * w) with M = (I + a)^{-1}: -M^T w M^T, strictly lower part.
+  expected = -np.swapaxes(exact, -1, -2) @ w @ np.swapaxes(exact, -1, -2)
+  scale = np.max(np.abs(expected))
+  np.testing.assert_allclose(grad, np.tril(expected, -1), rtol=0,
+                             atol=2e-6 * scale)
+  assert not np.any(np.triu(np.asarray(grad)))
