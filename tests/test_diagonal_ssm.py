@@ -257,21 +257,29 @@ def test_steps_continue_a_prefix():
 
 def test_chunk_selective_scan_never_holds_all_states():
   """Forward + backward temp memory stays well under one [B, T, D, N]
-  (N = 64, so that the [B, T, D] inputs and gradients weigh little)."""
-  b, t, d, n = 1, 2048, 32, 64
-  args = (jnp.ones((b, t, d)), jnp.ones((b, t, d)), -jnp.ones((d, n)),
-          jnp.ones((b, t, n)), jnp.ones((b, t, n)))
+  (N = 64, so that the [B, T, D] inputs and gradients weigh little), and
+  grows with T by well under the states' growth: besides O(T) inputs,
+  gradients and chunk-entering states it holds one chunk's states and
+  decays (128 tokens, 2 MB here), whatever the length."""
+  b, d, n = 1, 32, 64
 
-  def loss(form, *args):
-    return jnp.sum(form(*args, delta_softplus=True)[0])
+  def temp_bytes(form, t):
+    args = (jnp.ones((b, t, d)), jnp.ones((b, t, d)), -jnp.ones((d, n)),
+            jnp.ones((b, t, n)), jnp.ones((b, t, n)))
 
-  def temp_bytes(form):
-    grad = jax.jit(jax.grad(functools.partial(loss, form), argnums=range(5)))
+    def loss(*args):
+      return jnp.sum(form(*args, delta_softplus=True)[0])
+
+    grad = jax.jit(jax.grad(loss, argnums=range(5)))
     return grad.lower(*args).compile().memory_analysis().temp_size_in_bytes
 
-  all_states = b * t * d * n * 4
-  assert temp_bytes(ops.chunk_selective_scan) < all_states / 4
-  assert temp_bytes(ops.recurrent_selective_scan) > all_states
+  def all_states(t):
+    return b * t * d * n * 4
+
+  short, long = (temp_bytes(ops.chunk_selective_scan, t) for t in (2048, 8192))
+  assert long < all_states(8192) / 4
+  assert long - short < (all_states(8192) - all_states(2048)) / 4
+  assert temp_bytes(ops.recurrent_selective_scan, 2048) > all_states(2048)
 
 
 def _numpy(inputs):

@@ -6,9 +6,10 @@ The ``[B, T, D, N]`` states are never held for the whole sequence:
    chunks around it; only the state entering each chunk is kept
    (``[T / C, B, D, N]``) besides the outputs.
 2. Backward (hand-written, ``jax.custom_vjp``), chunk by chunk from the end:
-   recompute the chunk's states from its entering state (``[C, B, D, N]``),
-   then run the reverse recurrence ``g_t = dL/dh_t = a_{t+1} g_{t+1} +
-   C_t dy_t`` through it, reading off every gradient at its token.
+   recompute the chunk's states and decays from its entering state
+   (``[C, B, D, N]`` each), then run the reverse recurrence ``g_t = dL/dh_t
+   = a_{t+1} g_{t+1} + C_t dy_t`` through it, reading off every gradient at
+   its token.
 
 This is the schedule of Mamba's fused selective-scan kernel. Inside a chunk
 the scan is sequential: on CPU one pass over a cache-sized block is cheaper
@@ -110,16 +111,18 @@ def _scan_bwd(chunk, residuals, cotangents):
       u_t, dt_t, b_t, keep_t = x
       decay, inp = _coefficients(u_t, dt_t, b_t, a_log)
       h_prev = _expand_keep(keep_t) * h
-      return decay * h_prev + inp, h_prev
+      return decay * h_prev + inp, (h_prev, decay)
 
-    _, h_prev = jax.lax.scan(recompute, h_in, (u_c, dt_c, b_c, keep_c))
+    # The decays go to the reverse scan with the states: one exp per token
+    # and state entry fewer than recomputing them there.
+    _, (h_prev, decays) = jax.lax.scan(recompute, h_in,
+                                       (u_c, dt_c, b_c, keep_c))
 
     def reverse(carry, x):
       g_later, d_a_log = carry                   # a_{t+1} k_{t+1} g_{t+1}
-      u_t, dt_t, b_t, c_t, keep_t, dy_t, h_prev_t = x
-      decay, inp = _coefficients(u_t, dt_t, b_t, a_log)
+      u_t, dt_t, b_t, c_t, keep_t, dy_t, h_prev_t, decay = x
       decayed = decay * h_prev_t
-      h_t = decayed + inp
+      h_t = decayed + (dt_t * u_t)[:, :, None, :] * b_t[..., None]
       g = g_later + dy_t[:, :, None, :] * c_t[..., None]       # dL/dh_t
       g_exponent = g * decayed                                 # dL/d(dt A)
       g_dot_b = jnp.sum(g * b_t[..., None], axis=2)            # [B, G, R]
@@ -132,7 +135,7 @@ def _scan_bwd(chunk, residuals, cotangents):
       return (g_earlier, d_a_log), (d_u, d_dt, d_b, d_c)
 
     carry, grads = jax.lax.scan(
-        reverse, carry, (u_c, dt_c, b_c, c_c, keep_c, dy_c, h_prev),
+        reverse, carry, (u_c, dt_c, b_c, c_c, keep_c, dy_c, h_prev, decays),
         reverse=True)
     return carry, grads
 
