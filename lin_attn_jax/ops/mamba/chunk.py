@@ -50,11 +50,14 @@ from lin_attn_jax.ops.mamba.inputs import (finish, grouped, grouped_projection,
 _F32 = jnp.float32
 
 
+def _input(u_t, dt_t, b_t):
+  """Input ``dt u B`` of one token, ``[B, G, N, R]``."""
+  return (dt_t * u_t)[:, :, None, :] * b_t[..., None]
+
+
 def _coefficients(u_t, dt_t, b_t, a_log):
   """Decay ``exp(dt A)`` and input ``dt u B`` of one token, ``[B, G, N, R]``."""
-  decay = jnp.exp(dt_t[:, :, None, :] * a_log)
-  inp = (dt_t * u_t)[:, :, None, :] * b_t[..., None]
-  return decay, inp
+  return jnp.exp(dt_t[:, :, None, :] * a_log), _input(u_t, dt_t, b_t)
 
 
 def _split(x, chunk):
@@ -122,7 +125,7 @@ def _scan_bwd(chunk, residuals, cotangents):
       g_later, d_a_log = carry                   # a_{t+1} k_{t+1} g_{t+1}
       u_t, dt_t, b_t, c_t, keep_t, dy_t, h_prev_t, decay = x
       decayed = decay * h_prev_t
-      h_t = decayed + (dt_t * u_t)[:, :, None, :] * b_t[..., None]
+      h_t = decayed + _input(u_t, dt_t, b_t)
       g = g_later + dy_t[:, :, None, :] * c_t[..., None]       # dL/dh_t
       g_exponent = g * decayed                                 # dL/d(dt A)
       g_dot_b = jnp.sum(g * b_t[..., None], axis=2)            # [B, G, R]
