@@ -10,6 +10,11 @@ time is its minimum over the rounds.
 
   python experiments/bench_train_step.py --out=benchmarks/RESULTS_train_step.md
   python experiments/bench_train_step.py --mixers=gla,h3 --shapes=2x4096
+
+XLA:CPU maps each execution's scratch memory afresh and the kernel faults it
+in on first touch, a cost proportional to the step's temp memory; run with
+``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (as ``make`` does) for
+transparent huge pages. A run with tunables set writes its own section.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
+import resource
+import statistics
 import sys
 import time
 
@@ -103,14 +111,18 @@ class Runner:
     self.compile_s = time.perf_counter() - start
     self.compile_cpu_s = time.process_time() - start_cpu
     self.times: list[float] = []
+    self.faults: list[int] = []
     self.loss = float("nan")
 
   def run(self) -> None:
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = time.perf_counter()
     self.params, self.opt_state, loss = self.step(self.params, self.opt_state,
                                                   self.tokens)
     jax.block_until_ready(loss)
     self.times.append(time.perf_counter() - start)
+    self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                       - faults)
     self.loss = float(loss)
 
 
@@ -124,6 +136,7 @@ def _time_shape(names, batch, length):
   for name in names:
     runners[name].run()                  # the first run is not timed
     runners[name].times.clear()
+    runners[name].faults.clear()
   for _ in range(FLAGS.rounds):
     for name in names:
       runners[name].run()
@@ -140,8 +153,8 @@ def main(argv):
   recurrent = [n for n in names if n not in SOFTMAX_FAMILY]
   header = "| mixer |" + "".join(
       f" B={b}, T={t}: step (ms) | / softmax_attn | compile (s) |"
-      for b, t in shapes)
-  lines = [header, "|---|" + "---|---|---|" * len(shapes)]
+      " page faults / step |" for b, t in shapes)
+  lines = [header, "|---|" + "---|---|---|---|" * len(shapes)]
   for name in names:
     row = f"| {name} |"
     for shape in shapes:
@@ -150,7 +163,8 @@ def main(argv):
       base = (f"{best / min(r['softmax_attn'].times):.2f}"
               if "softmax_attn" in r else "")
       row += (f" {best * 1e3:.0f} | {base} | {r[name].compile_s:.1f} "
-              f"({r[name].compile_cpu_s:.1f}) |")
+              f"({r[name].compile_cpu_s:.1f}) | "
+              f"{statistics.median(r[name].faults):.0f} |")
     lines.append(row)
   for shape in shapes:
     r = results[shape]
@@ -161,7 +175,9 @@ def main(argv):
       lines.append(
           f"\nB={shape[0]}, T={shape[1]}: slowest recurrent mixer {slowest} "
           f"is {rec[slowest] / rec[fastest]:.2f}x the fastest, {fastest}.")
-  cmd = "python " + " ".join(sys.argv)
+  tunables = os.environ.get("GLIBC_TUNABLES", "")
+  cmd = (f"GLIBC_TUNABLES={tunables} " if tunables else "") + (
+      "python " + " ".join(sys.argv))
   text = [f"Command: `{cmd}`", "",
           f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, "
           f"jax {jax.__version__}, backend {jax.default_backend()}; "
@@ -169,10 +185,17 @@ def main(argv):
           f"{FLAGS.n_heads} heads, vocab {FLAGS.vocab_size}, AdamW; "
           f"minimum of {FLAGS.rounds} steps after compilation, mixers "
           f"interleaved. Compile: wall seconds of lowering and compiling the "
-          f"step (CPU seconds of the process in brackets).", "", *lines]
+          f"step (CPU seconds of the process in brackets). Page faults: "
+          f"the process's minor faults during a step, median over the "
+          f"timed steps. glibc malloc "
+          f"tunables: {tunables or 'none'} (see the notes below the "
+          f"tables).", "", *lines]
   print("\n".join(text))
   if FLAGS.out:
-    write_section(FLAGS.out, "train_step_" + "_".join(FLAGS.shapes), text)
+    key = "train_step_" + "_".join(FLAGS.shapes)
+    if tunables:
+      key += "_" + re.sub(r"\W+", "_", tunables).strip("_")
+    write_section(FLAGS.out, key, text)
 
 
 if __name__ == "__main__":
