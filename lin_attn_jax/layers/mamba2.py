@@ -152,11 +152,12 @@ class Mamba2(Mixer):
     b, t, _ = x.shape
     e, h, g, n = self.width, self.n_heads, self.n_groups, self.d_state
     cache = ctx.cache
-    z, xbc, dt = jnp.split(self.in_proj(x), [e, 2 * e + 2 * g * n],
-                           axis=-1)                    # [B, T, E|E+2GN|H]
-    xbc, conv_state = self.conv(xbc, ctx,
-                                None if cache is None else cache["conv"])
-    xs, B, C = jnp.split(xbc, [e, e + g * n], axis=-1)
+    # The projection's and the convolution's parts are arrays of their own
+    # (``Dense.parts``), the same values as slices of one product.
+    z, xs, B, C, dt = self.in_proj.parts(
+        x, [e, 2 * e, 2 * e + g * n, 2 * e + 2 * g * n])   # [B, T, E|E|GN|GN|H]
+    (xs, B, C), conv_state = self.conv.parts(
+        [xs, B, C], ctx, None if cache is None else cache["conv"])
     xs = xs.reshape(b, t, h, self.head_dim)                     # [B, T, H, P]
     B = B.reshape(b, t, g, n)                                   # [B, T, G, N]
     C = C.reshape(b, t, g, n)                                   # [B, T, G, N]

@@ -18,6 +18,7 @@ layer builds anywhere; ``nnx.get_partition_spec`` reads the names back.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Sequence
 
@@ -79,6 +80,32 @@ class Dense(nnx.Linear):
     kernel = self.kernel[...]
     return project(inputs, kernel,
                    self.dtype or jnp.result_type(inputs, kernel))
+
+  def parts(self, inputs, sections: Sequence[int]):
+    """``jnp.split(self(inputs), sections, axis=-1)``, the same values.
+
+    Lowered for the CPU, each part is its own product with its block of
+    the kernel's columns, so that every part is an array of its own: a
+    part sliced out of one wide product reaches its consumers (and its
+    gradient leaves them) through strided copies, which cost Mamba-2's
+    training step several times what the extra products do. Elsewhere it
+    is the one product, split. Inputs that ``__call__`` does not send
+    through ``project`` take that path and are split."""
+    if (self.bias is not None or jnp.ndim(inputs) != 3
+        or self.precision is not None):
+      return jnp.split(self(inputs), sections, axis=-1)
+    kernel = self.kernel[...]
+    dtype = self.dtype or jnp.result_type(inputs, kernel)
+
+    def apart(x, k):
+      return [project(x, block, dtype)
+              for block in jnp.split(k, sections, axis=-1)]
+
+    def joint(x, k):
+      return jnp.split(project(x, k, dtype), sections, axis=-1)
+
+    return jax.lax.platform_dependent(inputs, kernel, cpu=apart,
+                                      default=joint)
 
 
 def dense(in_features: int, out_features: int, axes=("embed", "heads"), *,
@@ -188,6 +215,39 @@ class ShortConv(nnx.Module):
                 initial_state=ctx.carried(state),
                 output_final_state=state is not None,
                 segment_ids=ctx.segment_ids)
+
+  def parts(self, xs: Sequence, ctx, state=None):
+    """The convolution of ``jnp.concatenate(xs, axis=-1)``, as ``(list of
+    the outputs' parts, new state or None)``: each part ``[B, T, C_i]``
+    (channels in order, ``sum C_i = channels``) convolved with its own
+    channels' taps, so that the parts stay arrays of their own (see
+    ``Dense.parts``). The cached window is split and joined the same way.
+    """
+    sizes = [x.shape[-1] for x in xs]
+    if sum(sizes) != self.channels:
+      raise ValueError(f"the parts' channels {sizes} must add up to the "
+                       f"convolution's {self.channels}")
+    if ctx.decoding:
+      y, state = self(jnp.concatenate(xs, axis=-1), ctx, state)
+      return jnp.split(y, list(itertools.accumulate(sizes))[:-1],
+                       axis=-1), state
+    weight = self.weight[...]
+    bias = None if self.bias is None else self.bias[...]
+    form = ctx.pick(chunk=chunk_causal_conv1d, parallel=parallel_causal_conv1d,
+                    recurrent=recurrent_causal_conv1d)
+    state = ctx.carried(state)
+    ys, states, lo = [], [], 0
+    for x, size in zip(xs, sizes):
+      hi = lo + size
+      y, part_state = form(
+          x, weight[lo:hi], None if bias is None else bias[lo:hi],
+          activation=self.activation,
+          initial_state=None if state is None else state[..., lo:hi],
+          output_final_state=state is not None, segment_ids=ctx.segment_ids)
+      ys.append(y)
+      states.append(part_state)
+      lo = hi
+    return ys, (None if state is None else jnp.concatenate(states, axis=-1))
 
 
 def rotary(x, positions, base: float = 10000.0):
