@@ -71,3 +71,79 @@ def test_kernel_gradient_forms_agree():
                        np.asarray(g, np.float64))
   for form in (products.kernel_grad_batched, products.kernel_grad_merged):
     np.testing.assert_allclose(form(x, g), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_parts_are_the_split_product():
+  """``Dense.parts``: the split of the layer's output, values and
+  gradients; lowered for the CPU one product per part, elsewhere one
+  product split (both compared here, the second through its export)."""
+  dense, _ = _dense_and_linear()
+  sections = [3, 4, 10]                       # parts of 3, 1, 6 and 2
+  x = jax.random.normal(jax.random.PRNGKey(2), (B, T, D))
+  weights = jax.random.normal(jax.random.PRNGKey(3), (E,))
+  graphdef, state = nnx.split(dense)
+
+  def loss(kernel, x, apart):
+    layer = nnx.merge(graphdef, jax.tree.map(lambda _: kernel, state))
+    if apart:
+      out = jnp.concatenate(layer.parts(x, sections), axis=-1)
+    else:
+      out = layer(x)
+    return jnp.sum(jnp.sin(out) * weights)
+
+  kernel = dense.kernel[...]
+  parts = dense.parts(x, sections)
+  assert [p.shape[-1] for p in parts] == [3, 1, 6, 2]
+  for part, expected in zip(parts, jnp.split(dense(x), sections, axis=-1)):
+    np.testing.assert_allclose(part, expected, rtol=1e-6, atol=1e-6)
+  got, want = (jax.grad(loss, argnums=(0, 1))(kernel, x, apart)
+               for apart in (True, False))
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+  def count_dots(platform):
+    f = jax.jit(lambda k, x: nnx.merge(
+        graphdef, jax.tree.map(lambda _: k, state)).parts(x, sections))
+    text = jax.export.export(f, platforms=[platform])(kernel, x).mlir_module()
+    return text.count("stablehlo.dot_general")
+  assert count_dots("cpu") == 4
+  assert count_dots("tpu") == 1
+
+
+def test_short_conv_parts_are_the_split_convolution():
+  """``ShortConv.parts``: the split of the whole convolution, outputs,
+  cached window and gradients, with documents and a carried state; a
+  decoding step goes through the whole convolution."""
+  from lin_attn_jax.layers.base import Context
+  conv = modules.ShortConv(10, 4, rngs=nnx.Rngs(0))
+  conv.bias[...] = jax.random.normal(jax.random.PRNGKey(4), (10,))
+  x = jax.random.normal(jax.random.PRNGKey(5), (B, 9, 10))
+  state = jax.random.normal(jax.random.PRNGKey(6), (B, 3, 10))
+  segment_ids = jnp.array([[0] * 4 + [1] * 5, [0] * 9])
+  positions = jnp.broadcast_to(jnp.arange(9), (B, 9))
+  ctx = Context(mode="chunk", segment_ids=segment_ids, positions=positions,
+                cache={}, restart=jnp.array([False, True]))
+  sections = [2, 7]
+
+  def run(x, state, apart):
+    if apart:
+      ys, new = conv.parts(jnp.split(x, sections, axis=-1), ctx, state)
+      return jnp.concatenate(ys, axis=-1), new
+    return conv(x, ctx, state)
+
+  (y1, s1), (y2, s2) = run(x, state, True), run(x, state, False)
+  np.testing.assert_allclose(y1, y2, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(s1, s2, rtol=1e-6, atol=1e-6)
+  got, want = (jax.grad(lambda x, s: jnp.sum(jnp.sin(run(x, s, a)[0]))
+                        + jnp.sum(run(x, s, a)[1] ** 2), argnums=(0, 1))(
+                            x, state) for a in (True, False))
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+  step = Context(mode="chunk", segment_ids=None, positions=positions[:, :1],
+                 cache={}, restart=None)
+  ys, new = conv.parts(jnp.split(x[:, :1], sections, axis=-1), step, state)
+  y, expected = conv(x[:, :1], step, state)
+  np.testing.assert_allclose(jnp.concatenate(ys, axis=-1), y, rtol=1e-6)
+  np.testing.assert_allclose(new, expected, rtol=1e-6)
+  with np.testing.assert_raises(ValueError):
+    conv.parts([x[..., :3]], ctx, state)
