@@ -28,7 +28,7 @@ from flax import nnx
 
 from lin_attn_jax.ops import (causal_conv1d_step, chunk_causal_conv1d,
                               parallel_causal_conv1d, recurrent_causal_conv1d)
-from lin_attn_jax.ops.common.products import project
+from lin_attn_jax.ops.common.products import project, project_parts
 from lin_attn_jax.ops.common.reductions import times_channels
 from lin_attn_jax.ops.conv import token_shift as ops_token_shift
 
@@ -82,30 +82,16 @@ class Dense(nnx.Linear):
                    self.dtype or jnp.result_type(inputs, kernel))
 
   def parts(self, inputs, sections: Sequence[int]):
-    """``jnp.split(self(inputs), sections, axis=-1)``, the same values.
-
-    Lowered for the CPU, each part is its own product with its block of
-    the kernel's columns, so that every part is an array of its own: a
-    part sliced out of one wide product reaches its consumers (and its
-    gradient leaves them) through strided copies, which cost Mamba-2's
-    training step several times what the extra products do. Elsewhere it
-    is the one product, split. Inputs that ``__call__`` does not send
-    through ``project`` take that path and are split."""
+    """``jnp.split(self(inputs), sections, axis=-1)``, the same values, each
+    part an array of its own where lowered for the CPU
+    (``ops.common.products.project_parts``). Inputs that ``__call__`` does
+    not send through ``project`` take that path and are split."""
     if (self.bias is not None or jnp.ndim(inputs) != 3
         or self.precision is not None):
       return jnp.split(self(inputs), sections, axis=-1)
     kernel = self.kernel[...]
-    dtype = self.dtype or jnp.result_type(inputs, kernel)
-
-    def apart(x, k):
-      return [project(x, block, dtype)
-              for block in jnp.split(k, sections, axis=-1)]
-
-    def joint(x, k):
-      return jnp.split(project(x, k, dtype), sections, axis=-1)
-
-    return jax.lax.platform_dependent(inputs, kernel, cpu=apart,
-                                      default=joint)
+    return project_parts(inputs, kernel, sections,
+                         self.dtype or jnp.result_type(inputs, kernel))
 
 
 def dense(in_features: int, out_features: int, axes=("embed", "heads"), *,
@@ -221,7 +207,7 @@ class ShortConv(nnx.Module):
     the outputs' parts, new state or None)``: each part ``[B, T, C_i]``
     (channels in order, ``sum C_i = channels``) convolved with its own
     channels' taps, so that the parts stay arrays of their own (see
-    ``Dense.parts``). The cached window is split and joined the same way.
+    ``ops.common.products.project_parts``). The cached window is split and joined the same way.
     """
     sizes = [x.shape[-1] for x in xs]
     if sum(sizes) != self.channels:

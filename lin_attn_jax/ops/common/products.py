@@ -127,3 +127,22 @@ def project(x, kernel, dtype=None):
   ``_project_matmul`` says."""
   dtype = x.dtype if dtype is None else dtype
   return _project_matmul(x.astype(dtype), kernel.astype(dtype)).astype(dtype)
+
+
+def project_parts(x, kernel, sections, dtype=None):
+  """``jnp.split(project(x, kernel, dtype), sections, axis=-1)``, the same
+  values. Lowered for the CPU each part is its own ``project`` with its
+  block of the kernel's columns, so that every part is an array of its
+  own: a part sliced out of one wide product reaches its consumers (and
+  its gradient leaves them) through strided copies, which in Mamba-2's
+  training step (parts feeding a convolution and the SSD op) cost more
+  than the extra products. Elsewhere it is the one product, split."""
+  def apart(x, kernel):
+    return [project(x, block, dtype)
+            for block in jnp.split(kernel, sections, axis=-1)]
+
+  def joint(x, kernel):
+    return jnp.split(project(x, kernel, dtype), sections, axis=-1)
+
+  return jax.lax.platform_dependent(x, kernel, cpu=apart, default=joint)
+
