@@ -153,7 +153,8 @@ class Mamba2(Mixer):
     e, h, g, n = self.width, self.n_heads, self.n_groups, self.d_state
     cache = ctx.cache
     # The projection's and the convolution's parts are arrays of their own
-    # (``Dense.parts``), the same values as slices of one product.
+    # on CPU (``Dense.parts``, ``ShortConv.parts``): the same values as
+    # slices of one product, without the strided copies into the SSD op.
     z, xs, B, C, dt = self.in_proj.parts(
         x, [e, 2 * e, 2 * e + g * n, 2 * e + 2 * g * n])   # [B, T, E|E|GN|GN|H]
     (xs, B, C), conv_state = self.conv.parts(

@@ -207,8 +207,8 @@ class ShortConv(nnx.Module):
     the outputs' parts, new state or None)``: each part ``[B, T, C_i]``
     (channels in order, ``sum C_i = channels``) convolved with its own
     channels' taps, so that the parts stay arrays of their own (see
-    ``ops.common.products.project_parts``). The cached window is split and joined the same way.
-    """
+    ``ops.common.products.project_parts``). The cached window is split and
+    joined the same way; a decoding step convolves the joined parts."""
     sizes = [x.shape[-1] for x in xs]
     if sum(sizes) != self.channels:
       raise ValueError(f"the parts' channels {sizes} must add up to the "

@@ -145,4 +145,3 @@ def project_parts(x, kernel, sections, dtype=None):
     return jnp.split(project(x, kernel, dtype), sections, axis=-1)
 
   return jax.lax.platform_dependent(x, kernel, cpu=apart, default=joint)
-
