@@ -113,7 +113,7 @@ def test_parts_are_the_split_product():
 def test_short_conv_parts_are_the_split_convolution():
   """``ShortConv.parts``: the split of the whole convolution, outputs,
   cached window and gradients, with documents and a carried state; a
-  decoding step goes through the whole convolution."""
+  decoding step equals the whole convolution's."""
   from lin_attn_jax.layers.base import Context
   conv = modules.ShortConv(10, 4, rngs=nnx.Rngs(0))
   conv.bias[...] = jax.random.normal(jax.random.PRNGKey(4), (10,))

@@ -18,7 +18,6 @@ layer builds anywhere; ``nnx.get_partition_spec`` reads the names back.
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Sequence
 
@@ -73,9 +72,14 @@ class Dense(nnx.Linear):
   memory (elsewhere as the plain product). Other inputs (and a
   layer with a bias or a matmul precision) take ``nnx.Linear``'s path."""
 
+  def _projects(self, inputs) -> bool:
+    """Whether ``inputs`` go through ``project`` (bias-free, ``[B, T, D]``,
+    no matmul precision)."""
+    return (self.bias is None and jnp.ndim(inputs) == 3
+            and self.precision is None)
+
   def __call__(self, inputs, out_sharding=None):
-    if (self.bias is not None or jnp.ndim(inputs) != 3
-        or out_sharding is not None or self.precision is not None):
+    if out_sharding is not None or not self._projects(inputs):
       return super().__call__(inputs, out_sharding)
     kernel = self.kernel[...]
     return project(inputs, kernel,
@@ -86,8 +90,7 @@ class Dense(nnx.Linear):
     part an array of its own where lowered for the CPU
     (``ops.common.products.project_parts``). Inputs that ``__call__`` does
     not send through ``project`` take that path and are split."""
-    if (self.bias is not None or jnp.ndim(inputs) != 3
-        or self.precision is not None):
+    if not self._projects(inputs):
       return jnp.split(self(inputs), sections, axis=-1)
     kernel = self.kernel[...]
     return project_parts(inputs, kernel, sections,
@@ -188,8 +191,13 @@ class ShortConv(nnx.Module):
 
     ``ctx`` is the mixer's ``Context``; ``state`` its cached window.
     """
-    weight = self.weight[...]
-    bias = None if self.bias is None else self.bias[...]
+    return self._convolve(x, slice(None), ctx, state)
+
+  def _convolve(self, x, channels: slice, ctx, state):
+    """``x`` convolved with the taps (and bias) of ``channels``; ``state``
+    is those channels' cached window or None."""
+    weight = self.weight[...][channels]
+    bias = None if self.bias is None else self.bias[...][channels]
     if ctx.decoding:
       y, state = causal_conv1d_step(x[:, 0], weight, bias, state,
                                     activation=self.activation,
@@ -208,31 +216,19 @@ class ShortConv(nnx.Module):
     (channels in order, ``sum C_i = channels``) convolved with its own
     channels' taps, so that the parts stay arrays of their own (see
     ``ops.common.products.project_parts``). The cached window is split and
-    joined the same way; a decoding step convolves the joined parts."""
+    joined the same way; a decoding step too is one step per part."""
     sizes = [x.shape[-1] for x in xs]
     if sum(sizes) != self.channels:
       raise ValueError(f"the parts' channels {sizes} must add up to the "
                        f"convolution's {self.channels}")
-    if ctx.decoding:
-      y, state = self(jnp.concatenate(xs, axis=-1), ctx, state)
-      return jnp.split(y, list(itertools.accumulate(sizes))[:-1],
-                       axis=-1), state
-    weight = self.weight[...]
-    bias = None if self.bias is None else self.bias[...]
-    form = ctx.pick(chunk=chunk_causal_conv1d, parallel=parallel_causal_conv1d,
-                    recurrent=recurrent_causal_conv1d)
-    state = ctx.carried(state)
     ys, states, lo = [], [], 0
     for x, size in zip(xs, sizes):
-      hi = lo + size
-      y, part_state = form(
-          x, weight[lo:hi], None if bias is None else bias[lo:hi],
-          activation=self.activation,
-          initial_state=None if state is None else state[..., lo:hi],
-          output_final_state=state is not None, segment_ids=ctx.segment_ids)
+      part = slice(lo, lo + size)
+      y, part_state = self._convolve(
+          x, part, ctx, None if state is None else state[..., part])
       ys.append(y)
       states.append(part_state)
-      lo = hi
+      lo += size
     return ys, (None if state is None else jnp.concatenate(states, axis=-1))
 
 
