@@ -110,8 +110,11 @@ def check_sharded_equals_one_device(mixers, meshes, params_rtol=1e-5):
     assert error <= params_rtol, (spec, error)
     worst = worst_leaf_error(state.params, reference_params)
     assert worst <= 10 * params_rtol, (spec, worst)
-    kernel = state.params["blocks"][0]["mixer"]["q_proj"]["kernel"][...]
-    mu = state.opt_state[1][0].mu["blocks"][0]["mixer"]["q_proj"]["kernel"]
+    # The first layer's input projection (Mamba-2 has no q_proj).
+    proj = "q_proj" if "q_proj" in state.params["blocks"][0]["mixer"] else (
+        "in_proj")
+    kernel = state.params["blocks"][0]["mixer"][proj]["kernel"][...]
+    mu = state.opt_state[1][0].mu["blocks"][0]["mixer"][proj]["kernel"]
     full = kernel.shape
     shard = kernel.addressable_shards[0].data.shape
     mu_shard = mu[...].addressable_shards[0].data.shape
