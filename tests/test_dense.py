@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from lin_attn_jax.layers import modules
@@ -47,8 +48,9 @@ def test_dense_matches_linear():
 
 
 def test_kernel_gradient_batched_on_cpu_only():
-  """Lowered for the CPU the kernel gradient is a batched ``[B, D, E]``
-  product; for TPU and CUDA it is the plain product (no such tensor)."""
+  """Lowered for the CPU the kernel gradient is a batched ``[B, N, D, E]``
+  product (``N`` blocks of tokens, one here); for TPU and CUDA it is the
+  plain product (no such tensor)."""
   dense, _ = _dense_and_linear()
   grad = jax.jit(jax.grad(_loss(dense)))
   args = (dense.kernel[...], jnp.ones((B, T, D)))
@@ -56,7 +58,7 @@ def test_kernel_gradient_batched_on_cpu_only():
   def text(platform):
     return jax.export.export(grad, platforms=[platform])(*args).mlir_module()
 
-  batched = f"tensor<{B}x{D}x{E}xf32>"
+  batched = f"tensor<{B}x1x{D}x{E}xf32>"
   assert batched in text("cpu")
   for platform in ("tpu", "cuda"):
     assert batched not in text(platform)
@@ -71,6 +73,20 @@ def test_kernel_gradient_forms_agree():
                        np.asarray(g, np.float64))
   for form in (products.kernel_grad_batched, products.kernel_grad_merged):
     np.testing.assert_allclose(form(x, g), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("length", [8, 13])
+def test_kernel_gradient_in_blocks_of_tokens(monkeypatch, length):
+  """The CPU form over several blocks of tokens (blocks of 4), the last one
+  padded with zeros when T is not a multiple of the block."""
+  monkeypatch.setattr(products, "KERNEL_GRAD_BLOCK", 4)
+  kx, kg = jax.random.split(jax.random.PRNGKey(4))
+  x = jax.random.normal(kx, (B, length, D))
+  g = jax.random.normal(kg, (B, length, E))
+  expected = np.einsum("btd,bte->de", np.asarray(x, np.float64),
+                       np.asarray(g, np.float64))
+  got = jax.jit(products.kernel_grad_batched)(x, g)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_parts_are_the_split_product():

@@ -93,12 +93,34 @@ def _project_matmul_fwd(x, kernel):
   return _project_matmul(x, kernel), (x, kernel)
 
 
+# Tokens per block of the CPU kernel gradient (a longer T is padded to a
+# multiple of it with zeros, which add nothing to the product).
+KERNEL_GRAD_BLOCK = 512
+
+
 def kernel_grad_batched(x, g):
-  """``x^T g`` over ``[B, T, *]``: a batched product of ``x`` transposed in
-  memory, summed over the batch (XLA:CPU's fast library; holds ``[B, D,
-  E]``)."""
-  return jnp.sum(jnp.einsum("bdt,bte->bde", transposed(x), g,
-                            preferred_element_type=_F32), axis=0)
+  """``x^T g`` over ``[B, T, *]``: a batched product of blocks of ``x``
+  transposed in memory, summed over the batch and the blocks (XLA:CPU's
+  fast library; holds ``[B, T / L, D, E]``).
+
+  The transposing copy is fused with the producers of ``x``, which it then
+  reads in transposed order; within blocks of ``L = min(T,
+  KERNEL_GRAD_BLOCK)`` tokens those reads stay in cache. Transposing all
+  of T = 4096 at once was 1.1-3x slower alone (3x for an MLP's
+  down-projection, ``D = 256``, ``E = 64``), and RWKV-6's LM step 16%.
+  """
+  batch, length, d = x.shape
+  block = min(length, KERNEL_GRAD_BLOCK)
+  pad = -length % block
+  if pad:
+    x = jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
+    g = jnp.pad(g, ((0, 0), (0, pad), (0, 0)))
+  blocks = (length + pad) // block
+  x_blocks = x.reshape(batch, blocks, block, d)                  # [B,N,L,D]
+  g_blocks = g.reshape(batch, blocks, block, g.shape[-1])        # [B,N,L,E]
+  return jnp.sum(jnp.einsum("bnds,bnse->bnde", transposed(x_blocks),
+                            g_blocks, preferred_element_type=_F32),
+                 axis=(0, 1))
 
 
 def kernel_grad_merged(x, g):
