@@ -132,7 +132,7 @@ def resolved_chunk_size(chunk_size: int | None,
   head width 32 the delta-rule, RWKV and GLA chunk forms train as fast
   with chunks of 16 as with 32 (within noise, both faster than 64), and
   their training steps compile in 10-35% fewer CPU seconds (fewer halving
-  levels, smaller triangular inverses); KDA trains faster with 32
+  levels, smaller triangular inverses). A mixer may set its own
   (``Mixer.cpu_chunk_size``)."""
   if chunk_size is not None:
     return chunk_size
