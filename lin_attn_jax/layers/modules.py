@@ -232,6 +232,17 @@ class ShortConv(nnx.Module):
     return ys, (None if state is None else jnp.concatenate(states, axis=-1))
 
 
+def _materialized(table):
+  """``table [..., K]`` unchanged (a product with the identity, exact),
+  as the output of a matmul, which XLA:CPU writes once: its elementwise
+  producers (here ``cos`` and ``sin``, each several times the cost of an
+  ``exp``) are not evaluated again inside every consumer, broadcast over
+  the heads."""
+  eye = jnp.eye(table.shape[-1], dtype=table.dtype)
+  return jnp.einsum("...k,kl->...l", table, eye,
+                    precision=jax.lax.Precision.HIGHEST)
+
+
 def rotary(x, positions, base: float = 10000.0):
   """Rotary position embedding (RoPE, Su et al. 2021) of ``[B, T, H, K]``.
 
@@ -242,9 +253,11 @@ def rotary(x, positions, base: float = 10000.0):
   if dim % 2:
     raise ValueError(f"rotary needs an even head dimension, got {dim}")
   freq = base ** (-jnp.arange(0, dim // 2, dtype=jnp.float32) * 2 / dim)
-  angle = positions.astype(jnp.float32)[..., None, None] * freq
-  # angle: [B, T, 1, K/2]
-  cos, sin = jnp.cos(angle), jnp.sin(angle)
+  angle = positions.astype(jnp.float32)[..., None] * freq       # [B, T, K/2]
+  table = jax.lax.platform_dependent(
+      jnp.concatenate([jnp.cos(angle), jnp.sin(angle)], axis=-1),
+      cpu=_materialized, default=lambda table: table)           # [B, T, K]
+  cos, sin = table[..., None, :dim // 2], table[..., None, dim // 2:]
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
