@@ -107,7 +107,9 @@ def kernel_grad_batched(x, g):
   reads in transposed order; within blocks of ``L = min(T,
   KERNEL_GRAD_BLOCK)`` tokens those reads stay in cache. Transposing all
   of T = 4096 at once was 1.1-3x slower alone (3x for an MLP's
-  down-projection, ``D = 256``, ``E = 64``), and RWKV-6's LM step 16%.
+  down-projection, ``D = 256``, ``E = 64``); RWKV-6's LM step took 343 ms
+  with it against 289 ms in blocks
+  (``benchmarks/RESULTS_train_step.md``).
   """
   batch, length, d = x.shape
   block = min(length, KERNEL_GRAD_BLOCK)
