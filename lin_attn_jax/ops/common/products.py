@@ -112,7 +112,7 @@ def kernel_grad_batched(x, g):
   (``benchmarks/RESULTS_train_step.md``).
   """
   batch, length, d = x.shape
-  block = min(length, KERNEL_GRAD_BLOCK)
+  block = max(1, min(length, KERNEL_GRAD_BLOCK))               # T may be 0
   pad = -length % block
   if pad:
     x = jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
