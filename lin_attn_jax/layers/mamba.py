@@ -78,7 +78,8 @@ class Mamba(Mixer):
       (1e-3, 1e-1, 1e-4, 1).
     conv_bias: the convolution has a bias (True).
     bias: the input and output projections have biases (False).
-    chunk_size: tokens between saved states in the chunk form (speed only).
+    chunk_size: tokens between saved states in the chunk form (speed and
+      memory only; 32, see ``ops.chunk_selective_scan``).
 
   Cache: ``{"conv": [B, d_conv - 1, E], "ssm": [B, E, N]}``, float32.
   """
@@ -90,7 +91,7 @@ class Mamba(Mixer):
                dt_rank: int | str = "auto", dt_min: float = 1e-3,
                dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
                dt_scale: float = 1.0, conv_bias: bool = True,
-               bias: bool = False, chunk_size: int = 128, dtype=jnp.float32,
+               bias: bool = False, chunk_size: int = 32, dtype=jnp.float32,
                param_dtype=jnp.float32):
     del n_heads
     width = inner_width(d_model, expand)

@@ -158,7 +158,7 @@ _scan.defvjp(_scan_fwd, _scan_bwd)
 def chunk_selective_scan(u, delta, A, B, C, *, D=None, z=None,
                          delta_bias=None, delta_softplus=False,
                          initial_state=None, output_final_state=False,
-                         segment_ids=None, chunk_size=128):
+                         segment_ids=None, chunk_size=32):
   """Mamba's selective scan (S6) in the ``[B, T, D]`` layout; training path.
 
   Args:
@@ -174,8 +174,13 @@ def chunk_selective_scan(u, delta, A, B, C, *, D=None, z=None,
     initial_state: ``[B, D, N]`` float32, or None for zeros.
     output_final_state: also return the state after the last token.
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
-    chunk_size: tokens between saved states (speed and memory only; 64 to
-      512 measure alike on CPU, see ``benchmarks/RESULTS_diagonal_ssm.md``).
+    chunk_size: tokens between saved states (speed and memory only). The
+      backward pass holds two ``[C, B, D, N]`` blocks of a chunk's states
+      and decays; on CPU they are read back fastest while they stay in the
+      core's cache (forward and backward at B=2, T=4096, D=128, N=16:
+      83-97 ms at 32 against 92-104 ms at 128; at B=16, T=256: 46 against
+      68 ms), and the saved states ``[T / C, B, D, N]`` against a chunk's
+      are smallest near ``C = sqrt(T)``.
   Returns:
     ``(y [B, T, D] in u's dtype, final_state [B, D, N] float32 or None)``.
 

@@ -30,7 +30,7 @@ def context_parallel_selective_scan(u, delta, A, B, C, *, D=None, z=None,
                                     delta_bias=None, delta_softplus=False,
                                     initial_state=None,
                                     output_final_state=False, segment_ids=None,
-                                    chunk_size=128, axis_name=cp.SEQUENCE_AXIS,
+                                    chunk_size=32, axis_name=cp.SEQUENCE_AXIS,
                                     mesh=None):
   """``chunk_selective_scan`` with T split over the devices of ``axis_name``.
 
