@@ -22,7 +22,13 @@ def _mm(subscripts, *operands):
 
 
 def transposed(x):
-  """``x`` with its last two axes swapped, materialized."""
+  """``x`` with its last two axes swapped, as an operand of its own.
+
+  The barrier keeps XLA from folding the swap back into the product that
+  reads it (which would make the slow kind again). It does not keep the
+  producers of ``x`` out of the transposing copy: XLA:CPU removes barriers
+  before it fuses, so the copy may evaluate them in transposed order.
+  """
   return jax.lax.optimization_barrier(jnp.swapaxes(x, -1, -2))
 
 
