@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common.reductions import times_channels
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, normalise_gate
 
 __all__ = ["default_scale", "validate", "validate_step"]
@@ -39,8 +40,17 @@ def validate_step(r, k, v, w, u, state, reset):
 
 
 def bonus(r, k, v, u, scale):
-  """The current token's term ``scale * (r_t . (u * k_t)) v_t``, float32."""
+  """The current token's term ``scale * (r_t . (u * k_t)) v_t``, float32.
+
+  ``u``'s gradient is a ``column_sum`` over the tokens (as a three-operand
+  einsum, autodiff made it a product of transposed copies of ``r * k``,
+  8.7 ms of a 81 ms forward and backward of the chunk form at B=2,
+  T=4096, H=2, K=32 on CPU).
+  """
   f32 = jnp.float32
-  weight = jnp.einsum("...hk,hk,...hk->...h", scale * jnp.asarray(r, f32),
-                      jnp.asarray(u, f32), jnp.asarray(k, f32))
+  rk = scale * jnp.asarray(r, f32) * jnp.asarray(k, f32)        # [..., H, K]
+  lead, (h, dk) = rk.shape[:-2], rk.shape[-2:]
+  scaled = times_channels(rk.reshape(lead + (h * dk,)),
+                          jnp.asarray(u, f32).reshape(h * dk))
+  weight = jnp.sum(scaled.reshape(rk.shape), axis=-1)           # [..., H]
   return weight[..., None] * jnp.asarray(v, f32)
