@@ -274,20 +274,15 @@ def test_bfloat16_computation_float32_state(name):
   assert rel_rms(y, expected) < 5e-2
 
 
-class _KDAWithLongerCPUChunks(KDA):
-  cpu_chunk_size = 32
-
-
 @pytest.mark.parametrize("cls, module, op, expected", [
     (DeltaNet, "deltanet", "chunk_delta_rule", 16),
     (KDA, "deltanet", "chunk_delta_rule", 16),
-    (_KDAWithLongerCPUChunks, "deltanet", "chunk_delta_rule", 32),
     (RWKV6, "rwkv", "chunk_rwkv6", 16),
     (RWKV7, "rwkv", "chunk_rwkv7", 16),
 ])
 def test_default_chunk_size_on_cpu(monkeypatch, cls, module, op, expected):
-  # chunk_size=None resolves per mixer on CPU (Mixer.cpu_chunk_size); an
-  # explicit one is kept.
+  # chunk_size=None resolves to base.CPU_CHUNK_SIZE on CPU; an explicit
+  # one is kept.
   layer_module = importlib.import_module(f"lin_attn_jax.layers.{module}")
   real = getattr(layer_module, op)
   seen = []

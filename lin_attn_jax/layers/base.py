@@ -120,30 +120,27 @@ def checked_impl(impl: str) -> str:
 
 
 # The chunk length of the layers on CPU when a mixer's ``chunk_size`` is
-# None (``resolved_chunk_size``); mixers whose chunk form trains faster with
-# longer chunks there set their own ``Mixer.cpu_chunk_size``.
+# None (``resolved_chunk_size``).
 CPU_CHUNK_SIZE = 16
 
 
-def resolved_chunk_size(chunk_size: int | None,
-                        cpu_default: int = CPU_CHUNK_SIZE) -> int:
+def resolved_chunk_size(chunk_size: int | None) -> int:
   """A mixer's ``chunk_size``, ``None`` meaning the backend's default:
-  ``cpu_default`` on CPU, 64 on TPU/GPU (the kernels' tiles). On CPU at
+  ``CPU_CHUNK_SIZE`` on CPU, 64 on TPU/GPU (the kernels' tiles). On CPU at
   head width 32 the delta-rule, RWKV and GLA chunk forms train as fast
   with chunks of 16 as with 32 (within noise, both faster than 64), and
   their training steps compile in 10-35% fewer CPU seconds (fewer halving
-  levels, smaller triangular inverses). A mixer may set its own
-  (``Mixer.cpu_chunk_size``)."""
+  levels, smaller triangular inverses; KDA too, whose step compiled in
+  twice the time with chunks of 32)."""
   if chunk_size is not None:
     return chunk_size
-  return cpu_default if jax.default_backend() == "cpu" else 64
+  return CPU_CHUNK_SIZE if jax.default_backend() == "cpu" else 64
 
 
-def chunk_form(op: Callable, chunk_size: int | None, impl: str,
-               cpu_default: int = CPU_CHUNK_SIZE) -> Callable:
+def chunk_form(op: Callable, chunk_size: int | None, impl: str) -> Callable:
   """The chunk form ``op`` with a mixer's ``chunk_size`` and ``impl``."""
   return functools.partial(
-      op, chunk_size=resolved_chunk_size(chunk_size, cpu_default), impl=impl)
+      op, chunk_size=resolved_chunk_size(chunk_size), impl=impl)
 
 
 def check_mode(mode) -> None:
@@ -159,9 +156,6 @@ class Mixer(nnx.Module):
   # gates or SSM dynamics rather than weights: the optimizer's weight decay
   # leaves them alone (``train.optim.weight_decay_mask``).
   no_weight_decay: tuple[str, ...] = ()
-  # The chunk length on CPU when ``chunk_size`` is None
-  # (``resolved_chunk_size``).
-  cpu_chunk_size: int = CPU_CHUNK_SIZE
 
   def init_mixer_cache(self, batch_size: int, max_len: int, dtype):
     raise NotImplementedError

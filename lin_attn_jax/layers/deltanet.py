@@ -42,8 +42,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import (CPU_CHUNK_SIZE, Context, Mixer,
-                                      checked_impl, chunk_form, zero_state)
+from lin_attn_jax.layers.base import (Context, Mixer, checked_impl,
+                                      chunk_form, zero_state)
 from lin_attn_jax.ops import (chunk_delta_rule, delta_rule_step,
                               parallel_delta_rule, recurrent_delta_rule)
 
@@ -91,13 +91,12 @@ def mamba2_decay_params(rngs: nnx.Rngs, shape, *, dt_min=1e-3, dt_max=0.1,
 
 
 def run_delta_rule(ctx: Context, q, k, v, beta, g, state,
-                   chunk_size: int | None, impl: str = "auto",
-                   cpu_chunk_size: int = CPU_CHUNK_SIZE):
+                   chunk_size: int | None, impl: str = "auto"):
   """The delta-rule op of ``ctx``'s mode (or its step when decoding).
 
   ``q, k: [B, T, H, K]``, ``v: [B, T, H, V]``, ``beta: [B, T, H]``, ``g``
   None, ``[B, T, H]`` or ``[B, T, H, K]``; q and k are L2-normalised by the
-  op; ``chunk_size`` and ``cpu_chunk_size`` as in ``base.chunk_form``.
+  op; ``chunk_size`` as in ``base.chunk_form``.
   Returns ``(o [B, T, H, V], final state or None)``.
   """
   if ctx.decoding:
@@ -106,7 +105,7 @@ def run_delta_rule(ctx: Context, q, k, v, beta, g, state,
                                reset=ctx.restart, use_qk_l2norm=True)
     return o[:, None], state
   form = ctx.pick(
-      chunk=chunk_form(chunk_delta_rule, chunk_size, impl, cpu_chunk_size),
+      chunk=chunk_form(chunk_delta_rule, chunk_size, impl),
       parallel=parallel_delta_rule, recurrent=recurrent_delta_rule)
   return form(q, k, v, beta, g, initial_state=ctx.carried(state),
               output_final_state=state is not None,
@@ -252,8 +251,7 @@ class DeltaNet(Mixer):
     k = k.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
     v = v.reshape(b, t, self.n_v_heads, self.head_v)            # [B, T, HV, V]
     o, state = run_delta_rule(ctx, q, k, v, self.beta(x), self.log_decay(x),
-                              cache.get("state"), self.chunk_size, self.impl,
-                              self.cpu_chunk_size)
+                              cache.get("state"), self.chunk_size, self.impl)
     y = self.o_proj(self.gated_norm(o, x))
     if ctx.cache is None:
       return y, None
