@@ -20,6 +20,7 @@ from lin_attn_jax.layers import modules
 from lin_attn_jax.layers.base import Context, Mixer
 from lin_attn_jax.ops import (chunk_selective_scan, parallel_selective_scan,
                               recurrent_selective_scan, selective_scan_step)
+from lin_attn_jax.ops.mamba.inputs import CHUNK_SIZE
 
 
 def dt_bias_init(dt_min: float, dt_max: float, floor: float):
@@ -79,7 +80,7 @@ class Mamba(Mixer):
     conv_bias: the convolution has a bias (True).
     bias: the input and output projections have biases (False).
     chunk_size: tokens between saved states in the chunk form (speed and
-      memory only; 32, see ``ops.chunk_selective_scan``).
+      memory only; the op's default, see ``ops.chunk_selective_scan``).
 
   Cache: ``{"conv": [B, d_conv - 1, E], "ssm": [B, E, N]}``, float32.
   """
@@ -91,7 +92,8 @@ class Mamba(Mixer):
                dt_rank: int | str = "auto", dt_min: float = 1e-3,
                dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
                dt_scale: float = 1.0, conv_bias: bool = True,
-               bias: bool = False, chunk_size: int = 32, dtype=jnp.float32,
+               bias: bool = False, chunk_size: int = CHUNK_SIZE,
+               dtype=jnp.float32,
                param_dtype=jnp.float32):
     del n_heads
     width = inner_width(d_model, expand)

@@ -44,8 +44,9 @@ from lin_attn_jax.ops.common.chunking import pad_time
 from lin_attn_jax.ops.diagonal_ssm.inputs import initial
 from lin_attn_jax.ops.diagonal_ssm.scan import keep_flags
 from lin_attn_jax.ops.mamba import context_parallel as split
-from lin_attn_jax.ops.mamba.inputs import (finish, grouped, grouped_projection,
-                                           time_step, validate)
+from lin_attn_jax.ops.mamba.inputs import (CHUNK_SIZE, finish, grouped,
+                                           grouped_projection, time_step,
+                                           validate)
 
 _F32 = jnp.float32
 
@@ -158,7 +159,7 @@ _scan.defvjp(_scan_fwd, _scan_bwd)
 def chunk_selective_scan(u, delta, A, B, C, *, D=None, z=None,
                          delta_bias=None, delta_softplus=False,
                          initial_state=None, output_final_state=False,
-                         segment_ids=None, chunk_size=32):
+                         segment_ids=None, chunk_size=CHUNK_SIZE):
   """Mamba's selective scan (S6) in the ``[B, T, D]`` layout; training path.
 
   Args:

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from lin_attn_jax.ops.common import context_parallel as cp
 from lin_attn_jax.ops.common.segments import reset_flags
 from lin_attn_jax.ops.mamba import chunk
-from lin_attn_jax.ops.mamba.inputs import time_step, validate
+from lin_attn_jax.ops.mamba.inputs import CHUNK_SIZE, time_step, validate
 
 
 def _scale(decay, state):
@@ -30,7 +30,8 @@ def context_parallel_selective_scan(u, delta, A, B, C, *, D=None, z=None,
                                     delta_bias=None, delta_softplus=False,
                                     initial_state=None,
                                     output_final_state=False, segment_ids=None,
-                                    chunk_size=32, axis_name=cp.SEQUENCE_AXIS,
+                                    chunk_size=CHUNK_SIZE,
+                                    axis_name=cp.SEQUENCE_AXIS,
                                     mesh=None):
   """``chunk_selective_scan`` with T split over the devices of ``axis_name``.
 

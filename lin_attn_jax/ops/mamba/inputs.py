@@ -20,6 +20,10 @@ from lin_attn_jax.ops.diagonal_ssm.inputs import (check_same_shape,
 
 _F32 = jnp.float32
 
+# Tokens between saved states in the chunk forms (see
+# ``chunk.chunk_selective_scan``); the Mamba layer's default too.
+CHUNK_SIZE = 32
+
 
 @dataclasses.dataclass(frozen=True)
 class Dims:
