@@ -111,16 +111,18 @@ class Runner:
     self.compile_s = time.perf_counter() - start
     self.compile_cpu_s = time.process_time() - start_cpu
     self.times: list[float] = []
+    self.cpu_times: list[float] = []
     self.faults: list[int] = []
     self.loss = float("nan")
 
   def run(self) -> None:
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     self.params, self.opt_state, loss = self.step(self.params, self.opt_state,
                                                   self.tokens)
     jax.block_until_ready(loss)
     self.times.append(time.perf_counter() - start)
+    self.cpu_times.append(time.process_time() - start_cpu)
     self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                        - faults)
     self.loss = float(loss)
@@ -136,6 +138,7 @@ def _time_shape(names, batch, length):
   for name in names:
     runners[name].run()                  # the first run is not timed
     runners[name].times.clear()
+    runners[name].cpu_times.clear()
     runners[name].faults.clear()
   for _ in range(FLAGS.rounds):
     for name in names:
@@ -152,9 +155,9 @@ def main(argv):
     results[batch, length] = _time_shape(names, batch, length)
   recurrent = [n for n in names if n not in SOFTMAX_FAMILY]
   header = "| mixer |" + "".join(
-      f" B={b}, T={t}: step (ms) | / softmax_attn | compile (s) |"
-      " page faults / step |" for b, t in shapes)
-  lines = [header, "|---|" + "---|---|---|---|" * len(shapes)]
+      f" B={b}, T={t}: step (ms) | / softmax_attn | CPU (ms) |"
+      " compile (s) | page faults / step |" for b, t in shapes)
+  lines = [header, "|---|" + "---|---|---|---|---|" * len(shapes)]
   for name in names:
     row = f"| {name} |"
     for shape in shapes:
@@ -162,19 +165,24 @@ def main(argv):
       best = min(r[name].times)
       base = (f"{best / min(r['softmax_attn'].times):.2f}"
               if "softmax_attn" in r else "")
-      row += (f" {best * 1e3:.0f} | {base} | {r[name].compile_s:.1f} "
+      row += (f" {best * 1e3:.0f} | {base} | "
+              f"{min(r[name].cpu_times) * 1e3:.0f} | {r[name].compile_s:.1f} "
               f"({r[name].compile_cpu_s:.1f}) | "
               f"{statistics.median(r[name].faults):.0f} |")
     lines.append(row)
   for shape in shapes:
     r = results[shape]
     rec = {n: min(r[n].times) for n in recurrent}
+    cpu = {n: min(r[n].cpu_times) for n in recurrent}
     if rec:
       fastest = min(rec, key=rec.get)
       slowest = max(rec, key=rec.get)
+      slowest_cpu = max(cpu, key=lambda n: cpu[n] / cpu[fastest])
       lines.append(
           f"\nB={shape[0]}, T={shape[1]}: slowest recurrent mixer {slowest} "
-          f"is {rec[slowest] / rec[fastest]:.2f}x the fastest, {fastest}.")
+          f"is {rec[slowest] / rec[fastest]:.2f}x the fastest, {fastest}; "
+          f"in CPU time, {slowest_cpu} is "
+          f"{cpu[slowest_cpu] / cpu[fastest]:.2f}x {fastest}.")
   tunables = os.environ.get("GLIBC_TUNABLES", "")
   cmd = (f"GLIBC_TUNABLES={tunables} " if tunables else "") + (
       "python " + " ".join(sys.argv))
@@ -184,7 +192,9 @@ def main(argv):
           f"LM d_model={FLAGS.d_model}, {FLAGS.n_layers} layers, "
           f"{FLAGS.n_heads} heads, vocab {FLAGS.vocab_size}, AdamW; "
           f"minimum of {FLAGS.rounds} steps after compilation, mixers "
-          f"interleaved. Compile: wall seconds of lowering and compiling the "
+          f"interleaved. CPU: the process's CPU seconds (every thread, user "
+          f"and system) during a step, minimum over the timed steps; the "
+          f"step's wall time times the cores it kept busy. Compile: wall seconds of lowering and compiling the "
           f"step (CPU seconds of the process in brackets). Page faults: "
           f"the process's minor faults during a step, median over the "
           f"timed steps. glibc malloc "
