@@ -6,7 +6,9 @@ jitted with the parameters and optimizer state donated. For each shape,
 every mixer's step is compiled first (the compile time is that of
 ``jit(step).lower(...).compile()``), then the mixers are timed in rounds,
 one step each per round, so that all of them see the same load; a mixer's
-time is its minimum over the rounds.
+time is its minimum over the rounds, beside the minimum of the process's
+CPU time per step (all threads: a step that keeps one of two cores idle,
+such as a sequential scan's, shows it here).
 
   python experiments/bench_train_step.py --out=benchmarks/RESULTS_train_step.md
   python experiments/bench_train_step.py --mixers=gla,h3 --shapes=2x4096
@@ -177,7 +179,7 @@ def main(argv):
     if rec:
       fastest = min(rec, key=rec.get)
       slowest = max(rec, key=rec.get)
-      slowest_cpu = max(cpu, key=lambda n: cpu[n] / cpu[fastest])
+      slowest_cpu = max(cpu, key=cpu.get)
       lines.append(
           f"\nB={shape[0]}, T={shape[1]}: slowest recurrent mixer {slowest} "
           f"is {rec[slowest] / rec[fastest]:.2f}x the fastest, {fastest}; "
@@ -194,8 +196,9 @@ def main(argv):
           f"minimum of {FLAGS.rounds} steps after compilation, mixers "
           f"interleaved. CPU: the process's CPU seconds (every thread, user "
           f"and system) during a step, minimum over the timed steps; the "
-          f"step's wall time times the cores it kept busy. Compile: wall seconds of lowering and compiling the "
-          f"step (CPU seconds of the process in brackets). Page faults: "
+          f"step's wall time times the cores it kept busy. Compile: wall "
+          f"seconds of lowering and compiling the step (CPU seconds of the "
+          f"process in brackets). Page faults: "
           f"the process's minor faults during a step, median over the "
           f"timed steps. glibc malloc "
           f"tunables: {tunables or 'none'} (see the notes below the "
