@@ -35,6 +35,7 @@ from lin_attn_jax.ops import (chunk_rwkv6, chunk_rwkv7, parallel_rwkv6,
 from lin_attn_jax.ops.common.products import project
 from lin_attn_jax.ops.common.reductions import plus_channels, times_channels
 from lin_attn_jax.ops.delta_rule import l2_normalize
+from lin_attn_jax.ops.rwkv6.inputs import bonus as current_token_term
 
 _F32 = jnp.float32
 # RWKV-7's log-decay ``-exp(-softplus(-w) - 0.5)`` lies above this bound.
@@ -485,13 +486,11 @@ class RWKV7(Mixer):
         ctx, (chunk, parallel_rwkv7, recurrent_rwkv7), rwkv7_step,
         [(r, True), (w, True), (k, True), (v, True), (-kappa, True),
          (kappa * a, True)], cache.get("state"), self.chunk_size)
-    rk = times_channels((r.astype(_F32) * k.astype(_F32)).reshape(b, t, d),
-                        self.bonus[...].astype(_F32).reshape(d))
-    bonus = (jnp.sum(rk.reshape(b, t, h, n), axis=-1, keepdims=True)
-             * v.astype(_F32))                                  # [B, T, H, V]
+    # RWKV-6's current-token term, outside the op: (r . (u * k)) v.
+    now = current_token_term(r, k, v, self.bonus[...], 1.0)    # [B, T, H, V]
     o = (plus_channels(self.norm(o).astype(_F32),
                        self.norm_bias[...].astype(_F32))
-         + bonus.reshape(b, t, d))                              # [B, T, D]
+         + now.reshape(b, t, d))                                # [B, T, D]
     y = self.o_proj((o * gate.astype(_F32)).astype(x.dtype))
     new_cache = None if ctx.cache is None else {"shift": last, "state": state}
     return y, new_cache, carry

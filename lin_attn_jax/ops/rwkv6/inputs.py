@@ -40,7 +40,9 @@ def validate_step(r, k, v, w, u, state, reset):
 
 
 def bonus(r, k, v, u, scale):
-  """The current token's term ``scale * (r_t . (u * k_t)) v_t``, float32.
+  """The current token's term ``scale * (r_t . (u * k_t)) v_t``, float32:
+  RWKV-6's bonus in its chunk and parallel forms, and RWKV-7's, which its
+  layer adds outside the op (``scale`` 1).
 
   ``u``'s gradient is a ``column_sum`` over the tokens (as a three-operand
   einsum, autodiff made it a product of transposed copies of ``r * k``,
