@@ -204,7 +204,7 @@ def _gpu_resources(dump_dir: str, arch: str):
     if not entry or entry.group(1) not in kernels:
       continue
     res = kernels[entry.group(1)]
-    res.matmuls = len(re.findall(r"^\s*w?mma[.\s]", text, re.M))
+    res.matmuls = len(re.findall(r"^\s*w?g?mma[.\s]", text, re.M))
     out = subprocess.run(
         [ptxas(), "-v", "-O3", f"-arch={arch}", path, "-o", os.devnull],
         capture_output=True, text=True, check=True).stderr

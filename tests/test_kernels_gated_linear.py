@@ -28,8 +28,9 @@ ACCELERATOR = {"tpu": "tpu", "gpu": "gpu"}.get(jax.default_backend())
 # Small tiles so that short test sequences still span several grid steps,
 # sub-chunks per checkpoint and value blocks (GPU).
 SMALL_BLOCKS = (BlockSizes("tpu", sub_chunk=16, chunk=32),
-                BlockSizes("gpu", sub_chunk=16, chunk=32, block_v=16,
-                           num_warps=4, num_stages=1))
+                BlockSizes("gpu", chunk=16, block_k=16, block_v=16,
+                           backward_block_k=16, backward_block_v=16,
+                           output_block_v=16, num_warps=4, num_stages=1))
 # One sub-chunk per TPU grid step: a smaller program, for the other checks.
 TPU_STEP_BLOCKS = (BlockSizes("tpu", sub_chunk=16, chunk=16),
                    SMALL_BLOCKS[1])
@@ -176,18 +177,22 @@ class _KernelChecks:
   @pytest.mark.parametrize("backend, gate", [("tpu", "scalar"),
                                              ("gpu", "channel")])
   def test_several_key_and_value_blocks(self, backend, gate):
-    """Programs own blocks of key and value columns in every pass; their
-    parts of the sums over key and value channels (outputs, ``dq``, ``dk``,
-    ``dv``, the log-decays' gradient) are added in XLA. TPU: K = V = 130
-    pad to 256 lanes, blocks of 128; GPU: K = 32, V = 24 (pads to 32),
-    blocks of 16."""
+    """Programs own blocks of key and value columns; their parts of the
+    sums over key and value channels are added in XLA (TPU), or walked in
+    a loop (GPU: the chunk kernels' key blocks and the outputs' and dv's
+    value blocks). TPU: K = V = 130 pad to 256 lanes, blocks of 128; GPU:
+    K = 32, V = 24 (pads to 32), blocks of 16."""
     dims = {"tpu": (130, 130), "gpu": (32, 24)}[backend]
     inputs = make_inputs(gate=gate, dk=dims[0], dv=dims[1], b=1, t=40)
     width = 128 if backend == "tpu" else 16
-    gpu = {"num_warps": 4, "num_stages": 1} if backend == "gpu" else {}
-    blocks = (BlockSizes(backend, sub_chunk=16, chunk=32, block_k=width,
-                         block_v=width, backward_block_k=width,
-                         backward_block_v=width, **gpu),)
+    if backend == "gpu":
+      settings = {"chunk": 16, "num_warps": 4, "num_stages": 1,
+                  "output_block_v": 16, "chunk_block_k": 16}
+    else:
+      settings = {"sub_chunk": 16, "chunk": 32}
+    blocks = (BlockSizes(backend, block_k=width, block_v=width,
+                         backward_block_k=width, backward_block_v=width,
+                         **settings),)
     errors = kernel_errors(self.backend(backend), inputs,
                            interpret=self.interpret, blocks=blocks)
     assert_close_errors(errors, 1e-5, label=f"{backend} blocks")
@@ -237,9 +242,15 @@ def test_exports_kernels(platform, gate, dtype):
     return chunk_gated_linear_attention(
         **{**inputs, **dict(zip(names, args))}, output_final_state=True)
 
+  if platform == "tpu":
+    kernels = (["gated_linear_forward"],
+               ["gated_linear_dq", "gated_linear_dkv"])
+  else:
+    kernels = (["gated_linear_states", "gated_linear_outputs"],
+               ["gated_linear_states", "gated_linear_state_grads",
+                "gated_linear_dv", "gated_linear_dqk"])
   check_exports(forward, [inputs[name] for name in names], platform,
-                ["gated_linear_forward"],
-                ["gated_linear_dq", "gated_linear_dkv"])
+                *kernels)
 
 
 def check_exports(forward, args, platform, forward_kernels,
@@ -288,11 +299,12 @@ def test_rejects_bad_shapes():
      "multiple of 128"),
     ({"backend": "tpu", "sub_chunk": 16, "chunk": 32, "num_warps": 4},
      "GPU settings"),
-    ({"backend": "gpu", "sub_chunk": 24, "chunk": 24}, "power of two"),
-    ({"backend": "gpu", "sub_chunk": 16, "chunk": 16, "block_v": 8},
-     "power of two"),
-    ({"backend": "gpu", "sub_chunk": 16, "chunk": 16, "num_warps": 3},
-     "num_warps"),
+    ({"backend": "tpu", "chunk_block_k": 32}, "GPU setting"),
+    ({"backend": "gpu", "chunk": 24}, "power of two"),
+    ({"backend": "gpu", "sub_chunk": 16}, "TPU setting"),
+    ({"backend": "gpu", "chunk": 16, "block_v": 8}, "power of two"),
+    ({"backend": "gpu", "chunk": 16, "output_block_v": 48}, "power of two"),
+    ({"backend": "gpu", "chunk": 16, "num_warps": 3}, "num_warps"),
     ({"backend": "mps", "sub_chunk": 16, "chunk": 16}, "backend"),
 ])
 def test_block_sizes_validate(kwargs, message):
@@ -301,16 +313,19 @@ def test_block_sizes_validate(kwargs, message):
 
 
 def test_block_size_defaults_are_valid():
-  for backend in ("tpu", "gpu"):
-    for per_channel in (False, True):
-      blocks = BlockSizes.default(backend, per_channel=per_channel)
-      assert blocks.backend == backend
-      wide = backend == "tpu" and not per_channel
-      assert blocks.sub_chunk == (64 if wide else 16)
-      # An op's chunk size, rounded up to whole 16-token tiles.
-      blocks = BlockSizes.default(backend, per_channel=per_channel,
-                                  chunk_size=40)
-      assert blocks.chunk == 48 and blocks.sub_chunk == 16
+  for per_channel in (False, True):
+    blocks = BlockSizes.default("tpu", per_channel=per_channel)
+    assert blocks.sub_chunk == (16 if per_channel else 64)
+    # An op's chunk size, rounded up to whole 16-token tiles.
+    blocks = BlockSizes.default("tpu", per_channel=per_channel,
+                                chunk_size=40)
+    assert blocks.chunk == 48 and blocks.sub_chunk == 16
+    # GPU: 64-token chunks, or the op's chunk size rounded up to a power of
+    # two when that is smaller.
+    assert BlockSizes.default("gpu", per_channel=per_channel).chunk == 64
+    for size, chunk in ((20, 32), (40, 64), (256, 64)):
+      assert BlockSizes.default("gpu", per_channel=per_channel,
+                                chunk_size=size).chunk == chunk
 
 
 def test_default_blocks_fit_widths_that_are_not_powers_of_two():

@@ -1,8 +1,14 @@
 """Tile sizes of the chunked gated-linear-attention kernels.
 
 They change speed and memory use, never results beyond float rounding: every
-sub-chunk is computed exactly, whatever its size, and a program that owns a
-block of key or value columns computes its part of every sum over them.
+chunk (and on TPU every sub-chunk) is computed exactly, whatever its size,
+and a program that owns a block of key or value columns computes its part
+of every sum over them.
+
+The two backends run different designs (``../README.md``): on TPU a
+sequential sweep over sub-chunks per (batch, head, key block, value block);
+on GPU the chunk-parallel kernels of ``gpu.py``, whose only sequential pass
+is the state sweep over chunks.
 """
 
 from __future__ import annotations
@@ -15,54 +21,89 @@ BACKENDS = common.BACKENDS
 
 # Feature columns per program when a BlockSizes field is None, per backend,
 # pass and gate kind ("channel": a decay per key channel; "other"):
-# (block_k, block_v). GPU programs keep their float32 state block (and in
-# the reverse sweep its gradient and the entering state) in registers, with
-# a sub-chunk's [16, block] tiles beside it; these are the largest blocks
-# that ptxas fits in 255 registers per thread at 4 warps without spilling,
-# in float32 and bfloat16 (make compile-check). TPU programs keep them in
-# VMEM.
+# (block_k, block_v). TPU programs keep their state blocks in VMEM. GPU:
+# the state tile of the sweeps (64 x 64: one [C, 64]^T [C, 64] wgmma-sized
+# matmul per chunk, and K V / 4096 programs per head to walk the chunks).
 DEFAULT_FEATURES = {
     ("tpu", "forward", "channel"): (256, 256),
     ("tpu", "backward", "channel"): (256, 256),
     ("tpu", "forward", "other"): (256, 256),
     ("tpu", "backward", "other"): (256, 256),
-    ("gpu", "forward", "channel"): (32, 32),
-    ("gpu", "backward", "channel"): (32, 16),
-    ("gpu", "forward", "other"): (64, 32),
-    ("gpu", "backward", "other"): (32, 16),
+    ("gpu", "forward", "channel"): (64, 64),
+    ("gpu", "backward", "channel"): (64, 64),
+    ("gpu", "forward", "other"): (64, 64),
+    ("gpu", "backward", "other"): (64, 64),
 }
+# GPU: value columns per program of the outputs kernel (None: this).
+DEFAULT_OUTPUT_BLOCK_V = 128
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
   """Tile sizes for one backend; raises ``ValueError`` when inconsistent."""
   backend: str                  # "tpu" (Mosaic) or "gpu" (Triton)
-  sub_chunk: int                # c: tokens per state update and per exact
-                                # [c, c] block of intra-chunk scores
-  chunk: int                    # a multiple of sub_chunk: tokens per grid
-                                # step on TPU, and on both backends between
-                                # the state checkpoints of the backward pass
+  sub_chunk: int | None = None  # TPU only: c, tokens per state update and
+                                # per exact [c, c] block of intra-chunk
+                                # scores (None: 16)
+  chunk: int = 64               # TPU: a multiple of sub_chunk, tokens per
+                                # grid step and between the state
+                                # checkpoints of the backward pass. GPU: C,
+                                # tokens per chunk (a power of two >= 16)
   block_k: int | None = None    # key columns per forward program (None:
-                                # DEFAULT_FEATURES); more than one block
-                                # returns the outputs as parts to add
+                                # DEFAULT_FEATURES); TPU: more than one
+                                # block returns the outputs as parts to add.
+                                # GPU: the forward state sweep's tile
   block_v: int | None = None    # value columns per forward program
   backward_block_k: int | None = None  # key columns per backward program
+                                # (GPU: the backward state sweep's tile)
   backward_block_v: int | None = None  # value columns per backward program
+  output_block_v: int | None = None  # GPU only: value columns per program
+                                # of the outputs kernel (None: 128)
+  chunk_block_k: int | None = None  # GPU only: key columns per step of the
+                                # chunk-parallel kernels' loops over K
+                                # (None: 64, or 32 with a decay per key
+                                # channel, whose [C, K] terms are many)
   num_warps: int | None = None  # GPU only: warps per program
   num_stages: int | None = None  # GPU only: software pipelining stages
   per_channel: bool = False     # the defaults of a decay per key channel
 
   def __post_init__(self):
     common.check_backend(self.backend)
-    common.check_rows("sub_chunk", self.sub_chunk, self.backend)
-    common.check_positive("chunk", self.chunk)
-    if self.chunk % self.sub_chunk:
-      raise ValueError(f"sub_chunk ({self.sub_chunk}) must divide chunk "
-                       f"({self.chunk})")
+    if self.backend == "tpu":
+      common.check_rows("sub_chunk", 16 if self.sub_chunk is None
+                        else self.sub_chunk, self.backend)
+      common.check_positive("chunk", self.chunk)
+      if self.chunk % self.sub_chunk_rows:
+        raise ValueError(f"sub_chunk ({self.sub_chunk_rows}) must divide "
+                         f"chunk ({self.chunk})")
+      for name in ("output_block_v", "chunk_block_k"):
+        if getattr(self, name) is not None:
+          raise ValueError(f"{name} is a GPU setting; leave it None on TPU")
+    else:
+      if self.sub_chunk is not None:
+        raise ValueError("sub_chunk is a TPU setting (the GPU kernels split "
+                         "a chunk's pairs by halving); leave it None on GPU")
+      common.check_rows("chunk", self.chunk, self.backend)
+      common.check_width("output_block_v", self.output_block_v, self.backend)
+      common.check_width("chunk_block_k", self.chunk_block_k, self.backend)
     for name in ("block_k", "block_v", "backward_block_k",
                  "backward_block_v"):
       common.check_width(name, getattr(self, name), self.backend)
     common.check_gpu_settings(self.backend, self.num_warps, self.num_stages)
+
+  @property
+  def sub_chunk_rows(self) -> int:
+    """TPU: tokens per sub-chunk, the default filled in."""
+    return 16 if self.sub_chunk is None else self.sub_chunk
+
+  def chunk_block_k_or_default(self) -> int:
+    if self.chunk_block_k is not None:
+      return self.chunk_block_k
+    return 32 if self.per_channel else 64
+
+  def output_block_v_or_default(self) -> int:
+    return (DEFAULT_OUTPUT_BLOCK_V if self.output_block_v is None
+            else self.output_block_v)
 
   def features(self, direction: str) -> tuple[int, int]:
     """``(block_k, block_v)`` requested for ``direction`` ("forward" or
@@ -78,24 +119,29 @@ class BlockSizes:
               chunk_size: int | None = None) -> BlockSizes:
     """Defaults per backend and gate kind.
 
-    A decay per key channel needs a ``[c, K]`` exponential per key row of a
-    sub-chunk, so its sub-chunks are short (16); a scalar decay (or none)
-    builds the ``[c, c]`` scores with one matmul and uses 64 on TPU where
-    the chunk allows. GPU sub-chunks are 16 tokens (registers). ``chunk_size`` (an op's chunk length) sets the chunk, rounded
-    up to whole 16-token tiles; else 128 (per channel) or 256 on TPU and 64
-    on GPU.
+    TPU: a decay per key channel needs a ``[c, K]`` exponential per key row
+    of a sub-chunk, so its sub-chunks are short (16); a scalar decay (or
+    none) builds the ``[c, c]`` scores with one matmul and uses 64 where the
+    chunk allows. ``chunk_size`` (an op's chunk length) sets the chunk,
+    rounded up to whole 16-token tiles; else 128 (per channel) or 256.
+
+    GPU: chunks of 64 tokens, or of ``chunk_size`` rounded up to a power of
+    two when that is smaller (the ``[C, C]`` scores and ``[C, K]`` tiles of
+    the chunk-parallel kernels live in registers; 64 rows is what a
+    Hopper ``wgmma`` takes), 4 warps and 2 pipelining stages.
     """
     common.check_backend(backend)
-    if chunk_size is None:
-      chunk = (128 if per_channel else 256) if backend == "tpu" else 64
-    else:
+    if chunk_size is not None:
       common.check_positive("chunk_size", chunk_size)
-      chunk = -(-chunk_size // 16) * 16
     if backend == "tpu":
+      if chunk_size is None:
+        chunk = 128 if per_channel else 256
+      else:
+        chunk = -(-chunk_size // 16) * 16
       sub_chunk = 16 if per_channel or chunk % 64 else 64
       return cls("tpu", sub_chunk=sub_chunk, chunk=chunk,
                  per_channel=per_channel)
-    # Registers: [16, .] sub-chunks and one pipelining stage (a second would
-    # hold the next sub-chunk's loads beside the current one).
-    return cls("gpu", sub_chunk=16, chunk=chunk, num_warps=4, num_stages=1,
+    chunk = 64 if chunk_size is None else min(
+        64, max(16, 1 << (chunk_size - 1).bit_length()))
+    return cls("gpu", chunk=chunk, num_warps=4, num_stages=2,
                per_channel=per_channel)

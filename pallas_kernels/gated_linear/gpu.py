@@ -1,150 +1,543 @@
-"""Triton (GPU) kernels of the chunked gated-linear recurrence.
+"""Chunk-parallel Triton (GPU) kernels of the gated-linear recurrence.
 
-Triton programs run independently and have no scratch memory, so each
-program owns one (batch, head, key block, value block) for the whole
-sequence (grid ``(B, H, KB * VB)``, ``grid.py``): it walks the sub-chunks in
-a ``fori_loop`` with its ``[block_v, block_k]`` float32 state in registers
-as the loop carry. Blocks are small enough that the state, its gradient and
-a sub-chunk's values fit in registers without spilling (``BlockSizes``
-defaults; ``make compile-check`` checks them). Tiles have power-of-two sizes
-(``K``, ``V`` padded to a power of two >= 16, sub-chunks of 16 rows or more
-for ``tl.dot``).
+The work is split as flash-linear-attention splits its chunk kernels
+(``chunk_fwd_h`` / ``chunk_fwd_o`` / ``chunk_bwd_dh`` / ``chunk_bwd_dqkwg``);
+the math of one chunk is ``chunk_math.py``:
 
-- ``forward``: outputs (parts over key blocks) and the final state.
-- ``dq``: the forward sweep of the backward pass (recomputes the states and,
-  with a decay, writes the state entering each chunk as a checkpoint).
-- ``dkv``: the reverse sweep, one sub-chunk per loop step. With a decay it
-  recomputes the state entering each sub-chunk from its chunk's checkpoint,
-  for the log-decays' gradient: ``s`` state updates (an inner loop) for
-  sub-chunk ``s`` of a chunk, since registers hold one state at a time.
+- ``sweep`` (grid ``(B, H, KB * VB)``): the only sequential pass. A program
+  owns a ``[block_k, block_v]`` tile of the float32 state and walks the
+  chunks, one ``[C, block_k]^T [C, block_v]`` matmul each. Forward: it
+  writes the state entering every chunk (``h``), and the final state.
+  Backward: the same loop from the last chunk with ``q`` and ``do`` in place
+  of ``k`` and ``v`` writes the gradient of the state leaving every chunk
+  (``dh``), and the initial state's gradient.
+- ``outputs`` (grid ``(B, H, N * VB)``): every chunk at once, ``o =
+  scale [(read exp(P) q) h_n + scores v]``; the ``[C, C]`` scores once per
+  chunk and value block (one block for ``V <= block_v_out``).
+- ``grads`` (grid ``(B, H, N)``): every chunk at once, ``dq``, ``dk``,
+  ``dv`` and the per-token terms of the log-decays' gradient, from ``h_n``,
+  ``dh_n`` and the chunk's inputs.
+
+The backward pass stores nothing from the forward pass but its inputs: it
+reruns the forward sweep for ``h`` (one ``2 T K V`` pass per head, where
+keeping ``h`` would hold ``B H T / C K V`` values per layer until the
+backward pass) and recomputes the scores.
+
+Arrays keep the public layout ``[B, T, H, F]`` (blocks of one chunk and
+one head are strided loads; no transposes): T is zero-padded to whole
+chunks only when it is not a multiple of ``C``, K and V to a power of two
+>= 16. ``h`` and ``dh`` are ``[B, H, N, K, V]``, in bfloat16 for bfloat16
+inputs (their consumers multiply bfloat16 operands) and float32 otherwise.
+
+Log-decays enter as their chunk-local double-float prefix sums ``P = hi +
+lo`` (``common/cumsum.py``): ``[B, T, H]`` for a scalar decay per head,
+``[B, T, H, K]`` per key channel. Segment ids enter as the document index
+of every token and of the token before its chunk (``[B, T]`` float32).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common import compiler
-from pallas_kernels.gated_linear import grid as grids
-from pallas_kernels.gated_linear import sub_chunk
+from pallas_kernels.common.cumsum import chunk_cumsum
+from pallas_kernels.common.layout import pad_to, power_of_two_at_least_16
+from pallas_kernels.gated_linear import chunk_math as cm
 from pallas_kernels.gated_linear.block_sizes import BlockSizes
-from pallas_kernels.gated_linear.layout import Layout
 
 _F32 = jnp.float32
 
 
-def _call(kernel, grid, arrays, outputs, blocks: BlockSizes, *, name, cost,
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Sizes of one call, and its tiles."""
+  batch: int
+  length: int      # T
+  heads: int
+  dim_k: int
+  dim_v: int
+  t_pad: int       # T rounded up to whole chunks
+  k_pad: int       # K padded to a power of two >= 16
+  v_pad: int
+  chunk: int       # C
+  sweep_k: int     # state tile of a sweep program
+  sweep_v: int
+  out_v: int       # value columns per outputs program
+  inner_k: int     # key columns per step of the chunk-parallel kernels
+
+  @property
+  def chunks(self) -> int:
+    return self.t_pad // self.chunk
+
+
+def make_layout(b, t, h, dk, dv, blocks: BlockSizes,
+                direction: str = "forward") -> Layout:
+  """The layout of a call; ``direction`` ("forward" or "backward") picks
+  the sweeps' state tiles."""
+  chunk = blocks.chunk
+  k_pad, v_pad = power_of_two_at_least_16(dk), power_of_two_at_least_16(dv)
+  bk, bv = blocks.features(direction)
+  return Layout(b, t, h, dk, dv, -(-t // chunk) * chunk, k_pad, v_pad, chunk,
+                min(bk, k_pad), min(bv, v_pad),
+                min(blocks.output_block_v_or_default(), v_pad),
+                min(blocks.chunk_block_k_or_default(), k_pad))
+
+
+def _tokens(x, lay: Layout, width: int | None, dtype=None):
+  """``[B, T, H(, F)]`` padded to ``[B, T_pad, H(, width)]``."""
+  if x.ndim == 3:
+    return pad_to(x, (lay.batch, lay.t_pad, lay.heads), dtype)
+  return pad_to(x, (lay.batch, lay.t_pad, lay.heads, width), dtype)
+
+
+def pad_state(state, lay: Layout):
+  """``[B, H, K, V]`` -> ``[B, H, K_pad, V_pad]`` float32."""
+  return pad_to(state, (lay.batch, lay.heads, lay.k_pad, lay.v_pad), _F32)
+
+
+def prepare(q, k, v, g, doc, lay: Layout, spec: cm.Spec, do=None):
+  """The kernels' inputs, by name: padded ``q``, ``k``, ``v`` (and ``do``)
+  in the matmul dtype; ``p_hi``, ``p_lo`` (the gates' prefix sums) and
+  ``doc``, ``doc_enter`` when present."""
+  dtype = jnp.bfloat16 if spec.mode == "bf16" else _F32
+  arrays = {"q": _tokens(q, lay, lay.k_pad, dtype),
+            "k": _tokens(k, lay, lay.k_pad, dtype),
+            "v": _tokens(v, lay, lay.v_pad, dtype)}
+  if do is not None:
+    arrays["do"] = _tokens(do, lay, lay.v_pad, dtype)
+  if g is not None:
+    g = g[..., 0] if spec.gate == "scalar" else g
+    arrays["p_hi"], arrays["p_lo"] = chunk_cumsum(
+        _tokens(g, lay, lay.k_pad, _F32), lay.chunk)
+  if doc is not None:
+    doc = jnp.pad(jnp.asarray(doc, _F32), ((0, 0), (0, lay.t_pad - lay.length)),
+                  mode="edge")                                  # [B, T_pad]
+    before = jnp.pad(doc, ((0, 0), (1, 0)))[:, :-1]
+    enter = before.reshape(lay.batch, lay.chunks, lay.chunk)[:, :, :1]
+    arrays["doc"] = doc
+    arrays["doc_enter"] = jnp.broadcast_to(
+        enter, (lay.batch, lay.chunks, lay.chunk)).reshape(doc.shape)
+  return arrays
+
+
+def _gate(r, index):
+  """The gate's prefix sums at ``index`` (rows, or ``(rows, cols)`` per
+  key channel)."""
+  if "p_hi" not in r:
+    return None
+  if r["p_hi"].ndim == 1 and isinstance(index, tuple):
+    index = index[0]                                  # a scalar decay
+  if r["p_hi"].ndim == 2 and not isinstance(index, tuple):
+    index = (index, slice(None))
+  return cm.Gate(r["p_hi"][index], r["p_lo"][index])
+
+
+def _docs(r, spec, rows):
+  if not spec.segments:
+    return cm.docs(spec)
+  return cm.docs(spec, r["doc"][rows], r["doc_enter"][rows])
+
+
+def _call(kernel, grid, inputs, outputs, blocks: BlockSizes, *, name, cost,
           interpret):
-  params = compiler.gpu_params(blocks.num_warps, blocks.num_stages)
-  return grids.call(kernel, grid, arrays, outputs, name=name, cost=cost,
-                    interpret=interpret, compiler_params=lambda _: params)
+  """``pl.pallas_call`` of ``kernel(refs by name)``: ``inputs`` and
+  ``outputs`` are ``{name: (array or ShapeDtypeStruct, BlockSpec)}``."""
+  names = list(inputs) + list(outputs)
+  outs = pl.pallas_call(
+      lambda *refs: kernel(dict(zip(names, refs))),
+      out_shape=[shape for shape, _ in outputs.values()], grid=grid,
+      in_specs=[spec for _, spec in inputs.values()],
+      out_specs=[spec for _, spec in outputs.values()],
+      compiler_params=compiler.gpu_params(blocks.num_warps,
+                                          blocks.num_stages),
+      cost_estimate=cost, interpret=interpret, name=name)(
+          *[x for x, _ in inputs.values()])
+  return dict(zip(outputs, outs))
 
 
-def _initial(r, name, tiles):
-  return (r[name][...] if name in r
-          else jnp.zeros((tiles.block_v, tiles.block_k), _F32))
+# Block specs. Sweep programs (b, h, p) own key block p // VB and value
+# block p % VB over all T; chunk programs (b, h, p) one chunk.
+
+def _sweep_specs(lay: Layout):
+  vb = lay.v_pad // lay.sweep_v
+  t, bk, bv = lay.t_pad, lay.sweep_k, lay.sweep_v
+
+  def kb_(p):
+    return p // vb
+
+  def vb_(p):
+    return p % vb
+
+  return {
+      "k": pl.BlockSpec((None, t, None, bk), lambda b, h, p: (b, 0, h, kb_(p))),
+      "v": pl.BlockSpec((None, t, None, bv), lambda b, h, p: (b, 0, h, vb_(p))),
+      "gate_scalar": pl.BlockSpec((None, t, None), lambda b, h, p: (b, 0, h)),
+      "gate_channel": pl.BlockSpec((None, t, None, bk),
+                                   lambda b, h, p: (b, 0, h, kb_(p))),
+      "doc": pl.BlockSpec((None, t), lambda b, h, p: (b, 0)),
+      "state": pl.BlockSpec((None, None, bk, bv),
+                            lambda b, h, p: (b, h, kb_(p), vb_(p))),
+      "states": pl.BlockSpec((None, None, lay.chunks, bk, bv),
+                             lambda b, h, p: (b, h, 0, kb_(p), vb_(p))),
+  }
 
 
-def _forward_kernel(r, *, spec, n_sub, tiles):
-  c = spec.sub_chunk
+def _sweep_kernel(r, *, spec: cm.Spec, n_chunks: int, reverse: bool,
+                  shape):
+  c = spec.chunk
+  x_name, y_name = ("q", "do") if reverse else ("k", "v")
 
-  def body(i, state):
-    start = pl.multiple_of(i * c, c)
-    o, state = sub_chunk.forward_step(r, spec, start, i, state)
-    r["o"][pl.ds(start, c), :] = o.astype(r["o"].dtype)
-    return state
+  def body(i, s):
+    n = n_chunks - 1 - i if reverse else i
+    r["states"][n] = s.astype(r["states"].dtype)
+    rows = pl.ds(pl.multiple_of(n * c, c), c)
+    p, d = _gate(r, rows), _docs(r, spec, rows)
+    if reverse:
+      w = cm.read_weights(spec, p, d) * spec.scale
+    else:
+      w = cm.write_weights(spec, p, d)
+    x = cm.operand(r[x_name][rows, :].astype(_F32) * w, spec)  # [C, BK]
+    decay = cm.carry_decay(spec, p, d)                          # [] or [BK]
+    if decay.ndim:
+      decay = decay[:, None]
+    return s * decay + cm.dot(x, r[y_name][rows, :], cm.TN, spec)
 
-  state = lax.fori_loop(0, n_sub, body, _initial(r, "initial_state", tiles))
-  if "final_state" in r:
-    r["final_state"][...] = state
-
-
-def forward(arrays, spec, lay: Layout, blocks: BlockSizes, *, out_dtype,
-            final_state: bool, cost, interpret: bool = False):
-  """As ``tpu.forward``."""
-  grid = grids.Grid("gpu", lay.forward, lay)
-  outputs = grids.forward_outputs(spec, grid, out_dtype=out_dtype,
-                                  final_state=final_state)
-  kernel = functools.partial(_forward_kernel, spec=spec,
-                             n_sub=lay.t_pad // lay.sub_chunk,
-                             tiles=lay.forward)
-  return _call(kernel, grid, arrays, outputs, blocks,
-               name="gated_linear_forward", cost=cost, interpret=interpret)
-
-
-def _dq_kernel(r, *, spec, n_sub, subs, tiles):
-  c = spec.sub_chunk
-
-  def body(i, state):
-    if "checkpoints" in r:
-      @pl.when(lax.rem(i, subs) == 0)
-      def _():
-        r["checkpoints"][lax.div(i, subs)] = state              # [V, K]
-
-    start = pl.multiple_of(i * c, c)
-    dq, gate_q, state = sub_chunk.dq_step(r, spec, start, i, state)
-    r["dq"][pl.ds(start, c), :] = dq
-    if "gate_q" in r:
-      r["gate_q"][pl.ds(start, c), :] = gate_q
-    return state
-
-  lax.fori_loop(0, n_sub, body, _initial(r, "initial_state", tiles))
+  s = (r["state_in"][...] if "state_in" in r else jnp.zeros(shape, _F32))
+  s = lax.fori_loop(0, n_chunks, body, s)
+  if "state_out" in r:
+    r["state_out"][...] = s
 
 
-def dq(arrays, spec, lay: Layout, blocks: BlockSizes, *, cost,
-       interpret: bool = False):
-  """As ``tpu.dq``."""
-  grid = grids.Grid("gpu", lay.backward, lay)
-  kernel = functools.partial(_dq_kernel, spec=spec,
-                             n_sub=lay.t_pad // lay.sub_chunk,
-                             subs=lay.chunk // lay.sub_chunk,
-                             tiles=lay.backward)
-  return _call(kernel, grid, arrays, grids.dq_outputs(spec, grid), blocks,
-               name="gated_linear_dq", cost=cost, interpret=interpret)
+def sweep(arrays, spec: cm.Spec, lay: Layout, blocks: BlockSizes, *,
+          reverse: bool, state_in=None, state_out: bool, states_dtype, cost,
+          interpret: bool):
+  """Forward (``reverse=False``): ``{"states": h [B, H, N, K, V], "state_out":
+  final state}``; backward: ``{"states": dh, "state_out": d_initial}``
+  (``state_out`` only when asked for). ``state_in``: the initial state, or
+  the final state's gradient, ``[B, H, K_pad, V_pad]`` float32."""
+  specs = _sweep_specs(lay)
+  x_name, y_name = ("q", "do") if reverse else ("k", "v")
+  inputs = {x_name: (arrays[x_name], specs["k"]),
+            y_name: (arrays[y_name], specs["v"])}
+  if spec.gate != "none":
+    gate_spec = specs["gate_" + spec.gate]
+    inputs["p_hi"] = (arrays["p_hi"], gate_spec)
+    inputs["p_lo"] = (arrays["p_lo"], gate_spec)
+  if spec.segments:
+    inputs["doc"] = (arrays["doc"], specs["doc"])
+    inputs["doc_enter"] = (arrays["doc_enter"], specs["doc"])
+  if state_in is not None:
+    inputs["state_in"] = (state_in, specs["state"])
+  b, h = lay.batch, lay.heads
+  outputs = {"states": (jax.ShapeDtypeStruct(
+      (b, h, lay.chunks, lay.k_pad, lay.v_pad), states_dtype),
+      specs["states"])}
+  if state_out:
+    outputs["state_out"] = (jax.ShapeDtypeStruct(
+        (b, h, lay.k_pad, lay.v_pad), _F32), specs["state"])
+  grid = (b, h, (lay.k_pad // lay.sweep_k) * (lay.v_pad // lay.sweep_v))
+  kernel = functools.partial(_sweep_kernel, spec=spec, n_chunks=lay.chunks,
+                             reverse=reverse,
+                             shape=(lay.sweep_k, lay.sweep_v))
+  name = "gated_linear_state_grads" if reverse else "gated_linear_states"
+  return _call(kernel, grid, inputs, outputs, blocks, name=name, cost=cost,
+               interpret=interpret)
 
 
-def _dkv_kernel(r, *, spec, n_sub, subs, tiles):
-  c = spec.sub_chunk
+def _chunk_specs(lay: Layout, v_blocks: int, v_width: int):
+  """Specs of programs ``(b, h, p)`` that own chunk ``p // v_blocks`` and
+  value block ``p % v_blocks`` (``v_width`` columns)."""
+  c = lay.chunk
 
-  def body(i, d_state):
-    index = n_sub - 1 - i
-    state_in = None
-    if "checkpoints" in r:
-      # The state entering the sub-chunk, recomputed from its chunk's entry
-      # (registers hold one state at a time, so each sub-chunk starts over).
-      first = index - lax.rem(index, subs)
+  def n_(p):
+    return p // v_blocks
 
-      def advance(j, state):
-        start = pl.multiple_of(j * c, c)
-        return sub_chunk.advance_from(r, spec, start, j, state)
+  def vb_(p):
+    return p % v_blocks
 
-      state_in = lax.fori_loop(first, index, advance,
-                               r["checkpoints"][lax.div(index, subs)])
-    start = pl.multiple_of(index * c, c)
-    dk, dv, d_state, terms = sub_chunk.dkv_step(r, spec, start, index,
-                                                d_state, state_in)
-    r["dk"][pl.ds(start, c), :] = dk
-    r["dv"][pl.ds(start, c), :] = dv
-    if terms is not None:
-      sub_chunk.store_gate_terms(r, terms, start, index, spec)
-    return d_state
-
-  d_state = lax.fori_loop(0, n_sub, body, _initial(r, "d_final", tiles))
-  if "d_initial" in r:
-    r["d_initial"][...] = d_state
+  return {
+      "k": pl.BlockSpec((None, c, None, lay.k_pad),
+                        lambda b, h, p: (b, n_(p), h, 0)),
+      "v": pl.BlockSpec((None, c, None, v_width),
+                        lambda b, h, p: (b, n_(p), h, vb_(p))),
+      "gate_scalar": pl.BlockSpec((None, c, None),
+                                  lambda b, h, p: (b, n_(p), h)),
+      "gate_channel": pl.BlockSpec((None, c, None, lay.k_pad),
+                                   lambda b, h, p: (b, n_(p), h, 0)),
+      "doc": pl.BlockSpec((None, c), lambda b, h, p: (b, n_(p))),
+      "states": pl.BlockSpec((None, None, None, lay.k_pad, v_width),
+                             lambda b, h, p: (b, h, n_(p), 0, vb_(p))),
+  }
 
 
-def dkv(arrays, spec, lay: Layout, blocks: BlockSizes, *, d_initial: bool,
-        cost, interpret: bool = False):
-  """As ``tpu.dkv``."""
-  grid = grids.Grid("gpu", lay.backward, lay)
-  kernel = functools.partial(_dkv_kernel, spec=spec,
-                             n_sub=lay.t_pad // lay.sub_chunk,
-                             subs=lay.chunk // lay.sub_chunk,
-                             tiles=lay.backward)
-  return _call(kernel, grid, arrays,
-               grids.dkv_outputs(spec, grid, d_initial=d_initial), blocks,
-               name="gated_linear_dkv", cost=cost, interpret=interpret)
+def _chunk_inputs(arrays, spec: cm.Spec, specs, names):
+  inputs = {name: (arrays[name], specs[kind]) for name, kind in names}
+  if spec.gate != "none":
+    inputs["p_hi"] = (arrays["p_hi"], specs["gate_" + spec.gate])
+    inputs["p_lo"] = (arrays["p_lo"], specs["gate_" + spec.gate])
+  if spec.segments:
+    inputs["doc"] = (arrays["doc"], specs["doc"])
+    inputs["doc_enter"] = (arrays["doc_enter"], specs["doc"])
+  return inputs
+
+
+def _levels(r, spec, p, d, cols=slice(None)):
+  if spec.gate != "channel":
+    return None
+  return cm.channel_levels(
+      spec, p, lambda rows: cm.Gate(r["p_hi"][rows, cols],
+                                    r["p_lo"][rows, cols]), d)
+
+
+def _key_blocks(lay: Layout):
+  """Static column slices of the key axis, ``lay.inner_k`` wide: the
+  chunk-parallel kernels walk them so that no ``[C, K]`` float32 term is
+  held whole."""
+  return [pl.ds(i * lay.inner_k, lay.inner_k)
+          for i in range(lay.k_pad // lay.inner_k)]
+
+
+def _value_blocks(lay: Layout):
+  """Static column slices of the value axis, ``lay.inner_k`` wide (the
+  gradients kernel's ``dv`` accumulator)."""
+  width = min(lay.inner_k, lay.v_pad)
+  return [pl.ds(i * width, width) for i in range(lay.v_pad // width)]
+
+
+def _outputs_kernel(r, *, spec: cm.Spec, lay: Layout):
+  every = slice(None)
+  d = _docs(r, spec, every)
+  if spec.gate != "channel":
+    p = _gate(r, every)
+    a = cm.scores(spec, r["q"][...], r["k"][...], p, d)        # [C, C]
+    q_read = r["q"][...].astype(_F32) * cm.read_weights(spec, p, d)
+    o = cm.dot(cm.operand(q_read, spec), r["states"][...], cm.NN, spec)
+  else:
+    a = o = 0.0
+    for cols in _key_blocks(lay):
+      q, k = r["q"][:, cols], r["k"][:, cols]                   # [C, BK]
+      p = _gate(r, (every, cols))
+      a = a + cm.scores(spec, q, k, p, d, _levels(r, spec, p, d, cols))
+      q_read = q.astype(_F32) * cm.read_weights(spec, p, d)
+      o = o + cm.dot(cm.operand(q_read, spec), r["states"][cols, :], cm.NN,
+                     spec)
+  o = o + cm.dot(cm.operand(a, spec), r["v"][...], cm.NN, spec)
+  r["o"][...] = (o * spec.scale).astype(r["o"].dtype)
+
+
+def outputs(arrays, h, spec: cm.Spec, lay: Layout, blocks: BlockSizes, *,
+            out_dtype, cost, interpret: bool):
+  """``o [B, T_pad, H, V_pad]`` from the inputs and the entering states
+  ``h [B, H, N, K, V]``."""
+  v_blocks = lay.v_pad // lay.out_v
+  specs = _chunk_specs(lay, v_blocks, lay.out_v)
+  inputs = _chunk_inputs(arrays, spec, specs,
+                         [("q", "k"), ("k", "k"), ("v", "v")])
+  inputs["states"] = (h, specs["states"])
+  b, hh = lay.batch, lay.heads
+  out = {"o": (jax.ShapeDtypeStruct((b, lay.t_pad, hh, lay.v_pad), out_dtype),
+               specs["v"])}
+  return _call(functools.partial(_outputs_kernel, spec=spec, lay=lay),
+               (b, hh, lay.chunks * v_blocks), inputs, out, blocks,
+               name="gated_linear_outputs", cost=cost,
+               interpret=interpret)["o"]
+
+
+def _scores(r, spec: cm.Spec, lay: Layout, d):
+  """The chunk's ``[C, C]`` scores (query scale not applied)."""
+  every = slice(None)
+  if spec.gate != "channel":
+    return cm.scores(spec, r["q"][...], r["k"][...], _gate(r, every), d)
+  a = 0.0
+  for cols in _key_blocks(lay):
+    p = _gate(r, (every, cols))
+    a = a + cm.scores(spec, r["q"][:, cols], r["k"][:, cols], p, d,
+                      _levels(r, spec, p, d, cols))
+  return a
+
+
+def _dv_kernel(r, *, spec: cm.Spec, lay: Layout):
+  """``dv = scale scores^T do + (write k) dh`` for one value block."""
+  every = slice(None)
+  d = _docs(r, spec, every)
+  a = cm.operand(_scores(r, spec, lay, d) * spec.scale, spec)   # [C, C]
+  dv = cm.dot(a, r["do"][...], cm.TN, spec)                     # [C, BV]
+  for cols in _key_blocks(lay):
+    kw = (r["k"][:, cols].astype(_F32)
+          * cm.write_weights(spec, _gate(r, (every, cols)), d))
+    dv = dv + cm.dot(cm.operand(kw, spec), r["d_states"][cols, :], cm.NN,
+                     spec)
+  r["dv"][...] = dv.astype(r["dv"].dtype)
+
+
+def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
+  """``dq``, ``dk`` and the log-decays' gradient terms of one chunk."""
+  every = slice(None)
+  c = spec.chunk
+  d = _docs(r, spec, every)
+  d_scores = cm.dot(r["do"][...], r["v"][...], cm.NT, spec)     # [C, C]
+  last = cm.iota((c,), 0) == c - 1
+  if spec.gate == "channel":
+    da = jnp.where(d.pair, d_scores * spec.scale, 0.0)
+    da_diag = jnp.sum(jnp.where(cm.diagonal(c), da, 0.0), axis=1)
+  else:
+    p = _gate(r, every)
+    weights = cm.pair_weights(spec, p, d)                       # [C, C]
+    if spec.gate == "scalar":
+      # The pairs' part of the log-decays' gradient (``gate_gradient``):
+      # pairs j < i by row, less the same pairs by column.
+      below = cm.iota((c, c), 0) > cm.iota((c, c), 1)
+      a = cm.dot(r["q"][...], r["k"][...], cm.NT, spec) * weights
+      terms = jnp.where(below, a * d_scores * spec.scale, 0.0)  # [i, j]
+      pair_terms = jnp.sum(terms, axis=1) - jnp.sum(terms, axis=0)
+    da = cm.operand(d_scores * weights * spec.scale, spec)
+  read_terms = write_terms = carried = 0.0
+  for cols in _key_blocks(lay):
+    q, k = r["q"][:, cols], r["k"][:, cols]                     # [C, BK]
+    qf, kf = q.astype(_F32), k.astype(_F32)
+    p = _gate(r, (every, cols))
+    if spec.gate == "channel":
+      dq_pairs, dk_pairs = cm.channel_pair_grads(
+          spec, q, k, da, _levels(r, spec, p, d, cols))
+      dq_intra = dq_pairs + da_diag[:, None] * kf
+      dk_intra = dk_pairs + da_diag[:, None] * qf
+    else:
+      dq_intra = cm.dot(da, k, cm.NN, spec)
+      dk_intra = cm.dot(da, q, cm.TN, spec)
+    h = r["states"][cols, :]                                    # [BK, V]
+    dq_read = (cm.dot(r["do"][...], h, cm.NT, spec)
+               * (cm.read_weights(spec, p, d) * spec.scale))    # [C, BK]
+    r["dq"][:, cols] = (dq_read + dq_intra).astype(r["dq"].dtype)
+    dh = r["d_states"][cols, :]
+    dk_write = (cm.dot(r["v"][...], dh, cm.NT, spec)
+                * cm.write_weights(spec, p, d))                 # [C, BK]
+    r["dk"][:, cols] = (dk_write + dk_intra).astype(r["dk"].dtype)
+    if spec.gate == "none":
+      continue
+    # The terms of the log-decays' gradient (``gate_gradient``): the state
+    # read at i >= m, the carried state and the writes at j < m, and the
+    # pairs i >= m > j (the pairs j < i of the rows, less those of the
+    # columns >= m; the diagonal adds equal terms to both, so it is left
+    # out).
+    rows_part = qf * dq_read
+    writes_part = kf * dk_write
+    # sum_v h[k, v] dh[k, v], the diagonal of h dh^T (a matmul, where the
+    # elementwise product would hold a [BK, V] float32 tile in registers).
+    h_dh = cm.dot(h, dh, cm.NT, spec)                           # [BK, BK]
+    carried_part = cm.carry_decay(spec, p, d) * jnp.sum(
+        jnp.where(cm.diagonal(h_dh.shape[0]), h_dh, 0.0), axis=1)  # [BK]
+    if spec.gate == "channel":
+      rows_part = rows_part + qf * dq_pairs - kf * dk_pairs
+      r["gate_rows"][:, cols] = rows_part + jnp.where(
+          last[:, None], carried_part[None, :], 0.0)
+      r["gate_writes"][:, cols] = writes_part
+    else:
+      read_terms = read_terms + jnp.sum(rows_part, axis=1)
+      write_terms = write_terms + jnp.sum(writes_part, axis=1)
+      carried = carried + jnp.sum(carried_part)
+  if spec.gate == "scalar":
+    r["gate_rows"][...] = (read_terms + pair_terms
+                           + jnp.where(last, carried, 0.0))
+    r["gate_writes"][...] = write_terms
+
+
+def grads(arrays, h, dh, spec: cm.Spec, lay: Layout, blocks: BlockSizes, *,
+          interpret: bool):
+  """``{"dq", "dk", "dv"}`` (padded, in the inputs' dtype) and, with a
+  decay, ``{"gate_rows", "gate_writes"}`` (``[B, T_pad, H(, K_pad)]``
+  float32, see ``gate_gradient``): two kernels, ``dv`` over chunks and
+  value blocks, then ``dq``, ``dk`` and the gate terms over chunks."""
+  b, hh, t = lay.batch, lay.heads, lay.t_pad
+  dtype = arrays["q"].dtype
+  v_blocks = lay.v_pad // lay.out_v
+  specs = _chunk_specs(lay, v_blocks, lay.out_v)
+  inputs = _chunk_inputs(arrays, spec, specs,
+                         [("q", "k"), ("k", "k"), ("do", "v")])
+  inputs["d_states"] = (dh, specs["states"])
+  out = {"dv": (jax.ShapeDtypeStruct((b, t, hh, lay.v_pad), dtype),
+                specs["v"])}
+  result = _call(functools.partial(_dv_kernel, spec=spec, lay=lay),
+                 (b, hh, lay.chunks * v_blocks), inputs, out, blocks,
+                 name="gated_linear_dv",
+                 cost=cost(spec, lay, "dv", inputs), interpret=interpret)
+  specs = _chunk_specs(lay, 1, lay.v_pad)
+  inputs = _chunk_inputs(arrays, spec, specs,
+                         [("q", "k"), ("k", "k"), ("v", "v"), ("do", "v")])
+  inputs["states"] = (h, specs["states"])
+  inputs["d_states"] = (dh, specs["states"])
+  out = {"dq": (jax.ShapeDtypeStruct((b, t, hh, lay.k_pad), dtype),
+                specs["k"]),
+         "dk": (jax.ShapeDtypeStruct((b, t, hh, lay.k_pad), dtype),
+                specs["k"])}
+  if spec.gate != "none":
+    shape = (b, t, hh) if spec.gate == "scalar" else (b, t, hh, lay.k_pad)
+    for name in ("gate_rows", "gate_writes"):
+      out[name] = (jax.ShapeDtypeStruct(shape, _F32),
+                   specs["gate_" + spec.gate])
+  result.update(_call(functools.partial(_dqk_kernel, spec=spec, lay=lay),
+                      (b, hh, lay.chunks), inputs, out, blocks,
+                      name="gated_linear_dqk",
+                      cost=cost(spec, lay, "dqk", inputs),
+                      interpret=interpret))
+  return result
+
+
+def gate_gradient(gate_rows, gate_writes, chunk: int):
+  """The log-decays' gradient from the ``grads`` terms (``[B, T, H(, K)]``):
+  for ``m`` in a chunk, ``dg_m = sum_{i >= m} gate_rows_i + sum_{j < m}
+  gate_writes_j``, sums inside the chunk.
+
+  ``P_i`` holds ``g_m`` for ``m <= i``, and ``dL/dP_i`` is ``q_i dq_i -
+  k_i dk_i`` plus the carried state's term at the last token; ``grads``
+  splits it so that no large terms cancel: the reads' and pairs' rows
+  (``gate_rows``, summed over ``i >= m``) and the writes (``gate_writes``,
+  ``j < m``: the write of ``k_j`` decays over ``g_m`` exactly when ``j <
+  m``)."""
+  shape = gate_rows.shape
+  b, t = shape[:2]
+  split = (b, t // chunk, chunk) + shape[2:]
+  rows = lax.cumsum(gate_rows.reshape(split), axis=2, reverse=True)
+  writes = gate_writes.reshape(split)
+  widths = [(0, 0)] * len(split)
+  widths[2] = (1, 0)
+  before = jnp.cumsum(jnp.pad(writes, widths)[:, :, :-1], axis=2)
+  return (rows + before).reshape(shape)
+
+
+def _flops(spec: cm.Spec, lay: Layout, kind: str) -> float:
+  """Matmul flops of one kernel, counted from its body (per head and
+  chunk: ``2 m n k`` per ``[m, k] x [k, n]`` product, masked ones at full
+  size; 3xTF32 runs three). A decay per key channel adds one ``[C, C, K]``
+  product per halving level for the scores, and two for their gradient."""
+  c, kk, vv = lay.chunk, lay.k_pad, lay.v_pad
+  levels = c.bit_length() - 1 if spec.gate == "channel" else 1
+  scores = 2 * c * c * kk * levels
+  per_chunk = {
+      "sweep": 2 * c * kk * vv,
+      "outputs": scores + 2 * c * kk * vv + 2 * c * c * vv,
+      "dv": scores + 2 * c * c * vv + 2 * c * kk * vv,
+      "dqk": (2 * c * c * vv + 2 * c * kk * vv * 2 + 2 * kk * kk * vv
+              + (2 * c * c * kk * 2 * levels if spec.gate == "channel"
+                 else scores * (2 if spec.gate == "scalar" else 0)
+                 + 2 * c * c * kk * 2)),
+  }[kind]
+  passes = 3 if spec.mode == "tf32x3" else 1
+  return float(per_chunk) * lay.chunks * lay.batch * lay.heads * passes
+
+
+def cost(spec: cm.Spec, lay: Layout, kind: str, arrays) -> pl.CostEstimate:
+  """The estimate of one kernel; ``arrays``: its inputs (a ``{name: (array,
+  spec)}`` or the arrays)."""
+  if isinstance(arrays, dict):
+    arrays = [x for x, _ in arrays.values()]
+  exps = {"none": 0, "scalar": lay.chunk + 2,
+          "channel": lay.k_pad * (2 + (lay.chunk.bit_length() - 1))}[spec.gate]
+  tokens = lay.batch * lay.heads * lay.t_pad
+  return compiler.cost(flops=_flops(spec, lay, kind),
+                       transcendentals=tokens * exps, arrays=arrays)

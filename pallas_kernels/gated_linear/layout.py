@@ -74,7 +74,7 @@ def _tiles(blocks: BlockSizes, direction: str, k_pad: int, v_pad: int):
 
 def make_layout(b: int, t: int, h: int, dk: int, dv: int,
                 blocks: BlockSizes) -> Layout:
-  c = blocks.sub_chunk
+  c = blocks.sub_chunk_rows
   # A sequence shorter than a chunk needs only enough whole sub-chunks.
   chunk = min(blocks.chunk, round_up(t, c))
   k_pad = common.padded_features(dk, blocks.backend)

@@ -2,17 +2,25 @@
 
     S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,    o_t = S_t^T (scale q_t)
 
-- Forward: one kernel, outputs and the final state.
-- Backward (``jax.custom_vjp``): two kernels that recompute the states
-  instead of storing them: a forward sweep for ``dq`` (which also writes the
-  state entering each chunk, with a decay) and a reverse sweep for ``dk``,
-  ``dv`` and the initial state's gradient. Both also return terms of the
-  log-decays' gradient, which ``gate_gradient`` adds up with cumulative sums
-  inside each sub-chunk in plain XLA: elementwise work over ``[B, T, H,
-  G]``, no kernel.
+GPU (``gpu.py``, chunk-parallel): forward, the state sweep then the outputs
+of every chunk at once; backward (``jax.custom_vjp``), the state sweep
+again, the reverse sweep for the states' gradients, then the gradients of
+every chunk at once. XLA adds up the log-decays' gradient terms inside each
+chunk (``gpu.gate_gradient``).
 
-Programs own blocks of key and value columns (``layout.Tiles``); the parts
-they return of sums over key or value channels are added here.
+TPU (``tpu.py``, a sweep over sub-chunks):
+
+- Forward: one kernel, outputs and the final state.
+- Backward: two kernels that recompute the states instead of storing them:
+  a forward sweep for ``dq`` (which also writes the state entering each
+  chunk, with a decay) and a reverse sweep for ``dk``, ``dv`` and the
+  initial state's gradient. Both also return terms of the log-decays'
+  gradient, which ``gate_gradient`` adds up with cumulative sums inside
+  each sub-chunk in plain XLA: elementwise work over ``[B, T, H, G]``, no
+  kernel.
+
+TPU programs own blocks of key and value columns (``layout.Tiles``); the
+parts they return of sums over key or value channels are added here.
 
 The kernel is picked by ``backend`` or, when it is None, by the platform the
 call is lowered for (``pallas_kernels.common.dispatch``).
@@ -31,7 +39,8 @@ import numpy as np
 from pallas_kernels.common import blocks as common_blocks
 from pallas_kernels.common import compiler, dispatch
 from pallas_kernels.common.layout import sum_parts
-from pallas_kernels.gated_linear import gpu, layout, tpu
+from pallas_kernels.common import dots
+from pallas_kernels.gated_linear import chunk_math, gpu, layout, tpu
 from pallas_kernels.gated_linear.block_sizes import BlockSizes
 from pallas_kernels.gated_linear.sub_chunk import KernelSpec
 
@@ -77,17 +86,82 @@ def _cost(spec: KernelSpec, lay: layout.Layout, arrays, passes: int):
                        arrays=list(arrays.values()))
 
 
+def _gpu_setup(cfg: _Config, q, k, v, g, doc, direction: str):
+  blocks = dict(cfg.blocks)["gpu"]
+  b, t, h, dk = q.shape
+  lay = gpu.make_layout(b, t, h, dk, v.shape[-1], blocks, direction)
+  bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
+  spec = chunk_math.Spec(gate=_gate_kind(g), segments=doc is not None,
+                         scale=cfg.scale, chunk=lay.chunk,
+                         mode=dots.mode(bf16=bf16, backend="gpu"))
+  return blocks, lay, spec, bf16
+
+
+def _gpu_states(arrays, spec, lay, blocks, s0, *, final, interpret, bf16):
+  state_in = None if s0 is None else gpu.pad_state(s0, lay)
+  return gpu.sweep(arrays, spec, lay, blocks, reverse=False,
+                   state_in=state_in, state_out=final,
+                   states_dtype=jnp.bfloat16 if bf16 else _F32,
+                   cost=gpu.cost(spec, lay, "sweep", arrays.values()),
+                   interpret=interpret)
+
+
+def _gpu_forward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc):
+  blocks, lay, spec, bf16 = _gpu_setup(cfg, q, k, v, g, doc, "forward")
+  arrays = gpu.prepare(q, k, v, g, doc, lay, spec)
+  swept = _gpu_states(arrays, spec, lay, blocks, s0,
+                      final=cfg.output_final_state, interpret=interpret,
+                      bf16=bf16)
+  o = gpu.outputs(arrays, swept["states"], spec, lay, blocks,
+                  out_dtype=v.dtype if bf16 else _F32,
+                  cost=gpu.cost(spec, lay, "outputs", arrays.values()),
+                  interpret=interpret)
+  o = o[:, :lay.length, :, :lay.dim_v].astype(v.dtype)
+  final = swept.get("state_out")
+  return o, (None if final is None
+             else final[:, :, :lay.dim_k, :lay.dim_v])
+
+
+def _gpu_backward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc, do,
+                  d_final):
+  blocks, lay, spec, bf16 = _gpu_setup(cfg, q, k, v, g, doc, "backward")
+  arrays = gpu.prepare(q, k, v, g, doc, lay, spec, do=do)
+  h = _gpu_states(arrays, spec, lay, blocks, s0, final=False,
+                  interpret=interpret, bf16=bf16)["states"]
+  d_in = None if d_final is None else gpu.pad_state(d_final, lay)
+  swept = gpu.sweep(arrays, spec, lay, blocks, reverse=True, state_in=d_in,
+                    state_out=s0 is not None, states_dtype=h.dtype,
+                    cost=gpu.cost(spec, lay, "sweep", arrays.values()),
+                    interpret=interpret)
+  out = gpu.grads(arrays, h, swept["states"], spec, lay, blocks,
+                  interpret=interpret)
+  dg = None
+  if g is not None:
+    dg = gpu.gate_gradient(out["gate_rows"], out["gate_writes"], lay.chunk)
+    dg = dg[:, :lay.length]
+    dg = dg[..., None] if spec.gate == "scalar" else dg[..., :lay.dim_k]
+  ds0 = swept.get("state_out")
+
+  def cut(x, width):
+    # float32, as the TPU kernels return them (``lax.platform_dependent``
+    # traces both); the custom VJP casts them to the inputs' dtypes.
+    return x[:, :lay.length, :, :width].astype(_F32)
+
+  return (cut(out["dq"], lay.dim_k), cut(out["dk"], lay.dim_k),
+          cut(out["dv"], lay.dim_v), dg,
+          None if ds0 is None else ds0[:, :, :lay.dim_k, :lay.dim_v])
+
+
 def _forward(cfg: _Config, backend: str, interpret: bool, q, k, v, g, s0,
              doc):
+  if backend == "gpu":
+    return _gpu_forward(cfg, interpret, q, k, v, g, s0, doc)
   blocks, lay, spec, bf16 = _prepare(cfg, backend, q, k, v, g, doc)
   arrays = layout.kernel_arrays(q, k, v, g, s0, doc, lay, bf16_dots=bf16)
   kwargs = dict(out_dtype=jnp.bfloat16 if bf16 else _F32,
                 final_state=cfg.output_final_state,
                 cost=_cost(spec, lay, arrays, 1), interpret=interpret)
-  if backend == "tpu":
-    outs = tpu.forward(arrays, spec, lay, **kwargs)
-  else:
-    outs = gpu.forward(arrays, spec, lay, blocks, **kwargs)
+  outs = tpu.forward(arrays, spec, lay, **kwargs)
   o = layout.from_kernel(sum_parts(outs["o"]), lay, lay.dim_v).astype(v.dtype)
   final = outs.get("final_state")
   return o, (None if final is None else layout.state_from_kernel(final, lay))
@@ -95,24 +169,19 @@ def _forward(cfg: _Config, backend: str, interpret: bool, q, k, v, g, s0,
 
 def _backward(cfg: _Config, backend: str, interpret: bool, q, k, v, g, s0,
               doc, do, d_final):
+  if backend == "gpu":
+    return _gpu_backward(cfg, interpret, q, k, v, g, s0, doc, do, d_final)
   blocks, lay, spec, bf16 = _prepare(cfg, backend, q, k, v, g, doc)
   arrays = layout.kernel_arrays(q, k, v, g, s0, doc, lay, bf16_dots=bf16,
                                 do=do)
-  run = functools.partial(tpu.dq if backend == "tpu" else gpu.dq,
-                          arrays, spec, lay)
-  if backend == "gpu":
-    run = functools.partial(run, blocks)
-  outs = run(cost=_cost(spec, lay, arrays, 2), interpret=interpret)
+  outs = tpu.dq(arrays, spec, lay, cost=_cost(spec, lay, arrays, 2),
+                interpret=interpret)
   if d_final is not None:
     arrays["d_final"] = layout.state_to_kernel(d_final, lay)
   if "checkpoints" in outs:
     arrays["checkpoints"] = outs["checkpoints"]
-  run = functools.partial(tpu.dkv if backend == "tpu" else gpu.dkv,
-                          arrays, spec, lay)
-  if backend == "gpu":
-    run = functools.partial(run, blocks)
-  grads = run(d_initial=s0 is not None, cost=_cost(spec, lay, arrays, 3),
-              interpret=interpret)
+  grads = tpu.dkv(arrays, spec, lay, d_initial=s0 is not None,
+                  cost=_cost(spec, lay, arrays, 3), interpret=interpret)
   grads = {name: x if name == "d_initial" else sum_parts(x)
            for name, x in grads.items()}
   dg = None

@@ -1,0 +1,239 @@
+"""The chunk-parallel algorithm of the gated-linear recurrence: the math of
+one chunk, on values already loaded from a kernel's refs.
+
+    S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,    o_t = S_t^T (scale q_t)
+
+The sequence is cut into chunks of ``C`` tokens. Inside chunk ``n``, with
+``P_i = sum_{m <= i} g_m`` (the log-decay from the chunk's start, token i
+included) and ``L = C - 1`` its last token:
+
+    h_{n+1} = carry exp(P_L) h_n + sum_j write_j exp(P_L - P_j) k_j v_j^T
+    o_i     = scale [ read_i (exp(P_i) q_i) h_n
+                      + sum_{j <= i} pair_ij (q_i . (exp(P_i - P_j) k_j)) v_j ]
+
+where ``h_n`` is the state entering the chunk and, with segment ids, the
+document masks are ``read_i`` (no document starts between the chunk's start
+and i), ``write_j`` (j is in the chunk's last document), ``carry`` (no
+document starts inside the chunk) and ``pair_ij`` (``j <= i``, one document).
+
+Numerics:
+
+- ``P`` is a double-float (``hi + lo``, ``exact_cumsum``): every log-decay
+  the kernels need is a difference ``P_i - P_j`` taken as ``(hi_i - hi_j) +
+  (lo_i - lo_j)``, accurate to float32 relative to the difference itself,
+  whatever the gates before ``j`` (``cumsum[i] - cumsum[j]`` in float32
+  loses a weak gate after strong ones).
+- Every exponent is a sum of gates, ``<= 0``: masks are applied before
+  ``exp`` and nothing overflows.
+- A scalar decay per head (or none) gives the pair weights as one ``[C, C]``
+  matrix. A decay per key channel gives ``[C, C, K]`` weights, which are
+  never formed: the pairs are split by halving (``channel_levels``). At
+  level ``s`` the pairs whose ``i`` is in the right half and ``j`` in the
+  left half of one block of ``2 s`` tokens factor through the block's middle
+  ``M``: ``exp(P_i - P_j) = exp(P_i - P_M) exp(P_M - P_j)``, two decays
+  ``<= 1`` that scale ``q_i`` and ``k_j``, so each level is one matmul. The
+  levels ``s = C/2, ..., 1`` cover every pair ``j < i`` once; the diagonal
+  has weight 1.
+- Matmuls take bfloat16 operands for bfloat16 inputs and float32 ones
+  otherwise (``common/dots.py``), accumulating in float32; states are
+  float32 in the sweeps.
+
+Letters: i, j token of the chunk (query, key side), k key channel, v value
+channel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.common import dots
+
+_F32 = jnp.float32
+NN, NT, TN = dots.NN, dots.NT, dots.TN
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """Static description of one call's kernels."""
+  gate: str          # "none", "scalar" (one per head) or "channel" (per key)
+  segments: bool     # document masks from segment ids
+  scale: float       # query scale
+  chunk: int         # C, a power of two >= 16
+  mode: str          # matmul mode (common/dots.py)
+
+
+def dot(a, b, dims, spec: Spec):
+  return dots.dot(a, b, dims, mode=spec.mode)
+
+
+def operand(x, spec: Spec):
+  """A matmul operand in the precision of ``spec``'s matmuls."""
+  return x.astype(jnp.bfloat16 if spec.mode == "bf16" else _F32)
+
+
+def iota(shape, axis):
+  return jax.lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def last_row(x):
+  """Row ``C - 1`` of ``x``: ``[C] -> []`` or ``[C, F] -> [F]`` (a masked
+  sum: exact, and no dynamic slice of a value)."""
+  rows = iota(x.shape, 0)
+  return jnp.sum(jnp.where(rows == x.shape[0] - 1, x, 0.0), axis=0)
+
+
+class Gate(NamedTuple):
+  """A chunk's log-decays from its start, ``P = hi + lo``: ``[C]`` (scalar
+  decay) or ``[C, K]`` (per key channel)."""
+  hi: jax.Array
+  lo: jax.Array
+
+
+def gate_diff(a: Gate, b: Gate):
+  """``P_a - P_b``, accurate to float32 relative to the difference."""
+  return (a.hi - b.hi) + (a.lo - b.lo)
+
+
+def gate_last(p: Gate) -> Gate:
+  return Gate(last_row(p.hi), last_row(p.lo))
+
+
+class Docs(NamedTuple):
+  """Document masks of a chunk (all True without segment ids)."""
+  read: jax.Array    # [C] bool: the entering state reaches token i
+  write: jax.Array   # [C] bool: token j reaches the leaving state
+  carry: jax.Array   # [] bool: the entering state reaches the leaving one
+  pair: jax.Array    # [C, C] bool: j <= i in one document
+
+
+def docs(spec: Spec, doc=None, doc_enter=None) -> Docs:
+  """Masks from ``doc [C]`` (document index of each token) and
+  ``doc_enter [C]`` (of the token before the chunk, on every row)."""
+  c = spec.chunk
+  causal = iota((c, c), 0) >= iota((c, c), 1)
+  if not spec.segments:
+    true = jnp.ones((c,), jnp.bool_)
+    return Docs(true, true, jnp.bool_(True), causal)
+  last = last_row(doc)
+  read = doc == doc_enter
+  carry = last_row(read.astype(_F32)) > 0.5
+  return Docs(read, doc == last, carry,
+              causal & (doc[:, None] == doc[None, :]))
+
+
+def _column(x):
+  """A per-token scalar ``[C]`` as a column ``[C, 1]``; ``[C, K]`` as is."""
+  return x[:, None] if x.ndim == 1 else x
+
+
+def read_weights(spec: Spec, p: Gate | None, d: Docs):
+  """``read_i exp(P_i)``: ``[C, 1]`` or ``[C, K]`` float32."""
+  mask = d.read[:, None]
+  if p is None:
+    return mask.astype(_F32)
+  return jnp.where(mask, jnp.exp(_column(p.hi + p.lo)), 0.0)
+
+
+def write_weights(spec: Spec, p: Gate | None, d: Docs):
+  """``write_j exp(P_L - P_j)``: ``[C, 1]`` or ``[C, K]`` float32."""
+  mask = d.write[:, None]
+  if p is None:
+    return mask.astype(_F32)
+  last = gate_last(p)
+  diff = gate_diff(Gate(last.hi[None], last.lo[None]),
+                   Gate(_column(p.hi), _column(p.lo)))
+  return jnp.where(mask, jnp.exp(diff), 0.0)
+
+
+def carry_decay(spec: Spec, p: Gate | None, d: Docs):
+  """``carry exp(P_L)``: ``[]`` or ``[K]`` float32 (scales state rows)."""
+  if p is None:
+    return d.carry.astype(_F32)
+  last = gate_last(p)
+  return jnp.where(d.carry, jnp.exp(last.hi + last.lo), 0.0)
+
+
+def pair_weights(spec: Spec, p: Gate | None, d: Docs):
+  """``pair_ij exp(P_i - P_j)``, ``[C, C]`` (scalar decay or none), the
+  mask applied before ``exp``."""
+  if p is None:
+    return d.pair.astype(_F32)
+  diff = gate_diff(Gate(p.hi[:, None], p.lo[:, None]),
+                   Gate(p.hi[None, :], p.lo[None, :]))
+  return jnp.exp(jnp.where(d.pair, diff, -jnp.inf))
+
+
+class Level(NamedTuple):
+  """One halving level of the per-channel pairs (see the module doc)."""
+  mask: jax.Array    # [C, C] bool: the level's pairs (i right, j left)
+  right: jax.Array   # [C, 1] bool: tokens in a right half
+  decay: jax.Array   # [C, K]: exp(P_i - P_M) (right) or exp(P_M - P_j)
+
+
+def channel_levels(spec: Spec, p: Gate, middle_rows, d: Docs):
+  """The halving levels of a chunk with a decay per key channel, one at a
+  time (a generator: each level's ``[C, K]`` decays are built where they
+  are used, so no two levels' are held at once).
+
+  ``middle_rows(rows)``: the gate rows ``Gate([C, K], [C, K])`` at the
+  token indices ``rows [C]`` (a gather from the kernel's refs).
+  """
+  c = spec.chunk
+  i = iota((c,), 0)
+  rows, cols = iota((c, c), 0), iota((c, c), 1)
+  s = c // 2
+  while s >= 1:
+    block = 2 * s
+    start = (i // block) * block
+    right = (i - start) >= s
+    mid = middle_rows(start + s - 1)
+    exponent = jnp.where(right[:, None], gate_diff(p, mid), gate_diff(mid, p))
+    mask = (((rows // block) == (cols // block)) & ((rows % block) >= s)
+            & ((cols % block) < s) & d.pair)
+    yield Level(mask, right[:, None], jnp.exp(exponent))
+    s //= 2
+
+
+def _level_operands(spec: Spec, q, k, level: Level):
+  """``(q_i exp(P_i - P_M))`` on right rows and ``(k_j exp(P_M - P_j))`` on
+  left rows, as matmul operands."""
+  x = operand(jnp.where(level.right, q * level.decay, 0.0), spec)
+  y = operand(jnp.where(level.right, 0.0, k * level.decay), spec)
+  return x, y
+
+
+def diagonal(c: int):
+  return iota((c, c), 0) == iota((c, c), 1)
+
+
+def scores(spec: Spec, q, k, p: Gate | None, d: Docs, levels=None):
+  """``[C, C]`` float32: ``pair_ij (q_i . (exp(P_i - P_j) k_j))``, the
+  query scale not applied. ``levels``: ``channel_levels`` (per-channel
+  decay only)."""
+  if spec.gate != "channel":
+    return dot(q, k, NT, spec) * pair_weights(spec, p, d)
+  qf, kf = q.astype(_F32), k.astype(_F32)
+  a = jnp.where(diagonal(spec.chunk), jnp.sum(qf * kf, axis=1)[:, None], 0.0)
+  for level in levels:
+    x, y = _level_operands(spec, qf, kf, level)
+    a = a + jnp.where(level.mask, dot(x, y, NT, spec), 0.0)
+  return a
+
+
+def channel_pair_grads(spec: Spec, q, k, d_scores, levels):
+  """Gradients of ``sum_ij d_scores_ij scores_ij`` (per-channel decay) with
+  respect to q and k from the pairs ``j < i`` (the diagonal left out):
+  ``([C, K], [C, K])`` float32."""
+  qf, kf = q.astype(_F32), k.astype(_F32)
+  dq = jnp.zeros(qf.shape, _F32)
+  dk = jnp.zeros(kf.shape, _F32)
+  for level in levels:
+    x, y = _level_operands(spec, qf, kf, level)
+    ds = operand(jnp.where(level.mask, d_scores, 0.0), spec)
+    dq = dq + jnp.where(level.right, level.decay * dot(ds, y, NN, spec), 0.0)
+    dk = dk + jnp.where(level.right, 0.0, level.decay * dot(ds, x, TN, spec))
+  return dq, dk
