@@ -167,42 +167,39 @@ def pair_weights(spec: Spec, p: Gate | None, d: Docs):
   return jnp.exp(jnp.where(d.pair, diff, -jnp.inf))
 
 
-class Level(NamedTuple):
-  """One halving level of the per-channel pairs (see the module doc)."""
-  mask: jax.Array    # [C, C] bool: the level's pairs (i right, j left)
-  right: jax.Array   # [C, 1] bool: tokens in a right half
-  decay: jax.Array   # [C, K]: exp(P_i - P_M) (right) or exp(P_M - P_j)
+def level_sizes(c: int):
+  """The halving levels ``s = C/2, ..., 1`` of a chunk of ``C`` tokens."""
+  return [c >> n for n in range(1, c.bit_length())]
 
 
-def channel_levels(spec: Spec, p: Gate, middle_rows, d: Docs):
-  """The halving levels of a chunk with a decay per key channel, one at a
-  time (a generator: each level's ``[C, K]`` decays are built where they
-  are used, so no two levels' are held at once).
-
-  ``middle_rows(rows)``: the gate rows ``Gate([C, K], [C, K])`` at the
-  token indices ``rows [C]`` (a gather from the kernel's refs).
-  """
+def level_mask(spec: Spec, s: int, d: Docs):
+  """``[C, C]`` bool: the pairs of level ``s``, ``i`` in the right and ``j``
+  in the left half of one block of ``2 s`` tokens: ``j < i`` whose highest
+  differing bit is ``s`` (``s <= i ^ j < 2 s``)."""
   c = spec.chunk
-  i = iota((c,), 0)
   rows, cols = iota((c, c), 0), iota((c, c), 1)
-  s = c // 2
-  while s >= 1:
-    block = 2 * s
-    start = (i // block) * block
-    right = (i - start) >= s
-    mid = middle_rows(start + s - 1)
-    exponent = jnp.where(right[:, None], gate_diff(p, mid), gate_diff(mid, p))
-    mask = (((rows // block) == (cols // block)) & ((rows % block) >= s)
-            & ((cols % block) < s) & d.pair)
-    yield Level(mask, right[:, None], jnp.exp(exponent))
-    s //= 2
+  xor = jax.lax.bitwise_xor(rows, cols)
+  return (xor >= s) & (xor < 2 * s) & (rows > cols) & d.pair
 
 
-def _level_operands(spec: Spec, q, k, level: Level):
+def level_decays(spec: Spec, s: int, p: Gate, middle_rows):
+  """``(decay [C, K], right [C, 1])`` of level ``s``: ``exp(P_i - P_M)`` on
+  the right half of every block of ``2 s`` tokens and ``exp(P_M - P_j)`` on
+  its left half, ``M`` the block's middle (its last left token), both
+  ``<= 1``. ``middle_rows(rows)``: the gate rows ``Gate([C, K], [C, K])``
+  at the token indices ``rows [C]`` (a gather from the kernel's refs)."""
+  i = iota((spec.chunk,), 0)
+  offset = i % (2 * s)
+  right = (offset >= s)[:, None]
+  diff = gate_diff(p, middle_rows(i - offset + (s - 1)))        # P_i - P_M
+  return jnp.exp(jnp.where(right, diff, -diff)), right
+
+
+def level_operands(spec: Spec, q, k, decay, right):
   """``(q_i exp(P_i - P_M))`` on right rows and ``(k_j exp(P_M - P_j))`` on
-  left rows, as matmul operands."""
-  x = operand(jnp.where(level.right, q * level.decay, 0.0), spec)
-  y = operand(jnp.where(level.right, 0.0, k * level.decay), spec)
+  left rows (zero elsewhere), as matmul operands; q, k float32."""
+  x = operand(jnp.where(right, q * decay, 0.0), spec)
+  y = operand(jnp.where(right, 0.0, k * decay), spec)
   return x, y
 
 
@@ -210,30 +207,8 @@ def diagonal(c: int):
   return iota((c, c), 0) == iota((c, c), 1)
 
 
-def scores(spec: Spec, q, k, p: Gate | None, d: Docs, levels=None):
-  """``[C, C]`` float32: ``pair_ij (q_i . (exp(P_i - P_j) k_j))``, the
-  query scale not applied. ``levels``: ``channel_levels`` (per-channel
-  decay only)."""
-  if spec.gate != "channel":
-    return dot(q, k, NT, spec) * pair_weights(spec, p, d)
-  qf, kf = q.astype(_F32), k.astype(_F32)
-  a = jnp.where(diagonal(spec.chunk), jnp.sum(qf * kf, axis=1)[:, None], 0.0)
-  for level in levels:
-    x, y = _level_operands(spec, qf, kf, level)
-    a = a + jnp.where(level.mask, dot(x, y, NT, spec), 0.0)
-  return a
-
-
-def channel_pair_grads(spec: Spec, q, k, d_scores, levels):
-  """Gradients of ``sum_ij d_scores_ij scores_ij`` (per-channel decay) with
-  respect to q and k from the pairs ``j < i`` (the diagonal left out):
-  ``([C, K], [C, K])`` float32."""
-  qf, kf = q.astype(_F32), k.astype(_F32)
-  dq = jnp.zeros(qf.shape, _F32)
-  dk = jnp.zeros(kf.shape, _F32)
-  for level in levels:
-    x, y = _level_operands(spec, qf, kf, level)
-    ds = operand(jnp.where(level.mask, d_scores, 0.0), spec)
-    dq = dq + jnp.where(level.right, level.decay * dot(ds, y, NN, spec), 0.0)
-    dk = dk + jnp.where(level.right, 0.0, level.decay * dot(ds, x, TN, spec))
-  return dq, dk
+def scores(spec: Spec, q, k, p: Gate | None, d: Docs):
+  """``[C, C]`` float32 (scalar decay per head, or none): ``pair_ij (q_i .
+  k_j) exp(P_i - P_j)``, the query scale not applied. A decay per key
+  channel builds its scores level by level (``level_decays``)."""
+  return dot(q, k, NT, spec) * pair_weights(spec, p, d)

@@ -287,12 +287,27 @@ def _chunk_inputs(arrays, spec: cm.Spec, specs, names):
   return inputs
 
 
-def _levels(r, spec, p, d, cols=slice(None)):
-  if spec.gate != "channel":
-    return None
-  return cm.channel_levels(
-      spec, p, lambda rows: cm.Gate(r["p_hi"][rows, cols],
-                                    r["p_lo"][rows, cols]), d)
+class _KeyBlock:
+  """One block of key columns of a chunk, loaded from the refs: ``q``,
+  ``k`` (float32 ``[C, BK]``), the gate ``p`` and its rows at any tokens
+  (``middle_rows``, a gather)."""
+
+  def __init__(self, r, cols):
+    self.q = r["q"][:, cols].astype(_F32)
+    self.k = r["k"][:, cols].astype(_F32)
+    self.p = _gate(r, (slice(None), cols))
+    self.cols = cols
+    self._r = r
+
+  def middle_rows(self, rows):
+    return cm.Gate(self._r["p_hi"][rows, self.cols],
+                   self._r["p_lo"][rows, self.cols])
+
+  def level(self, spec, s):
+    """``(x, y, decay, right)`` of halving level ``s`` (``chunk_math``)."""
+    decay, right = cm.level_decays(spec, s, self.p, self.middle_rows)
+    x, y = cm.level_operands(spec, self.q, self.k, decay, right)
+    return x, y, decay, right
 
 
 def _key_blocks(lay: Layout):
@@ -310,24 +325,46 @@ def _value_blocks(lay: Layout):
   return [pl.ds(i * width, width) for i in range(lay.v_pad // width)]
 
 
+def _channel_scores(r, spec: cm.Spec, lay: Layout, d):
+  """The ``[C, C]`` scores with a decay per key channel: the diagonal, then
+  each halving level's pairs, summed over key blocks before its mask."""
+  c = spec.chunk
+  diag = 0.0
+  for cols in _key_blocks(lay):
+    blk = _KeyBlock(r, cols)
+    diag = diag + jnp.sum(blk.q * blk.k, axis=1)
+  a = jnp.where(cm.diagonal(c), diag[:, None], 0.0)
+  for s in cm.level_sizes(c):
+    level = 0.0
+    for cols in _key_blocks(lay):
+      x, y, _, _ = _KeyBlock(r, cols).level(spec, s)
+      level = level + cm.dot(x, y, cm.NT, spec)
+    a = a + jnp.where(cm.level_mask(spec, s, d), level, 0.0)
+  return a
+
+
+def _scores(r, spec: cm.Spec, lay: Layout, d):
+  """The chunk's ``[C, C]`` scores (query scale not applied)."""
+  if spec.gate == "channel":
+    return _channel_scores(r, spec, lay, d)
+  return cm.scores(spec, r["q"][...], r["k"][...], _gate(r, slice(None)), d)
+
+
 def _outputs_kernel(r, *, spec: cm.Spec, lay: Layout):
   every = slice(None)
   d = _docs(r, spec, every)
+  a = _scores(r, spec, lay, d)                                  # [C, C]
+  o = cm.dot(cm.operand(a, spec), r["v"][...], cm.NN, spec)
   if spec.gate != "channel":
-    p = _gate(r, every)
-    a = cm.scores(spec, r["q"][...], r["k"][...], p, d)        # [C, C]
-    q_read = r["q"][...].astype(_F32) * cm.read_weights(spec, p, d)
-    o = cm.dot(cm.operand(q_read, spec), r["states"][...], cm.NN, spec)
+    q_read = r["q"][...].astype(_F32) * cm.read_weights(
+        spec, _gate(r, every), d)
+    o = o + cm.dot(cm.operand(q_read, spec), r["states"][...], cm.NN, spec)
   else:
-    a = o = 0.0
     for cols in _key_blocks(lay):
-      q, k = r["q"][:, cols], r["k"][:, cols]                   # [C, BK]
       p = _gate(r, (every, cols))
-      a = a + cm.scores(spec, q, k, p, d, _levels(r, spec, p, d, cols))
-      q_read = q.astype(_F32) * cm.read_weights(spec, p, d)
+      q_read = r["q"][:, cols].astype(_F32) * cm.read_weights(spec, p, d)
       o = o + cm.dot(cm.operand(q_read, spec), r["states"][cols, :], cm.NN,
                      spec)
-  o = o + cm.dot(cm.operand(a, spec), r["v"][...], cm.NN, spec)
   r["o"][...] = (o * spec.scale).astype(r["o"].dtype)
 
 
@@ -347,19 +384,6 @@ def outputs(arrays, h, spec: cm.Spec, lay: Layout, blocks: BlockSizes, *,
                (b, hh, lay.chunks * v_blocks), inputs, out, blocks,
                name="gated_linear_outputs", cost=cost,
                interpret=interpret)["o"]
-
-
-def _scores(r, spec: cm.Spec, lay: Layout, d):
-  """The chunk's ``[C, C]`` scores (query scale not applied)."""
-  every = slice(None)
-  if spec.gate != "channel":
-    return cm.scores(spec, r["q"][...], r["k"][...], _gate(r, every), d)
-  a = 0.0
-  for cols in _key_blocks(lay):
-    p = _gate(r, (every, cols))
-    a = a + cm.scores(spec, r["q"][:, cols], r["k"][:, cols], p, d,
-                      _levels(r, spec, p, d, cols))
-  return a
 
 
 def _dv_kernel(r, *, spec: cm.Spec, lay: Layout):
@@ -403,8 +427,17 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
     qf, kf = q.astype(_F32), k.astype(_F32)
     p = _gate(r, (every, cols))
     if spec.gate == "channel":
-      dq_pairs, dk_pairs = cm.channel_pair_grads(
-          spec, q, k, da, _levels(r, spec, p, d, cols))
+      # The pairs j < i, level by level: the gradient of the scores'
+      # factors x = q exp(P_i - P_M) and y = k exp(P_M - P_j).
+      blk = _KeyBlock(r, cols)
+      dq_pairs = dk_pairs = 0.0
+      for s in cm.level_sizes(c):
+        x, y, decay, right = blk.level(spec, s)
+        ds = cm.operand(jnp.where(cm.level_mask(spec, s, d), da, 0.0), spec)
+        dq_pairs = dq_pairs + jnp.where(
+            right, decay * cm.dot(ds, y, cm.NN, spec), 0.0)
+        dk_pairs = dk_pairs + jnp.where(
+            right, 0.0, decay * cm.dot(ds, x, cm.TN, spec))
       dq_intra = dq_pairs + da_diag[:, None] * kf
       dk_intra = dk_pairs + da_diag[:, None] * qf
     else:
