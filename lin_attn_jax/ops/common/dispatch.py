@@ -26,14 +26,14 @@ _T = TypeVar("_T")
 _default_backend = jax.default_backend
 
 
-# What ``impl="auto"`` runs on CUDA, per family of kernels. Measured on an
-# H200 (benchmarks/RESULTS_kernels.md, B=8, H=16, K=V=128, bfloat16): the
-# gated-linear kernels' forward is 1.3-1.5x faster than the XLA chunk form,
-# but their forward+backward is 1.9-3.2x slower, so a training step runs
-# the XLA form; the delta-rule sweep kernels are faster in both (KDA 1.27x
-# forward, 1.17x forward+backward at T=2048). ``impl="pallas"`` still runs
-# the kernel.
-AUTO_ON_CUDA = {"gated_linear": "xla", "delta_rule": "pallas"}
+# What ``impl="auto"`` runs on CUDA, per family of kernels: the kernel only
+# where a committed measurement on a GPU shows it faster than the XLA chunk
+# form, forward and forward+backward (benchmarks/RESULTS_kernels.md, one
+# H200, B=8, H=16, K=V=128, bfloat16, T = 2048 and 8192): the chunk-parallel
+# gated-linear kernels 3.2-4.1x (simple GLA) and 2.1x (GLA) forward+backward;
+# the delta-rule sweep kernels 1.2-1.3x (Gated DeltaNet) and 1.02x (KDA).
+# ``impl="pallas"`` runs the kernel anywhere.
+AUTO_ON_CUDA = {"gated_linear": "pallas", "delta_rule": "pallas"}
 
 
 def check_impl(impl) -> None:
