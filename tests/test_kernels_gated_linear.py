@@ -187,7 +187,7 @@ class _KernelChecks:
     width = 128 if backend == "tpu" else 16
     if backend == "gpu":
       settings = {"chunk": 16, "num_warps": 4, "num_stages": 1,
-                  "output_block_v": 16, "chunk_block_k": 16}
+                  "output_block_v": 16, "chunk_block": 16}
     else:
       settings = {"sub_chunk": 16, "chunk": 32}
     blocks = (BlockSizes(backend, block_k=width, block_v=width,
@@ -299,7 +299,7 @@ def test_rejects_bad_shapes():
      "multiple of 128"),
     ({"backend": "tpu", "sub_chunk": 16, "chunk": 32, "num_warps": 4},
      "GPU settings"),
-    ({"backend": "tpu", "chunk_block_k": 32}, "GPU setting"),
+    ({"backend": "tpu", "chunk_block": 32}, "GPU setting"),
     ({"backend": "gpu", "chunk": 24}, "power of two"),
     ({"backend": "gpu", "sub_chunk": 16}, "TPU setting"),
     ({"backend": "gpu", "chunk": 16, "block_v": 8}, "power of two"),

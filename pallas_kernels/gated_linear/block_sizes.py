@@ -59,10 +59,10 @@ class BlockSizes:
   backward_block_v: int | None = None  # value columns per backward program
   output_block_v: int | None = None  # GPU only: value columns per program
                                 # of the outputs kernel (None: 128)
-  chunk_block_k: int | None = None  # GPU only: key columns per step of the
-                                # chunk-parallel kernels' loops over K
-                                # (None: 64, or 32 with a decay per key
-                                # channel, whose [C, K] terms are many)
+  chunk_block: int | None = None  # GPU only: key (and value) columns per
+                                # step of the chunk kernels' loops over K
+                                # and V (None: 64, or 32 with a decay per
+                                # key channel, whose [C, K] terms are many)
   num_warps: int | None = None  # GPU only: warps per program
   num_stages: int | None = None  # GPU only: software pipelining stages
   per_channel: bool = False     # the defaults of a decay per key channel
@@ -76,7 +76,7 @@ class BlockSizes:
       if self.chunk % self.sub_chunk_rows:
         raise ValueError(f"sub_chunk ({self.sub_chunk_rows}) must divide "
                          f"chunk ({self.chunk})")
-      for name in ("output_block_v", "chunk_block_k"):
+      for name in ("output_block_v", "chunk_block"):
         if getattr(self, name) is not None:
           raise ValueError(f"{name} is a GPU setting; leave it None on TPU")
     else:
@@ -85,7 +85,7 @@ class BlockSizes:
                          "a chunk's pairs by halving); leave it None on GPU")
       common.check_rows("chunk", self.chunk, self.backend)
       common.check_width("output_block_v", self.output_block_v, self.backend)
-      common.check_width("chunk_block_k", self.chunk_block_k, self.backend)
+      common.check_width("chunk_block", self.chunk_block, self.backend)
     for name in ("block_k", "block_v", "backward_block_k",
                  "backward_block_v"):
       common.check_width(name, getattr(self, name), self.backend)
@@ -96,9 +96,9 @@ class BlockSizes:
     """TPU: tokens per sub-chunk, the default filled in."""
     return 16 if self.sub_chunk is None else self.sub_chunk
 
-  def chunk_block_k_or_default(self) -> int:
-    if self.chunk_block_k is not None:
-      return self.chunk_block_k
+  def chunk_block_or_default(self) -> int:
+    if self.chunk_block is not None:
+      return self.chunk_block
     return 32 if self.per_channel else 64
 
   def output_block_v_or_default(self) -> int:

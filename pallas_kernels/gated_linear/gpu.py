@@ -52,6 +52,12 @@ from pallas_kernels.gated_linear import chunk_math as cm
 from pallas_kernels.gated_linear.block_sizes import BlockSizes
 
 _F32 = jnp.float32
+# Matmuls of float32 inputs: 3xTF32 (``common/dots.py``), float32 accuracy
+# on the tensor cores (IEEE float32 on the CUDA cores held more registers
+# and spilled in every kernel). Their operands are twice as wide as
+# bfloat16 ones, so float32 chunks are at most FLOAT32_CHUNK tokens.
+FLOAT32_MODE = "tf32x3"
+FLOAT32_CHUNK = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +75,8 @@ class Layout:
   sweep_k: int     # state tile of a sweep program
   sweep_v: int
   out_v: int       # value columns per outputs program
-  inner_k: int     # key columns per step of the chunk-parallel kernels
+  inner_k: int     # key columns per step of the chunk kernels' loops
+  inner_v: int     # value columns per step of the dq/dk kernel's loops
 
   @property
   def chunks(self) -> int:
@@ -77,16 +84,18 @@ class Layout:
 
 
 def make_layout(b, t, h, dk, dv, blocks: BlockSizes,
-                direction: str = "forward") -> Layout:
+                direction: str = "forward", *, bf16: bool = True) -> Layout:
   """The layout of a call; ``direction`` ("forward" or "backward") picks
-  the sweeps' state tiles."""
-  chunk = blocks.chunk
+  the sweeps' state tiles; float32 inputs (``bf16=False``) take chunks of
+  at most ``FLOAT32_CHUNK`` tokens."""
+  chunk = blocks.chunk if bf16 else min(blocks.chunk, FLOAT32_CHUNK)
   k_pad, v_pad = power_of_two_at_least_16(dk), power_of_two_at_least_16(dv)
   bk, bv = blocks.features(direction)
   return Layout(b, t, h, dk, dv, -(-t // chunk) * chunk, k_pad, v_pad, chunk,
                 min(bk, k_pad), min(bv, v_pad),
                 min(blocks.output_block_v_or_default(), v_pad),
-                min(blocks.chunk_block_k_or_default(), k_pad))
+                min(blocks.chunk_block_or_default(), k_pad),
+                min(blocks.chunk_block_or_default(), v_pad))
 
 
 def _tokens(x, lay: Layout, width: int | None, dtype=None):
@@ -287,14 +296,29 @@ def _chunk_inputs(arrays, spec: cm.Spec, specs, names):
   return inputs
 
 
+def _loop(n: int, body, init):
+  """``body(j, carry)`` for ``j < n``: inline when ``n == 1``, else a
+  ``fori_loop`` (one copy of the body, whatever the width)."""
+  if n == 1:
+    return body(0, init)
+  return lax.fori_loop(0, n, body, init)
+
+
+def _cols(j, width: int):
+  """Column block ``j`` (static or traced) of ``width`` columns."""
+  if isinstance(j, int):
+    return pl.ds(j * width, width)
+  return pl.ds(pl.multiple_of(j * width, width), width)
+
+
 class _KeyBlock:
   """One block of key columns of a chunk, loaded from the refs: ``q``,
-  ``k`` (float32 ``[C, BK]``), the gate ``p`` and its rows at any tokens
-  (``middle_rows``, a gather)."""
+  ``k`` (``[C, BK]``, the inputs' dtype), the gate ``p`` and its rows at
+  any tokens (``middle_rows``, a gather)."""
 
   def __init__(self, r, cols):
-    self.q = r["q"][:, cols].astype(_F32)
-    self.k = r["k"][:, cols].astype(_F32)
+    self.q = r["q"][:, cols]
+    self.k = r["k"][:, cols]
     self.p = _gate(r, (slice(None), cols))
     self.cols = cols
     self._r = r
@@ -306,65 +330,62 @@ class _KeyBlock:
   def level(self, spec, s):
     """``(x, y, decay, right)`` of halving level ``s`` (``chunk_math``)."""
     decay, right = cm.level_decays(spec, s, self.p, self.middle_rows)
-    x, y = cm.level_operands(spec, self.q, self.k, decay, right)
+    x, y = cm.level_operands(spec, self.q.astype(_F32),
+                             self.k.astype(_F32), decay, right)
     return x, y, decay, right
 
 
-def _key_blocks(lay: Layout):
-  """Static column slices of the key axis, ``lay.inner_k`` wide: the
-  chunk-parallel kernels walk them so that no ``[C, K]`` float32 term is
-  held whole."""
-  return [pl.ds(i * lay.inner_k, lay.inner_k)
-          for i in range(lay.k_pad // lay.inner_k)]
+def _scores(r, spec: cm.Spec, lay: Layout, d):
+  """The chunk's ``[C, C]`` scores (query scale not applied), summed over
+  key blocks. A decay per key channel: the diagonal, then each halving
+  level's pairs, summed over key blocks before the level's mask."""
+  c, width = spec.chunk, lay.inner_k
+  n_k = lay.k_pad // width
+  zeros = jnp.zeros((c, c), _F32)
+  if spec.gate != "channel":
+    qk = _loop(n_k, lambda j, acc: acc + cm.dot(
+        r["q"][:, _cols(j, width)], r["k"][:, _cols(j, width)], cm.NT, spec),
+               zeros)
+    return qk * cm.pair_weights(spec, _gate(r, slice(None)), d)
 
+  def diag_part(j, acc):
+    cols = _cols(j, width)
+    return acc + jnp.sum(r["q"][:, cols].astype(_F32)
+                         * r["k"][:, cols].astype(_F32), axis=1)
 
-def _value_blocks(lay: Layout):
-  """Static column slices of the value axis, ``lay.inner_k`` wide (the
-  gradients kernel's ``dv`` accumulator)."""
-  width = min(lay.inner_k, lay.v_pad)
-  return [pl.ds(i * width, width) for i in range(lay.v_pad // width)]
-
-
-def _channel_scores(r, spec: cm.Spec, lay: Layout, d):
-  """The ``[C, C]`` scores with a decay per key channel: the diagonal, then
-  each halving level's pairs, summed over key blocks before its mask."""
-  c = spec.chunk
-  diag = 0.0
-  for cols in _key_blocks(lay):
-    blk = _KeyBlock(r, cols)
-    diag = diag + jnp.sum(blk.q * blk.k, axis=1)
+  diag = _loop(n_k, diag_part, jnp.zeros((c,), _F32))
   a = jnp.where(cm.diagonal(c), diag[:, None], 0.0)
   for s in cm.level_sizes(c):
-    level = 0.0
-    for cols in _key_blocks(lay):
-      x, y, _, _ = _KeyBlock(r, cols).level(spec, s)
-      level = level + cm.dot(x, y, cm.NT, spec)
+    def level_part(j, acc, s=s):
+      x, y, _, _ = _KeyBlock(r, _cols(j, width)).level(spec, s)
+      return acc + cm.dot(x, y, cm.NT, spec)
+
+    level = _loop(n_k, level_part, zeros)
     a = a + jnp.where(cm.level_mask(spec, s, d), level, 0.0)
   return a
 
 
-def _scores(r, spec: cm.Spec, lay: Layout, d):
-  """The chunk's ``[C, C]`` scores (query scale not applied)."""
-  if spec.gate == "channel":
-    return _channel_scores(r, spec, lay, d)
-  return cm.scores(spec, r["q"][...], r["k"][...], _gate(r, slice(None)), d)
+def _read_states(r, spec: cm.Spec, lay: Layout, d):
+  """``sum_k (read_i exp(P_i) q_i)_k h[k, :]`` over key blocks: ``[C,
+  BV]`` for the program's value block."""
+  width = lay.inner_k
+
+  def part(j, acc):
+    cols = _cols(j, width)
+    p = _gate(r, (slice(None), cols))
+    q_read = r["q"][:, cols].astype(_F32) * cm.read_weights(spec, p, d)
+    return acc + cm.dot(cm.operand(q_read, spec), r["states"][cols, :],
+                        cm.NN, spec)
+
+  return _loop(lay.k_pad // width, part,
+               jnp.zeros((spec.chunk, r["states"].shape[-1]), _F32))
 
 
 def _outputs_kernel(r, *, spec: cm.Spec, lay: Layout):
-  every = slice(None)
-  d = _docs(r, spec, every)
+  d = _docs(r, spec, slice(None))
   a = _scores(r, spec, lay, d)                                  # [C, C]
-  o = cm.dot(cm.operand(a, spec), r["v"][...], cm.NN, spec)
-  if spec.gate != "channel":
-    q_read = r["q"][...].astype(_F32) * cm.read_weights(
-        spec, _gate(r, every), d)
-    o = o + cm.dot(cm.operand(q_read, spec), r["states"][...], cm.NN, spec)
-  else:
-    for cols in _key_blocks(lay):
-      p = _gate(r, (every, cols))
-      q_read = r["q"][:, cols].astype(_F32) * cm.read_weights(spec, p, d)
-      o = o + cm.dot(cm.operand(q_read, spec), r["states"][cols, :], cm.NN,
-                     spec)
+  o = (cm.dot(cm.operand(a, spec), r["v"][...], cm.NN, spec)
+       + _read_states(r, spec, lay, d))                         # [C, BV]
   r["o"][...] = (o * spec.scale).astype(r["o"].dtype)
 
 
@@ -388,92 +409,121 @@ def outputs(arrays, h, spec: cm.Spec, lay: Layout, blocks: BlockSizes, *,
 
 def _dv_kernel(r, *, spec: cm.Spec, lay: Layout):
   """``dv = scale scores^T do + (write k) dh`` for one value block."""
-  every = slice(None)
-  d = _docs(r, spec, every)
+  d = _docs(r, spec, slice(None))
   a = cm.operand(_scores(r, spec, lay, d) * spec.scale, spec)   # [C, C]
-  dv = cm.dot(a, r["do"][...], cm.TN, spec)                     # [C, BV]
-  for cols in _key_blocks(lay):
+  width = lay.inner_k
+
+  def part(j, acc):
+    cols = _cols(j, width)
     kw = (r["k"][:, cols].astype(_F32)
-          * cm.write_weights(spec, _gate(r, (every, cols)), d))
-    dv = dv + cm.dot(cm.operand(kw, spec), r["d_states"][cols, :], cm.NN,
-                     spec)
+          * cm.write_weights(spec, _gate(r, (slice(None), cols)), d))
+    return acc + cm.dot(cm.operand(kw, spec), r["d_states"][cols, :],
+                        cm.NN, spec)
+
+  dv = _loop(lay.k_pad // width, part,
+             cm.dot(a, r["do"][...], cm.TN, spec))              # [C, BV]
   r["dv"][...] = dv.astype(r["dv"].dtype)
 
 
 def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
-  """``dq``, ``dk`` and the log-decays' gradient terms of one chunk."""
+  """``dq``, ``dk`` and the log-decays' gradient terms of one chunk, by key
+  blocks, each summing over value blocks."""
   every = slice(None)
-  c = spec.chunk
+  c, width, v_width = spec.chunk, lay.inner_k, lay.inner_v
+  n_k, n_v = lay.k_pad // width, lay.v_pad // v_width
+  gated = spec.gate != "none"
   d = _docs(r, spec, every)
-  d_scores = cm.dot(r["do"][...], r["v"][...], cm.NT, spec)     # [C, C]
+  d_scores = _loop(n_v, lambda j, acc: acc + cm.dot(
+      r["do"][:, _cols(j, v_width)], r["v"][:, _cols(j, v_width)], cm.NT,
+      spec), jnp.zeros((c, c), _F32))                           # [C, C]
   last = cm.iota((c,), 0) == c - 1
   if spec.gate == "channel":
     da = jnp.where(d.pair, d_scores * spec.scale, 0.0)
-    da_diag = jnp.sum(jnp.where(cm.diagonal(c), da, 0.0), axis=1)
+    da_diag = jnp.sum(jnp.where(cm.diagonal(c), da, 0.0), axis=1)[:, None]
+    da = cm.operand(da, spec)
   else:
-    p = _gate(r, every)
-    weights = cm.pair_weights(spec, p, d)                       # [C, C]
     if spec.gate == "scalar":
       # The pairs' part of the log-decays' gradient (``gate_gradient``):
       # pairs j < i by row, less the same pairs by column.
       below = cm.iota((c, c), 0) > cm.iota((c, c), 1)
-      a = cm.dot(r["q"][...], r["k"][...], cm.NT, spec) * weights
-      terms = jnp.where(below, a * d_scores * spec.scale, 0.0)  # [i, j]
+      terms = jnp.where(below, _scores(r, spec, lay, d) * d_scores
+                        * spec.scale, 0.0)                      # [i, j]
       pair_terms = jnp.sum(terms, axis=1) - jnp.sum(terms, axis=0)
-    da = cm.operand(d_scores * weights * spec.scale, spec)
-  read_terms = write_terms = carried = 0.0
-  for cols in _key_blocks(lay):
+    da = cm.operand(d_scores * cm.pair_weights(spec, _gate(r, every), d)
+                    * spec.scale, spec)
+
+  def value_sums(cols):
+    """``(do h^T, v dh^T, sum_v h * dh)`` of key block ``cols``, summed
+    over value blocks: ``([C, BK], [C, BK], [BK])``."""
+    def value_block(jv, acc):
+      vcols = _cols(jv, v_width)
+      dq_read, dk_write, carried = acc
+      h = r["states"][cols, vcols]                              # [BK, BV]
+      dh = r["d_states"][cols, vcols]
+      dq_read = dq_read + cm.dot(r["do"][:, vcols], h, cm.NT, spec)
+      dk_write = dk_write + cm.dot(r["v"][:, vcols], dh, cm.NT, spec)
+      if gated:
+        carried = carried + jnp.sum(h.astype(_F32) * dh.astype(_F32), axis=1)
+      return dq_read, dk_write, carried
+
+    zeros = jnp.zeros((c, width), _F32)
+    return _loop(n_v, value_block,
+                 (zeros, zeros, jnp.zeros((width,), _F32)))
+
+  def channel_key_block(jk, totals):
+    cols = _cols(jk, width)
+    blk = _KeyBlock(r, cols)
+    # The pairs j < i first, level by level: the gradient of the scores'
+    # factors x = q exp(P_i - P_M) and y = k exp(P_M - P_j).
+    dq_pairs = dk_pairs = jnp.zeros((c, width), _F32)
+    for s in cm.level_sizes(c):
+      x, y, decay, right = blk.level(spec, s)
+      ds = jnp.where(cm.level_mask(spec, s, d), da, 0.0).astype(da.dtype)
+      dq_pairs = dq_pairs + jnp.where(
+          right, decay * cm.dot(ds, y, cm.NN, spec), 0.0)
+      dk_pairs = dk_pairs + jnp.where(
+          right, 0.0, decay * cm.dot(ds, x, cm.TN, spec))
+    dq_read, dk_write, carried = value_sums(cols)
+    dq_read = dq_read * (cm.read_weights(spec, blk.p, d) * spec.scale)
+    dk_write = dk_write * cm.write_weights(spec, blk.p, d)
+    q, k = r["q"][:, cols].astype(_F32), r["k"][:, cols].astype(_F32)
+    r["dq"][:, cols] = (dq_read + dq_pairs + da_diag * k).astype(
+        r["dq"].dtype)
+    r["dk"][:, cols] = (dk_write + dk_pairs + da_diag * q).astype(
+        r["dk"].dtype)
+    # The log-decays' gradient terms (``gate_gradient``): the state read at
+    # i >= m, the carried state and the writes at j < m, and the pairs
+    # i >= m > j (the pairs j < i of the rows, less those of the columns
+    # >= m; the diagonal adds equal terms to both, so it is left out).
+    carried = cm.carry_decay(spec, blk.p, d) * carried           # [BK]
+    r["gate_rows"][:, cols] = (
+        q * (dq_read + dq_pairs) - k * dk_pairs
+        + jnp.where(last[:, None], carried[None, :], 0.0))
+    r["gate_writes"][:, cols] = k * dk_write
+    return totals
+
+  def key_block(jk, totals):
+    cols = _cols(jk, width)
     q, k = r["q"][:, cols], r["k"][:, cols]                     # [C, BK]
-    qf, kf = q.astype(_F32), k.astype(_F32)
     p = _gate(r, (every, cols))
-    if spec.gate == "channel":
-      # The pairs j < i, level by level: the gradient of the scores'
-      # factors x = q exp(P_i - P_M) and y = k exp(P_M - P_j).
-      blk = _KeyBlock(r, cols)
-      dq_pairs = dk_pairs = 0.0
-      for s in cm.level_sizes(c):
-        x, y, decay, right = blk.level(spec, s)
-        ds = cm.operand(jnp.where(cm.level_mask(spec, s, d), da, 0.0), spec)
-        dq_pairs = dq_pairs + jnp.where(
-            right, decay * cm.dot(ds, y, cm.NN, spec), 0.0)
-        dk_pairs = dk_pairs + jnp.where(
-            right, 0.0, decay * cm.dot(ds, x, cm.TN, spec))
-      dq_intra = dq_pairs + da_diag[:, None] * kf
-      dk_intra = dk_pairs + da_diag[:, None] * qf
-    else:
-      dq_intra = cm.dot(da, k, cm.NN, spec)
-      dk_intra = cm.dot(da, q, cm.TN, spec)
-    h = r["states"][cols, :]                                    # [BK, V]
-    dq_read = (cm.dot(r["do"][...], h, cm.NT, spec)
-               * (cm.read_weights(spec, p, d) * spec.scale))    # [C, BK]
-    r["dq"][:, cols] = (dq_read + dq_intra).astype(r["dq"].dtype)
-    dh = r["d_states"][cols, :]
-    dk_write = (cm.dot(r["v"][...], dh, cm.NT, spec)
-                * cm.write_weights(spec, p, d))                 # [C, BK]
-    r["dk"][:, cols] = (dk_write + dk_intra).astype(r["dk"].dtype)
-    if spec.gate == "none":
-      continue
-    # The terms of the log-decays' gradient (``gate_gradient``): the state
-    # read at i >= m, the carried state and the writes at j < m, and the
-    # pairs i >= m > j (the pairs j < i of the rows, less those of the
-    # columns >= m; the diagonal adds equal terms to both, so it is left
-    # out).
-    rows_part = qf * dq_read
-    writes_part = kf * dk_write
-    # sum_v h[k, v] dh[k, v], the diagonal of h dh^T (a matmul, where the
-    # elementwise product would hold a [BK, V] float32 tile in registers).
-    h_dh = cm.dot(h, dh, cm.NT, spec)                           # [BK, BK]
-    carried_part = cm.carry_decay(spec, p, d) * jnp.sum(
-        jnp.where(cm.diagonal(h_dh.shape[0]), h_dh, 0.0), axis=1)  # [BK]
-    if spec.gate == "channel":
-      rows_part = rows_part + qf * dq_pairs - kf * dk_pairs
-      r["gate_rows"][:, cols] = rows_part + jnp.where(
-          last[:, None], carried_part[None, :], 0.0)
-      r["gate_writes"][:, cols] = writes_part
-    else:
-      read_terms = read_terms + jnp.sum(rows_part, axis=1)
-      write_terms = write_terms + jnp.sum(writes_part, axis=1)
-      carried = carried + jnp.sum(carried_part)
+    dq_read, dk_write, carried = value_sums(cols)
+    dq_read = dq_read * (cm.read_weights(spec, p, d) * spec.scale)
+    dk_write = dk_write * cm.write_weights(spec, p, d)
+    r["dq"][:, cols] = (dq_read + cm.dot(da, k, cm.NN, spec)).astype(
+        r["dq"].dtype)
+    r["dk"][:, cols] = (dk_write + cm.dot(da, q, cm.TN, spec)).astype(
+        r["dk"].dtype)
+    if not gated:
+      return totals
+    read_terms, write_terms, carried_total = totals
+    return (read_terms + jnp.sum(q.astype(_F32) * dq_read, axis=1),
+            write_terms + jnp.sum(k.astype(_F32) * dk_write, axis=1),
+            carried_total + cm.carry_decay(spec, p, d) * jnp.sum(carried))
+
+  vector = jnp.zeros((c,), _F32)
+  read_terms, write_terms, carried = _loop(
+      n_k, channel_key_block if spec.gate == "channel" else key_block,
+      (vector, vector, jnp.zeros((), _F32)))
   if spec.gate == "scalar":
     r["gate_rows"][...] = (read_terms + pair_terms
                            + jnp.where(last, carried, 0.0))

@@ -39,7 +39,6 @@ import numpy as np
 from pallas_kernels.common import blocks as common_blocks
 from pallas_kernels.common import compiler, dispatch
 from pallas_kernels.common.layout import sum_parts
-from pallas_kernels.common import dots
 from pallas_kernels.gated_linear import chunk_math, gpu, layout, tpu
 from pallas_kernels.gated_linear.block_sizes import BlockSizes
 from pallas_kernels.gated_linear.sub_chunk import KernelSpec
@@ -89,11 +88,12 @@ def _cost(spec: KernelSpec, lay: layout.Layout, arrays, passes: int):
 def _gpu_setup(cfg: _Config, q, k, v, g, doc, direction: str):
   blocks = dict(cfg.blocks)["gpu"]
   b, t, h, dk = q.shape
-  lay = gpu.make_layout(b, t, h, dk, v.shape[-1], blocks, direction)
   bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
+  lay = gpu.make_layout(b, t, h, dk, v.shape[-1], blocks, direction,
+                        bf16=bf16)
   spec = chunk_math.Spec(gate=_gate_kind(g), segments=doc is not None,
                          scale=cfg.scale, chunk=lay.chunk,
-                         mode=dots.mode(bf16=bf16, backend="gpu"))
+                         mode="bf16" if bf16 else gpu.FLOAT32_MODE)
   return blocks, lay, spec, bf16
 
 
