@@ -62,8 +62,7 @@ def _stages(gate, blocks, q, k, v, g, do):
                                                          backend="gpu"))
   arrays = jax.jit(functools.partial(gpu.prepare, lay=lay, spec=spec))(
       q, k, v, g, None, do=do)
-  common = dict(spec=spec, lay=lay, blocks=blocks,
-                interpret=FLAGS.interpret)
+  common = dict(spec=spec, lay=lay, interpret=FLAGS.interpret)
 
   def states(arrays):
     return gpu.sweep(arrays, reverse=False, state_in=None, state_out=False,

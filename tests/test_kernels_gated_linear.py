@@ -328,6 +328,25 @@ def test_block_size_defaults_are_valid():
                                 chunk_size=size).chunk == chunk
 
 
+@pytest.mark.parametrize("per_channel, bf16, widths, expected", [
+    (False, True, (128, 128), (64, 64, 4, 2)),
+    (False, True, (256, 512), (64, 32, 4, 2)),
+    (False, False, (128, 128), (32, 16, 8, 2)),
+    (True, True, (128, 128), (32, 16, 8, 2)),
+    (True, False, (128, 128), (16, 16, 8, 2)),
+])
+def test_gpu_settings_by_gate_and_dtype(per_channel, bf16, widths, expected):
+  """The GPU chunk is capped, and the warps and column blocks chosen, by
+  gate kind, dtype and width (the settings that compile without spills);
+  fields given are kept."""
+  blocks = BlockSizes.default("gpu", per_channel=per_channel)
+  settings = blocks.gpu_settings(bf16=bf16, k_pad=widths[0], v_pad=widths[1])
+  assert settings == expected
+  given = BlockSizes("gpu", chunk=16, chunk_block=32, num_warps=2,
+                     num_stages=3, per_channel=per_channel)
+  assert given.gpu_settings(bf16=bf16, k_pad=128, v_pad=128) == (16, 32, 2, 3)
+
+
 def test_default_blocks_fit_widths_that_are_not_powers_of_two():
   """Based's 273 key channels pad to 384 lanes on TPU: the default 256-wide
   blocks halve to 128; a block given that does not divide still raises."""

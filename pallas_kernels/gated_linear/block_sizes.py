@@ -47,8 +47,9 @@ class BlockSizes:
                                 # scores (None: 16)
   chunk: int = 64               # TPU: a multiple of sub_chunk, tokens per
                                 # grid step and between the state
-                                # checkpoints of the backward pass. GPU: C,
-                                # tokens per chunk (a power of two >= 16)
+                                # checkpoints of the backward pass. GPU: at
+                                # most C tokens per chunk (a power of two
+                                # >= 16; gpu_settings caps it)
   block_k: int | None = None    # key columns per forward program (None:
                                 # DEFAULT_FEATURES); TPU: more than one
                                 # block returns the outputs as parts to add.
@@ -61,10 +62,11 @@ class BlockSizes:
                                 # of the outputs kernel (None: 128)
   chunk_block: int | None = None  # GPU only: key (and value) columns per
                                 # step of the chunk kernels' loops over K
-                                # and V (None: 64, or 32 with a decay per
-                                # key channel, whose [C, K] terms are many)
-  num_warps: int | None = None  # GPU only: warps per program
+                                # and V (None: gpu_settings)
+  num_warps: int | None = None  # GPU only: warps per program (None:
+                                # gpu_settings)
   num_stages: int | None = None  # GPU only: software pipelining stages
+                                # (None: 2)
   per_channel: bool = False     # the defaults of a decay per key channel
 
   def __post_init__(self):
@@ -96,10 +98,32 @@ class BlockSizes:
     """TPU: tokens per sub-chunk, the default filled in."""
     return 16 if self.sub_chunk is None else self.sub_chunk
 
-  def chunk_block_or_default(self) -> int:
-    if self.chunk_block is not None:
-      return self.chunk_block
-    return 32 if self.per_channel else 64
+  def gpu_settings(self, *, bf16: bool, k_pad: int, v_pad: int):
+    """GPU: ``(chunk, chunk_block, num_warps, num_stages)`` for inputs of
+    that dtype and padded widths, the defaults filled in.
+
+    The chunk is ``self.chunk`` capped by gate kind and dtype, and the
+    defaults are the widest settings that ptxas compiles without a register
+    spill for sm_80 and sm_90 at every checked shape (``make
+    compile-check``): bfloat16 with a scalar decay (or none), 64-token
+    chunks, 64 columns per step (32 when K or V is wider than 128) and 4
+    warps (8 warps ran every kernel about 1.5x slower on an H200); a decay
+    per key channel, whose halving levels hold many ``[C, C]`` masks and
+    ``[C, BK]`` terms at once, chunks of 32 tokens (16 for float32), 16
+    columns and 8 warps; float32 inputs (3xTF32 operands) otherwise, chunks
+    of 32, 16 columns and 8 warps. 2 pipelining stages.
+    """
+    if self.per_channel:
+      cap, block, warps = (32 if bf16 else 16), 16, 8
+    elif bf16:
+      cap, warps = 64, 4
+      block = 64 if max(k_pad, v_pad) <= 128 else 32
+    else:
+      cap, block, warps = 32, 16, 8
+    return (min(self.chunk, cap),
+            block if self.chunk_block is None else self.chunk_block,
+            warps if self.num_warps is None else self.num_warps,
+            2 if self.num_stages is None else self.num_stages)
 
   def output_block_v_or_default(self) -> int:
     return (DEFAULT_OUTPUT_BLOCK_V if self.output_block_v is None
@@ -128,7 +152,7 @@ class BlockSizes:
     GPU: chunks of 64 tokens, or of ``chunk_size`` rounded up to a power of
     two when that is smaller (the ``[C, C]`` scores and ``[C, K]`` tiles of
     the chunk-parallel kernels live in registers; 64 rows is what a
-    Hopper ``wgmma`` takes), 4 warps and 2 pipelining stages.
+    Hopper ``wgmma`` takes); warps and column blocks by ``gpu_settings``.
     """
     common.check_backend(backend)
     if chunk_size is not None:
@@ -143,5 +167,4 @@ class BlockSizes:
                  per_channel=per_channel)
     chunk = 64 if chunk_size is None else min(
         64, max(16, 1 << (chunk_size - 1).bit_length()))
-    return cls("gpu", chunk=chunk, num_warps=4, num_stages=2,
-               per_channel=per_channel)
+    return cls("gpu", chunk=chunk, per_channel=per_channel)

@@ -54,10 +54,8 @@ from pallas_kernels.gated_linear.block_sizes import BlockSizes
 _F32 = jnp.float32
 # Matmuls of float32 inputs: 3xTF32 (``common/dots.py``), float32 accuracy
 # on the tensor cores (IEEE float32 on the CUDA cores held more registers
-# and spilled in every kernel). Their operands are twice as wide as
-# bfloat16 ones, so float32 chunks are at most FLOAT32_CHUNK tokens.
+# and spilled in every kernel).
 FLOAT32_MODE = "tf32x3"
-FLOAT32_CHUNK = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +75,8 @@ class Layout:
   out_v: int       # value columns per outputs program
   inner_k: int     # key columns per step of the chunk kernels' loops
   inner_v: int     # value columns per step of the dq/dk kernel's loops
+  num_warps: int
+  num_stages: int
 
   @property
   def chunks(self) -> int:
@@ -85,17 +85,17 @@ class Layout:
 
 def make_layout(b, t, h, dk, dv, blocks: BlockSizes,
                 direction: str = "forward", *, bf16: bool = True) -> Layout:
-  """The layout of a call; ``direction`` ("forward" or "backward") picks
-  the sweeps' state tiles; float32 inputs (``bf16=False``) take chunks of
-  at most ``FLOAT32_CHUNK`` tokens."""
-  chunk = blocks.chunk if bf16 else min(blocks.chunk, FLOAT32_CHUNK)
+  """The layout of a call: ``direction`` ("forward" or "backward") picks
+  the sweeps' state tiles, ``blocks.gpu_settings`` the chunk, the chunk
+  kernels' column blocks and warps for the inputs' dtype (``bf16``)."""
   k_pad, v_pad = power_of_two_at_least_16(dk), power_of_two_at_least_16(dv)
+  chunk, inner, warps, stages = blocks.gpu_settings(bf16=bf16, k_pad=k_pad,
+                                                    v_pad=v_pad)
   bk, bv = blocks.features(direction)
   return Layout(b, t, h, dk, dv, -(-t // chunk) * chunk, k_pad, v_pad, chunk,
                 min(bk, k_pad), min(bv, v_pad),
                 min(blocks.output_block_v_or_default(), v_pad),
-                min(blocks.chunk_block_or_default(), k_pad),
-                min(blocks.chunk_block_or_default(), v_pad))
+                min(inner, k_pad), min(inner, v_pad), warps, stages)
 
 
 def _tokens(x, lay: Layout, width: int | None, dtype=None):
@@ -153,7 +153,7 @@ def _docs(r, spec, rows):
   return cm.docs(spec, r["doc"][rows], r["doc_enter"][rows])
 
 
-def _call(kernel, grid, inputs, outputs, blocks: BlockSizes, *, name, cost,
+def _call(kernel, grid, inputs, outputs, lay: Layout, *, name, cost,
           interpret):
   """``pl.pallas_call`` of ``kernel(refs by name)``: ``inputs`` and
   ``outputs`` are ``{name: (array or ShapeDtypeStruct, BlockSpec)}``."""
@@ -163,8 +163,7 @@ def _call(kernel, grid, inputs, outputs, blocks: BlockSizes, *, name, cost,
       out_shape=[shape for shape, _ in outputs.values()], grid=grid,
       in_specs=[spec for _, spec in inputs.values()],
       out_specs=[spec for _, spec in outputs.values()],
-      compiler_params=compiler.gpu_params(blocks.num_warps,
-                                          blocks.num_stages),
+      compiler_params=compiler.gpu_params(lay.num_warps, lay.num_stages),
       cost_estimate=cost, interpret=interpret, name=name)(
           *[x for x, _ in inputs.values()])
   return dict(zip(outputs, outs))
@@ -223,7 +222,7 @@ def _sweep_kernel(r, *, spec: cm.Spec, n_chunks: int, reverse: bool,
     r["state_out"][...] = s
 
 
-def sweep(arrays, spec: cm.Spec, lay: Layout, blocks: BlockSizes, *,
+def sweep(arrays, spec: cm.Spec, lay: Layout, *,
           reverse: bool, state_in=None, state_out: bool, states_dtype, cost,
           interpret: bool):
   """Forward (``reverse=False``): ``{"states": h [B, H, N, K, V], "state_out":
@@ -255,7 +254,7 @@ def sweep(arrays, spec: cm.Spec, lay: Layout, blocks: BlockSizes, *,
                              reverse=reverse,
                              shape=(lay.sweep_k, lay.sweep_v))
   name = "gated_linear_state_grads" if reverse else "gated_linear_states"
-  return _call(kernel, grid, inputs, outputs, blocks, name=name, cost=cost,
+  return _call(kernel, grid, inputs, outputs, lay, name=name, cost=cost,
                interpret=interpret)
 
 
@@ -389,7 +388,7 @@ def _outputs_kernel(r, *, spec: cm.Spec, lay: Layout):
   r["o"][...] = (o * spec.scale).astype(r["o"].dtype)
 
 
-def outputs(arrays, h, spec: cm.Spec, lay: Layout, blocks: BlockSizes, *,
+def outputs(arrays, h, spec: cm.Spec, lay: Layout, *,
             out_dtype, cost, interpret: bool):
   """``o [B, T_pad, H, V_pad]`` from the inputs and the entering states
   ``h [B, H, N, K, V]``."""
@@ -402,7 +401,7 @@ def outputs(arrays, h, spec: cm.Spec, lay: Layout, blocks: BlockSizes, *,
   out = {"o": (jax.ShapeDtypeStruct((b, lay.t_pad, hh, lay.v_pad), out_dtype),
                specs["v"])}
   return _call(functools.partial(_outputs_kernel, spec=spec, lay=lay),
-               (b, hh, lay.chunks * v_blocks), inputs, out, blocks,
+               (b, hh, lay.chunks * v_blocks), inputs, out, lay,
                name="gated_linear_outputs", cost=cost,
                interpret=interpret)["o"]
 
@@ -530,7 +529,7 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
     r["gate_writes"][...] = write_terms
 
 
-def grads(arrays, h, dh, spec: cm.Spec, lay: Layout, blocks: BlockSizes, *,
+def grads(arrays, h, dh, spec: cm.Spec, lay: Layout, *,
           interpret: bool):
   """``{"dq", "dk", "dv"}`` (padded, in the inputs' dtype) and, with a
   decay, ``{"gate_rows", "gate_writes"}`` (``[B, T_pad, H(, K_pad)]``
@@ -546,7 +545,7 @@ def grads(arrays, h, dh, spec: cm.Spec, lay: Layout, blocks: BlockSizes, *,
   out = {"dv": (jax.ShapeDtypeStruct((b, t, hh, lay.v_pad), dtype),
                 specs["v"])}
   result = _call(functools.partial(_dv_kernel, spec=spec, lay=lay),
-                 (b, hh, lay.chunks * v_blocks), inputs, out, blocks,
+                 (b, hh, lay.chunks * v_blocks), inputs, out, lay,
                  name="gated_linear_dv",
                  cost=cost(spec, lay, "dv", inputs), interpret=interpret)
   specs = _chunk_specs(lay, 1, lay.v_pad)
@@ -564,7 +563,7 @@ def grads(arrays, h, dh, spec: cm.Spec, lay: Layout, blocks: BlockSizes, *,
       out[name] = (jax.ShapeDtypeStruct(shape, _F32),
                    specs["gate_" + spec.gate])
   result.update(_call(functools.partial(_dqk_kernel, spec=spec, lay=lay),
-                      (b, hh, lay.chunks), inputs, out, blocks,
+                      (b, hh, lay.chunks), inputs, out, lay,
                       name="gated_linear_dqk",
                       cost=cost(spec, lay, "dqk", inputs),
                       interpret=interpret))

@@ -97,9 +97,9 @@ def _gpu_setup(cfg: _Config, q, k, v, g, doc, direction: str):
   return blocks, lay, spec, bf16
 
 
-def _gpu_states(arrays, spec, lay, blocks, s0, *, final, interpret, bf16):
+def _gpu_states(arrays, spec, lay, s0, *, final, interpret, bf16):
   state_in = None if s0 is None else gpu.pad_state(s0, lay)
-  return gpu.sweep(arrays, spec, lay, blocks, reverse=False,
+  return gpu.sweep(arrays, spec, lay, reverse=False,
                    state_in=state_in, state_out=final,
                    states_dtype=jnp.bfloat16 if bf16 else _F32,
                    cost=gpu.cost(spec, lay, "sweep", arrays.values()),
@@ -109,10 +109,10 @@ def _gpu_states(arrays, spec, lay, blocks, s0, *, final, interpret, bf16):
 def _gpu_forward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc):
   blocks, lay, spec, bf16 = _gpu_setup(cfg, q, k, v, g, doc, "forward")
   arrays = gpu.prepare(q, k, v, g, doc, lay, spec)
-  swept = _gpu_states(arrays, spec, lay, blocks, s0,
+  swept = _gpu_states(arrays, spec, lay, s0,
                       final=cfg.output_final_state, interpret=interpret,
                       bf16=bf16)
-  o = gpu.outputs(arrays, swept["states"], spec, lay, blocks,
+  o = gpu.outputs(arrays, swept["states"], spec, lay,
                   out_dtype=v.dtype if bf16 else _F32,
                   cost=gpu.cost(spec, lay, "outputs", arrays.values()),
                   interpret=interpret)
@@ -126,14 +126,14 @@ def _gpu_backward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc, do,
                   d_final):
   blocks, lay, spec, bf16 = _gpu_setup(cfg, q, k, v, g, doc, "backward")
   arrays = gpu.prepare(q, k, v, g, doc, lay, spec, do=do)
-  h = _gpu_states(arrays, spec, lay, blocks, s0, final=False,
+  h = _gpu_states(arrays, spec, lay, s0, final=False,
                   interpret=interpret, bf16=bf16)["states"]
   d_in = None if d_final is None else gpu.pad_state(d_final, lay)
-  swept = gpu.sweep(arrays, spec, lay, blocks, reverse=True, state_in=d_in,
+  swept = gpu.sweep(arrays, spec, lay, reverse=True, state_in=d_in,
                     state_out=s0 is not None, states_dtype=h.dtype,
                     cost=gpu.cost(spec, lay, "sweep", arrays.values()),
                     interpret=interpret)
-  out = gpu.grads(arrays, h, swept["states"], spec, lay, blocks,
+  out = gpu.grads(arrays, h, swept["states"], spec, lay,
                   interpret=interpret)
   dg = None
   if g is not None:
