@@ -4,10 +4,11 @@ These run in the toolchain environments of ``make compile-check``
 (``.venv-tpu`` with libtpu, ``.venv-cuda`` with jax-cuda12-plugin); in the
 main (CPU) environment they skip. Each toolchain compiles one case with the
 default blocks (it passes) and one with deliberately oversized blocks (it
-fails, shown on its forward kernel): on GPU a float32 state block of
-128 x 128 per program at 4 warps (128 registers per thread for the state
-alone) spills registers; on TPU a delta-rule program holding 2048 x 2048
-float32 state (16 MiB of scratch and two 16 MiB windows of entering states)
+fails, shown on one forward kernel): on GPU the per-channel outputs kernel
+in float32 with 64-token chunks, 128 key columns per step and 4 warps
+(its halving levels hold several float32 [64, 128] terms per thread)
+spills registers; on TPU a delta-rule program holding 2048 x 2048 float32
+state (16 MiB of scratch and two 16 MiB windows of entering states)
 overflows VMEM.
 """
 
@@ -54,21 +55,22 @@ def test_oversized_blocks_fail(dump_dir):
     from pallas_kernels.gated_linear import BlockSizes
     case = compile_kernels.Case("oversized", "gated_linear", "channel", 128,
                                 128)
-    blocks = BlockSizes("gpu", sub_chunk=16, chunk=64, block_k=128,
-                        block_v=128, backward_block_k=128,
-                        backward_block_v=128, num_warps=4, num_stages=1)
+    blocks = BlockSizes("gpu", chunk=64, chunk_block=128, num_warps=4,
+                        num_stages=1, per_channel=True)
     expected = "register spills"
+    forward_kernel = "_outputs"
   else:
     from pallas_kernels.delta_rule import BlockSizes
     case = compile_kernels.Case("oversized", "delta_rule", "none", 2048, 2048,
                                 length=128)
     blocks = BlockSizes("tpu", block_v=2048)
     expected = "vmem"
+    forward_kernel = "_forward"
   backend = "gpu" if TOOLCHAIN == "cuda" else "tpu"
-  # The forward kernel is enough to fail (and quicker than all of them).
+  # One forward kernel is enough to fail (and quicker than all of them).
   forward = [k for k in compile_kernels.kernels(case, "float32", backend,
                                                 blocks)
-             if k.name.endswith("_forward")]
+             if k.name.endswith(forward_kernel)]
   assert len(forward) == 1
   result = compile_kernels.check(case, "float32", _target(), dump_dir,
                                  traced=forward)

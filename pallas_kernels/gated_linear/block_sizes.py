@@ -106,24 +106,27 @@ class BlockSizes:
     defaults are the widest settings that ptxas compiles without a register
     spill for sm_80 and sm_90 at every checked shape (``make
     compile-check``): bfloat16 with a scalar decay (or none), 64-token
-    chunks, 64 columns per step (32 when K or V is wider than 128) and 4
-    warps (8 warps ran every kernel about 1.5x slower on an H200); a decay
-    per key channel, whose halving levels hold many ``[C, C]`` masks and
-    ``[C, BK]`` terms at once, chunks of 32 tokens (16 for float32), 16
-    columns and 8 warps; float32 inputs (3xTF32 operands) otherwise, chunks
-    of 32, 16 columns and 8 warps. 2 pipelining stages.
+    chunks, 64 columns per step and 4 warps (8 warps ran every kernel about
+    1.5x slower on an H200 at K = V = 128), or 32 columns and 8 warps when
+    K or V is wider than 128; a decay per key channel, whose halving levels
+    hold many ``[C, C]`` masks and ``[C, BK]`` terms at once, chunks of 32
+    tokens (16 for float32), 16 columns, 8 warps and one pipelining stage;
+    float32 inputs (3xTF32 operands) otherwise, chunks of 32, 16 columns
+    and 8 warps. Otherwise 2 pipelining stages.
     """
+    stages = 2
     if self.per_channel:
-      cap, block, warps = (32 if bf16 else 16), 16, 8
+      cap, block, warps, stages = (32 if bf16 else 16), 16, 8, 1
+    elif bf16 and max(k_pad, v_pad) <= 128:
+      cap, block, warps = 64, 64, 4
     elif bf16:
-      cap, warps = 64, 4
-      block = 64 if max(k_pad, v_pad) <= 128 else 32
+      cap, block, warps = 64, 32, 8
     else:
       cap, block, warps = 32, 16, 8
     return (min(self.chunk, cap),
             block if self.chunk_block is None else self.chunk_block,
             warps if self.num_warps is None else self.num_warps,
-            2 if self.num_stages is None else self.num_stages)
+            stages if self.num_stages is None else self.num_stages)
 
   def output_block_v_or_default(self) -> int:
     return (DEFAULT_OUTPUT_BLOCK_V if self.output_block_v is None
