@@ -333,7 +333,7 @@ def test_block_size_defaults_are_valid():
     (False, True, (256, 512), (64, 32, 8, 2)),
     (False, False, (128, 128), (32, 16, 8, 2)),
     (True, True, (128, 128), (32, 16, 8, 1)),
-    (True, False, (128, 128), (16, 16, 8, 1)),
+    (True, False, (128, 128), (16, 16, 8, 2)),
 ])
 def test_gpu_settings_by_gate_and_dtype(per_channel, bf16, widths, expected):
   """The GPU chunk is capped, and the warps and column blocks chosen, by

@@ -110,13 +110,14 @@ class BlockSizes:
     1.5x slower on an H200 at K = V = 128), or 32 columns and 8 warps when
     K or V is wider than 128; a decay per key channel, whose halving levels
     hold many ``[C, C]`` masks and ``[C, BK]`` terms at once, chunks of 32
-    tokens (16 for float32), 16 columns, 8 warps and one pipelining stage;
-    float32 inputs (3xTF32 operands) otherwise, chunks of 32, 16 columns
-    and 8 warps. Otherwise 2 pipelining stages.
+    tokens (16 for float32), 16 columns and 8 warps, with one pipelining
+    stage in bfloat16; float32 inputs (3xTF32 operands) otherwise, chunks
+    of 32, 16 columns and 8 warps. Otherwise 2 pipelining stages.
     """
     stages = 2
     if self.per_channel:
-      cap, block, warps, stages = (32 if bf16 else 16), 16, 8, 1
+      cap, block, warps = (32, 16, 8) if bf16 else (16, 16, 8)
+      stages = 1 if bf16 else 2
     elif bf16 and max(k_pad, v_pad) <= 128:
       cap, block, warps = 64, 64, 4
     elif bf16:
