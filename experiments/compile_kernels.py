@@ -308,6 +308,29 @@ def _kb(n):
   return "-" if n is None else f"{n / 1024:.1f}"
 
 
+def _gpu_grid_section():
+  """The GPU gated-linear kernels' grids and tiles at the benchmark's shape
+  (B=8, H=16, T=8192, K=V=128, bfloat16), from their layout."""
+  from pallas_kernels.gated_linear import BlockSizes, chunk_math, gpu
+  lines = ["## GPU gated-linear kernels: grids and tiles at B=8, H=16, "
+           "T=8192, K=V=128, bfloat16", "",
+           "The programs each kernel launches at the shape of "
+           "`benchmarks/RESULTS_kernels.md` (132 SMs on an H100 or H200), "
+           "from `pallas_kernels.gated_linear.gpu.kernel_table`.", ""]
+  for gate in ("scalar", "channel"):
+    blocks = BlockSizes.default("gpu", per_channel=gate == "channel")
+    lay = gpu.make_layout(8, 8192, 16, 128, 128, blocks, bf16=True)
+    spec = chunk_math.Spec(gate=gate, segments=False, scale=1.0,
+                           chunk=lay.chunk, mode="bf16")
+    lines += [f"Decay: {gate} (chunk {lay.chunk}, {lay.num_warps} warps, "
+              f"{lay.num_stages} stages).", "",
+              "| kernel | grid | programs | tiles |", "|---|---|---|---|"]
+    lines += [f"| {name} | {grid} | {programs} | {tiles} |"
+              for name, grid, programs, tiles in gpu.kernel_table(lay, spec)]
+    lines.append("")
+  return lines
+
+
 def report(paths, out):
   """Merges JSON results into the markdown report."""
   results = []
@@ -341,7 +364,8 @@ def report(paths, out):
       "the vector registers spilled to VMEM (KiB), `MXU` the vmatmul "
       "instructions; GPU `regs` registers per thread, `spill` ptxas spill "
       "stores (KiB), `smem` shared memory per block (KiB), `mma` tensor-core "
-      "instructions in the PTX; `compile s` the seconds its compilation took, "
+      "instructions in the PTX (`mma` and `wgmma`), `wgmma` those of Hopper's "
+      "warpgroup kind (sm_90 only); `compile s` the seconds its compilation took, "
       "or the case whose identical kernel (same body, blocks, grid and "
       "operands) was compiled for the target. Each case's kernels are the "
       "distinct Pallas kernels of its forward and backward program (the "
@@ -371,8 +395,8 @@ def report(paths, out):
                 "compile s |", "|---|---|---|---|---|---|---|---|"]
     else:
       lines += ["| target | case | dtype | kernel | regs | spill | smem | "
-                "threads | mma | compile s |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
+                "threads | mma | wgmma | compile s |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
       if not r["kernels"]:
         lines.append(f"| {r['target']} | {r['case']} | {r['dtype']} | "
@@ -389,8 +413,10 @@ def report(paths, out):
         else:
           lines.append(head + f"| {k['registers']} | "
                        f"{_kb(k['spill_bytes'])} | {_kb(k['shared_bytes'])} | "
-                       f"{k['threads']} | {k['matmuls']} | {_when(k)} |")
+                       f"{k['threads']} | {k['matmuls']} | "
+                       f"{k.get('wgmma', 0)} | {_when(k)} |")
     lines.append("")
+  lines += _gpu_grid_section()
   if missing:
     lines += ["## Not compiled in this run", "",
               ", ".join(f"{t}/{c}/{d}" for t, c, d in missing), ""]

@@ -64,6 +64,7 @@ class KernelResources:
   threads: int | None = None           # GPU: threads per block
   matmuls: int = 0                     # MXU vmatmul (TPU) or mma/wgmma (GPU)
                                        # instructions in the kernel's code
+  wgmma: int = 0                       # GPU: of those, Hopper's wgmma
 
 
 def environment(toolchain: str, dump_dir: str) -> dict:
@@ -205,6 +206,7 @@ def _gpu_resources(dump_dir: str, arch: str):
       continue
     res = kernels[entry.group(1)]
     res.matmuls = len(re.findall(r"^\s*w?g?mma[.\s]", text, re.M))
+    res.wgmma = len(re.findall(r"^\s*wgmma\.mma_async", text, re.M))
     out = subprocess.run(
         [ptxas(), "-v", "-O3", f"-arch={arch}", path, "-o", os.devnull],
         capture_output=True, text=True, check=True).stderr

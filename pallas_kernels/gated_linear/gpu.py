@@ -570,6 +570,30 @@ def grads(arrays, h, dh, spec: cm.Spec, lay: Layout, *,
   return result
 
 
+def kernel_table(lay: Layout, spec: cm.Spec):
+  """``[(kernel, grid, programs, tiles)]`` of a call's kernels: what the
+  compile report lists per kernel at a given shape."""
+  sweep_grid = (lay.batch, lay.heads, (lay.k_pad // lay.sweep_k)
+                * (lay.v_pad // lay.sweep_v))
+  out_grid = (lay.batch, lay.heads, lay.chunks * (lay.v_pad // lay.out_v))
+  dqk_grid = (lay.batch, lay.heads, lay.chunks)
+  c, bk, bv = lay.chunk, lay.inner_k, lay.inner_v
+  sweep = (f"state [{lay.sweep_k}, {lay.sweep_v}] float32; per chunk "
+           f"[{c}, {lay.sweep_k}]^T [{c}, {lay.sweep_v}]")
+  chunk = (f"scores [{c}, {c}] over key steps [{c}, {bk}]; values "
+           f"[{c}, {lay.out_v}]")
+  levels = (f"; {c.bit_length() - 1} halving levels" if spec.gate == "channel"
+            else "")
+  rows = [("gated_linear_states", sweep_grid, sweep),
+          ("gated_linear_outputs", out_grid, chunk + levels),
+          ("gated_linear_state_grads", sweep_grid, sweep),
+          ("gated_linear_dv", out_grid, chunk + levels),
+          ("gated_linear_dqk", dqk_grid,
+           f"key steps [{c}, {bk}] x value steps [{c}, {bv}]" + levels)]
+  return [(name, grid, grid[0] * grid[1] * grid[2], tiles)
+          for name, grid, tiles in rows]
+
+
 def gate_gradient(gate_rows, gate_writes, chunk: int):
   """The log-decays' gradient from the ``grads`` terms (``[B, T, H(, K)]``):
   for ``m`` in a chunk, ``dg_m = sum_{i >= m} gate_rows_i + sum_{j < m}
@@ -593,10 +617,11 @@ def gate_gradient(gate_rows, gate_writes, chunk: int):
 
 
 def _flops(spec: cm.Spec, lay: Layout, kind: str) -> float:
-  """Matmul flops of one kernel, counted from its body (per head and
-  chunk: ``2 m n k`` per ``[m, k] x [k, n]`` product, masked ones at full
-  size; 3xTF32 runs three). A decay per key channel adds one ``[C, C, K]``
-  product per halving level for the scores, and two for their gradient."""
+  """Matmul flops of one kernel, counted from its body: per head and chunk,
+  ``2 m n k`` per ``[m, k] x [k, n]`` product (masked ones at full size;
+  3xTF32 runs three). ``S = 2 C^2 K`` for the scores, ``L`` times that
+  with a per-channel decay (one matmul per halving level, ``L = log2
+  C``); the README compares the sums with the chunk algorithm's count."""
   c, kk, vv = lay.chunk, lay.k_pad, lay.v_pad
   levels = c.bit_length() - 1 if spec.gate == "channel" else 1
   scores = 2 * c * c * kk * levels
@@ -604,10 +629,9 @@ def _flops(spec: cm.Spec, lay: Layout, kind: str) -> float:
       "sweep": 2 * c * kk * vv,
       "outputs": scores + 2 * c * kk * vv + 2 * c * c * vv,
       "dv": scores + 2 * c * c * vv + 2 * c * kk * vv,
-      "dqk": (2 * c * c * vv + 2 * c * kk * vv * 2 + 2 * kk * kk * vv
-              + (2 * c * c * kk * 2 * levels if spec.gate == "channel"
-                 else scores * (2 if spec.gate == "scalar" else 0)
-                 + 2 * c * c * kk * 2)),
+      "dqk": (2 * c * c * vv + 2 * (2 * c * kk * vv)
+              + 2 * (2 * c * c * kk) * levels
+              + (scores if spec.gate == "scalar" else 0)),
   }[kind]
   passes = 3 if spec.mode == "tf32x3" else 1
   return float(per_chunk) * lay.chunks * lay.batch * lay.heads * passes
