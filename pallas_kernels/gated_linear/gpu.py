@@ -407,20 +407,22 @@ def outputs(arrays, h, spec: cm.Spec, lay: Layout, *,
 
 
 def _dv_kernel(r, *, spec: cm.Spec, lay: Layout):
-  """``dv = scale scores^T do + (write k) dh`` for one value block."""
+  """``dv = scale scores^T do + (write k) dh`` for one value block (the
+  second term only with ``d_states``)."""
   d = _docs(r, spec, slice(None))
   a = cm.operand(_scores(r, spec, lay, d) * spec.scale, spec)   # [C, C]
-  width = lay.inner_k
+  dv = cm.dot(a, r["do"][...], cm.TN, spec)                     # [C, BV]
+  if "d_states" in r:
+    width = lay.inner_k
 
-  def part(j, acc):
-    cols = _cols(j, width)
-    kw = (r["k"][:, cols].astype(_F32)
-          * cm.write_weights(spec, _gate(r, (slice(None), cols)), d))
-    return acc + cm.dot(cm.operand(kw, spec), r["d_states"][cols, :],
-                        cm.NN, spec)
+    def part(j, acc):
+      cols = _cols(j, width)
+      kw = (r["k"][:, cols].astype(_F32)
+            * cm.write_weights(spec, _gate(r, (slice(None), cols)), d))
+      return acc + cm.dot(cm.operand(kw, spec), r["d_states"][cols, :],
+                          cm.NN, spec)
 
-  dv = _loop(lay.k_pad // width, part,
-             cm.dot(a, r["do"][...], cm.TN, spec))              # [C, BV]
+    dv = _loop(lay.k_pad // width, part, dv)
   r["dv"][...] = dv.astype(r["dv"].dtype)
 
 
@@ -453,21 +455,28 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
 
   def value_sums(cols):
     """``(do h^T, v dh^T, sum_v h * dh)`` of key block ``cols``, summed
-    over value blocks: ``([C, BK], [C, BK], [BK])``."""
+    over value blocks: ``([C, BK], [C, BK], [BK])``. With ``du`` (the
+    delta rule's pseudo-values' gradient) it also writes ``dw = -du
+    h^T``."""
     def value_block(jv, acc):
       vcols = _cols(jv, v_width)
-      dq_read, dk_write, carried = acc
+      dq_read, dk_write, carried, dw = acc
       h = r["states"][cols, vcols]                              # [BK, BV]
       dh = r["d_states"][cols, vcols]
       dq_read = dq_read + cm.dot(r["do"][:, vcols], h, cm.NT, spec)
       dk_write = dk_write + cm.dot(r["v"][:, vcols], dh, cm.NT, spec)
       if gated:
         carried = carried + jnp.sum(h.astype(_F32) * dh.astype(_F32), axis=1)
-      return dq_read, dk_write, carried
+      if "du" in r:
+        dw = dw - cm.dot(r["du"][:, vcols], h, cm.NT, spec)
+      return dq_read, dk_write, carried, dw
 
     zeros = jnp.zeros((c, width), _F32)
-    return _loop(n_v, value_block,
-                 (zeros, zeros, jnp.zeros((width,), _F32)))
+    dq_read, dk_write, carried, dw = _loop(
+        n_v, value_block, (zeros, zeros, jnp.zeros((width,), _F32), zeros))
+    if "du" in r:
+      r["dw"][:, cols] = dw
+    return dq_read, dk_write, carried
 
   def channel_key_block(jk, totals):
     cols = _cols(jk, width)
@@ -529,25 +538,22 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
     r["gate_writes"][...] = write_terms
 
 
-def grads(arrays, h, dh, spec: cm.Spec, lay: Layout, *,
-          interpret: bool):
+def grads(arrays, h, dh, spec: cm.Spec, lay: Layout, *, interpret: bool,
+          du=None):
   """``{"dq", "dk", "dv"}`` (padded, in the inputs' dtype) and, with a
   decay, ``{"gate_rows", "gate_writes"}`` (``[B, T_pad, H(, K_pad)]``
   float32, see ``gate_gradient``): two kernels, ``dv`` over chunks and
-  value blocks, then ``dq``, ``dk`` and the gate terms over chunks."""
+  value blocks, then ``dq``, ``dk`` and the gate terms over chunks.
+
+  With ``du`` (the delta rule: ``v`` holds its pseudo-values ``U`` and
+  ``du`` their whole gradient, ``[B, T_pad, H, V_pad]``), ``dv`` is not
+  computed (the reverse sweep already has it) and ``"dw"`` (``-du h^T``,
+  float32) is returned."""
   b, hh, t = lay.batch, lay.heads, lay.t_pad
   dtype = arrays["q"].dtype
-  v_blocks = lay.v_pad // lay.out_v
-  specs = _chunk_specs(lay, v_blocks, lay.out_v)
-  inputs = _chunk_inputs(arrays, spec, specs,
-                         [("q", "k"), ("k", "k"), ("do", "v")])
-  inputs["d_states"] = (dh, specs["states"])
-  out = {"dv": (jax.ShapeDtypeStruct((b, t, hh, lay.v_pad), dtype),
-                specs["v"])}
-  result = _call(functools.partial(_dv_kernel, spec=spec, lay=lay),
-                 (b, hh, lay.chunks * v_blocks), inputs, out, lay,
-                 name="gated_linear_dv",
-                 cost=cost(spec, lay, "dv", inputs), interpret=interpret)
+  result = {}
+  if du is None:
+    result = dv_intra(arrays, spec, lay, dh=dh, interpret=interpret)
   specs = _chunk_specs(lay, 1, lay.v_pad)
   inputs = _chunk_inputs(arrays, spec, specs,
                          [("q", "k"), ("k", "k"), ("v", "v"), ("do", "v")])
@@ -555,8 +561,12 @@ def grads(arrays, h, dh, spec: cm.Spec, lay: Layout, *,
   inputs["d_states"] = (dh, specs["states"])
   out = {"dq": (jax.ShapeDtypeStruct((b, t, hh, lay.k_pad), dtype),
                 specs["k"]),
-         "dk": (jax.ShapeDtypeStruct((b, t, hh, lay.k_pad), dtype),
-                specs["k"])}
+         "dk": (jax.ShapeDtypeStruct((b, t, hh, lay.k_pad), _F32 if du
+                                     is not None else dtype), specs["k"])}
+  if du is not None:
+    inputs["du"] = (du, specs["v"])
+    out["dw"] = (jax.ShapeDtypeStruct((b, t, hh, lay.k_pad), _F32),
+                 specs["k"])
   if spec.gate != "none":
     shape = (b, t, hh) if spec.gate == "scalar" else (b, t, hh, lay.k_pad)
     for name in ("gate_rows", "gate_writes"):
@@ -568,6 +578,27 @@ def grads(arrays, h, dh, spec: cm.Spec, lay: Layout, *,
                       cost=cost(spec, lay, "dqk", inputs),
                       interpret=interpret))
   return result
+
+
+def dv_intra(arrays, spec: cm.Spec, lay: Layout, *, dh=None,
+             interpret: bool):
+  """``{"dv": scale scores^T do (+ (write k) dh)}``: the ``dv`` kernel,
+  over chunks and value blocks (without ``dh``: the delta rule's part of
+  its pseudo-values' gradient that comes from the chunk itself)."""
+  b, hh, t = lay.batch, lay.heads, lay.t_pad
+  v_blocks = lay.v_pad // lay.out_v
+  specs = _chunk_specs(lay, v_blocks, lay.out_v)
+  inputs = _chunk_inputs(arrays, spec, specs,
+                         [("q", "k"), ("k", "k"), ("do", "v")])
+  if dh is not None:
+    inputs["d_states"] = (dh, specs["states"])
+  dtype = arrays["q"].dtype if dh is not None else _F32
+  out = {"dv": (jax.ShapeDtypeStruct((b, t, hh, lay.v_pad), dtype),
+                specs["v"])}
+  return _call(functools.partial(_dv_kernel, spec=spec, lay=lay),
+               (b, hh, lay.chunks * v_blocks), inputs, out, lay,
+               name="gated_linear_dv", cost=cost(spec, lay, "dv", inputs),
+               interpret=interpret)
 
 
 def kernel_table(lay: Layout, spec: cm.Spec):

@@ -1,0 +1,196 @@
+"""The delta rule on chunk-parallel GPU kernels: forward, backward, dispatch.
+
+    S_t = (I - b_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + b_t k_t v_t^T,
+    o_t = S_t^T (scale q_t)
+
+Forward (``gpu_chunks.py``): ``W`` and ``U'`` of every chunk, the sweep for
+the states entering each chunk and the pseudo-values ``U``, then the
+outputs of every chunk with ``gated_linear``'s kernel on the values ``U``.
+
+Backward (``jax.custom_vjp``; only the inputs are kept): ``W``, ``U'``, the
+states and ``U`` again; the part of ``U``'s gradient from its own chunk
+(``gated_linear``'s ``dv`` kernel); the reverse sweep for the gradients of
+the states and of ``U``; ``dq``, ``dk``, ``dW`` and the log-decays' terms
+of every chunk (``gated_linear``'s ``dq``/``dk`` kernel on the values
+``U``); then what ``W`` and ``U'`` send back to ``k``, ``v``, ``beta`` and
+the log-decays. XLA adds the log-decays' terms up inside each chunk.
+
+q and k are per value head (grouped heads expanded, L2-normalised where
+the op does so, by the caller).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels.delta_rule import gpu_chunks
+from pallas_kernels.gated_linear import BlockSizes, chunk_math
+from pallas_kernels.gated_linear import gpu as gl
+from pallas_kernels.gated_linear.ops import document_index
+
+_F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  scale: float
+  output_final_state: bool
+  blocks: BlockSizes
+  interpret: bool
+
+
+def _setup(cfg: _Config, q, k, v, g, doc):
+  b, t, h, dk = q.shape
+  bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
+  lay = gl.make_layout(b, t, h, dk, v.shape[-1], cfg.blocks, bf16=bf16)
+  gate = "none" if g is None else ("scalar" if g.shape[-1] == 1
+                                   else "channel")
+  spec = chunk_math.Spec(gate=gate, segments=doc is not None,
+                         scale=cfg.scale, chunk=lay.chunk,
+                         mode="bf16" if bf16 else gl.FLOAT32_MODE)
+  return lay, spec, bf16
+
+
+def _states(arrays, spec, lay, s0, *, final, bf16, interpret):
+  wu = gpu_chunks.wy(arrays, spec, lay, interpret=interpret)
+  swept = gpu_chunks.delta_sweep(
+      arrays, wu["w"], wu["u"], spec, lay,
+      state_in=None if s0 is None else gl.pad_state(s0, lay),
+      state_out=final, states_dtype=jnp.bfloat16 if bf16 else _F32,
+      interpret=interpret)
+  return wu["w"], swept
+
+
+def _forward(cfg: _Config, q, k, v, beta, g, s0, doc):
+  lay, spec, bf16 = _setup(cfg, q, k, v, g, doc)
+  arrays = gl.prepare(q, k, v, g, doc, lay, spec)
+  arrays["beta"] = gpu_chunks.beta_to_kernel(beta, lay)
+  _, swept = _states(arrays, spec, lay, s0, final=cfg.output_final_state,
+                     bf16=bf16, interpret=cfg.interpret)
+  o = gl.outputs({**arrays, "v": swept["u"]}, swept["states"], spec, lay,
+                 out_dtype=v.dtype if bf16 else _F32,
+                 cost=gl.cost(spec, lay, "outputs", arrays.values()),
+                 interpret=cfg.interpret)
+  o = o[:, :lay.length, :, :lay.dim_v].astype(v.dtype)
+  final = swept.get("state_out")
+  return o, (None if final is None
+             else final[:, :, :lay.dim_k, :lay.dim_v])
+
+
+def _backward(cfg: _Config, q, k, v, beta, g, s0, doc, do, d_final):
+  lay, spec, bf16 = _setup(cfg, q, k, v, g, doc)
+  arrays = gl.prepare(q, k, v, g, doc, lay, spec, do=do)
+  arrays["beta"] = gpu_chunks.beta_to_kernel(beta, lay)
+  w, swept = _states(arrays, spec, lay, s0, final=False, bf16=bf16,
+                     interpret=cfg.interpret)
+  on_u = {**arrays, "v": swept["u"]}
+  du_intra = gl.dv_intra(on_u, spec, lay, interpret=cfg.interpret)["dv"]
+  back = gpu_chunks.delta_sweep_grads(
+      arrays, w, du_intra, spec, lay,
+      state_in=None if d_final is None else gl.pad_state(d_final, lay),
+      state_out=s0 is not None, states_dtype=swept["states"].dtype,
+      interpret=cfg.interpret)
+  grads = gl.grads(on_u, swept["states"], back["states"], spec, lay,
+                   interpret=cfg.interpret, du=back["du"])
+  wy = gpu_chunks.wy_grads(arrays, grads["dw"], back["du"], spec, lay,
+                           interpret=cfg.interpret)
+  t, dk_, dv_ = lay.length, lay.dim_k, lay.dim_v
+  dg = None
+  if g is not None:
+    dg = gl.gate_gradient(grads["gate_rows"] + wy["gate_rows"],
+                          grads["gate_writes"], lay.chunk)[:, :t]
+    dg = dg[..., None] if spec.gate == "scalar" else dg[..., :dk_]
+  ds0 = back.get("state_out")
+  return (grads["dq"][:, :t, :, :dk_].astype(_F32),
+          (grads["dk"] + wy["dk"])[:, :t, :, :dk_],
+          wy["dv"][:, :t, :, :dv_], wy["dbeta"][:, :t], dg,
+          None if ds0 is None else ds0[:, :, :dk_, :dv_])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(cfg: _Config, q, k, v, beta, g, s0, doc):
+  return _forward(cfg, q, k, v, beta, g, s0, doc)
+
+
+def _attention_fwd(cfg: _Config, q, k, v, beta, g, s0, doc):
+  return (_forward(cfg, q, k, v, beta, g, s0, doc),
+          (q, k, v, beta, g, s0, doc))
+
+
+def _attention_bwd(cfg: _Config, residuals, cotangents):
+  q, k, v, beta, g, s0, doc = residuals
+  do, d_final = cotangents
+  dq, dk, dv, dbeta, dg, ds0 = _backward(cfg, q, k, v, beta, g, s0, doc, do,
+                                         d_final)
+  return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
+          dbeta.astype(beta.dtype), dg, ds0, None)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def chunk_delta_rule_gpu(q, k, v, beta, g=None, *, scale=None,
+                         initial_state=None, output_final_state=False,
+                         segment_ids=None, chunk_size: int | None = None,
+                         block_sizes: BlockSizes | None = None,
+                         interpret: bool = False):
+  """The delta rule on chunk-parallel Triton kernels (forward and backward).
+
+  Args:
+    q, k: ``[B, T, H, K]`` (per value head); v: ``[B, T, H, V]``; float32
+      or bfloat16.
+    beta: ``[B, T, H]`` writing strength.
+    g: natural-log decay ``<= 0``: ``[B, T, H]`` or ``[B, T, H, 1]`` (Gated
+      DeltaNet), ``[B, T, H, K]`` (KDA), or None (DeltaNet).
+    scale: query scale (a Python float), ``K ** -0.5`` when None.
+    initial_state: ``[B, H, K, V]`` or None (zeros); float32.
+    output_final_state: also return the state after the last token.
+    segment_ids: ``[B, T]`` int; the state resets where the id changes.
+    chunk_size: at most this many tokens per chunk (speed only;
+      ``BlockSizes.gpu_settings`` caps it).
+    block_sizes: GPU ``BlockSizes`` of ``pallas_kernels.gated_linear``
+      (speed only).
+    interpret: run the kernels in interpret mode (on any machine).
+  Returns:
+    ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32 or
+    None)``.
+  """
+  if np.ndim(q) != 4 or np.shape(k) != np.shape(q):
+    raise ValueError(f"q and k must be [B, T, H, K] of one shape, got "
+                     f"{np.shape(q)} and {np.shape(k)}")
+  b, t, h, dk = np.shape(q)
+  if np.ndim(v) != 4 or np.shape(v)[:3] != (b, t, h):
+    raise ValueError(f"v must be [B, T, H, V] with [B, T, H] = {(b, t, h)}, "
+                     f"got {np.shape(v)}")
+  if np.shape(beta) != (b, t, h):
+    raise ValueError(f"beta must be [B, T, H] = {(b, t, h)}, got "
+                     f"{np.shape(beta)}")
+  if g is not None and np.shape(g) not in ((b, t, h), (b, t, h, 1),
+                                           (b, t, h, dk)):
+    raise ValueError(f"g must be [B, T, H] = {(b, t, h)} (or [B, T, H, 1]) "
+                     f"or [B, T, H, K] = {(b, t, h, dk)}, got {np.shape(g)}")
+  state_shape = (b, h, dk, np.shape(v)[3])
+  if initial_state is not None and np.shape(initial_state) != state_shape:
+    raise ValueError(f"initial_state must be [B, H, K, V] = {state_shape}, "
+                     f"got {np.shape(initial_state)}")
+  if segment_ids is not None and np.shape(segment_ids) != (b, t):
+    raise ValueError(f"segment_ids must be [B, T] = {(b, t)}, got "
+                     f"{np.shape(segment_ids)}")
+  if g is not None:
+    g = jnp.asarray(g, _F32)
+    g = g[..., None] if g.ndim == 3 else g
+  if block_sizes is None:
+    block_sizes = BlockSizes.default(
+        "gpu", per_channel=g is not None and g.shape[-1] != 1,
+        chunk_size=chunk_size)
+  cfg = _Config(scale=float(dk ** -0.5 if scale is None else scale),
+                output_final_state=bool(output_final_state),
+                blocks=block_sizes, interpret=bool(interpret))
+  s0 = None if initial_state is None else jnp.asarray(initial_state, _F32)
+  doc = None if segment_ids is None else document_index(segment_ids)
+  return _attention(cfg, q, k, v, jnp.asarray(beta, _F32), g, s0, doc)
