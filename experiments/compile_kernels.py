@@ -1,8 +1,9 @@
 """Compile checks of the Pallas kernels for TPU and GPU, without the hardware.
 
 Every kernel of ``pallas_kernels`` (the gated-linear family: ``none``,
-``scalar`` and ``channel`` gates, Based's Taylor features; the delta-rule
-sweep of DeltaNet, Gated DeltaNet and KDA) is compiled, forward and
+``scalar`` and ``channel`` gates, Based's Taylor features; the delta rule
+of DeltaNet, Gated DeltaNet and KDA: its sweep kernels, and on GPU in
+bfloat16 its chunk-parallel kernels, which the op runs there) is compiled, forward and
 backward, in float32 and bfloat16, at the kernel tests' shapes and at the
 per-head shapes of the layers' papers, for TPU v4, v5e, v5p, v6e (libtpu)
 and GPU sm_80, sm_90 (jax-cuda12-plugin). Each case's program holds the
@@ -140,6 +141,27 @@ def program(case: Case, dtype: str, backend: str, block_sizes=None):
       return jnp.sum(o.astype(f32)) + jnp.sum(s)
 
     argnums = (0, 1, 2, 3) + ((5,) if g_shape is not None else ())
+  elif backend == "gpu" and dtype == "bfloat16":
+    # bfloat16 on CUDA: the chunk-parallel kernels (what the op runs).
+    from pallas_kernels.delta_rule import chunk_delta_rule_gpu
+    g_shape = {"none": None, "scalar": (b, t, h),
+               "channel": (b, t, h, dk)}[case.gate]
+    args = [jax.ShapeDtypeStruct((b, t, h, dk), dt),
+            jax.ShapeDtypeStruct((b, t, h, dk), dt),
+            jax.ShapeDtypeStruct((b, t, h, dv), dt),
+            jax.ShapeDtypeStruct((b, t, h), f32),
+            jax.ShapeDtypeStruct((b, h, dk, dv), f32),
+            jax.ShapeDtypeStruct((b, t), jnp.int32)]
+    if g_shape is not None:
+      args.append(jax.ShapeDtypeStruct(g_shape, f32))
+
+    def loss(q, k, v, beta, s0, ids, g=None):
+      o, s = chunk_delta_rule_gpu(
+          q, k, v, beta, g, initial_state=s0, segment_ids=ids,
+          output_final_state=True, chunk_size=case.chunk)
+      return jnp.sum(o.astype(f32)) + jnp.sum(s)
+
+    argnums = (0, 1, 2, 3, 4) + ((6,) if g_shape is not None else ())
   else:
     from pallas_kernels.delta_rule import ChunkTerms, chunk_delta_rule_sweep
     n, c = -(-t // case.chunk), case.chunk

@@ -26,7 +26,9 @@ import pytest
 from lin_attn_jax import ops
 from lin_attn_jax.ops.common import dispatch
 from lin_attn_jax.ops.delta_rule import chunk as delta_rule_chunk
+from pallas_kernels import gated_linear
 from pallas_kernels.delta_rule import (BlockSizes, ChunkTerms,
+                                       chunk_delta_rule_gpu,
                                        chunk_delta_rule_sweep,
                                        chunk_delta_rule_sweep_reference)
 from tests.form_checks import assert_close_errors, rel_rms
@@ -183,6 +185,61 @@ class TestKernelsCompiled(_KernelChecks):
   interpret = False
 
 
+# The chunk-parallel GPU kernels (bfloat16 inputs on CUDA): small tiles so
+# that short sequences span several chunks, key blocks and value blocks.
+GPU_CHUNK_BLOCKS = gated_linear.BlockSizes(
+    "gpu", chunk=16, chunk_block=16, output_block_v=16, num_warps=4,
+    num_stages=1)
+GPU_CHUNK_CASES = [
+    (_case("delta_rule", 37, dim_k=32, dim_v=24, value_heads=2, heads=1),
+     "float32"),
+    (_case("gated_delta_rule", 50, dim_k=32, strong=True,
+           use_qk_l2norm=True), "float32"),
+    (_case("kda", 45, dim_k=32, strong=True, use_qk_l2norm=True), "float32"),
+    (_case("kda", 40, dim_k=32, dim_v=24, use_qk_l2norm=True), "bfloat16"),
+    (_case("gated_delta_rule", 1, segments=False, initial_state=False),
+     "float32"),
+]
+
+
+def gpu_chunk_errors(case, dtype, *, interpret, monkeypatch):
+  """The op with its CUDA branch (``chunk_delta_rule_gpu``) against the
+  naive form: the op's wiring (grouped heads, L2 norm, scale, padding) and
+  the kernels."""
+  monkeypatch.setattr(delta_rule_chunk, "by_platform",
+                      lambda cuda, default: cuda())
+  monkeypatch.setattr(delta_rule_chunk, "chunk_delta_rule_gpu",
+                      functools.partial(chunk_delta_rule_gpu,
+                                        interpret=interpret,
+                                        block_sizes=GPU_CHUNK_BLOCKS))
+  # The CUDA branch serves bfloat16 inputs; float32 cases take it too, so
+  # that the kernels' float32 mode is checked at 1e-5.
+  monkeypatch.setattr(delta_rule_chunk, "GPU_CHUNK_DTYPES",
+                      (jnp.dtype(dtype),))
+  return kernel_errors(KernelCase(case, "gpu", dtype,
+                                  final_state=case.initial_state),
+                       interpret=True, monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("case, dtype", GPU_CHUNK_CASES,
+                         ids=lambda x: str(x))
+def test_gpu_chunk_kernels_match_naive(case, dtype, monkeypatch):
+  errors = gpu_chunk_errors(case, dtype, interpret=True,
+                            monkeypatch=monkeypatch)
+  assert_close_errors(errors, 1e-2 if dtype == "bfloat16" else 1e-5,
+                      label=f"{case} {dtype}")
+
+
+@pytest.mark.skipif(ACCELERATOR != "gpu", reason="needs a GPU")
+@pytest.mark.parametrize("case, dtype", GPU_CHUNK_CASES,
+                         ids=lambda x: str(x))
+def test_gpu_chunk_kernels_compiled(case, dtype, monkeypatch):
+  errors = gpu_chunk_errors(case, dtype, interpret=False,
+                            monkeypatch=monkeypatch)
+  assert_close_errors(errors, 1e-2 if dtype == "bfloat16" else 1e-5,
+                      label=f"{case} {dtype} compiled")
+
+
 def _sweep_terms(seed=0, b=1, n=3, h=2, c=16, dk=8, dv=12, width=8):
   rng = np.random.default_rng(seed)
   x = lambda *shape: jnp.asarray(  # noqa: E731
@@ -228,9 +285,17 @@ def test_exports_kernels(platform, op, dtype):
     return chunk(**{**inputs, **dict(zip(names, args))}, impl="pallas",
                  output_final_state=True)
 
+  if platform == "cuda" and dtype == jnp.bfloat16:
+    # bfloat16 on CUDA: the chunk-parallel kernels.
+    kernels = (["delta_rule_wy", "delta_rule_sweep", "gated_linear_outputs"],
+               ["delta_rule_wy", "delta_rule_sweep", "gated_linear_dv",
+                "delta_rule_sweep_grads", "gated_linear_dqk",
+                "delta_rule_wy_grads"])
+  else:
+    kernels = (["delta_rule_forward"],
+               ["delta_rule_states", "delta_rule_backward"])
   check_exports(forward, [inputs[name] for name in names], platform,
-                ["delta_rule_forward"],
-                ["delta_rule_states", "delta_rule_backward"])
+                *kernels)
 
 
 @pytest.mark.parametrize("op", sorted(OPS))

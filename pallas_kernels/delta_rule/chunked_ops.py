@@ -44,10 +44,28 @@ class _Config:
   interpret: bool
 
 
+# The chunk kernels of the delta rule hold the WY inverse's 3xTF32
+# operands beside the scores: chunks of at most 32 tokens (16 for float32
+# inputs), 32 key or value columns per step and 8 warps, the settings that
+# compile without a register spill at the checked bfloat16 shapes (``make
+# compile-check``). In float32 the sweeps' ``[K, BV]`` state spills past
+# 128 key rows, so the op runs float32 inputs on the sweep kernels of
+# ``ops.py`` instead (``lin_attn_jax.ops.delta_rule``).
+MAX_CHUNK = {True: 32, False: 16}
+MAX_CHUNK_BLOCK = 32
+NUM_WARPS = 8
+
+
 def _setup(cfg: _Config, q, k, v, g, doc):
   b, t, h, dk = q.shape
   bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
-  lay = gl.make_layout(b, t, h, dk, v.shape[-1], cfg.blocks, bf16=bf16)
+  block = cfg.blocks.chunk_block
+  blocks = dataclasses.replace(
+      cfg.blocks, chunk=min(cfg.blocks.chunk, MAX_CHUNK[bf16]),
+      num_warps=cfg.blocks.num_warps or NUM_WARPS,
+      chunk_block=block or (16 if cfg.blocks.per_channel
+                            else MAX_CHUNK_BLOCK))
+  lay = gl.make_layout(b, t, h, dk, v.shape[-1], blocks, bf16=bf16)
   gate = "none" if g is None else ("scalar" if g.shape[-1] == 1
                                    else "channel")
   spec = chunk_math.Spec(gate=gate, segments=doc is not None,

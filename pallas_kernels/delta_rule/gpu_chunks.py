@@ -45,8 +45,11 @@ from pallas_kernels.gated_linear import chunk_math as cm
 from pallas_kernels.gated_linear import gpu as gl
 
 _F32 = jnp.float32
-# Value columns per program of the delta sweeps (all key rows are held).
+# Value columns per program of the delta sweeps (all key rows are held):
+# 32, or 16 for float32 inputs (3xTF32 splits the state's operand) and for
+# more than 256 key rows (the widest that compile without a spill).
 SWEEP_BLOCK_V = 32
+NARROW_SWEEP_BLOCK_V = 16
 
 
 def _exact(spec: cm.Spec) -> cm.Spec:
@@ -130,7 +133,15 @@ def wy(arrays, spec: cm.Spec, lay: gl.Layout, *, interpret: bool):
                   cost=cost, interpret=interpret)
 
 
+def _sweep_spec(spec: cm.Spec) -> cm.Spec:
+  """The sweeps' matmuls: bfloat16 operands, or IEEE float32 for float32
+  inputs (3xTF32's split operands of the ``[K, BV]`` state spilled)."""
+  return spec if spec.mode == "bf16" else dataclasses.replace(spec,
+                                                              mode="f32")
+
+
 def _delta_sweep_kernel(r, *, spec: cm.Spec, n_chunks: int, shape):
+  spec = _sweep_spec(spec)
   c = spec.chunk
 
   def body(n, s):
@@ -153,11 +164,13 @@ def _delta_sweep_kernel(r, *, spec: cm.Spec, n_chunks: int, shape):
     r["state_out"][...] = s
 
 
-def sweep_layout(lay: gl.Layout) -> gl.Layout:
+def sweep_layout(lay: gl.Layout, spec: cm.Spec) -> gl.Layout:
   """The delta sweeps' tiles: all key rows, ``SWEEP_BLOCK_V`` value
-  columns."""
+  columns (``NARROW_SWEEP_BLOCK_V`` in float32 or past 256 key rows)."""
+  narrow = spec.mode != "bf16" or lay.k_pad > 256
+  width = NARROW_SWEEP_BLOCK_V if narrow else SWEEP_BLOCK_V
   return dataclasses.replace(lay, sweep_k=lay.k_pad,
-                             sweep_v=min(SWEEP_BLOCK_V, lay.v_pad))
+                             sweep_v=min(width, lay.v_pad))
 
 
 def delta_sweep(arrays, w, u_prime, spec: cm.Spec, lay: gl.Layout, *,
@@ -165,7 +178,7 @@ def delta_sweep(arrays, w, u_prime, spec: cm.Spec, lay: gl.Layout, *,
                 interpret: bool):
   """``{"states": h [B, H, N, K, V], "u": U [B, T_pad, H, V_pad]}`` and the
   final state (``state_out``)."""
-  lay = sweep_layout(lay)
+  lay = sweep_layout(lay, spec)
   specs = gl._sweep_specs(lay)
   inputs = {"k": (arrays["k"], specs["k"]), "w": (w, specs["k"]),
             "u_prime": (u_prime, specs["v"])}
@@ -200,6 +213,7 @@ def delta_sweep(arrays, w, u_prime, spec: cm.Spec, lay: gl.Layout, *,
 
 
 def _delta_sweep_grad_kernel(r, *, spec: cm.Spec, n_chunks: int, shape):
+  spec = _sweep_spec(spec)
   c = spec.chunk
 
   def body(i, ds):
@@ -237,7 +251,7 @@ def delta_sweep_grads(arrays, w, du_intra, spec: cm.Spec, lay: gl.Layout, *,
 
       dh_n = carry exp(P_L) dh_{n+1} + scale (read exp(P) q)^T do - W^T dU
   """
-  lay = sweep_layout(lay)
+  lay = sweep_layout(lay, spec)
   specs = gl._sweep_specs(lay)
   inputs = {"q": (arrays["q"], specs["k"]), "k": (arrays["k"], specs["k"]),
             "w": (w, specs["k"]), "do": (arrays["do"], specs["v"]),

@@ -37,6 +37,8 @@ v value channel, g gate width (1 or K).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -53,7 +55,8 @@ from lin_attn_jax.ops.common.segments import chunk_documents
 from lin_attn_jax.ops.delta_rule import context_parallel as split
 from lin_attn_jax.ops.delta_rule.inputs import (default_scale,
                                                 expand_query_key, validate)
-from pallas_kernels.delta_rule import ChunkTerms, chunk_delta_rule_sweep
+from pallas_kernels.delta_rule import (ChunkTerms, chunk_delta_rule_gpu,
+                                       chunk_delta_rule_sweep)
 
 _F32 = jnp.float32
 
@@ -353,6 +356,19 @@ def sweep_xla(terms: ChunkTerms, state0):
   return o, final_state
 
 
+# The input dtypes that run the chunk-parallel kernels on CUDA
+# (``pallas_kernels.delta_rule.chunk_delta_rule_gpu``); float32 inputs run
+# the sweep kernels there, since the chunk-parallel sweeps' float32 state
+# spills registers past 128 key rows.
+GPU_CHUNK_DTYPES = (jnp.dtype(jnp.bfloat16),)
+
+
+def by_platform(*, cuda, default):
+  """``cuda()`` when lowered for CUDA, else ``default()`` (a name of its own
+  so that tests can run the CUDA branch's kernels in interpret mode)."""
+  return jax.lax.platform_dependent(cuda=cuda, default=default)
+
+
 @context_parallel.splits_sequence(lambda: split.context_parallel_delta_rule)
 def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
                      output_final_state=False, segment_ids=None,
@@ -404,11 +420,15 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
   dispatch.check_impl(impl)
   scale = default_scale(scale, dk)
   chunk, _ = chunk_layout(t, chunk_size, sub_chunk_size)
+  g_given = g
   if g is None:
     g = jnp.zeros((b, t, hv, 1), _F32)
   out_dtype = v.dtype
   bf16 = all(jnp.result_type(x) == jnp.bfloat16 for x in (q, k, v))
   q, k = expand_query_key(q, k, hv, use_qk_l2norm)              # [B,T,HV,K]
+  gpu_inputs = dict(q=q.astype(out_dtype), k=k.astype(out_dtype), v=v,
+                    beta=beta, g=g_given, initial_state=initial_state,
+                    segment_ids=segment_ids)
   q, k, v, beta, g = (pad_time(jnp.asarray(x, _F32), chunk)
                       for x in (q, k, v, beta, g))
   terms = chunk_terms(q, k, v, beta, g, scale=scale, segment_ids=segment_ids,
@@ -424,7 +444,7 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
               else jnp.asarray(initial_state, _F32))
     return finish(*sweep_xla(terms, state0))
 
-  def pallas():
+  def sweep_kernels():
     layouts = ChunkTerms(w="bnhck", u="bnhcv", q="bnhck", scores="bnhcc",
                          k="bnhck", decay="bnhg")
     return finish(*kernel_sharding.per_shard(
@@ -435,5 +455,21 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
         dict(terms=layouts, initial_state="bhkv"),
         ("bnhcv", "bhkv" if output_final_state else None), batch=b,
         heads=hv))
+
+  def gpu_kernels():
+    o, final_state = kernel_sharding.per_shard(
+        functools.partial(chunk_delta_rule_gpu, scale=scale,
+                          output_final_state=output_final_state,
+                          chunk_size=chunk_size),
+        gpu_inputs,
+        dict(q="bthk", k="bthk", v="bthv", beta="bth", g="bthg",
+             initial_state="bhkv", segment_ids="bt"),
+        ("bthv", "bhkv" if output_final_state else None), batch=b, heads=hv)
+    return o.astype(out_dtype), final_state
+
+  def pallas():
+    if out_dtype not in GPU_CHUNK_DTYPES:
+      return sweep_kernels()
+    return by_platform(cuda=gpu_kernels, default=sweep_kernels)
 
   return dispatch.run(impl, xla, pallas, family="delta_rule")
