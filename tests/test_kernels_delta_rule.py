@@ -333,6 +333,21 @@ def test_auto_on_an_accelerator_picks_by_platform(backend, monkeypatch):
     assert custom_calls(exported_text(grad, platform, *args)) == calls
 
 
+def test_auto_on_cuda_runs_the_measured_sweep_kernels(monkeypatch):
+  """impl="auto" keeps the sweep kernels on CUDA in bfloat16 (measured
+  faster than XLA); the chunk-parallel ones run with impl="pallas"."""
+  monkeypatch.setattr(dispatch, "_default_backend", lambda: "gpu")
+  inputs = _export_inputs("gated_delta_rule", jnp.bfloat16)
+
+  def forward(impl):
+    return lambda x: ops.chunk_gated_delta_rule(**x, impl=impl)[0]
+
+  auto = exported_text(forward("auto"), "cuda", inputs)
+  pallas = exported_text(forward("pallas"), "cuda", inputs)
+  assert '"delta_rule_forward' in auto and '"delta_rule_wy' not in auto
+  assert '"delta_rule_wy' in pallas and '"delta_rule_forward' not in pallas
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"backend": "cpu"}, "backend"),
     ({"interpret": True}, "explicit backend"),

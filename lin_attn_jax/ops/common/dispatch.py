@@ -31,8 +31,10 @@ _default_backend = jax.default_backend
 # form, forward and forward+backward (benchmarks/RESULTS_kernels.md, one
 # H200, B=8, H=16, K=V=128, bfloat16, T = 2048 and 8192): the chunk-parallel
 # gated-linear kernels 3.2-4.1x (simple GLA) and 2.1x (GLA) forward+backward;
-# the delta-rule sweep kernels 1.2-1.3x (Gated DeltaNet) and 1.02x (KDA).
-# ``impl="pallas"`` runs the kernel anywhere.
+# the delta-rule sweep kernels 1.2-1.3x (Gated DeltaNet) and 1.02x (KDA);
+# ``impl="auto"`` keeps running those for the delta rule until the
+# chunk-parallel delta-rule kernels (what ``impl="pallas"`` runs there in
+# bfloat16) are measured. ``impl="pallas"`` runs the kernel anywhere.
 AUTO_ON_CUDA = {"gated_linear": "pallas", "delta_rule": "pallas"}
 
 
@@ -42,9 +44,13 @@ def check_impl(impl) -> None:
 
 
 def run(impl: str, xla: Callable[[], _T], pallas: Callable[[], _T], *,
-        family: str) -> _T:
+        family: str, auto_pallas: Callable[[], _T] | None = None) -> _T:
   """Calls ``xla()`` or ``pallas()`` (both without arguments) per ``impl``;
-  ``family`` (a key of ``AUTO_ON_CUDA``) names the kernels ``pallas`` runs."""
+  ``family`` (a key of ``AUTO_ON_CUDA``) names the kernels ``pallas`` runs.
+  ``auto_pallas``: the kernels ``impl="auto"`` runs where it runs kernels,
+  when they are not ``pallas`` (kernels measured faster than the XLA form,
+  beside newer ones that ``impl="pallas"`` runs but no measurement backs
+  yet)."""
   check_impl(impl)
   if impl == "xla":
     return xla()
@@ -52,5 +58,6 @@ def run(impl: str, xla: Callable[[], _T], pallas: Callable[[], _T], *,
     return pallas()
   if _default_backend() not in ("tpu", "gpu"):
     return xla()
-  cuda = pallas if AUTO_ON_CUDA[family] == "pallas" else xla
-  return jax.lax.platform_dependent(tpu=pallas, cuda=cuda, default=xla)
+  kernels = pallas if auto_pallas is None else auto_pallas
+  cuda = kernels if AUTO_ON_CUDA[family] == "pallas" else xla
+  return jax.lax.platform_dependent(tpu=kernels, cuda=cuda, default=xla)

@@ -397,11 +397,14 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
     use_qk_l2norm: L2-normalise q and k inside the op (unit keys keep the
       transition stable).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"`` (see
-      ``lin_attn_jax.ops.common.dispatch``). Steps 1-3 (the WY terms of
-      every chunk) run in XLA either way, differentiated by JAX's autodiff;
-      ``"pallas"`` runs steps 4-5, the sweep over chunks, and its backward
-      pass as Pallas kernels (``pallas_kernels.delta_rule``; bfloat16
-      matmul operands when q, k and v are bfloat16).
+      ``lin_attn_jax.ops.common.dispatch``). ``"pallas"`` with bfloat16
+      inputs on CUDA runs the whole chunk form on the chunk-parallel
+      kernels of ``pallas_kernels.delta_rule.chunk_delta_rule_gpu``;
+      otherwise (and for ``"auto"`` on TPU or GPU) steps 1-3 (the WY terms
+      of every chunk) run in XLA, differentiated by JAX's autodiff, and
+      steps 4-5, the sweep over chunks, and its backward pass as Pallas
+      kernels (``pallas_kernels.delta_rule``; bfloat16 matmul operands when
+      q, k and v are bfloat16).
   Returns:
     ``(o [B, T, HV, V] in v's dtype, final_state [B, HV, K, V] float32 or
     None)``.
@@ -472,4 +475,7 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
       return sweep_kernels()
     return by_platform(cuda=gpu_kernels, default=sweep_kernels)
 
-  return dispatch.run(impl, xla, pallas, family="delta_rule")
+  # impl="auto" runs the sweep kernels, which a measurement on a GPU backs
+  # (lin_attn_jax.ops.common.dispatch.AUTO_ON_CUDA).
+  return dispatch.run(impl, xla, pallas, family="delta_rule",
+                      auto_pallas=sweep_kernels)
