@@ -14,11 +14,12 @@
 # passed on to bench_kernels.py (e.g. "--ops=kda,gla --lengths=2048
 # --fla_past_triton_guard"). On an H200: about 12 s of compiling per op
 # and shape (kernel and XLA, forward and forward+backward), and fla's first
-# call of each op autotunes for about a minute.
+# call of each op autotunes for about a minute. The defaults (90 s of
+# compiled tests, 330 s of benchmark) keep a run inside 8 minutes.
 set -u
 out=${1:?usage: gpu_checks.sh OUTDIR [TEST_SECONDS] [BENCH_SECONDS] [STAGES_SECONDS]}
-test_seconds=${2:-150}
-bench_seconds=${3:-360}
+test_seconds=${2:-90}
+bench_seconds=${3:-330}
 stages_seconds=${4:-0}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
