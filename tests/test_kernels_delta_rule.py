@@ -221,23 +221,17 @@ def gpu_chunk_errors(case, dtype, *, interpret, monkeypatch):
                        interpret=True, monkeypatch=monkeypatch)
 
 
+@pytest.mark.parametrize("interpret", [
+    True, pytest.param(False, marks=pytest.mark.skipif(
+        ACCELERATOR != "gpu", reason="needs a GPU"))],
+                         ids=["interpret", "compiled"])
 @pytest.mark.parametrize("case, dtype", GPU_CHUNK_CASES,
                          ids=lambda x: str(x))
-def test_gpu_chunk_kernels_match_naive(case, dtype, monkeypatch):
-  errors = gpu_chunk_errors(case, dtype, interpret=True,
+def test_gpu_chunk_kernels_match_naive(case, dtype, interpret, monkeypatch):
+  errors = gpu_chunk_errors(case, dtype, interpret=interpret,
                             monkeypatch=monkeypatch)
   assert_close_errors(errors, 1e-2 if dtype == "bfloat16" else 1e-5,
                       label=f"{case} {dtype}")
-
-
-@pytest.mark.skipif(ACCELERATOR != "gpu", reason="needs a GPU")
-@pytest.mark.parametrize("case, dtype", GPU_CHUNK_CASES,
-                         ids=lambda x: str(x))
-def test_gpu_chunk_kernels_compiled(case, dtype, monkeypatch):
-  errors = gpu_chunk_errors(case, dtype, interpret=False,
-                            monkeypatch=monkeypatch)
-  assert_close_errors(errors, 1e-2 if dtype == "bfloat16" else 1e-5,
-                      label=f"{case} {dtype} compiled")
 
 
 def _sweep_terms(seed=0, b=1, n=3, h=2, c=16, dk=8, dv=12, width=8):

@@ -31,7 +31,7 @@ import numpy as np
 from pallas_kernels.delta_rule import gpu_chunks
 from pallas_kernels.gated_linear import BlockSizes, chunk_math
 from pallas_kernels.gated_linear import gpu as gl
-from pallas_kernels.gated_linear.ops import document_index
+from pallas_kernels.gated_linear.ops import check_inputs, document_index
 
 _F32 = jnp.float32
 
@@ -178,27 +178,11 @@ def chunk_delta_rule_gpu(q, k, v, beta, g=None, *, scale=None,
     ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32 or
     None)``.
   """
-  if np.ndim(q) != 4 or np.shape(k) != np.shape(q):
-    raise ValueError(f"q and k must be [B, T, H, K] of one shape, got "
-                     f"{np.shape(q)} and {np.shape(k)}")
+  check_inputs(q, k, v, g, initial_state, segment_ids)
   b, t, h, dk = np.shape(q)
-  if np.ndim(v) != 4 or np.shape(v)[:3] != (b, t, h):
-    raise ValueError(f"v must be [B, T, H, V] with [B, T, H] = {(b, t, h)}, "
-                     f"got {np.shape(v)}")
   if np.shape(beta) != (b, t, h):
     raise ValueError(f"beta must be [B, T, H] = {(b, t, h)}, got "
                      f"{np.shape(beta)}")
-  if g is not None and np.shape(g) not in ((b, t, h), (b, t, h, 1),
-                                           (b, t, h, dk)):
-    raise ValueError(f"g must be [B, T, H] = {(b, t, h)} (or [B, T, H, 1]) "
-                     f"or [B, T, H, K] = {(b, t, h, dk)}, got {np.shape(g)}")
-  state_shape = (b, h, dk, np.shape(v)[3])
-  if initial_state is not None and np.shape(initial_state) != state_shape:
-    raise ValueError(f"initial_state must be [B, H, K, V] = {state_shape}, "
-                     f"got {np.shape(initial_state)}")
-  if segment_ids is not None and np.shape(segment_ids) != (b, t):
-    raise ValueError(f"segment_ids must be [B, T] = {(b, t)}, got "
-                     f"{np.shape(segment_ids)}")
   if g is not None:
     g = jnp.asarray(g, _F32)
     g = g[..., None] if g.ndim == 3 else g

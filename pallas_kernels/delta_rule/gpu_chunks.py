@@ -179,37 +179,16 @@ def delta_sweep(arrays, w, u_prime, spec: cm.Spec, lay: gl.Layout, *,
   """``{"states": h [B, H, N, K, V], "u": U [B, T_pad, H, V_pad]}`` and the
   final state (``state_out``)."""
   lay = sweep_layout(lay, spec)
-  specs = gl._sweep_specs(lay)
-  inputs = {"k": (arrays["k"], specs["k"]), "w": (w, specs["k"]),
-            "u_prime": (u_prime, specs["v"])}
-  if spec.gate != "none":
-    inputs["p_hi"] = (arrays["p_hi"], specs["gate_" + spec.gate])
-    inputs["p_lo"] = (arrays["p_lo"], specs["gate_" + spec.gate])
-  if spec.segments:
-    inputs["doc"] = (arrays["doc"], specs["doc"])
-    inputs["doc_enter"] = (arrays["doc_enter"], specs["doc"])
-  if state_in is not None:
-    inputs["state_in"] = (state_in, specs["state"])
   b, h = lay.batch, lay.heads
-  outputs = {
-      "states": (jax.ShapeDtypeStruct((b, h, lay.chunks, lay.k_pad,
-                                       lay.v_pad), states_dtype),
-                 specs["states"]),
-      "u": (jax.ShapeDtypeStruct((b, lay.t_pad, h, lay.v_pad), w.dtype),
-            specs["v"])}
-  if state_out:
-    outputs["state_out"] = (jax.ShapeDtypeStruct(
-        (b, h, lay.k_pad, lay.v_pad), _F32), specs["state"])
-  kernel = functools.partial(_delta_sweep_kernel, spec=spec,
-                             n_chunks=lay.chunks,
-                             shape=(lay.k_pad, lay.sweep_v))
-  flops = 2 * 2 * lay.t_pad * lay.k_pad * lay.v_pad * b * h * (
-      3 if spec.mode == "tf32x3" else 1)
-  cost = gl.compiler.cost(flops=flops, transcendentals=0,
-                          arrays=[x for x, _ in inputs.values()])
-  return gl._call(kernel, (b, h, lay.v_pad // lay.sweep_v), inputs, outputs,
-                  lay, name="delta_rule_sweep", cost=cost,
-                  interpret=interpret)
+  return gl.sweep_call(
+      functools.partial(_delta_sweep_kernel, spec=spec), arrays, spec, lay,
+      {"k": (arrays["k"], "k"), "w": (w, "k"), "u_prime": (u_prime, "v")},
+      state_in=state_in, state_out=state_out, states_dtype=states_dtype,
+      extra_outputs={"u": (jax.ShapeDtypeStruct(
+          (b, lay.t_pad, h, lay.v_pad), w.dtype), "v")},
+      name="delta_rule_sweep",
+      cost=2 * 2 * lay.t_pad * lay.k_pad * lay.v_pad * b * h,
+      interpret=interpret)
 
 
 def _delta_sweep_grad_kernel(r, *, spec: cm.Spec, n_chunks: int, shape):
@@ -252,38 +231,17 @@ def delta_sweep_grads(arrays, w, du_intra, spec: cm.Spec, lay: gl.Layout, *,
       dh_n = carry exp(P_L) dh_{n+1} + scale (read exp(P) q)^T do - W^T dU
   """
   lay = sweep_layout(lay, spec)
-  specs = gl._sweep_specs(lay)
-  inputs = {"q": (arrays["q"], specs["k"]), "k": (arrays["k"], specs["k"]),
-            "w": (w, specs["k"]), "do": (arrays["do"], specs["v"]),
-            "du_intra": (du_intra, specs["v"])}
-  if spec.gate != "none":
-    inputs["p_hi"] = (arrays["p_hi"], specs["gate_" + spec.gate])
-    inputs["p_lo"] = (arrays["p_lo"], specs["gate_" + spec.gate])
-  if spec.segments:
-    inputs["doc"] = (arrays["doc"], specs["doc"])
-    inputs["doc_enter"] = (arrays["doc_enter"], specs["doc"])
-  if state_in is not None:
-    inputs["state_in"] = (state_in, specs["state"])
   b, h = lay.batch, lay.heads
-  outputs = {
-      "states": (jax.ShapeDtypeStruct((b, h, lay.chunks, lay.k_pad,
-                                       lay.v_pad), states_dtype),
-                 specs["states"]),
-      "du": (jax.ShapeDtypeStruct((b, lay.t_pad, h, lay.v_pad), _F32),
-             specs["v"])}
-  if state_out:
-    outputs["state_out"] = (jax.ShapeDtypeStruct(
-        (b, h, lay.k_pad, lay.v_pad), _F32), specs["state"])
-  kernel = functools.partial(_delta_sweep_grad_kernel, spec=spec,
-                             n_chunks=lay.chunks,
-                             shape=(lay.k_pad, lay.sweep_v))
-  flops = 3 * 2 * lay.t_pad * lay.k_pad * lay.v_pad * b * h * (
-      3 if spec.mode == "tf32x3" else 1)
-  cost = gl.compiler.cost(flops=flops, transcendentals=0,
-                          arrays=[x for x, _ in inputs.values()])
-  return gl._call(kernel, (b, h, lay.v_pad // lay.sweep_v), inputs, outputs,
-                  lay, name="delta_rule_sweep_grads", cost=cost,
-                  interpret=interpret)
+  return gl.sweep_call(
+      functools.partial(_delta_sweep_grad_kernel, spec=spec), arrays, spec,
+      lay, {"q": (arrays["q"], "k"), "k": (arrays["k"], "k"), "w": (w, "k"),
+            "do": (arrays["do"], "v"), "du_intra": (du_intra, "v")},
+      state_in=state_in, state_out=state_out, states_dtype=states_dtype,
+      extra_outputs={"du": (jax.ShapeDtypeStruct(
+          (b, lay.t_pad, h, lay.v_pad), _F32), "v")},
+      name="delta_rule_sweep_grads",
+      cost=3 * 2 * lay.t_pad * lay.k_pad * lay.v_pad * b * h,
+      interpret=interpret)
 
 
 def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):

@@ -222,17 +222,16 @@ def _sweep_kernel(r, *, spec: cm.Spec, n_chunks: int, reverse: bool,
     r["state_out"][...] = s
 
 
-def sweep(arrays, spec: cm.Spec, lay: Layout, *,
-          reverse: bool, state_in=None, state_out: bool, states_dtype, cost,
-          interpret: bool):
-  """Forward (``reverse=False``): ``{"states": h [B, H, N, K, V], "state_out":
-  final state}``; backward: ``{"states": dh, "state_out": d_initial}``
-  (``state_out`` only when asked for). ``state_in``: the initial state, or
-  the final state's gradient, ``[B, H, K_pad, V_pad]`` float32."""
+def sweep_call(kernel, arrays, spec: cm.Spec, lay: Layout, named, *,
+               state_in, state_out: bool, states_dtype, extra_outputs=None,
+               name: str, cost, interpret: bool):
+  """A sweep over chunks: programs ``(b, h, tile)`` over ``lay``'s state
+  tiles, ``named`` inputs ``{name: (array, spec kind)}`` (kinds of
+  ``_sweep_specs``) plus the gates, documents and ``state_in``; outputs
+  ``"states"`` (one per chunk), ``extra_outputs`` ``{name: (shape struct,
+  spec kind)}`` and ``"state_out"`` (when asked for)."""
   specs = _sweep_specs(lay)
-  x_name, y_name = ("q", "do") if reverse else ("k", "v")
-  inputs = {x_name: (arrays[x_name], specs["k"]),
-            y_name: (arrays[y_name], specs["v"])}
+  inputs = {n: (x, specs[kind]) for n, (x, kind) in named.items()}
   if spec.gate != "none":
     gate_spec = specs["gate_" + spec.gate]
     inputs["p_hi"] = (arrays["p_hi"], gate_spec)
@@ -246,16 +245,36 @@ def sweep(arrays, spec: cm.Spec, lay: Layout, *,
   outputs = {"states": (jax.ShapeDtypeStruct(
       (b, h, lay.chunks, lay.k_pad, lay.v_pad), states_dtype),
       specs["states"])}
+  for n, (shape, kind) in (extra_outputs or {}).items():
+    outputs[n] = (shape, specs[kind])
   if state_out:
     outputs["state_out"] = (jax.ShapeDtypeStruct(
         (b, h, lay.k_pad, lay.v_pad), _F32), specs["state"])
   grid = (b, h, (lay.k_pad // lay.sweep_k) * (lay.v_pad // lay.sweep_v))
-  kernel = functools.partial(_sweep_kernel, spec=spec, n_chunks=lay.chunks,
-                             reverse=reverse,
-                             shape=(lay.sweep_k, lay.sweep_v))
-  name = "gated_linear_state_grads" if reverse else "gated_linear_states"
-  return _call(kernel, grid, inputs, outputs, lay, name=name, cost=cost,
+  if not isinstance(cost, pl.CostEstimate):
+    cost = compiler.cost(flops=cost, transcendentals=0,
+                         arrays=[x for x, _ in inputs.values()])
+  return _call(functools.partial(kernel, n_chunks=lay.chunks,
+                                 shape=(lay.sweep_k, lay.sweep_v)),
+               grid, inputs, outputs, lay, name=name, cost=cost,
                interpret=interpret)
+
+
+def sweep(arrays, spec: cm.Spec, lay: Layout, *,
+          reverse: bool, state_in=None, state_out: bool, states_dtype, cost,
+          interpret: bool):
+  """Forward (``reverse=False``): ``{"states": h [B, H, N, K, V], "state_out":
+  final state}``; backward: ``{"states": dh, "state_out": d_initial}``
+  (``state_out`` only when asked for). ``state_in``: the initial state, or
+  the final state's gradient, ``[B, H, K_pad, V_pad]`` float32."""
+  x_name, y_name = ("q", "do") if reverse else ("k", "v")
+  return sweep_call(
+      functools.partial(_sweep_kernel, spec=spec, reverse=reverse), arrays,
+      spec, lay, {x_name: (arrays[x_name], "k"),
+                  y_name: (arrays[y_name], "v")},
+      state_in=state_in, state_out=state_out, states_dtype=states_dtype,
+      name="gated_linear_state_grads" if reverse else "gated_linear_states",
+      cost=cost, interpret=interpret)
 
 
 def _chunk_specs(lay: Layout, v_blocks: int, v_width: int):

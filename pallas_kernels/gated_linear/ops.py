@@ -253,7 +253,9 @@ def _attention_bwd(cfg: _Config, residuals, cotangents):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _check(q, k, v, g, initial_state, segment_ids):
+def check_inputs(q, k, v, g, initial_state, segment_ids):
+  """Shapes of the inputs of a chunked recurrence on ``[B, T, H, F]``
+  arrays; ``ValueError`` naming the argument."""
   if np.ndim(q) != 4 or np.shape(k) != np.shape(q):
     raise ValueError(f"q and k must be [B, T, H, K] of one shape, got "
                      f"{np.shape(q)} and {np.shape(k)}")
@@ -321,7 +323,7 @@ def chunk_gated_linear_attention(
     >>> o.shape, s.shape
     ((1, 100, 2, 32), (1, 2, 16, 32))
   """
-  _check(q, k, v, g, initial_state, segment_ids)
+  check_inputs(q, k, v, g, initial_state, segment_ids)
   dispatch.check_call(backend, interpret)
   b, t, h, dk = np.shape(q)
   if g is not None:
