@@ -119,6 +119,26 @@ def test_sharded_checkpoint_loads_the_same(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, params, want)
 
 
+@pytest.mark.parametrize("spelling", ['{"__float__": "Infinity"}',
+                                      "Infinity"])
+def test_mamba2_config_with_an_infinite_time_step_limit_loads(tmp_path,
+                                                             spelling):
+  """transformers 5.x writes Mamba-2's default ``time_step_limit`` ``(0.0,
+  inf)`` as ``[0.0, {"__float__": "Infinity"}]``, older versions as the
+  literal ``Infinity``: both load, as no clamp, to the same parameters."""
+  out = tmp_path / "mamba2"
+  shutil.copytree(os.path.join(FIXTURES, "mamba2"), out)
+  with open(out / "config.json") as f:
+    text = json.dumps({**json.load(f), "time_step_limit": [0.0, 1.5]})
+  with open(out / "config.json", "w") as f:
+    f.write(text.replace("1.5", spelling))
+  config, params, _ = convert.convert_checkpoint(str(out))
+  options = dict(dict(config.mixer_options)["mamba2"])
+  assert tuple(options["time_step_limit"]) == (0.0, float("inf"))
+  _, want, _ = convert.convert_checkpoint(os.path.join(FIXTURES, "mamba2"))
+  jax.tree.map(np.testing.assert_array_equal, params, want)
+
+
 def _broken_copy(tmp_path, name, edit):
   out = tmp_path / f"broken_{name}_{len(os.listdir(tmp_path))}"
   shutil.copytree(os.path.join(FIXTURES, name), out)

@@ -180,6 +180,16 @@ def import_params(entries: list[Entry], tensors: dict[str, np.ndarray],
   return params
 
 
+def _special_floats(obj: dict):
+  """``{"__float__": "Infinity"}`` (how transformers 5.x writes a float that
+  JSON cannot hold: ``inf``, ``-inf``, ``nan``) -> the float; other objects
+  as they are. Older files spell it as the literal ``Infinity``, which
+  ``json`` reads as it is."""
+  if set(obj) == {"__float__"}:
+    return float(obj["__float__"])
+  return obj
+
+
 def read_config(directory: str) -> dict:
   path = os.path.join(directory, "config.json")
   if not os.path.isdir(directory):
@@ -187,7 +197,7 @@ def read_config(directory: str) -> dict:
   if not os.path.exists(path):
     raise ValueError(f"{directory} has no config.json")
   with open(path) as f:
-    return json.load(f)
+    return json.load(f, object_hook=_special_floats)
 
 
 def build_lm(config: LMConfig, params, param_dtype=None) -> LM:
