@@ -21,9 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from experiments.bench_utils import median_time
-from pallas_kernels.gated_linear import BlockSizes, chunk_math, gpu
+from pallas_kernels.gated_linear import BlockSizes, gpu
 from pallas_kernels.gated_linear import chunk_gated_linear_attention
-from pallas_kernels.common import dots
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("gates", ["scalar", "channel"], "Gate kinds: none, "
@@ -53,13 +52,9 @@ def _inputs(gate, b, t, h, d):
   return q, k, v, g, do
 
 
-def _stages(gate, blocks, q, k, v, g, do):
+def _stages(blocks, q, k, v, g, do):
   """``{stage: (jitted fn, args)}`` of every kernel on its own."""
-  b, t, h, d = q.shape
-  lay = gpu.make_layout(b, t, h, d, d, blocks)
-  spec = chunk_math.Spec(gate=gate, segments=False, scale=d ** -0.5,
-                         chunk=lay.chunk, mode=dots.mode(bf16=True,
-                                                         backend="gpu"))
+  lay, spec = gpu.setup(q, k, v, g, None, blocks, q.shape[-1] ** -0.5)
   arrays = jax.jit(functools.partial(gpu.prepare, lay=lay, spec=spec))(
       q, k, v, g, None, do=do)
   common = dict(spec=spec, lay=lay, interpret=FLAGS.interpret)
@@ -124,7 +119,7 @@ def main(argv):
           num_warps=warps, num_stages=stages)
       cells = [gate, variant]
       try:
-        timed = _stages(gate, blocks, q, k, v, g, do)
+        timed = _stages(blocks, q, k, v, g, do)
         fwd, fwd_bwd = _whole(blocks, q, k, v, g, do)
         timed["fwd"], timed["fwd+bwd"] = fwd, fwd_bwd
         for name, (fn, args) in timed.items():

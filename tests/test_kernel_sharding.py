@@ -90,3 +90,25 @@ def test_split_axes_keep_what_divides():
   assert kernel_sharding.split_axes(mesh, ("tensor",), 4) == ()
   assert kernel_sharding.split_axes(jax.sharding.get_abstract_mesh(),
                                     ("data",), 4) == ()
+
+
+@pytest.mark.parametrize("op", [
+    "simple_gla",
+    pytest.param("gated_delta_rule", marks=pytest.mark.slow),
+])
+def test_gpu_chunk_kernels_run_per_shard(op, monkeypatch):
+  """The chunk-parallel GPU kernels (interpret mode, as the CUDA branch
+  runs them) per shard equal the unsharded call, with no all-gather."""
+  from lin_attn_jax.ops.delta_rule import chunk as delta_rule_chunk
+  from pallas_kernels.common import dispatch as kernel_dispatch
+  monkeypatch.setattr(kernel_dispatch, "by_platform",
+                      lambda backend, interpret, fn, *args: fn("gpu", True,
+                                                               *args))
+  monkeypatch.setattr(delta_rule_chunk, "by_platform",
+                      lambda cuda, default: cuda())
+  monkeypatch.setattr(delta_rule_chunk, "GPU_CHUNK_DTYPES",
+                      (jax.numpy.dtype("float32"),))
+  from pallas_kernels.delta_rule import chunk_delta_rule_gpu
+  monkeypatch.setattr(delta_rule_chunk, "chunk_delta_rule_gpu",
+                      functools.partial(chunk_delta_rule_gpu, interpret=True))
+  test_kernel_runs_per_shard(op)

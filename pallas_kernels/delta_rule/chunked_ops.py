@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.delta_rule import gpu_chunks
-from pallas_kernels.gated_linear import BlockSizes, chunk_math
+from pallas_kernels.gated_linear import BlockSizes
 from pallas_kernels.gated_linear import gpu as gl
 from pallas_kernels.gated_linear.ops import check_inputs, document_index
 
@@ -57,41 +57,35 @@ NUM_WARPS = 8
 
 
 def _setup(cfg: _Config, q, k, v, g, doc):
-  b, t, h, dk = q.shape
   bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
-  block = cfg.blocks.chunk_block
   blocks = dataclasses.replace(
       cfg.blocks, chunk=min(cfg.blocks.chunk, MAX_CHUNK[bf16]),
       num_warps=cfg.blocks.num_warps or NUM_WARPS,
-      chunk_block=block or (16 if cfg.blocks.per_channel
-                            else MAX_CHUNK_BLOCK))
-  lay = gl.make_layout(b, t, h, dk, v.shape[-1], blocks, bf16=bf16)
-  gate = "none" if g is None else ("scalar" if g.shape[-1] == 1
-                                   else "channel")
-  spec = chunk_math.Spec(gate=gate, segments=doc is not None,
-                         scale=cfg.scale, chunk=lay.chunk,
-                         mode="bf16" if bf16 else gl.FLOAT32_MODE)
-  return lay, spec, bf16
+      chunk_block=cfg.blocks.chunk_block or (
+          16 if cfg.blocks.per_channel else MAX_CHUNK_BLOCK))
+  return gl.setup(q, k, v, g, doc, blocks, cfg.scale)
 
 
-def _states(arrays, spec, lay, s0, *, final, bf16, interpret):
+def _states(arrays, spec, lay, s0, *, final, interpret):
+  """``(W, {"states", "u", "state_out"})``: the WY terms, then the sweep
+  (states in the matmul operands' dtype)."""
   wu = gpu_chunks.wy(arrays, spec, lay, interpret=interpret)
   swept = gpu_chunks.delta_sweep(
       arrays, wu["w"], wu["u"], spec, lay,
       state_in=None if s0 is None else gl.pad_state(s0, lay),
-      state_out=final, states_dtype=jnp.bfloat16 if bf16 else _F32,
+      state_out=final, states_dtype=arrays["k"].dtype,
       interpret=interpret)
   return wu["w"], swept
 
 
 def _forward(cfg: _Config, q, k, v, beta, g, s0, doc):
-  lay, spec, bf16 = _setup(cfg, q, k, v, g, doc)
+  lay, spec = _setup(cfg, q, k, v, g, doc)
   arrays = gl.prepare(q, k, v, g, doc, lay, spec)
   arrays["beta"] = gpu_chunks.beta_to_kernel(beta, lay)
   _, swept = _states(arrays, spec, lay, s0, final=cfg.output_final_state,
-                     bf16=bf16, interpret=cfg.interpret)
+                     interpret=cfg.interpret)
   o = gl.outputs({**arrays, "v": swept["u"]}, swept["states"], spec, lay,
-                 out_dtype=v.dtype if bf16 else _F32,
+                 out_dtype=arrays["v"].dtype,
                  cost=gl.cost(spec, lay, "outputs", arrays.values()),
                  interpret=cfg.interpret)
   o = o[:, :lay.length, :, :lay.dim_v].astype(v.dtype)
@@ -101,10 +95,10 @@ def _forward(cfg: _Config, q, k, v, beta, g, s0, doc):
 
 
 def _backward(cfg: _Config, q, k, v, beta, g, s0, doc, do, d_final):
-  lay, spec, bf16 = _setup(cfg, q, k, v, g, doc)
+  lay, spec = _setup(cfg, q, k, v, g, doc)
   arrays = gl.prepare(q, k, v, g, doc, lay, spec, do=do)
   arrays["beta"] = gpu_chunks.beta_to_kernel(beta, lay)
-  w, swept = _states(arrays, spec, lay, s0, final=False, bf16=bf16,
+  w, swept = _states(arrays, spec, lay, s0, final=False,
                      interpret=cfg.interpret)
   on_u = {**arrays, "v": swept["u"]}
   du_intra = gl.dv_intra(on_u, spec, lay, interpret=cfg.interpret)["dv"]

@@ -72,35 +72,35 @@ def inverse(spec: cm.Spec, a, d: cm.Docs):
 def _wy_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
   every = slice(None)
   c = spec.chunk
-  d = gl._docs(r, spec, every)
+  d = gl.docs_at(r, spec, every)
   beta = r["beta"][...]                                         # [C]
   keys = {**r, "q": r["k"]}
   below = cm.iota((c, c), 0) > cm.iota((c, c), 1)
-  a = jnp.where(below, gl._scores(keys, spec, lay, d), 0.0) * beta[:, None]
+  a = jnp.where(below, gl.scores_of(keys, spec, lay, d), 0.0) * beta[:, None]
   t = inverse(spec, a, d)                                       # [C, C]
   t_op = cm.operand(t, spec)
   width = lay.inner_k
 
   def w_part(j, carry):
-    cols = gl._cols(j, width)
-    p = gl._gate(r, (every, cols))
+    cols = gl.column_block(j, width)
+    p = gl.gate_at(r, (every, cols))
     x = (r["k"][:, cols].astype(_F32) * beta[:, None]
-         * cm.read_weights(spec, p, d))
+         * cm.read_weights(p, d))
     r["w"][:, cols] = cm.dot(t_op, cm.operand(x, spec), cm.NN,
                              spec).astype(r["w"].dtype)
     return carry
 
-  gl._loop(lay.k_pad // width, w_part, 0)
+  gl.loop(lay.k_pad // width, w_part, 0)
   v_width = lay.inner_v
 
   def u_part(j, carry):
-    cols = gl._cols(j, v_width)
+    cols = gl.column_block(j, v_width)
     y = r["v"][:, cols].astype(_F32) * beta[:, None]
     r["u"][:, cols] = cm.dot(t_op, cm.operand(y, spec), cm.NN,
                              spec).astype(r["u"].dtype)
     return carry
 
-  gl._loop(lay.v_pad // v_width, u_part, 0)
+  gl.loop(lay.v_pad // v_width, u_part, 0)
 
 
 def beta_to_kernel(beta, lay: gl.Layout):
@@ -112,8 +112,8 @@ def beta_to_kernel(beta, lay: gl.Layout):
 def wy(arrays, spec: cm.Spec, lay: gl.Layout, *, interpret: bool):
   """``{"w": [B, T_pad, H, K_pad], "u": [B, T_pad, H, V_pad]}`` in the
   matmul dtype: ``W`` and ``U'`` of every chunk."""
-  specs = gl._chunk_specs(lay, 1, lay.v_pad)
-  inputs = gl._chunk_inputs(arrays, spec, specs, [("k", "k"), ("v", "v")])
+  specs = gl.chunk_specs(lay, 1, lay.v_pad)
+  inputs = gl.chunk_inputs(arrays, spec, specs, [("k", "k"), ("v", "v")])
   inputs["beta"] = (arrays["beta"], specs["gate_scalar"])
   b, h, t = lay.batch, lay.heads, lay.t_pad
   dtype = arrays["k"].dtype
@@ -128,7 +128,7 @@ def wy(arrays, spec: cm.Spec, lay: gl.Layout, *, interpret: bool):
       flops=flops * lay.chunks * b * h,
       transcendentals=b * h * t * (kk if spec.gate == "channel" else c),
       arrays=[x for x, _ in inputs.values()])
-  return gl._call(functools.partial(_wy_kernel, spec=spec, lay=lay),
+  return gl.call(functools.partial(_wy_kernel, spec=spec, lay=lay),
                   (b, h, lay.chunks), inputs, out, lay, name="delta_rule_wy",
                   cost=cost, interpret=interpret)
 
@@ -147,12 +147,12 @@ def _delta_sweep_kernel(r, *, spec: cm.Spec, n_chunks: int, shape):
   def body(n, s):
     r["states"][n] = s.astype(r["states"].dtype)
     rows = pl.ds(pl.multiple_of(n * c, c), c)
-    p, d = gl._gate(r, rows), gl._docs(r, spec, rows)
+    p, d = gl.gate_at(r, rows), gl.docs_at(r, spec, rows)
     u = r["u_prime"][rows, :].astype(_F32) - cm.dot(
         r["w"][rows, :], cm.operand(s, spec), cm.NN, spec)      # [C, BV]
     r["u"][rows, :] = u.astype(r["u"].dtype)
-    kw = r["k"][rows, :].astype(_F32) * cm.write_weights(spec, p, d)
-    decay = cm.carry_decay(spec, p, d)                          # [] or [K]
+    kw = r["k"][rows, :].astype(_F32) * cm.write_weights(p, d)
+    decay = cm.carry_decay(p, d)                          # [] or [K]
     if decay.ndim:
       decay = decay[:, None]
     return s * decay + cm.dot(cm.operand(kw, spec), cm.operand(u, spec),
@@ -199,14 +199,14 @@ def _delta_sweep_grad_kernel(r, *, spec: cm.Spec, n_chunks: int, shape):
     n = n_chunks - 1 - i
     r["states"][n] = ds.astype(r["states"].dtype)
     rows = pl.ds(pl.multiple_of(n * c, c), c)
-    p, d = gl._gate(r, rows), gl._docs(r, spec, rows)
-    kw = r["k"][rows, :].astype(_F32) * cm.write_weights(spec, p, d)
+    p, d = gl.gate_at(r, rows), gl.docs_at(r, spec, rows)
+    kw = r["k"][rows, :].astype(_F32) * cm.write_weights(p, d)
     du = r["du_intra"][rows, :] + cm.dot(cm.operand(kw, spec),
                                          cm.operand(ds, spec), cm.NN, spec)
     r["du"][rows, :] = du                                       # [C, BV]
     qr = (r["q"][rows, :].astype(_F32)
-          * (cm.read_weights(spec, p, d) * spec.scale))
-    decay = cm.carry_decay(spec, p, d)                          # [] or [K]
+          * (cm.read_weights(p, d) * spec.scale))
+    decay = cm.carry_decay(p, d)                          # [] or [K]
     if decay.ndim:
       decay = decay[:, None]
     return (ds * decay
@@ -259,29 +259,29 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
   every = slice(None)
   c = spec.chunk
   exact = _exact(spec)
-  d = gl._docs(r, spec, every)
+  d = gl.docs_at(r, spec, every)
   beta = r["beta"][...]                                         # [C]
   keys = {**r, "q": r["k"]}
   below = cm.iota((c, c), 0) > cm.iota((c, c), 1)
-  a_k = jnp.where(below, gl._scores(keys, spec, lay, d), 0.0)   # [C, C]
+  a_k = jnp.where(below, gl.scores_of(keys, spec, lay, d), 0.0)   # [C, C]
   t = inverse(spec, a_k * beta[:, None], d)
   t_op = cm.operand(t, spec)
   width, v_width = lay.inner_k, lay.inner_v
 
   def x_block(cols):
     """``(X, read exp(P) k)`` of a key block."""
-    p = gl._gate(r, (every, cols))
-    xk = r["k"][:, cols].astype(_F32) * cm.read_weights(spec, p, d)
+    p = gl.gate_at(r, (every, cols))
+    xk = r["k"][:, cols].astype(_F32) * cm.read_weights(p, d)
     return xk * beta[:, None], xk
 
   def dt_keys(j, acc):
-    cols = gl._cols(j, width)
+    cols = gl.column_block(j, width)
     x, _ = x_block(cols)
     return acc + cm.dot(cm.operand(r["dw"][:, cols], spec),
                         cm.operand(x, spec), cm.NT, spec)
 
   def dt_values(j, acc):
-    cols = gl._cols(j, v_width)
+    cols = gl.column_block(j, v_width)
     y = r["v"][:, cols].astype(_F32) * beta[:, None]
     du = r["du"][:, cols]
     # dv = b T^T dU, and beta's part sum_v v dY.
@@ -292,15 +292,15 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
     return dt, dbeta + jnp.sum(dy * r["v"][:, cols].astype(_F32), axis=1)
 
   zeros = jnp.zeros((c, c), _F32)
-  dt = gl._loop(lay.k_pad // width, dt_keys, zeros)
-  dt, dbeta = gl._loop(lay.v_pad // v_width, dt_values,
+  dt = gl.loop(lay.k_pad // width, dt_keys, zeros)
+  dt, dbeta = gl.loop(lay.v_pad // v_width, dt_values,
                        (dt, jnp.zeros((c,), _F32)))
   da = -cm.dot(cm.dot(t, dt, cm.TN, exact), t, cm.NT, exact)    # [C, C]
   da = jnp.where(below & d.pair, da, 0.0)
   dbeta = dbeta + jnp.sum(da * a_k, axis=1)
   da_k = da * beta[:, None]                                     # dL/dA_k
   if spec.gate != "channel":
-    weights = cm.pair_weights(spec, gl._gate(r, every), d)
+    weights = cm.pair_weights(gl.gate_at(r, every), d)
     da_op = cm.operand(da_k * weights, spec)
     if spec.gate == "scalar":
       terms = da_k * a_k                                        # j < i only
@@ -309,12 +309,12 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
     da_op = cm.operand(da_k, spec)
 
   def key_block(j, totals):
-    cols = gl._cols(j, width)
+    cols = gl.column_block(j, width)
     k = r["k"][:, cols]
     kf = k.astype(_F32)
-    p = gl._gate(r, (every, cols))
+    p = gl.gate_at(r, (every, cols))
     if spec.gate == "channel":
-      blk = gl._KeyBlock(keys, cols)
+      blk = gl.KeyBlock(keys, cols)
       rows_k = cols_k = jnp.zeros((c, width), _F32)
       for s in cm.level_sizes(c):
         x, y, decay, right = blk.level(spec, s)
@@ -330,7 +330,7 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
     x, xk = x_block(cols)
     dx = cm.dot(t_op, cm.operand(r["dw"][:, cols], spec), cm.TN, spec)
     r["dk"][:, cols] = rows_k + cols_k + dx * beta[:, None] * (
-        cm.read_weights(spec, p, d))
+        cm.read_weights(p, d))
     dbeta_part = jnp.sum(dx * xk, axis=1)
     # The log-decays' rows: exp(P_i) in X, and the pairs of A_k (rows less
     # columns).
@@ -341,7 +341,7 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
     return totals[0] + dbeta_part, totals[1] + jnp.sum(rows, axis=1)
 
   vector = jnp.zeros((c,), _F32)
-  dbeta_x, x_rows = gl._loop(lay.k_pad // width, key_block, (vector, vector))
+  dbeta_x, x_rows = gl.loop(lay.k_pad // width, key_block, (vector, vector))
   r["dbeta"][...] = dbeta + dbeta_x
   if spec.gate == "scalar":
     r["gate_rows"][...] = x_rows + pair_terms
@@ -352,8 +352,8 @@ def wy_grads(arrays, dw, du, spec: cm.Spec, lay: gl.Layout, *,
   """``{"dk", "dv", "dbeta"}`` and, with a decay, ``"gate_rows"`` (all
   float32): what ``W`` and ``U'`` send back (``dw``, ``du``: their
   gradients, ``[B, T_pad, H, K_pad]`` and ``[B, T_pad, H, V_pad]``)."""
-  specs = gl._chunk_specs(lay, 1, lay.v_pad)
-  inputs = gl._chunk_inputs(arrays, spec, specs, [("k", "k"), ("v", "v")])
+  specs = gl.chunk_specs(lay, 1, lay.v_pad)
+  inputs = gl.chunk_inputs(arrays, spec, specs, [("k", "k"), ("v", "v")])
   inputs["beta"] = (arrays["beta"], specs["gate_scalar"])
   inputs["dw"] = (dw, specs["k"])
   inputs["du"] = (du, specs["v"])
@@ -375,6 +375,6 @@ def wy_grads(arrays, dw, du, spec: cm.Spec, lay: gl.Layout, *,
       flops=flops * lay.chunks * b * h,
       transcendentals=b * h * t * (kk if spec.gate == "channel" else c),
       arrays=[x for x, _ in inputs.values()])
-  return gl._call(functools.partial(_wy_grad_kernel, spec=spec, lay=lay),
+  return gl.call(functools.partial(_wy_grad_kernel, spec=spec, lay=lay),
                   (b, h, lay.chunks), inputs, out, lay,
                   name="delta_rule_wy_grads", cost=cost, interpret=interpret)

@@ -66,6 +66,14 @@ class Spec:
   mode: str          # matmul mode (common/dots.py)
 
 
+def gate_kind(g) -> str:
+  """``"none"``, ``"scalar"`` or ``"channel"`` for log-decays ``g``: None,
+  ``[..., 1]`` or ``[..., K]``."""
+  if g is None:
+    return "none"
+  return "scalar" if g.shape[-1] == 1 else "channel"
+
+
 def dot(a, b, dims, spec: Spec):
   return dots.dot(a, b, dims, mode=spec.mode)
 
@@ -130,7 +138,7 @@ def _column(x):
   return x[:, None] if x.ndim == 1 else x
 
 
-def read_weights(spec: Spec, p: Gate | None, d: Docs):
+def read_weights(p: Gate | None, d: Docs):
   """``read_i exp(P_i)``: ``[C, 1]`` or ``[C, K]`` float32."""
   mask = d.read[:, None]
   if p is None:
@@ -138,7 +146,7 @@ def read_weights(spec: Spec, p: Gate | None, d: Docs):
   return jnp.where(mask, jnp.exp(_column(p.hi + p.lo)), 0.0)
 
 
-def write_weights(spec: Spec, p: Gate | None, d: Docs):
+def write_weights(p: Gate | None, d: Docs):
   """``write_j exp(P_L - P_j)``: ``[C, 1]`` or ``[C, K]`` float32."""
   mask = d.write[:, None]
   if p is None:
@@ -149,7 +157,7 @@ def write_weights(spec: Spec, p: Gate | None, d: Docs):
   return jnp.where(mask, jnp.exp(diff), 0.0)
 
 
-def carry_decay(spec: Spec, p: Gate | None, d: Docs):
+def carry_decay(p: Gate | None, d: Docs):
   """``carry exp(P_L)``: ``[]`` or ``[K]`` float32 (scales state rows)."""
   if p is None:
     return d.carry.astype(_F32)
@@ -157,7 +165,7 @@ def carry_decay(spec: Spec, p: Gate | None, d: Docs):
   return jnp.where(d.carry, jnp.exp(last.hi + last.lo), 0.0)
 
 
-def pair_weights(spec: Spec, p: Gate | None, d: Docs):
+def pair_weights(p: Gate | None, d: Docs):
   """``pair_ij exp(P_i - P_j)``, ``[C, C]`` (scalar decay or none), the
   mask applied before ``exp``."""
   if p is None:
@@ -206,9 +214,3 @@ def level_operands(spec: Spec, q, k, decay, right):
 def diagonal(c: int):
   return iota((c, c), 0) == iota((c, c), 1)
 
-
-def scores(spec: Spec, q, k, p: Gate | None, d: Docs):
-  """``[C, C]`` float32 (scalar decay per head, or none): ``pair_ij (q_i .
-  k_j) exp(P_i - P_j)``, the query scale not applied. A decay per key
-  channel builds its scores level by level (``level_decays``)."""
-  return dot(q, k, NT, spec) * pair_weights(spec, p, d)

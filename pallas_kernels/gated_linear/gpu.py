@@ -98,6 +98,20 @@ def make_layout(b, t, h, dk, dv, blocks: BlockSizes,
                 min(inner, k_pad), min(inner, v_pad), warps, stages)
 
 
+def setup(q, k, v, g, doc, blocks: BlockSizes, scale: float,
+          direction: str = "forward"):
+  """``(Layout, chunk_math.Spec)`` of a call: ``g`` ``[B, T, H, G]`` or
+  None, ``doc`` the document index or None; bfloat16 matmul operands when
+  q, k and v are bfloat16, else ``FLOAT32_MODE``."""
+  b, t, h, dk = q.shape
+  bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
+  lay = make_layout(b, t, h, dk, v.shape[-1], blocks, direction, bf16=bf16)
+  spec = cm.Spec(gate=cm.gate_kind(g), segments=doc is not None,
+                 scale=scale, chunk=lay.chunk,
+                 mode="bf16" if bf16 else FLOAT32_MODE)
+  return lay, spec
+
+
 def _tokens(x, lay: Layout, width: int | None, dtype=None):
   """``[B, T, H(, F)]`` padded to ``[B, T_pad, H(, width)]``."""
   if x.ndim == 3:
@@ -135,7 +149,7 @@ def prepare(q, k, v, g, doc, lay: Layout, spec: cm.Spec, do=None):
   return arrays
 
 
-def _gate(r, index):
+def gate_at(r, index):
   """The gate's prefix sums at ``index`` (rows, or ``(rows, cols)`` per
   key channel)."""
   if "p_hi" not in r:
@@ -147,13 +161,13 @@ def _gate(r, index):
   return cm.Gate(r["p_hi"][index], r["p_lo"][index])
 
 
-def _docs(r, spec, rows):
+def docs_at(r, spec, rows):
   if not spec.segments:
     return cm.docs(spec)
   return cm.docs(spec, r["doc"][rows], r["doc_enter"][rows])
 
 
-def _call(kernel, grid, inputs, outputs, lay: Layout, *, name, cost,
+def call(kernel, grid, inputs, outputs, lay: Layout, *, name, cost,
           interpret):
   """``pl.pallas_call`` of ``kernel(refs by name)``: ``inputs`` and
   ``outputs`` are ``{name: (array or ShapeDtypeStruct, BlockSpec)}``."""
@@ -172,7 +186,7 @@ def _call(kernel, grid, inputs, outputs, lay: Layout, *, name, cost,
 # Block specs. Sweep programs (b, h, p) own key block p // VB and value
 # block p % VB over all T; chunk programs (b, h, p) one chunk.
 
-def _sweep_specs(lay: Layout):
+def sweep_specs(lay: Layout):
   vb = lay.v_pad // lay.sweep_v
   t, bk, bv = lay.t_pad, lay.sweep_k, lay.sweep_v
 
@@ -205,13 +219,13 @@ def _sweep_kernel(r, *, spec: cm.Spec, n_chunks: int, reverse: bool,
     n = n_chunks - 1 - i if reverse else i
     r["states"][n] = s.astype(r["states"].dtype)
     rows = pl.ds(pl.multiple_of(n * c, c), c)
-    p, d = _gate(r, rows), _docs(r, spec, rows)
+    p, d = gate_at(r, rows), docs_at(r, spec, rows)
     if reverse:
-      w = cm.read_weights(spec, p, d) * spec.scale
+      w = cm.read_weights(p, d) * spec.scale
     else:
-      w = cm.write_weights(spec, p, d)
+      w = cm.write_weights(p, d)
     x = cm.operand(r[x_name][rows, :].astype(_F32) * w, spec)  # [C, BK]
-    decay = cm.carry_decay(spec, p, d)                          # [] or [BK]
+    decay = cm.carry_decay(p, d)                          # [] or [BK]
     if decay.ndim:
       decay = decay[:, None]
     return s * decay + cm.dot(x, r[y_name][rows, :], cm.TN, spec)
@@ -227,18 +241,11 @@ def sweep_call(kernel, arrays, spec: cm.Spec, lay: Layout, named, *,
                name: str, cost, interpret: bool):
   """A sweep over chunks: programs ``(b, h, tile)`` over ``lay``'s state
   tiles, ``named`` inputs ``{name: (array, spec kind)}`` (kinds of
-  ``_sweep_specs``) plus the gates, documents and ``state_in``; outputs
+  ``sweep_specs``) plus the gates, documents and ``state_in``; outputs
   ``"states"`` (one per chunk), ``extra_outputs`` ``{name: (shape struct,
   spec kind)}`` and ``"state_out"`` (when asked for)."""
-  specs = _sweep_specs(lay)
-  inputs = {n: (x, specs[kind]) for n, (x, kind) in named.items()}
-  if spec.gate != "none":
-    gate_spec = specs["gate_" + spec.gate]
-    inputs["p_hi"] = (arrays["p_hi"], gate_spec)
-    inputs["p_lo"] = (arrays["p_lo"], gate_spec)
-  if spec.segments:
-    inputs["doc"] = (arrays["doc"], specs["doc"])
-    inputs["doc_enter"] = (arrays["doc_enter"], specs["doc"])
+  specs = sweep_specs(lay)
+  inputs = chunk_inputs(arrays, spec, specs, [], named)
   if state_in is not None:
     inputs["state_in"] = (state_in, specs["state"])
   b, h = lay.batch, lay.heads
@@ -254,7 +261,7 @@ def sweep_call(kernel, arrays, spec: cm.Spec, lay: Layout, named, *,
   if not isinstance(cost, pl.CostEstimate):
     cost = compiler.cost(flops=cost, transcendentals=0,
                          arrays=[x for x, _ in inputs.values()])
-  return _call(functools.partial(kernel, n_chunks=lay.chunks,
+  return call(functools.partial(kernel, n_chunks=lay.chunks,
                                  shape=(lay.sweep_k, lay.sweep_v)),
                grid, inputs, outputs, lay, name=name, cost=cost,
                interpret=interpret)
@@ -277,7 +284,7 @@ def sweep(arrays, spec: cm.Spec, lay: Layout, *,
       cost=cost, interpret=interpret)
 
 
-def _chunk_specs(lay: Layout, v_blocks: int, v_width: int):
+def chunk_specs(lay: Layout, v_blocks: int, v_width: int):
   """Specs of programs ``(b, h, p)`` that own chunk ``p // v_blocks`` and
   value block ``p % v_blocks`` (``v_width`` columns)."""
   c = lay.chunk
@@ -303,8 +310,13 @@ def _chunk_specs(lay: Layout, v_blocks: int, v_width: int):
   }
 
 
-def _chunk_inputs(arrays, spec: cm.Spec, specs, names):
+def chunk_inputs(arrays, spec: cm.Spec, specs, names, named=None):
+  """A kernel's inputs ``{name: (array, BlockSpec)}``: ``arrays[name]`` for
+  ``(name, spec kind)`` in ``names``, the ``named`` ``{name: (array, spec
+  kind)}``, then the gates' prefix sums and the documents when the call
+  has them."""
   inputs = {name: (arrays[name], specs[kind]) for name, kind in names}
+  inputs.update({n: (x, specs[kind]) for n, (x, kind) in (named or {}).items()})
   if spec.gate != "none":
     inputs["p_hi"] = (arrays["p_hi"], specs["gate_" + spec.gate])
     inputs["p_lo"] = (arrays["p_lo"], specs["gate_" + spec.gate])
@@ -314,7 +326,7 @@ def _chunk_inputs(arrays, spec: cm.Spec, specs, names):
   return inputs
 
 
-def _loop(n: int, body, init):
+def loop(n: int, body, init):
   """``body(j, carry)`` for ``j < n``: inline when ``n == 1``, else a
   ``fori_loop`` (one copy of the body, whatever the width)."""
   if n == 1:
@@ -322,14 +334,14 @@ def _loop(n: int, body, init):
   return lax.fori_loop(0, n, body, init)
 
 
-def _cols(j, width: int):
+def column_block(j, width: int):
   """Column block ``j`` (static or traced) of ``width`` columns."""
   if isinstance(j, int):
     return pl.ds(j * width, width)
   return pl.ds(pl.multiple_of(j * width, width), width)
 
 
-class _KeyBlock:
+class KeyBlock:
   """One block of key columns of a chunk, loaded from the refs: ``q``,
   ``k`` (``[C, BK]``, the inputs' dtype), the gate ``p`` and its rows at
   any tokens (``middle_rows``, a gather)."""
@@ -337,7 +349,7 @@ class _KeyBlock:
   def __init__(self, r, cols):
     self.q = r["q"][:, cols]
     self.k = r["k"][:, cols]
-    self.p = _gate(r, (slice(None), cols))
+    self.p = gate_at(r, (slice(None), cols))
     self.cols = cols
     self._r = r
 
@@ -353,7 +365,7 @@ class _KeyBlock:
     return x, y, decay, right
 
 
-def _scores(r, spec: cm.Spec, lay: Layout, d):
+def scores_of(r, spec: cm.Spec, lay: Layout, d):
   """The chunk's ``[C, C]`` scores (query scale not applied), summed over
   key blocks. A decay per key channel: the diagonal, then each halving
   level's pairs, summed over key blocks before the level's mask."""
@@ -361,24 +373,24 @@ def _scores(r, spec: cm.Spec, lay: Layout, d):
   n_k = lay.k_pad // width
   zeros = jnp.zeros((c, c), _F32)
   if spec.gate != "channel":
-    qk = _loop(n_k, lambda j, acc: acc + cm.dot(
-        r["q"][:, _cols(j, width)], r["k"][:, _cols(j, width)], cm.NT, spec),
+    qk = loop(n_k, lambda j, acc: acc + cm.dot(
+        r["q"][:, column_block(j, width)], r["k"][:, column_block(j, width)], cm.NT, spec),
                zeros)
-    return qk * cm.pair_weights(spec, _gate(r, slice(None)), d)
+    return qk * cm.pair_weights(gate_at(r, slice(None)), d)
 
   def diag_part(j, acc):
-    cols = _cols(j, width)
+    cols = column_block(j, width)
     return acc + jnp.sum(r["q"][:, cols].astype(_F32)
                          * r["k"][:, cols].astype(_F32), axis=1)
 
-  diag = _loop(n_k, diag_part, jnp.zeros((c,), _F32))
+  diag = loop(n_k, diag_part, jnp.zeros((c,), _F32))
   a = jnp.where(cm.diagonal(c), diag[:, None], 0.0)
   for s in cm.level_sizes(c):
     def level_part(j, acc, s=s):
-      x, y, _, _ = _KeyBlock(r, _cols(j, width)).level(spec, s)
+      x, y, _, _ = KeyBlock(r, column_block(j, width)).level(spec, s)
       return acc + cm.dot(x, y, cm.NT, spec)
 
-    level = _loop(n_k, level_part, zeros)
+    level = loop(n_k, level_part, zeros)
     a = a + jnp.where(cm.level_mask(spec, s, d), level, 0.0)
   return a
 
@@ -389,19 +401,19 @@ def _read_states(r, spec: cm.Spec, lay: Layout, d):
   width = lay.inner_k
 
   def part(j, acc):
-    cols = _cols(j, width)
-    p = _gate(r, (slice(None), cols))
-    q_read = r["q"][:, cols].astype(_F32) * cm.read_weights(spec, p, d)
+    cols = column_block(j, width)
+    p = gate_at(r, (slice(None), cols))
+    q_read = r["q"][:, cols].astype(_F32) * cm.read_weights(p, d)
     return acc + cm.dot(cm.operand(q_read, spec), r["states"][cols, :],
                         cm.NN, spec)
 
-  return _loop(lay.k_pad // width, part,
+  return loop(lay.k_pad // width, part,
                jnp.zeros((spec.chunk, r["states"].shape[-1]), _F32))
 
 
 def _outputs_kernel(r, *, spec: cm.Spec, lay: Layout):
-  d = _docs(r, spec, slice(None))
-  a = _scores(r, spec, lay, d)                                  # [C, C]
+  d = docs_at(r, spec, slice(None))
+  a = scores_of(r, spec, lay, d)                                  # [C, C]
   o = (cm.dot(cm.operand(a, spec), r["v"][...], cm.NN, spec)
        + _read_states(r, spec, lay, d))                         # [C, BV]
   r["o"][...] = (o * spec.scale).astype(r["o"].dtype)
@@ -412,14 +424,14 @@ def outputs(arrays, h, spec: cm.Spec, lay: Layout, *,
   """``o [B, T_pad, H, V_pad]`` from the inputs and the entering states
   ``h [B, H, N, K, V]``."""
   v_blocks = lay.v_pad // lay.out_v
-  specs = _chunk_specs(lay, v_blocks, lay.out_v)
-  inputs = _chunk_inputs(arrays, spec, specs,
+  specs = chunk_specs(lay, v_blocks, lay.out_v)
+  inputs = chunk_inputs(arrays, spec, specs,
                          [("q", "k"), ("k", "k"), ("v", "v")])
   inputs["states"] = (h, specs["states"])
   b, hh = lay.batch, lay.heads
   out = {"o": (jax.ShapeDtypeStruct((b, lay.t_pad, hh, lay.v_pad), out_dtype),
                specs["v"])}
-  return _call(functools.partial(_outputs_kernel, spec=spec, lay=lay),
+  return call(functools.partial(_outputs_kernel, spec=spec, lay=lay),
                (b, hh, lay.chunks * v_blocks), inputs, out, lay,
                name="gated_linear_outputs", cost=cost,
                interpret=interpret)["o"]
@@ -428,20 +440,20 @@ def outputs(arrays, h, spec: cm.Spec, lay: Layout, *,
 def _dv_kernel(r, *, spec: cm.Spec, lay: Layout):
   """``dv = scale scores^T do + (write k) dh`` for one value block (the
   second term only with ``d_states``)."""
-  d = _docs(r, spec, slice(None))
-  a = cm.operand(_scores(r, spec, lay, d) * spec.scale, spec)   # [C, C]
+  d = docs_at(r, spec, slice(None))
+  a = cm.operand(scores_of(r, spec, lay, d) * spec.scale, spec)   # [C, C]
   dv = cm.dot(a, r["do"][...], cm.TN, spec)                     # [C, BV]
   if "d_states" in r:
     width = lay.inner_k
 
     def part(j, acc):
-      cols = _cols(j, width)
+      cols = column_block(j, width)
       kw = (r["k"][:, cols].astype(_F32)
-            * cm.write_weights(spec, _gate(r, (slice(None), cols)), d))
+            * cm.write_weights(gate_at(r, (slice(None), cols)), d))
       return acc + cm.dot(cm.operand(kw, spec), r["d_states"][cols, :],
                           cm.NN, spec)
 
-    dv = _loop(lay.k_pad // width, part, dv)
+    dv = loop(lay.k_pad // width, part, dv)
   r["dv"][...] = dv.astype(r["dv"].dtype)
 
 
@@ -452,9 +464,9 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
   c, width, v_width = spec.chunk, lay.inner_k, lay.inner_v
   n_k, n_v = lay.k_pad // width, lay.v_pad // v_width
   gated = spec.gate != "none"
-  d = _docs(r, spec, every)
-  d_scores = _loop(n_v, lambda j, acc: acc + cm.dot(
-      r["do"][:, _cols(j, v_width)], r["v"][:, _cols(j, v_width)], cm.NT,
+  d = docs_at(r, spec, every)
+  d_scores = loop(n_v, lambda j, acc: acc + cm.dot(
+      r["do"][:, column_block(j, v_width)], r["v"][:, column_block(j, v_width)], cm.NT,
       spec), jnp.zeros((c, c), _F32))                           # [C, C]
   last = cm.iota((c,), 0) == c - 1
   if spec.gate == "channel":
@@ -466,10 +478,10 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
       # The pairs' part of the log-decays' gradient (``gate_gradient``):
       # pairs j < i by row, less the same pairs by column.
       below = cm.iota((c, c), 0) > cm.iota((c, c), 1)
-      terms = jnp.where(below, _scores(r, spec, lay, d) * d_scores
+      terms = jnp.where(below, scores_of(r, spec, lay, d) * d_scores
                         * spec.scale, 0.0)                      # [i, j]
       pair_terms = jnp.sum(terms, axis=1) - jnp.sum(terms, axis=0)
-    da = cm.operand(d_scores * cm.pair_weights(spec, _gate(r, every), d)
+    da = cm.operand(d_scores * cm.pair_weights(gate_at(r, every), d)
                     * spec.scale, spec)
 
   def value_sums(cols):
@@ -478,7 +490,7 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
     delta rule's pseudo-values' gradient) it also writes ``dw = -du
     h^T``."""
     def value_block(jv, acc):
-      vcols = _cols(jv, v_width)
+      vcols = column_block(jv, v_width)
       dq_read, dk_write, carried, dw = acc
       h = r["states"][cols, vcols]                              # [BK, BV]
       dh = r["d_states"][cols, vcols]
@@ -491,15 +503,15 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
       return dq_read, dk_write, carried, dw
 
     zeros = jnp.zeros((c, width), _F32)
-    dq_read, dk_write, carried, dw = _loop(
+    dq_read, dk_write, carried, dw = loop(
         n_v, value_block, (zeros, zeros, jnp.zeros((width,), _F32), zeros))
     if "du" in r:
       r["dw"][:, cols] = dw
     return dq_read, dk_write, carried
 
   def channel_key_block(jk, totals):
-    cols = _cols(jk, width)
-    blk = _KeyBlock(r, cols)
+    cols = column_block(jk, width)
+    blk = KeyBlock(r, cols)
     # The pairs j < i first, level by level: the gradient of the scores'
     # factors x = q exp(P_i - P_M) and y = k exp(P_M - P_j).
     dq_pairs = dk_pairs = jnp.zeros((c, width), _F32)
@@ -511,8 +523,8 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
       dk_pairs = dk_pairs + jnp.where(
           right, 0.0, decay * cm.dot(ds, x, cm.TN, spec))
     dq_read, dk_write, carried = value_sums(cols)
-    dq_read = dq_read * (cm.read_weights(spec, blk.p, d) * spec.scale)
-    dk_write = dk_write * cm.write_weights(spec, blk.p, d)
+    dq_read = dq_read * (cm.read_weights(blk.p, d) * spec.scale)
+    dk_write = dk_write * cm.write_weights(blk.p, d)
     q, k = r["q"][:, cols].astype(_F32), r["k"][:, cols].astype(_F32)
     r["dq"][:, cols] = (dq_read + dq_pairs + da_diag * k).astype(
         r["dq"].dtype)
@@ -522,7 +534,7 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
     # i >= m, the carried state and the writes at j < m, and the pairs
     # i >= m > j (the pairs j < i of the rows, less those of the columns
     # >= m; the diagonal adds equal terms to both, so it is left out).
-    carried = cm.carry_decay(spec, blk.p, d) * carried           # [BK]
+    carried = cm.carry_decay(blk.p, d) * carried           # [BK]
     r["gate_rows"][:, cols] = (
         q * (dq_read + dq_pairs) - k * dk_pairs
         + jnp.where(last[:, None], carried[None, :], 0.0))
@@ -530,12 +542,12 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
     return totals
 
   def key_block(jk, totals):
-    cols = _cols(jk, width)
+    cols = column_block(jk, width)
     q, k = r["q"][:, cols], r["k"][:, cols]                     # [C, BK]
-    p = _gate(r, (every, cols))
+    p = gate_at(r, (every, cols))
     dq_read, dk_write, carried = value_sums(cols)
-    dq_read = dq_read * (cm.read_weights(spec, p, d) * spec.scale)
-    dk_write = dk_write * cm.write_weights(spec, p, d)
+    dq_read = dq_read * (cm.read_weights(p, d) * spec.scale)
+    dk_write = dk_write * cm.write_weights(p, d)
     r["dq"][:, cols] = (dq_read + cm.dot(da, k, cm.NN, spec)).astype(
         r["dq"].dtype)
     r["dk"][:, cols] = (dk_write + cm.dot(da, q, cm.TN, spec)).astype(
@@ -545,10 +557,10 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
     read_terms, write_terms, carried_total = totals
     return (read_terms + jnp.sum(q.astype(_F32) * dq_read, axis=1),
             write_terms + jnp.sum(k.astype(_F32) * dk_write, axis=1),
-            carried_total + cm.carry_decay(spec, p, d) * jnp.sum(carried))
+            carried_total + cm.carry_decay(p, d) * jnp.sum(carried))
 
   vector = jnp.zeros((c,), _F32)
-  read_terms, write_terms, carried = _loop(
+  read_terms, write_terms, carried = loop(
       n_k, channel_key_block if spec.gate == "channel" else key_block,
       (vector, vector, jnp.zeros((), _F32)))
   if spec.gate == "scalar":
@@ -573,8 +585,8 @@ def grads(arrays, h, dh, spec: cm.Spec, lay: Layout, *, interpret: bool,
   result = {}
   if du is None:
     result = dv_intra(arrays, spec, lay, dh=dh, interpret=interpret)
-  specs = _chunk_specs(lay, 1, lay.v_pad)
-  inputs = _chunk_inputs(arrays, spec, specs,
+  specs = chunk_specs(lay, 1, lay.v_pad)
+  inputs = chunk_inputs(arrays, spec, specs,
                          [("q", "k"), ("k", "k"), ("v", "v"), ("do", "v")])
   inputs["states"] = (h, specs["states"])
   inputs["d_states"] = (dh, specs["states"])
@@ -591,10 +603,11 @@ def grads(arrays, h, dh, spec: cm.Spec, lay: Layout, *, interpret: bool,
     for name in ("gate_rows", "gate_writes"):
       out[name] = (jax.ShapeDtypeStruct(shape, _F32),
                    specs["gate_" + spec.gate])
-  result.update(_call(functools.partial(_dqk_kernel, spec=spec, lay=lay),
+  result.update(call(functools.partial(_dqk_kernel, spec=spec, lay=lay),
                       (b, hh, lay.chunks), inputs, out, lay,
                       name="gated_linear_dqk",
-                      cost=cost(spec, lay, "dqk", inputs),
+                      cost=cost(spec, lay, "dqk" if du is None else "dqk_dw",
+                                inputs),
                       interpret=interpret))
   return result
 
@@ -606,17 +619,19 @@ def dv_intra(arrays, spec: cm.Spec, lay: Layout, *, dh=None,
   its pseudo-values' gradient that comes from the chunk itself)."""
   b, hh, t = lay.batch, lay.heads, lay.t_pad
   v_blocks = lay.v_pad // lay.out_v
-  specs = _chunk_specs(lay, v_blocks, lay.out_v)
-  inputs = _chunk_inputs(arrays, spec, specs,
+  specs = chunk_specs(lay, v_blocks, lay.out_v)
+  inputs = chunk_inputs(arrays, spec, specs,
                          [("q", "k"), ("k", "k"), ("do", "v")])
   if dh is not None:
     inputs["d_states"] = (dh, specs["states"])
   dtype = arrays["q"].dtype if dh is not None else _F32
   out = {"dv": (jax.ShapeDtypeStruct((b, t, hh, lay.v_pad), dtype),
                 specs["v"])}
-  return _call(functools.partial(_dv_kernel, spec=spec, lay=lay),
+  return call(functools.partial(_dv_kernel, spec=spec, lay=lay),
                (b, hh, lay.chunks * v_blocks), inputs, out, lay,
-               name="gated_linear_dv", cost=cost(spec, lay, "dv", inputs),
+               name="gated_linear_dv",
+               cost=cost(spec, lay, "dv" if dh is not None else "dv_intra",
+                         inputs),
                interpret=interpret)
 
 
@@ -675,14 +690,17 @@ def _flops(spec: cm.Spec, lay: Layout, kind: str) -> float:
   c, kk, vv = lay.chunk, lay.k_pad, lay.v_pad
   levels = c.bit_length() - 1 if spec.gate == "channel" else 1
   scores = 2 * c * c * kk * levels
-  per_chunk = {
+  counts = {
       "sweep": 2 * c * kk * vv,
       "outputs": scores + 2 * c * kk * vv + 2 * c * c * vv,
       "dv": scores + 2 * c * c * vv + 2 * c * kk * vv,
       "dqk": (2 * c * c * vv + 2 * (2 * c * kk * vv)
               + 2 * (2 * c * c * kk) * levels
               + (scores if spec.gate == "scalar" else 0)),
-  }[kind]
+  }
+  counts["dqk_dw"] = counts["dqk"] + 2 * c * kk * vv           # dW = -dU h^T
+  counts["dv_intra"] = counts["dv"] - 2 * c * kk * vv          # no dh term
+  per_chunk = counts[kind]
   passes = 3 if spec.mode == "tf32x3" else 1
   return float(per_chunk) * lay.chunks * lay.batch * lay.heads * passes
 

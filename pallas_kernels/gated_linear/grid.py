@@ -1,10 +1,8 @@
-"""Grids and block specs of the gated-linear kernels, for both backends.
+"""Grids and block specs of the TPU sub-chunk sweep kernels.
 
-A program owns one (batch, head, key block, value block). On TPU the grid
-is ``(B, H, KB, VB, N)``: the chunk axis last, sequential ("arbitrary"),
-one chunk of ``C`` tokens per step (walked backwards by the reverse sweep).
-On GPU it is ``(B, H, KB * VB)`` and a program walks the whole sequence in
-a loop, so its blocks span all ``T`` tokens.
+A program owns one (batch, head, key block, value block). The grid is
+``(B, H, KB, VB, N)``: the chunk axis last, sequential ("arbitrary"), one
+chunk of ``C`` tokens per step (walked backwards by the reverse sweep).
 
 Every array is named by what its axes are (``Field``): per token rows of a
 feature axis, per sub-chunk rows, a state block, the checkpoints; a sum over
@@ -30,7 +28,6 @@ _F32 = jnp.float32
 @dataclasses.dataclass(frozen=True)
 class Grid:
   """The grid of one kernel: its tiles and how it walks time."""
-  backend: str        # "tpu" or "gpu"
   tiles: Tiles
   lay: Layout
   reverse: bool = False  # TPU: chunk N - 1 - n at step n
@@ -38,25 +35,20 @@ class Grid:
   @property
   def shape(self):
     lay, t = self.lay, self.tiles
-    if self.backend == "tpu":
-      return (lay.batch, lay.heads, t.k_blocks, t.v_blocks,
-              lay.t_pad // lay.chunk)
-    return (lay.batch, lay.heads, t.k_blocks * t.v_blocks)
+    return (lay.batch, lay.heads, t.k_blocks, t.v_blocks,
+            lay.t_pad // lay.chunk)
 
   @property
   def rows(self) -> int:
-    """Tokens per block: one chunk on TPU, the whole sequence on GPU."""
-    return self.lay.chunk if self.backend == "tpu" else self.lay.t_pad
+    """Tokens per block: one chunk."""
+    return self.lay.chunk
 
   def split(self, *index):
     """Grid indices -> ``(b, h, kb, vb, n)`` (``n``: the block of rows)."""
-    if self.backend == "tpu":
-      b, h, kb, vb, n = index
-      if self.reverse:
-        n = self.lay.t_pad // self.lay.chunk - 1 - n
-      return b, h, kb, vb, n
-    b, h, p = index
-    return b, h, p // self.tiles.v_blocks, p % self.tiles.v_blocks, 0
+    b, h, kb, vb, n = index
+    if self.reverse:
+      n = self.lay.t_pad // self.lay.chunk - 1 - n
+    return b, h, kb, vb, n
 
   def parts(self, kind: str) -> int:
     return {"": 1, "k": self.tiles.k_blocks, "v": self.tiles.v_blocks,
@@ -116,12 +108,10 @@ class Grid:
         return b, h, vb, kb
       return pl.BlockSpec((None, None, t.block_v, t.block_k), index)
     if field.kind == "checkpoints":                 # [B, H, N, V, K]
-      n_block = None if self.backend == "tpu" else lay.t_pad // lay.chunk
-
       def index(*i):
         b, h, kb, vb, n = self.split(*i)
         return b, h, n, vb, kb
-      return pl.BlockSpec((None, None, n_block, t.block_v, t.block_k), index)
+      return pl.BlockSpec((None, None, None, t.block_v, t.block_k), index)
     raise ValueError(f"unknown field kind {field.kind!r}")
 
   def out_shape(self, field: Field, dtype) -> jax.ShapeDtypeStruct:
@@ -175,7 +165,7 @@ def call(kernel, grid: Grid, arrays, outputs, *, name: str, cost,
   """``pl.pallas_call`` of ``kernel(*refs, names=...)`` over ``grid``.
 
   ``arrays``: ``{name: input}``; ``outputs``: ``[(name, Field, dtype)]``;
-  ``compiler_params(window_bytes)``: the backend's settings, given the
+  ``compiler_params(window_bytes)``: the Mosaic settings, given the
   bytes of one buffer of every block; ``scratch_shapes``: ``[(name,
   memory)]`` (TPU). Returns ``{name: output}``.
   """

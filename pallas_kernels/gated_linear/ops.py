@@ -56,18 +56,12 @@ class _Config:
   blocks: tuple                 # ((backend, BlockSizes), ...) per backend
 
 
-def _gate_kind(g) -> str:
-  if g is None:
-    return "none"
-  return "scalar" if g.shape[-1] == 1 else "channel"
-
-
 def _prepare(cfg: _Config, backend, q, k, v, g, doc):
   blocks = dict(cfg.blocks)[backend]
   b, t, h, dk = q.shape
   lay = layout.make_layout(b, t, h, dk, v.shape[-1], blocks)
   bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
-  spec = KernelSpec(backend=backend, gate=_gate_kind(g),
+  spec = KernelSpec(gate=chunk_math.gate_kind(g),
                     segments=doc is not None,
                     scale=cfg.scale, sub_chunk=lay.sub_chunk, bf16_dots=bf16)
   return blocks, lay, spec, bf16
@@ -85,35 +79,23 @@ def _cost(spec: KernelSpec, lay: layout.Layout, arrays, passes: int):
                        arrays=list(arrays.values()))
 
 
-def _gpu_setup(cfg: _Config, q, k, v, g, doc, direction: str):
-  blocks = dict(cfg.blocks)["gpu"]
-  b, t, h, dk = q.shape
-  bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
-  lay = gpu.make_layout(b, t, h, dk, v.shape[-1], blocks, direction,
-                        bf16=bf16)
-  spec = chunk_math.Spec(gate=_gate_kind(g), segments=doc is not None,
-                         scale=cfg.scale, chunk=lay.chunk,
-                         mode="bf16" if bf16 else gpu.FLOAT32_MODE)
-  return blocks, lay, spec, bf16
-
-
-def _gpu_states(arrays, spec, lay, s0, *, final, interpret, bf16):
+def _gpu_states(arrays, spec, lay, s0, *, final, interpret):
+  """The forward sweep; its states in the matmul operands' dtype."""
   state_in = None if s0 is None else gpu.pad_state(s0, lay)
   return gpu.sweep(arrays, spec, lay, reverse=False,
                    state_in=state_in, state_out=final,
-                   states_dtype=jnp.bfloat16 if bf16 else _F32,
+                   states_dtype=arrays["k"].dtype,
                    cost=gpu.cost(spec, lay, "sweep", arrays.values()),
                    interpret=interpret)
 
 
 def _gpu_forward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc):
-  blocks, lay, spec, bf16 = _gpu_setup(cfg, q, k, v, g, doc, "forward")
+  lay, spec = gpu.setup(q, k, v, g, doc, dict(cfg.blocks)["gpu"], cfg.scale)
   arrays = gpu.prepare(q, k, v, g, doc, lay, spec)
   swept = _gpu_states(arrays, spec, lay, s0,
-                      final=cfg.output_final_state, interpret=interpret,
-                      bf16=bf16)
+                      final=cfg.output_final_state, interpret=interpret)
   o = gpu.outputs(arrays, swept["states"], spec, lay,
-                  out_dtype=v.dtype if bf16 else _F32,
+                  out_dtype=arrays["v"].dtype,
                   cost=gpu.cost(spec, lay, "outputs", arrays.values()),
                   interpret=interpret)
   o = o[:, :lay.length, :, :lay.dim_v].astype(v.dtype)
@@ -124,10 +106,11 @@ def _gpu_forward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc):
 
 def _gpu_backward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc, do,
                   d_final):
-  blocks, lay, spec, bf16 = _gpu_setup(cfg, q, k, v, g, doc, "backward")
+  lay, spec = gpu.setup(q, k, v, g, doc, dict(cfg.blocks)["gpu"], cfg.scale,
+                        "backward")
   arrays = gpu.prepare(q, k, v, g, doc, lay, spec, do=do)
   h = _gpu_states(arrays, spec, lay, s0, final=False,
-                  interpret=interpret, bf16=bf16)["states"]
+                  interpret=interpret)["states"]
   d_in = None if d_final is None else gpu.pad_state(d_final, lay)
   swept = gpu.sweep(arrays, spec, lay, reverse=True, state_in=d_in,
                     state_out=s0 is not None, states_dtype=h.dtype,

@@ -1,8 +1,5 @@
-"""The kernel body: one sub-chunk of the chunked recurrence, read from refs.
-
-Shared by the Mosaic (TPU) and Triton (GPU) kernels, which differ only in how
-they walk the sub-chunks (grid steps plus unrolled loops on TPU, one
-``fori_loop`` per program on GPU) and where they keep the state.
+"""The TPU kernel body: one sub-chunk of the chunked recurrence, read from
+refs (the GPU kernels are chunk-parallel: ``gpu.py``, ``chunk_math.py``).
 
 A sub-chunk holds ``c`` tokens; ``S`` is the state entering it, kept
 transposed (``[V, K]``). With ``g`` the log-decays, ``L_i = sum_{m <= i} g_m``
@@ -81,8 +78,6 @@ _F32 = jnp.float32
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
   """What a kernel body is specialised for (all static)."""
-  backend: str       # "tpu" or "gpu": how key rows are read
-                     # (see _over_key_rows)
   gate: str          # "none", "scalar" (one log-decay per head) or "channel"
   segments: bool     # document indices are given
   scale: float       # query scale s
@@ -97,8 +92,6 @@ def dot(a, b, dims, spec: KernelSpec, *, exact=False):
   ``exact``: float32 operands at the highest precision whatever the inputs
   (for the 0/1 matmuls that sum log-decays).
   """
-  # float32 stays IEEE float32 on GPU too: 3xTF32 (the delta-rule kernels')
-  # needs more registers than these kernels have left (it spills on sm_80).
   bf16 = spec.bf16_dots and not exact
   return dots.dot(a, b, dims, mode="bf16" if bf16 else "f32")
 
@@ -197,41 +190,25 @@ def load(refs, spec: KernelSpec, start, index) -> SubChunk:
                   jnp.exp(logs.total) * passes, mask, decay, logs.gates)
 
 
-def _over_key_rows(refs, spec: KernelSpec, start, sub: SubChunk, body, init):
+def _over_key_rows(spec: KernelSpec, sub: SubChunk, body, init):
   """Folds ``body(j, k_j [1, K], E_j [c, K], carry)`` over the key rows j,
-  last to first.
+  last to first (unrolled; rows are static slices of the loaded values, no
+  dynamic sublane offsets).
 
   ``E_j[i] = exp(P_ij)`` for ``i >= j`` and 0 above (the exponent is set to
   -inf there before exp). ``P_ij`` is a running sum, ``P_ij = P_i,j+1 +
-  g_j+1``, so each entry is summed from its own gates. On TPU the loop is
-  unrolled and rows are static slices of the loaded values (no dynamic
-  sublane offsets); on GPU it is a ``fori_loop`` reading rows from the refs
-  (Triton cannot slice values).
+  g_j+1``, so each entry is summed from its own gates.
   """
   c = spec.sub_chunk
   below, _ = _iotas(sub.gates.shape)
-
-  def step(j, k_j, g_next, pair, carry):
+  pair = jnp.zeros(sub.gates.shape, _F32)
+  carry = init
+  for j in reversed(range(c)):
+    g_next = sub.gates[min(j + 1, c - 1):min(j + 1, c - 1) + 1, :]
     pair = jnp.where(below > j, pair + g_next, 0.0)             # [c, K]
     e_j = jnp.exp(jnp.where(below >= j, pair, -jnp.inf))
-    return pair, body(j, k_j, e_j, carry)
-
-  pair = jnp.zeros(sub.gates.shape, _F32)
-  if spec.backend == "tpu":
-    carry = init
-    for j in reversed(range(c)):
-      g_next = sub.gates[min(j + 1, c - 1):min(j + 1, c - 1) + 1, :]
-      pair, carry = step(j, sub.k[j:j + 1, :], g_next, pair, carry)
-    return carry
-
-  def gpu_step(t, state):
-    j = c - 1 - t
-    # Row j + 1 of the gates; for j = c - 1 every row is masked anyway.
-    g_next = _row(refs["gate"], start + jnp.minimum(j + 1, c - 1))
-    k_j = _row(refs["k"], start + j).astype(_F32)               # [1, K]
-    return step(j, k_j, g_next, *state)
-
-  return lax.fori_loop(0, c, gpu_step, (pair, init))[1]
+    carry = body(j, sub.k[j:j + 1, :], e_j, carry)
+  return carry
 
 
 def _column(x, j):
@@ -260,7 +237,7 @@ def scores(refs, spec: KernelSpec, start, sub: SubChunk):
     return _put_column(a, j, jnp.sum(sub.q * k_j * e_j, axis=1, keepdims=True))
 
   c = spec.sub_chunk
-  a = _over_key_rows(refs, spec, start, sub, column, jnp.zeros((c, c), _F32))
+  a = _over_key_rows(spec, sub, column, jnp.zeros((c, c), _F32))
   return jnp.where(sub.mask, a, 0.0)
 
 
@@ -356,7 +333,7 @@ def dq_step(refs, spec: KernelSpec, start, index, state):
     dq = dq + dot(d_scores, sub.k, NN, spec)
   else:
     dq = _over_key_rows(
-        refs, spec, start, sub,
+        spec, sub,
         lambda j, k_j, e_j, acc: acc + _column(d_scores, j) * k_j * e_j, dq)
     gate_q = sub.q * dq
   dq = (dq + diagonal * sub.k) * spec.scale
@@ -383,7 +360,7 @@ def dkv_step(refs, spec: KernelSpec, start, index, d_state, state_in=None):
       return a, dk
 
     a, dk_intra = _over_key_rows(
-        refs, spec, start, sub, column_and_row,
+        spec, sub, column_and_row,
         (jnp.zeros((c, c), _F32), jnp.zeros(sub.k.shape, _F32)))
     a = jnp.where(sub.mask, a, 0.0)
   dv = dot(a, do, TN, spec) + dot(sub.k * sub.k_factor, d_state, NT, spec)

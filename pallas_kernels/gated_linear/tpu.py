@@ -75,7 +75,7 @@ def forward(arrays, spec, lay: Layout, *, out_dtype, final_state: bool,
             cost, interpret: bool = False):
   """``{"o": [KB, B, H, T_pad, V_pad], "final_state": [B, H, V_pad, K_pad]}``
   (parts of ``o`` over key blocks)."""
-  grid = grids.Grid("tpu", lay.forward, lay)
+  grid = grids.Grid(lay.forward, lay)
   outputs = grids.forward_outputs(spec, grid, out_dtype=out_dtype,
                                   final_state=final_state)
   kernel = functools.partial(_forward_kernel, spec=spec,
@@ -106,7 +106,7 @@ def dq(arrays, spec, lay: Layout, *, cost, interpret: bool = False):
   gradient, ``sub_chunk.dq_step``) and ``"checkpoints" [B, H, N, V_pad,
   K_pad]`` (the state entering each chunk)``}``; float32, parts over value
   blocks (and key blocks for a scalar decay's ``gate_q``)."""
-  grid = grids.Grid("tpu", lay.backward, lay)
+  grid = grids.Grid(lay.backward, lay)
   kernel = functools.partial(_dq_kernel, spec=spec,
                              subs=lay.chunk // lay.sub_chunk)
   scratch = [("state", pltpu.VMEM((lay.backward.block_v,
@@ -145,7 +145,7 @@ def dkv(arrays, spec, lay: Layout, *, d_initial: bool, cost,
   "d_initial": [B, H, V_pad, K_pad]}`` and with a decay the gate terms of
   ``sub_chunk.gate_term_outputs``; float32, walking the chunks backwards.
   With a decay, ``arrays`` holds the ``checkpoints`` of ``dq``."""
-  grid = grids.Grid("tpu", lay.backward, lay, reverse=True)
+  grid = grids.Grid(lay.backward, lay, reverse=True)
   tiles = lay.backward
   subs = lay.chunk // lay.sub_chunk
   scratch = [("d_state", pltpu.VMEM((tiles.block_v, tiles.block_k), _F32))]
