@@ -69,23 +69,38 @@ def inverse(spec: cm.Spec, a, d: cm.Docs):
   return t
 
 
+class _Chunk:
+  """A chunk's WY setting, shared by the WY kernel and its gradient: the
+  documents, ``b``, the keys' scores with themselves ``A_k`` (strictly
+  lower) and ``T = (I + diag(b) A_k)^{-1}``."""
+
+  def __init__(self, r, spec: cm.Spec, lay: gl.Layout):
+    c = spec.chunk
+    self.d = gl.docs_at(r, spec, slice(None))
+    self.beta = r["beta"][...]                                  # [C]
+    self.below = cm.iota((c, c), 0) > cm.iota((c, c), 1)
+    keys = {**r, "q": r["k"]}
+    self.a_k = jnp.where(self.below, gl.scores_of(keys, spec, lay, self.d),
+                         0.0)                                   # [C, C]
+    self.t = inverse(spec, self.a_k * self.beta[:, None], self.d)
+    self._r = r
+
+  def x_block(self, cols):
+    """``(X, read exp(P) k)`` of a key block, ``X = b read exp(P) k``."""
+    p = gl.gate_at(self._r, (slice(None), cols))
+    xk = self._r["k"][:, cols].astype(_F32) * cm.read_weights(p, self.d)
+    return xk * self.beta[:, None], xk
+
+
 def _wy_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
-  every = slice(None)
-  c = spec.chunk
-  d = gl.docs_at(r, spec, every)
-  beta = r["beta"][...]                                         # [C]
-  keys = {**r, "q": r["k"]}
-  below = cm.iota((c, c), 0) > cm.iota((c, c), 1)
-  a = jnp.where(below, gl.scores_of(keys, spec, lay, d), 0.0) * beta[:, None]
-  t = inverse(spec, a, d)                                       # [C, C]
-  t_op = cm.operand(t, spec)
+  chunk = _Chunk(r, spec, lay)
+  beta = chunk.beta
+  t_op = cm.operand(chunk.t, spec)
   width = lay.inner_k
 
   def w_part(j, carry):
     cols = gl.column_block(j, width)
-    p = gl.gate_at(r, (every, cols))
-    x = (r["k"][:, cols].astype(_F32) * beta[:, None]
-         * cm.read_weights(p, d))
+    x, _ = chunk.x_block(cols)
     r["w"][:, cols] = cm.dot(t_op, cm.operand(x, spec), cm.NN,
                              spec).astype(r["w"].dtype)
     return carry
@@ -119,18 +134,33 @@ def wy(arrays, spec: cm.Spec, lay: gl.Layout, *, interpret: bool):
   dtype = arrays["k"].dtype
   out = {"w": (jax.ShapeDtypeStruct((b, t, h, lay.k_pad), dtype), specs["k"]),
          "u": (jax.ShapeDtypeStruct((b, t, h, lay.v_pad), dtype), specs["v"])}
+  return gl.call(functools.partial(_wy_kernel, spec=spec, lay=lay),
+                 (b, h, lay.chunks), inputs, out, lay, name="delta_rule_wy",
+                 cost=_wy_cost(spec, lay, inputs, backward=False),
+                 interpret=interpret)
+
+
+def _wy_cost(spec: cm.Spec, lay: gl.Layout, inputs, *, backward: bool):
+  """The WY kernels' estimate, matmuls counted from their bodies per chunk:
+  the keys' scores ``S`` (``L`` halving levels with a per-channel decay,
+  three times backward: scores, rows, columns), the inverse's two ``[C, C,
+  C]`` products per level (and two more for ``dA``) in 3xTF32, and ``T``
+  times the ``[C, K + V]`` right-hand sides (four such products
+  backward)."""
   c, kk, vv = lay.chunk, lay.k_pad, lay.v_pad
   levels = c.bit_length() - 1
+  passes = 3 if spec.mode == "tf32x3" else 1
   scores = 2 * c * c * kk * (levels if spec.gate == "channel" else 1)
-  flops = (scores + 3 * 2 * 2 * c ** 3 * levels + 2 * c * c * (kk + vv)) * (
-      3 if spec.mode == "tf32x3" else 1)
-  cost = gl.compiler.cost(
+  inverse_products = 2 * (levels + (1 if backward else 0))
+  flops = ((scores * (3 if backward else 1)
+            + 2 * c * c * (kk + vv) * (2 if backward else 1)) * passes
+           + inverse_products * 2 * c ** 3 * 3)
+  b, h = lay.batch, lay.heads
+  return gl.compiler.cost(
       flops=flops * lay.chunks * b * h,
-      transcendentals=b * h * t * (kk if spec.gate == "channel" else c),
+      transcendentals=b * h * lay.t_pad * (kk if spec.gate == "channel"
+                                           else c),
       arrays=[x for x, _ in inputs.values()])
-  return gl.call(functools.partial(_wy_kernel, spec=spec, lay=lay),
-                  (b, h, lay.chunks), inputs, out, lay, name="delta_rule_wy",
-                  cost=cost, interpret=interpret)
 
 
 def _sweep_spec(spec: cm.Spec) -> cm.Spec:
@@ -259,20 +289,12 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
   every = slice(None)
   c = spec.chunk
   exact = _exact(spec)
-  d = gl.docs_at(r, spec, every)
-  beta = r["beta"][...]                                         # [C]
+  chunk = _Chunk(r, spec, lay)
+  d, beta, below, a_k, t = chunk.d, chunk.beta, chunk.below, chunk.a_k, chunk.t
   keys = {**r, "q": r["k"]}
-  below = cm.iota((c, c), 0) > cm.iota((c, c), 1)
-  a_k = jnp.where(below, gl.scores_of(keys, spec, lay, d), 0.0)   # [C, C]
-  t = inverse(spec, a_k * beta[:, None], d)
   t_op = cm.operand(t, spec)
   width, v_width = lay.inner_k, lay.inner_v
-
-  def x_block(cols):
-    """``(X, read exp(P) k)`` of a key block."""
-    p = gl.gate_at(r, (every, cols))
-    xk = r["k"][:, cols].astype(_F32) * cm.read_weights(p, d)
-    return xk * beta[:, None], xk
+  x_block = chunk.x_block
 
   def dt_keys(j, acc):
     cols = gl.column_block(j, width)
@@ -294,7 +316,7 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
   zeros = jnp.zeros((c, c), _F32)
   dt = gl.loop(lay.k_pad // width, dt_keys, zeros)
   dt, dbeta = gl.loop(lay.v_pad // v_width, dt_values,
-                       (dt, jnp.zeros((c,), _F32)))
+                      (dt, jnp.zeros((c,), _F32)))
   da = -cm.dot(cm.dot(t, dt, cm.TN, exact), t, cm.NT, exact)    # [C, C]
   da = jnp.where(below & d.pair, da, 0.0)
   dbeta = dbeta + jnp.sum(da * a_k, axis=1)
@@ -366,15 +388,8 @@ def wy_grads(arrays, dw, du, spec: cm.Spec, lay: gl.Layout, *,
     shape = (b, t, h) if spec.gate == "scalar" else (b, t, h, lay.k_pad)
     out["gate_rows"] = (jax.ShapeDtypeStruct(shape, _F32),
                         specs["gate_" + spec.gate])
-  c, kk, vv = lay.chunk, lay.k_pad, lay.v_pad
-  levels = c.bit_length() - 1
-  scores = 2 * c * c * kk * (levels if spec.gate == "channel" else 1)
-  flops = (scores * 3 + 3 * 2 * 2 * c ** 3 * (levels + 1)
-           + 2 * c * c * (kk + vv) * 2) * (3 if spec.mode == "tf32x3" else 1)
-  cost = gl.compiler.cost(
-      flops=flops * lay.chunks * b * h,
-      transcendentals=b * h * t * (kk if spec.gate == "channel" else c),
-      arrays=[x for x, _ in inputs.values()])
   return gl.call(functools.partial(_wy_grad_kernel, spec=spec, lay=lay),
-                  (b, h, lay.chunks), inputs, out, lay,
-                  name="delta_rule_wy_grads", cost=cost, interpret=interpret)
+                 (b, h, lay.chunks), inputs, out, lay,
+                 name="delta_rule_wy_grads",
+                 cost=_wy_cost(spec, lay, inputs, backward=True),
+                 interpret=interpret)

@@ -168,7 +168,7 @@ def docs_at(r, spec, rows):
 
 
 def call(kernel, grid, inputs, outputs, lay: Layout, *, name, cost,
-          interpret):
+         interpret):
   """``pl.pallas_call`` of ``kernel(refs by name)``: ``inputs`` and
   ``outputs`` are ``{name: (array or ShapeDtypeStruct, BlockSpec)}``."""
   names = list(inputs) + list(outputs)
@@ -262,7 +262,7 @@ def sweep_call(kernel, arrays, spec: cm.Spec, lay: Layout, named, *,
     cost = compiler.cost(flops=cost, transcendentals=0,
                          arrays=[x for x, _ in inputs.values()])
   return call(functools.partial(kernel, n_chunks=lay.chunks,
-                                 shape=(lay.sweep_k, lay.sweep_v)),
+                                shape=(lay.sweep_k, lay.sweep_v)),
                grid, inputs, outputs, lay, name=name, cost=cost,
                interpret=interpret)
 
@@ -373,9 +373,11 @@ def scores_of(r, spec: cm.Spec, lay: Layout, d):
   n_k = lay.k_pad // width
   zeros = jnp.zeros((c, c), _F32)
   if spec.gate != "channel":
-    qk = loop(n_k, lambda j, acc: acc + cm.dot(
-        r["q"][:, column_block(j, width)], r["k"][:, column_block(j, width)], cm.NT, spec),
-               zeros)
+    def part(j, acc):
+      cols = column_block(j, width)
+      return acc + cm.dot(r["q"][:, cols], r["k"][:, cols], cm.NT, spec)
+
+    qk = loop(n_k, part, zeros)
     return qk * cm.pair_weights(gate_at(r, slice(None)), d)
 
   def diag_part(j, acc):
@@ -408,7 +410,7 @@ def _read_states(r, spec: cm.Spec, lay: Layout, d):
                         cm.NN, spec)
 
   return loop(lay.k_pad // width, part,
-               jnp.zeros((spec.chunk, r["states"].shape[-1]), _F32))
+              jnp.zeros((spec.chunk, r["states"].shape[-1]), _F32))
 
 
 def _outputs_kernel(r, *, spec: cm.Spec, lay: Layout):
@@ -426,15 +428,15 @@ def outputs(arrays, h, spec: cm.Spec, lay: Layout, *,
   v_blocks = lay.v_pad // lay.out_v
   specs = chunk_specs(lay, v_blocks, lay.out_v)
   inputs = chunk_inputs(arrays, spec, specs,
-                         [("q", "k"), ("k", "k"), ("v", "v")])
+                        [("q", "k"), ("k", "k"), ("v", "v")])
   inputs["states"] = (h, specs["states"])
   b, hh = lay.batch, lay.heads
   out = {"o": (jax.ShapeDtypeStruct((b, lay.t_pad, hh, lay.v_pad), out_dtype),
                specs["v"])}
   return call(functools.partial(_outputs_kernel, spec=spec, lay=lay),
-               (b, hh, lay.chunks * v_blocks), inputs, out, lay,
-               name="gated_linear_outputs", cost=cost,
-               interpret=interpret)["o"]
+              (b, hh, lay.chunks * v_blocks), inputs, out, lay,
+              name="gated_linear_outputs", cost=cost,
+              interpret=interpret)["o"]
 
 
 def _dv_kernel(r, *, spec: cm.Spec, lay: Layout):
@@ -465,9 +467,11 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
   n_k, n_v = lay.k_pad // width, lay.v_pad // v_width
   gated = spec.gate != "none"
   d = docs_at(r, spec, every)
-  d_scores = loop(n_v, lambda j, acc: acc + cm.dot(
-      r["do"][:, column_block(j, v_width)], r["v"][:, column_block(j, v_width)], cm.NT,
-      spec), jnp.zeros((c, c), _F32))                           # [C, C]
+  def score_part(j, acc):
+    vcols = column_block(j, v_width)
+    return acc + cm.dot(r["do"][:, vcols], r["v"][:, vcols], cm.NT, spec)
+
+  d_scores = loop(n_v, score_part, jnp.zeros((c, c), _F32))     # [C, C]
   last = cm.iota((c,), 0) == c - 1
   if spec.gate == "channel":
     da = jnp.where(d.pair, d_scores * spec.scale, 0.0)
@@ -587,7 +591,7 @@ def grads(arrays, h, dh, spec: cm.Spec, lay: Layout, *, interpret: bool,
     result = dv_intra(arrays, spec, lay, dh=dh, interpret=interpret)
   specs = chunk_specs(lay, 1, lay.v_pad)
   inputs = chunk_inputs(arrays, spec, specs,
-                         [("q", "k"), ("k", "k"), ("v", "v"), ("do", "v")])
+                        [("q", "k"), ("k", "k"), ("v", "v"), ("do", "v")])
   inputs["states"] = (h, specs["states"])
   inputs["d_states"] = (dh, specs["states"])
   out = {"dq": (jax.ShapeDtypeStruct((b, t, hh, lay.k_pad), dtype),
@@ -604,10 +608,10 @@ def grads(arrays, h, dh, spec: cm.Spec, lay: Layout, *, interpret: bool,
       out[name] = (jax.ShapeDtypeStruct(shape, _F32),
                    specs["gate_" + spec.gate])
   result.update(call(functools.partial(_dqk_kernel, spec=spec, lay=lay),
-                      (b, hh, lay.chunks), inputs, out, lay,
-                      name="gated_linear_dqk",
-                      cost=cost(spec, lay, "dqk" if du is None else "dqk_dw",
-                                inputs),
+                     (b, hh, lay.chunks), inputs, out, lay,
+                     name="gated_linear_dqk",
+                     cost=cost(spec, lay, "dqk" if du is None else "dqk_dw",
+                               inputs),
                       interpret=interpret))
   return result
 
@@ -621,17 +625,17 @@ def dv_intra(arrays, spec: cm.Spec, lay: Layout, *, dh=None,
   v_blocks = lay.v_pad // lay.out_v
   specs = chunk_specs(lay, v_blocks, lay.out_v)
   inputs = chunk_inputs(arrays, spec, specs,
-                         [("q", "k"), ("k", "k"), ("do", "v")])
+                        [("q", "k"), ("k", "k"), ("do", "v")])
   if dh is not None:
     inputs["d_states"] = (dh, specs["states"])
   dtype = arrays["q"].dtype if dh is not None else _F32
   out = {"dv": (jax.ShapeDtypeStruct((b, t, hh, lay.v_pad), dtype),
                 specs["v"])}
   return call(functools.partial(_dv_kernel, spec=spec, lay=lay),
-               (b, hh, lay.chunks * v_blocks), inputs, out, lay,
-               name="gated_linear_dv",
-               cost=cost(spec, lay, "dv" if dh is not None else "dv_intra",
-                         inputs),
+              (b, hh, lay.chunks * v_blocks), inputs, out, lay,
+              name="gated_linear_dv",
+              cost=cost(spec, lay, "dv" if dh is not None else "dv_intra",
+                        inputs),
                interpret=interpret)
 
 
