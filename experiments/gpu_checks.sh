@@ -38,7 +38,7 @@ nvidia-smi >"$out/nvidia_smi.txt" 2>&1
   >"$out/versions.txt" 2>&1
 "$PY" -m pip list 2>/dev/null | grep -iE '^(jax|jaxlib|jax-cuda|flax|torch |triton|fla)' \
   >>"$out/versions.txt"
-PYTHONPATH=$PYTHONPATH "$PY" -c 'import fla; print("fla", fla.__version__)' \
+"$PY" -c 'import fla; print("fla", fla.__version__)' \
   >>"$out/versions.txt" 2>&1
 
 echo "== target config"
