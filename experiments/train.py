@@ -1,63 +1,72 @@
 """Trains a language model: mesh, data, model, progress, evaluation,
 samples, checkpoints, plots.
 
-  python experiments/train.py --workdir=runs/tiny             # CPU default
-  python experiments/train.py --workdir=runs/tiny --steps=1200   # extend it
-  python experiments/train.py --config=small --workdir=runs/small \\
-      --mixer=gla,gla,gla,sliding_window_attn --n_layers=12
-  python experiments/train.py --workdir=runs/ft --init_from=CONVERTED_DIR
+  python -m experiments.train --workdir=runs/tiny                # CPU
+  python -m experiments.train --workdir=runs/tiny \\
+      --config.train.steps=1200                                    # extend
+  python -m experiments.train --config=small --workdir=runs/small \\
+      --config.model.mixer=gla,gla,gla,sliding_window_attn \\
+      --config.model.n_layers=12 --config.model.mixer_options.gla.chunk_size=32
+  python -m experiments.train --workdir=runs/ft --init_from=CONVERTED_DIR
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
-      python experiments/train.py --workdir=runs/x --mesh=data=2,fsdp=4
+      python -m experiments.train --workdir=runs/x \\
+      --config.mesh=data=2,fsdp=4
 
-A preset (``--config``, the modules of ``experiments/configs/``) gives
-every setting; the flags override it. A work directory that holds a
-checkpoint resumes from it (and says so) with the run's own settings
-(``experiment.json``): flags given again change the training settings
-(``--steps`` extends the run), model flags must agree with the checkpoint.
-``--init_from`` starts a new run from the parameters of a converted model
-(``experiments/convert.py``: ``config.json`` + ``params/``) or of another
-training run (its newest checkpoint); the model is then theirs.
+``--config=NAME`` picks a preset (the modules of ``experiments/configs/``,
+each an ``Experiment``); ``--config.<field>=VALUE`` changes any field of it
+by its dotted name (``experiments/config_flags.py``), and a bad value stops
+the run before anything is compiled, with one line naming the field. The
+other flags say where the run reads and writes and how it shows progress.
+
+A work directory that holds a checkpoint resumes from it (and says so)
+with the run's own settings (``experiment.json``): overrides given again
+change the training settings (``--config.train.steps`` extends the run);
+overrides of the model must agree with the checkpoint, except its dtype
+and remat. ``--init_from`` starts a new run from the parameters of a
+converted model (``python -m experiments.convert``: ``config.json`` +
+``params/``) or of another training run (its newest checkpoint); the model
+is then theirs.
 
 On a terminal a progress bar shows the loss, tokens/s and the ETA (plain
 lines otherwise). Held-out bits per token (per byte, with byte tokens) are
-measured at the start, every ``--eval_every`` steps and at the end; a
-greedy sample is printed every ``--sample_every`` steps and, at the end,
-from the parameters read back from the saved checkpoint. The work directory
-gets ``metrics.jsonl``, ``loss.png`` (matplotlib), ``tensorboard/``
-(tensorboardX), the checkpoints, and the final model as ``config.json`` +
-``params/``.
+measured at the start, every ``config.eval_every`` steps and at the end; a
+greedy sample is printed every ``config.sample_every`` steps and, at the
+end, from the parameters read back from the saved checkpoint. The work
+directory gets ``metrics.jsonl``, ``loss.png`` (matplotlib),
+``tensorboard/`` (tensorboardX), the checkpoints, and the final model as
+``config.json`` + ``params/``.
 
 Several processes (TPU pod slices, GPU clusters, local CPU processes) run
 the same command: ``--coordinator_address``, ``--num_processes`` and
 ``--process_id`` (or the ``JAX_*`` variables, or a cluster JAX detects).
-Bad flags stop the run before anything is compiled, with one line naming
-the flag.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags, logging
+import jax
 
-from absl import app, flags, logging  # noqa: E402
-import jax  # noqa: E402
-
-from experiments import configs, run_output, workdirs  # noqa: E402
-from experiments import train_setup as setup  # noqa: E402
-from experiments.configs.base import Experiment  # noqa: E402
-from lin_attn_jax import sharding as shd  # noqa: E402
-from lin_attn_jax.data import PackedRows  # noqa: E402
-from lin_attn_jax.data.corpus import BYTE_VOCAB  # noqa: E402
-from lin_attn_jax.models.lm import REMAT_POLICIES  # noqa: E402
-from lin_attn_jax.train import distributed  # noqa: E402
-from lin_attn_jax.train.loop import METRICS_FILE, fit  # noqa: E402
+from experiments import config_flags, configs, run_output, workdirs
+from experiments import train_setup as setup
+from experiments.configs.base import Experiment
+from lin_attn_jax import sharding as shd
+from lin_attn_jax.data import PackedRows
+from lin_attn_jax.data.corpus import BYTE_VOCAB
+from lin_attn_jax.train import Trainer, distributed
+from lin_attn_jax.train.loop import METRICS_FILE, fit
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("config", "tiny", "Preset: " + ", ".join(configs.PRESETS)
-                    + " (experiments/configs/).")
+                    + " (experiments/configs/); --config.<field>=VALUE "
+                    "overrides a field by dotted name, e.g. "
+                    "--config.model.d_model=256, --config.train.steps=50.")
+flags.DEFINE_bool("show_config", False, "Print the config (the preset with "
+                  "the overrides) as --config.<field>=VALUE lines and exit.")
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics, plot and the "
                     "final model go here; a run resumes from its newest "
                     "checkpoint.")
@@ -65,50 +74,12 @@ flags.DEFINE_string("checkpoint_dir", None, "Checkpoints here instead of "
                     "WORKDIR/checkpoints (a shared path or gs://bucket/path "
                     "for multi-host runs).")
 flags.DEFINE_string("init_from", None, "Start a new run from these "
-                    "parameters: a directory of experiments/convert.py "
+                    "parameters: a directory of experiments.convert "
                     "(config.json + params/) or a training workdir.")
 flags.DEFINE_string("export_dir", None, "Where the final model (config.json "
                     "+ params/) goes (default WORKDIR in a one-process run; "
                     "a multi-process run exports only when given a shared "
                     "path).")
-flags.DEFINE_list("mixer", None, "Mixer of every layer, or one per layer "
-                  "(a period that divides n_layers): names in "
-                  "lin_attn_jax.layers.MIXERS.")
-flags.DEFINE_integer("d_model", None, "Model width.")
-flags.DEFINE_integer("n_layers", None, "Blocks.")
-flags.DEFINE_integer("n_heads", None, "Heads per mixer.")
-flags.DEFINE_integer("vocab_size", None, "Token ids (256 for bytes).")
-flags.DEFINE_string("mixer_options", None, "JSON merged over the preset's, "
-                    'e.g. \'{"gla": {"chunk_size": 32}}\'.')
-flags.DEFINE_string("dtype", None, "Compute dtype: float32 or bfloat16 "
-                    "(parameters and states stay float32).")
-flags.DEFINE_string("remat", None, "Rematerialisation: " +
-                    ", ".join(REMAT_POLICIES) + ".")
-flags.DEFINE_integer("steps", None, "Optimizer steps of the run.")
-flags.DEFINE_integer("batch_size", None, "Rows per step over all devices.")
-flags.DEFINE_integer("seq_len", None, "Tokens per row.")
-flags.DEFINE_integer("grad_accum", None, "Micro-batches per step.")
-flags.DEFINE_float("learning_rate", None, "Peak learning rate.")
-flags.DEFINE_integer("warmup_steps", None, "Linear warmup steps.")
-flags.DEFINE_integer("seed", None, "Seed of the parameters and data order.")
-flags.DEFINE_integer("checkpoint_every", None, "Steps between checkpoints "
-                     "(0: only at the end).")
-flags.DEFINE_string("mesh", None, "Mesh axes, e.g. fsdp=-1 or "
-                    "data=2,fsdp=4 (axes data, fsdp, tensor, sequence).")
-flags.DEFINE_string("rules", None, "Sharding rules: " +
-                    ", ".join(shd.PRESETS) + ".")
-flags.DEFINE_string("data", None, "stdlib, text:GLOB[,GLOB...] or "
-                    "tokens:PATH[,dtype=uint16][,eos_id=N].")
-flags.DEFINE_integer("eval_every", None, "Steps between held-out "
-                     "evaluations (0: only at the start and the end).")
-flags.DEFINE_integer("eval_batches", None, "Held-out batches per "
-                     "evaluation.")
-flags.DEFINE_integer("sample_every", None, "Steps between greedy samples "
-                     "(0: only at the end).")
-flags.DEFINE_integer("sample_tokens", None, "Tokens per sample.")
-flags.DEFINE_string("prompt", None, "Prompt of the samples.")
-flags.DEFINE_integer("log_every", None, "Steps between progress lines when "
-                     "the output is not a terminal.")
 flags.DEFINE_enum("progress", "auto", ["auto", "bar", "lines"], "Progress "
                   "bar (auto: on a terminal) or plain lines.")
 flags.DEFINE_string("compilation_cache", None, "Directory of JAX's "
@@ -125,6 +96,32 @@ flags.DEFINE_bool("multihost", False, "Let JAX find the other processes "
 
 PLOT_FILE = "loss.png"
 EVENTS_DIR = "tensorboard"
+# The --config.<field>=VALUE arguments of the command line, by field path.
+OVERRIDES: dict[str, str | None] = {}
+
+
+@dataclasses.dataclass
+class Run:
+  """A resolved run: its settings and what they built."""
+
+  # The settings, the preset's with the overrides applied.
+  experiment: Experiment
+  # Name of the preset the run was started from.
+  preset: str
+  # The mesh, the model and the compiled steps.
+  trainer: Trainer
+  # (training, held-out) corpora.
+  corpora: tuple
+  # Where the checkpoints are.
+  checkpoint_dir: str
+  # Step of the newest checkpoint (None: a new run).
+  resume_step: int | None
+
+  @property
+  def unit(self) -> str:
+    """What the held-out loss is measured in."""
+    return ("bits/byte" if self.experiment.model.vocab_size == BYTE_VOCAB
+            else "bits/token")
 
 
 def fail(message: str) -> None:
@@ -133,21 +130,12 @@ def fail(message: str) -> None:
   sys.exit(2)
 
 
-def given_flags() -> dict:
-  """The override flags given (not None)."""
-  names = setup.MODEL_FLAGS + setup.TRAIN_FLAGS + setup.RUN_FLAGS
-  return {name: FLAGS[name].value for name in names
-          if FLAGS[name].value is not None}
-
-
-def prepare():
-  """Flags -> (experiment, trainer, corpora, paths, resume step); raises
-  ``FlagError``."""
+def prepare() -> Run:
+  """Flags and overrides -> the run; raises ``FlagError``."""
   if not FLAGS.workdir:
     raise setup.FlagError("workdir", "is required: the directory of the "
                           "run's checkpoints, metrics and plot (e.g. "
                           "runs/tiny)")
-  values = given_flags()
   try:
     base = configs.get(FLAGS.config)
   except ValueError as error:
@@ -155,7 +143,7 @@ def prepare():
   workdir = FLAGS.workdir
   checkpoint_dir = workdirs.checkpoint_dir(workdir, FLAGS.checkpoint_dir)
   resume_step = workdirs.latest_checkpoint(checkpoint_dir)
-  fixed_model, fixed_by = None, ""
+  preset, fixed_model, fixed_by = FLAGS.config, None, ""
   stored = workdirs.read_json(workdirs.join(workdir,
                                             workdirs.EXPERIMENT_FILE))
   if resume_step is not None:
@@ -165,7 +153,7 @@ def prepare():
             "config", f"the run in {workdir} was started from preset "
             f"{stored['preset']!r} and resumes with its own settings; drop "
             "--config or use another --workdir")
-      base = Experiment.from_dict(stored["settings"])
+      base, preset = Experiment.from_dict(stored["settings"]), stored["preset"]
       fixed_model = base.model
     else:
       fixed_model = workdirs.stored_model_config(checkpoint_dir, resume_step)
@@ -176,156 +164,208 @@ def prepare():
     except (ValueError, OSError) as error:
       raise setup.FlagError("init_from", str(error)) from None
     fixed_by = f"--init_from={FLAGS.init_from}"
-  preset = stored["preset"] if (resume_step is not None and stored) \
-      else FLAGS.config
-  experiment = setup.resolve(base, values, fixed_model, fixed_by)
-  trainer = setup.build_trainer(experiment)
-  corpora = setup.load_corpora(experiment)
-  return experiment, preset, trainer, corpora, checkpoint_dir, resume_step
+  experiment = setup.resolve(base, OVERRIDES, fixed_model, fixed_by)
+  return Run(experiment, preset, setup.build_trainer(experiment),
+             setup.load_corpora(experiment), checkpoint_dir, resume_step)
 
 
-def train(experiment, preset, trainer, corpora, checkpoint_dir,
-          resume_step) -> None:
-  began = time.perf_counter()
-  lead = jax.process_index() == 0
+def announce(run: Run, say) -> None:
+  """The model, the devices, the data and what the work directory holds."""
+  experiment, config = run.experiment, run.experiment.train
   workdir = FLAGS.workdir
-  config = experiment.train
-  unit = ("bits/byte" if experiment.model.vocab_size == BYTE_VOCAB
-          else "bits/token")
-  start = min(resume_step or 0, config.steps)
-  console = run_output.Console(
-      config.steps, start, config.tokens_per_step, mode=FLAGS.progress,
-      log_every=experiment.log_every, enabled=lead)
-  say = console.message
-  if lead:
-    os.makedirs(workdir, exist_ok=True)
-  workdirs.write_json(workdirs.join(workdir, workdirs.EXPERIMENT_FILE),
-                      {"preset": preset, "settings": experiment.to_dict()})
   devices = jax.devices()
   say(f"model: {setup.describe_model(experiment)}")
   say(f"devices: {len(devices)} {devices[0].platform} in "
       f"{jax.process_count()} process(es); mesh "
-      f"{shd.describe(trainer.mesh)}, rules {experiment.rules}")
-  train_corpus, held_corpus = corpora
+      f"{shd.describe(run.trainer.mesh)}, rules {experiment.rules}")
+  train_corpus, held_corpus = run.corpora
   say(f"data: {experiment.data}: {train_corpus.num_tokens / 1e6:.1f}M "
       f"training tokens in {train_corpus.num_documents} documents, "
       f"{held_corpus.num_tokens / 1e3:.0f}k held out; batch "
       f"{config.batch_size} x {config.seq_len} tokens, {config.steps} steps")
-  if resume_step is None:
+  if run.resume_step is None:
     say(f"workdir: {workdir} (new run)")
-  elif resume_step >= config.steps:
-    say(f"workdir: {workdir} holds the finished run (step {resume_step} of "
-        f"{config.steps}): evaluating and sampling only; --steps=N with a "
-        "larger N trains further")
+  elif run.resume_step >= config.steps:
+    say(f"workdir: {workdir} holds the finished run (step "
+        f"{run.resume_step} of {config.steps}): evaluating and sampling "
+        "only; --config.train.steps=N with a larger N trains further")
   else:
-    say(f"workdir: {workdir} holds a checkpoint at step {resume_step}: "
+    say(f"workdir: {workdir} holds a checkpoint at step {run.resume_step}: "
         f"resuming to step {config.steps}")
-  init_params = None
-  if FLAGS.init_from and resume_step is None:
-    try:
-      init_params, where = workdirs.source_params(FLAGS.init_from, trainer)
-    except (ValueError, OSError) as error:
-      raise setup.FlagError("init_from", str(error)) from None
-    say(f"starting from the parameters in {where}")
-  elif FLAGS.init_from:
+
+
+def initial_params(run: Run, say):
+  """The parameters of ``--init_from`` for a new run, else None."""
+  if not FLAGS.init_from:
+    return None
+  if run.resume_step is not None:
     say("--init_from is ignored: the run resumes from its own checkpoint")
-
-  events = run_output.EventWriter(workdirs.join(workdir, EVENTS_DIR),
-                                  enabled=lead)
-  sampler = setup.Sampler(trainer, experiment)
-  timings = {"first_step": None, "eval": [], "sample": []}
-  last = {"time": time.perf_counter()}
-
-  def on_record(record, state):
-    now = time.perf_counter()
-    events.write(record)
-    step = record["step"]
-    if "loss" in record:
-      if timings["first_step"] is None:
-        timings["first_step"] = record["seconds"]
-      console.step(record)
-      if experiment.sample_every and step % experiment.sample_every == 0 \
-          and step < config.steps:
-        at = time.perf_counter()
-        text = sampler(state.params, state.rest)
-        timings["sample"].append(time.perf_counter() - at)
-        say(f"sample at step {step}:\n{setup.indented(text)}")
-        events.text("sample", text, step)
-    elif "eval_loss" in record:
-      timings["eval"].append(now - last["time"])
-      say(f"step {step}: held-out {record['eval_bits_per_token']:.3f} {unit}"
-          f" (loss {record['eval_loss']:.4f} nats/token)")
-    last["time"] = time.perf_counter()
-
+    return None
   try:
-    result = fit(trainer, PackedRows(train_corpus, config.seq_len,
-                                     seed=config.seed),
-                 workdir=workdir, checkpoint_dir=checkpoint_dir,
-                 heldout_rows=PackedRows(held_corpus, config.seq_len,
-                                         seed=0),
-                 eval_every=experiment.eval_every,
-                 eval_batches=experiment.eval_batches,
-                 callbacks=[on_record], log=say, init_params=init_params,
-                 eval_at_start=True)
-  finally:
-    console.close()
-  trained = time.perf_counter() - began
+    params, where = workdirs.source_params(FLAGS.init_from, run.trainer)
+  except (ValueError, OSError) as error:
+    raise setup.FlagError("init_from", str(error)) from None
+  say(f"starting from the parameters in {where}")
+  return params
 
-  params, where = workdirs.checkpoint_params(checkpoint_dir, trainer)
-  at = time.perf_counter()
-  text = sampler(params, result.state.rest)
-  timings["sample"].append(time.perf_counter() - at)
-  say(f"sample from the checkpoint {where} (greedy, "
-      f"{experiment.sample_tokens} tokens):\n{setup.indented(text)}")
-  events.text("sample", text, config.steps)
-  events.close()
 
-  export_dir = FLAGS.export_dir or (workdir if jax.process_count() == 1
+class Reporter:
+  """The callback of ``fit``: TensorBoard events, progress, held-out
+  losses and the periodic samples, with the time each kind took."""
+
+  def __init__(self, run: Run, console, events, sampler):
+    self.run, self.console, self.events = run, console, events
+    self.sampler = sampler
+    self.first_step_seconds = None
+    self.eval_seconds, self.sample_seconds = [], []
+    self.last = time.perf_counter()
+
+  def sample(self, params, rest, step: int, heading: str) -> None:
+    """A greedy sample, printed under ``heading`` and sent to TensorBoard."""
+    began = time.perf_counter()
+    text = self.sampler(params, rest)
+    self.sample_seconds.append(time.perf_counter() - began)
+    self.console.message(f"{heading}:\n{setup.indented(text)}")
+    self.events.text("sample", text, step)
+
+  def __call__(self, record, state) -> None:
+    now = time.perf_counter()
+    self.events.write(record)
+    step, experiment = record["step"], self.run.experiment
+    if "loss" in record:
+      if self.first_step_seconds is None:
+        self.first_step_seconds = record["seconds"]
+      self.console.step(record)
+      every = experiment.sample_every
+      if every and step % every == 0 and step < experiment.train.steps:
+        self.sample(state.params, state.rest, step, f"sample at step {step}")
+    elif "eval_loss" in record:
+      self.eval_seconds.append(now - self.last)
+      self.console.message(
+          f"step {step}: held-out {record['eval_bits_per_token']:.3f} "
+          f"{self.run.unit} (loss {record['eval_loss']:.4f} nats/token)")
+    self.last = time.perf_counter()
+
+
+def export(run: Run, state) -> tuple[str | None, str | None]:
+  """``(directory, params path)`` of the final model, or ``(None, None)``
+  when the run has nowhere shared to write it."""
+  export_dir = FLAGS.export_dir or (FLAGS.workdir if jax.process_count() == 1
                                     else None)
-  exported = (workdirs.export_model(export_dir, trainer, result.state)
-              if export_dir else None)
-  metrics = workdirs.join(workdir, METRICS_FILE)
-  plot = workdirs.join(workdir, PLOT_FILE)
+  if not export_dir:
+    return None, None
+  return export_dir, workdirs.export_model(export_dir, run.trainer, state)
+
+
+def plot(run: Run, metrics: str) -> tuple[str, bool]:
+  """``(path, drawn)`` of the loss plot (process 0 draws it)."""
+  experiment = run.experiment
+  path = workdirs.join(FLAGS.workdir, PLOT_FILE)
   mixers = ", ".join(dict.fromkeys(experiment.model.layer_mixers))
-  drawn = lead and run_output.plot_losses(
-      metrics, plot, config.tokens_per_step,
-      f"{workdir}: {mixers}, d_model {experiment.model.d_model}",
-      unit.replace("/", " per "))
-  if not lead:
-    return
+  drawn = jax.process_index() == 0 and run_output.plot_losses(
+      metrics, path, experiment.train.tokens_per_step,
+      f"{FLAGS.workdir}: {mixers}, d_model {experiment.model.d_model}",
+      run.unit.replace("/", " per "))
+  return path, drawn
+
+
+def summarize(run: Run, say, *, seconds: float, reporter: Reporter,
+              console, checkpoint: str, metrics: str, plotted, events,
+              exported) -> None:
+  """The closing lines: times, held-out losses, and the files written."""
+  steps = run.experiment.train.steps
   evals = [r for r in run_output.read_metrics(metrics)
            if "eval_bits_per_token" in r]
   steady = sorted(console.recent)[len(console.recent) // 2] \
       if console.recent else 0.0
   say("")
-  say(f"done: step {config.steps} in {run_output.duration(trained)} "
+  say(f"done: step {steps} in {run_output.duration(seconds)} "
       f"(first step, compiling the train step: "
-      f"{timings['first_step'] or 0:.1f} s; steps after it: "
+      f"{reporter.first_step_seconds or 0:.1f} s; steps after it: "
       f"{steady * 1e3:.0f} ms each; evaluations: "
-      f"{sum(timings['eval']):.1f} s; samples: "
-      f"{sum(timings['sample']):.1f} s)")
+      f"{sum(reporter.eval_seconds):.1f} s; samples: "
+      f"{sum(reporter.sample_seconds):.1f} s)")
   if evals:
-    say(f"held-out {unit}: {evals[0]['eval_bits_per_token']:.3f} at step "
+    say(f"held-out {run.unit}: {evals[0]['eval_bits_per_token']:.3f} at step "
         f"{evals[0]['step']} -> {evals[-1]['eval_bits_per_token']:.3f} at "
         f"step {evals[-1]['step']}")
-  say(f"checkpoint:  {where}")
+  plot_path, drawn = plotted
+  say(f"checkpoint:  {checkpoint}")
   say(f"metrics:     {metrics}")
-  say(f"plot:        {plot}" if drawn else
+  say(f"plot:        {plot_path}" if drawn else
       "plot:        not drawn (matplotlib missing: pip install -e "
       "'.[analysis]')")
   say(f"tensorboard: {events.directory}" if events.available else
       "tensorboard: not written (tensorboardX missing: pip install -e "
       "'.[tensorboard]')")
-  if exported:
-    say(f"model:       {exported} (+ config.json; --init_from="
+  export_dir, params_dir = exported
+  if params_dir:
+    say(f"model:       {params_dir} (+ config.json; --init_from="
         f"{export_dir} starts a new run from it)")
-  say(f"resume or extend: python experiments/train.py --workdir={workdir} "
-      f"--steps={2 * config.steps}")
+  say(f"resume or extend: python -m experiments.train "
+      f"--workdir={FLAGS.workdir} --config.train.steps={2 * steps}")
+
+
+def train(run: Run) -> None:
+  """Trains, evaluates and samples ``run``, then exports, plots and sums
+  it up."""
+  began = time.perf_counter()
+  lead = jax.process_index() == 0
+  workdir, experiment = FLAGS.workdir, run.experiment
+  config = experiment.train
+  console = run_output.Console(
+      config.steps, min(run.resume_step or 0, config.steps),
+      config.tokens_per_step, mode=FLAGS.progress,
+      log_every=experiment.log_every, enabled=lead)
+  say = console.message
+  if lead:
+    os.makedirs(workdir, exist_ok=True)
+  workdirs.write_json(workdirs.join(workdir, workdirs.EXPERIMENT_FILE),
+                      {"preset": run.preset,
+                       "settings": experiment.to_dict()})
+  announce(run, say)
+  init_params = initial_params(run, say)
+  events = run_output.EventWriter(workdirs.join(workdir, EVENTS_DIR),
+                                  enabled=lead)
+  reporter = Reporter(run, console, events,
+                      setup.Sampler(run.trainer, experiment))
+  train_corpus, held_corpus = run.corpora
+  try:
+    result = fit(run.trainer,
+                 PackedRows(train_corpus, config.seq_len, seed=config.seed),
+                 workdir=workdir, checkpoint_dir=run.checkpoint_dir,
+                 heldout_rows=PackedRows(held_corpus, config.seq_len,
+                                         seed=0),
+                 eval_every=experiment.eval_every,
+                 eval_batches=experiment.eval_batches,
+                 callbacks=[reporter], log=say, init_params=init_params,
+                 eval_at_start=True)
+  finally:
+    console.close()
+  seconds = time.perf_counter() - began
+
+  params, where = workdirs.checkpoint_params(run.checkpoint_dir, run.trainer)
+  reporter.sample(params, result.state.rest, config.steps,
+                  f"sample from the checkpoint {where} (greedy, "
+                  f"{experiment.sample_tokens} tokens)")
+  events.close()
+  exported = export(run, result.state)
+  metrics = workdirs.join(workdir, METRICS_FILE)
+  plotted = plot(run, metrics)
+  if lead:
+    summarize(run, say, seconds=seconds, reporter=reporter, console=console,
+              checkpoint=where, metrics=metrics, plotted=plotted,
+              events=events, exported=exported)
 
 
 def parse_flags(argv):
+  """absl's flags; the ``--config.<field>=VALUE`` arguments go to
+  ``OVERRIDES``."""
+  rest, overrides = config_flags.split_overrides(argv)
+  OVERRIDES.clear()
+  OVERRIDES.update(overrides)
   try:
-    return FLAGS(argv)
+    return FLAGS(rest)
   except flags.Error as error:
     fail(str(error).splitlines()[0])
 
@@ -345,8 +385,15 @@ def main(argv):
     fail(str(setup.FlagError("num_processes", str(error))))
   if FLAGS.compilation_cache:
     jax.config.update("jax_compilation_cache_dir", FLAGS.compilation_cache)
+  if FLAGS.show_config:
+    try:
+      experiment = setup.resolve(configs.get(FLAGS.config), OVERRIDES)
+    except ValueError as error:
+      fail(str(error))
+    print("\n".join(config_flags.describe(experiment)))
+    return
   try:
-    train(*prepare())
+    train(prepare())
   except setup.FlagError as error:
     fail(str(error))
 

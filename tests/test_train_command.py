@@ -1,7 +1,8 @@
-"""experiments/train.py end to end: a few steps on one CPU device and on
-eight in two processes, resuming and extending through the command line,
-starting from another run's parameters, the files a run leaves, the
-one-line errors of bad flags, and the Cloud TPU launcher's dry run."""
+"""``python -m experiments.train`` end to end: a few steps on one CPU
+device and on eight in two processes, resuming and extending through the
+command line, starting from another run's parameters, the files a run
+leaves, the dotted config overrides and the one-line errors naming the
+field, and the Cloud TPU launcher's dry run."""
 
 from __future__ import annotations
 
@@ -12,28 +13,31 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import configs, workdirs
+from experiments import config_flags, configs, workdirs
 from experiments import train_setup as setup
 from lin_attn_jax.layers import MIXERS
 from lin_attn_jax.train.loop import METRICS_FILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(ROOT, "experiments", "train.py")
-LAUNCH = os.path.join(ROOT, "experiments", "tpu", "launch.py")
+TRAIN = ["-m", "experiments.train"]
+LAUNCH = ["-m", "experiments.tpu.launch"]
 OPTIONS = {"gla": {"chunk_size": 8},
            "sliding_window_attn": {"window_size": 8, "block_size": 8}}
 # Settings of a run (flags a resumed run or one started from --init_from
 # may give again) and of its model (which those may not change).
-SETTINGS = ["--batch_size=8", "--seq_len=16", "--warmup_steps=1",
-            "--eval_every=2", "--eval_batches=1", "--sample_every=2",
-            "--sample_tokens=4", "--checkpoint_every=2", "--progress=lines",
-            "--log_every=1"]
-MODEL = ["--d_model=16", "--n_layers=2", "--n_heads=2",
-         "--mixer=gla,sliding_window_attn",
-         f"--mixer_options={json.dumps(OPTIONS)}"]
+SETTINGS = ["--config.train.batch_size=8", "--config.train.seq_len=16",
+            "--config.train.warmup_steps=1", "--config.eval_every=2",
+            "--config.eval_batches=1", "--config.sample_every=2",
+            "--config.sample_tokens=4", "--config.train.checkpoint_every=2",
+            "--progress=lines", "--config.log_every=1"]
+MODEL = ["--config.model.d_model=16", "--config.model.n_layers=2",
+         "--config.model.n_heads=2",
+         "--config.model.mixer=gla,sliding_window_attn",
+         f"--config.model.mixer_options={json.dumps(OPTIONS)}"]
 TINY = MODEL + SETTINGS
 
 
@@ -46,7 +50,7 @@ def cache(tmp_path_factory):
 def train(workdir, *flags, devices=1, cache=None, preset=TINY, timeout=600):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count="
              f"{devices}")
-  command = [sys.executable, TRAIN, f"--workdir={workdir}", *preset, *flags]
+  command = [sys.executable, *TRAIN, f"--workdir={workdir}", *preset, *flags]
   if cache:
     command.append(f"--compilation_cache={cache}")
   return subprocess.run(command, env=env, capture_output=True, text=True,
@@ -65,7 +69,7 @@ def records(workdir) -> list[dict]:
 
 def test_one_device_run_resume_and_init_from(tmp_path, cache):
   first = tmp_path / "first"
-  out = ok(train(first, "--steps=2", cache=cache))
+  out = ok(train(first, "--config.train.steps=2", cache=cache))
   assert "(new run)" in out and "1 cpu in 1 process(es)" in out
   assert "step 0: held-out" in out and "step 2: held-out" in out
   assert "sample from the checkpoint" in out and "/checkpoints/2" in out
@@ -78,9 +82,9 @@ def test_one_device_run_resume_and_init_from(tmp_path, cache):
   assert any(f.startswith("events") for f in os.listdir(first /
                                                          "tensorboard"))
 
-  # Resume and extend through the command line: only --steps is given;
+  # Resume and extend through the command line: only the steps are given;
   # the model and the other settings come from the work directory.
-  out = ok(train(first, "--steps=4", cache=cache, preset=()))
+  out = ok(train(first, "--config.train.steps=4", cache=cache, preset=()))
   assert "holds a checkpoint at step 2: resuming to step 4" in out
   assert "resuming from the checkpoint at step 2" in out
   assert "sample at step 2" not in out
@@ -95,7 +99,7 @@ def test_one_device_run_resume_and_init_from(tmp_path, cache):
   # held-out loss is the source's final one (same parameters, same
   # held-out batches).
   second = tmp_path / "second"
-  out = ok(train(second, "--steps=1", f"--init_from={first}", cache=cache,
+  out = ok(train(second, "--config.train.steps=1", f"--init_from={first}", cache=cache,
                  preset=SETTINGS))
   assert f"starting from the parameters in {first}/params" in out
   start = [r for r in records(second) if "eval_loss" in r][0]
@@ -104,11 +108,9 @@ def test_one_device_run_resume_and_init_from(tmp_path, cache):
 
   # From a training work directory: its newest checkpoint's parameters,
   # the same as the export's.
-  experiment = setup.resolve(configs.get("tiny"), {},
-                             workdirs.source_model_config(str(first)), "")
-  experiment = dataclasses.replace(
-      experiment, train=dataclasses.replace(experiment.train, batch_size=8,
-                                            seq_len=16))
+  experiment = setup.resolve(
+      configs.get("tiny"), {"train.batch_size": "8", "train.seq_len": "16"},
+      workdirs.source_model_config(str(first)), "")
   trainer = setup.build_trainer(experiment)
   exported, _ = workdirs.source_params(str(first), trainer)
   os.remove(first / "config.json")
@@ -125,8 +127,8 @@ def test_eight_devices_in_two_processes(tmp_path):
   env = dict(os.environ,
              XLA_FLAGS="--xla_force_host_platform_device_count=4")
   processes = [subprocess.Popen(
-      [sys.executable, TRAIN, f"--workdir={tmp_path / 'run'}", *TINY,
-       "--steps=2", "--mesh=data=2,fsdp=4",
+      [sys.executable, *TRAIN, f"--workdir={tmp_path / 'run'}", *TINY,
+       "--config.train.steps=2", "--config.mesh=data=2,fsdp=4",
        f"--coordinator_address={address}", "--num_processes=2",
        f"--process_id={i}"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True) for i in range(2)]
@@ -142,42 +144,111 @@ def test_eight_devices_in_two_processes(tmp_path):
 
 
 def test_bad_flags_are_one_line_errors(tmp_path):
-  done = train(tmp_path / "bad", "--mixer=gla,nope")
+  done = train(tmp_path / "bad", "--config.model.mixer=gla,nope")
   assert done.returncode == 2
   assert done.stderr.strip().splitlines() == [
-      "train.py: error: --mixer: unknown mixer(s) ['nope']; known: "
-      f"{sorted(MIXERS)}"]
+      "train.py: error: --config.model.mixer: unknown mixer(s) ['nope']; "
+      f"known: {sorted(MIXERS)}"]
+  done = train(tmp_path / "bad", "--config.model.widht=8", preset=())
+  assert done.returncode == 2
+  assert done.stderr.startswith(
+      "train.py: error: --config.model.widht: LMConfig has no field "
+      "'widht'; its fields: vocab_size, d_model,")
 
 
-@pytest.mark.parametrize("flags, flag, words", [
-    ({"mixer": ["gla", "nope"]}, "mixer", "unknown mixer"),
-    ({"mesh": "data=3"}, "mesh", "needs 3 devices, but there are 8"),
-    ({"mesh": "data=2,fsdp=-1", "batch_size": 6}, "batch_size",
-     "not divisible by data x fsdp = 8"),
-    ({"mesh": "fsdp=2,tensor=4", "rules": "fsdp_tp", "n_heads": 2},
-     "n_heads", "not divisible by the tensor mesh axis"),
+@pytest.mark.parametrize("overrides, field, words", [
+    ({"model.mixer": "gla,nope"}, "model.mixer", "unknown mixer"),
+    ({"model.d_model": "wide"}, "model.d_model", "must be an int, got 'wide'"),
+    ({"model.n_layers": "3"}, "model.n_layers",
+     "mixer has 4 names, which does not divide n_layers = 3"),
+    ({"model.width": "8"}, "model.width", "LMConfig has no field 'width'"),
+    ({"train.batch_size": "16", "train.grad_accum": "3"}, "train.grad_accum",
+     "not divisible by grad_accum 3"),
+    ({"model.n_layers": "2", "model.mixer": "gla,gla,gla"},
+     "model.n_layers / --config.model.mixer",
+     "mixer has 3 names, which does not divide n_layers = 2"),
+    ({"model.mixer_options": "{gla"}, "model.mixer_options", "is not JSON"),
+    ({"model.mixer_options": "[1]"}, "model.mixer_options",
+     "must be a JSON object"),
+    ({"model.mixer_options.gla.chunk_size": "8",
+      "model.mixer_options.nope.x": "1"}, "model.mixer_options.nope.x",
+     "mixer_options names unknown mixer(s) ['nope']"),
+    ({"model.d_model.x": "1"}, "model.d_model.x", "is not a mapping"),
+    ({"model.tie_embeddings": "maybe"}, "model.tie_embeddings",
+     "must be true or false"),
+    ({"model.dtype": "float16"}, "model.dtype", "must be one of"),
     ({"rules": "zero"}, "rules", "unknown rules"),
     ({"data": "web"}, "data", "must be stdlib, text:GLOB"),
-    ({"mixer_options": "{gla"}, "mixer_options", "is not JSON"),
-    ({"grad_accum": 3}, "grad_accum", "not divisible by grad_accum 3"),
-    ({"dtype": "float16"}, "dtype", "must be one of"),
+    ({"eval_batches": "0"}, "eval_batches", "must be an int >= 1"),
+    ({"mesh": "data=3"}, "mesh", "needs 3 devices, but there are 8"),
+    ({"mesh": "data=2,fsdp=-1", "train.batch_size": "6"}, "mesh",
+     "batch_size 6 (in 1 micro-batches of 6) is not divisible by data x "
+     "fsdp = 8"),
+    ({"mesh": "fsdp=2,tensor=4", "rules": "fsdp_tp", "model.n_heads": "2"},
+     "mesh", "not divisible by the tensor mesh axis"),
 ])
-def test_flag_errors_name_the_flag(flags, flag, words):
+def test_errors_name_the_dotted_field(overrides, field, words):
   with pytest.raises(setup.FlagError) as caught:
-    experiment = setup.resolve(configs.get("tiny"), flags)
+    experiment = setup.resolve(configs.get("tiny"), overrides)
     setup.build_trainer(experiment)
-  assert caught.value.flag == flag and words in str(caught.value)
-  assert str(caught.value).startswith(f"--{flag}: ")
+  assert caught.value.flag == f"config.{field}"
+  assert str(caught.value).startswith(f"--config.{field}: ")
+  assert words in str(caught.value)
+
+
+def test_dotted_overrides():
+  argv = ["train", "--workdir=w", "--config=tiny", "--config.train.steps=7",
+          "--config.model.mixer=gla,sliding_window_attn",
+          "--config.model.mixer_options.gla.chunk_size=16",
+          "--config.model.embed_scale=2.5", "--config.model.mlp_dim=none",
+          "--config.model.dtype=bfloat16", "--config.prompt=class ",
+          "--config.train.async_checkpoints=false", "--config.model.mlp_bias"]
+  rest, overrides = config_flags.split_overrides(argv)
+  assert rest == ["train", "--workdir=w", "--config=tiny"]
+  assert overrides["model.mlp_bias"] is None
+  tiny = configs.get("tiny")
+  experiment = setup.resolve(tiny, overrides)
+  assert experiment.train == dataclasses.replace(
+      tiny.train, steps=7, async_checkpoints=False)
+  model = experiment.model
+  assert model.mixer == ("gla", "sliding_window_attn")
+  assert model.options_for("gla") == {"chunk_size": 16}
+  assert model.options_for("sliding_window_attn") == \
+      tiny.model.options_for("sliding_window_attn")
+  assert (model.embed_scale, model.mlp_dim, model.mlp_bias) == (2.5, None,
+                                                                True)
+  assert model.dtype == jnp.bfloat16 and experiment.prompt == "class "
+  assert setup.resolve(tiny, {"model.mixer": "gla"}).model.mixer == "gla"
+  whole = setup.resolve(tiny, {"model.mixer_options": '{"gla": {}}'})
+  assert dict(whole.model.mixer_options) == {"gla": ()}
+  lines = config_flags.describe(experiment)
+  assert "--config.train.steps=7" in lines
+  assert "--config.model.mixer_options.gla.chunk_size=16" in lines
+  again = dict(line[len("--config."):].split("=", 1) for line in lines)
+  assert setup.resolve(tiny, again) == experiment
+
+
+def test_show_config_prints_the_overridden_preset():
+  done = subprocess.run(
+      [sys.executable, *TRAIN, "--show_config", "--config=small",
+       "--config.model.d_model=256"], capture_output=True, text=True,
+      timeout=300, cwd=ROOT)
+  assert done.returncode == 0, done.stderr[-4000:]
+  lines = done.stdout.splitlines()
+  assert "--config.model.d_model=256" in lines
+  assert "--config.model.n_layers=12" in lines
 
 
 def test_resumed_model_is_fixed():
   model = configs.get("tiny").model
-  with pytest.raises(setup.FlagError, match=r"--d_model: the checkpoint in "
-                     r"X fixes the model \(d_model = 128\); drop the flag"):
-    setup.resolve(configs.get("tiny"), {"d_model": 64}, model,
+  with pytest.raises(setup.FlagError, match=r"--config.model.d_model: the "
+                     r"checkpoint in X fixes the model \(d_model = 128\); "
+                     r"drop the flag"):
+    setup.resolve(configs.get("tiny"), {"model.d_model": "64"}, model,
                   "the checkpoint in X")
-  same = setup.resolve(configs.get("tiny"), {"d_model": 128, "dtype":
-                                             "bfloat16"}, model, "X")
+  same = setup.resolve(configs.get("tiny"), {"model.d_model": "128",
+                                             "model.dtype": "bfloat16"},
+                       model, "X")
   assert same.model.d_model == 128 and same.model.dtype != model.dtype
 
 
@@ -190,8 +261,9 @@ def test_presets_and_source_errors(tmp_path):
 
 
 def launch(*args):
-  done = subprocess.run([sys.executable, LAUNCH, *args, "--dry_run"],
-                        capture_output=True, text=True, timeout=120)
+  done = subprocess.run([sys.executable, *LAUNCH, *args, "--dry_run"],
+                        capture_output=True, text=True, timeout=120,
+                        cwd=ROOT)
   assert done.returncode == 0, done.stderr
   return done.stdout.splitlines()
 
@@ -207,20 +279,20 @@ def test_tpu_launcher_dry_run():
   assert '.venv/bin/pip install -q -c constraints.txt -e ".[tpu]"' in \
       setup_lines[2]
   (line,) = launch("train", *common, "--bucket=gs://b/runs", "--run=r1",
-                   "--train_flags=--steps=10")
-  for part in ("ssh slice", "--worker=all", "experiments/train.py",
+                   "--train_flags=--config.train.steps=10")
+  for part in ("ssh slice", "--worker=all", "-m experiments.train",
                "--config=pod", "--checkpoint_dir=gs://b/runs/r1/checkpoints",
-               "--multihost", "--steps=10", "~/runs/r1.log"):
+               "--multihost", "--config.train.steps=10", "~/runs/r1.log"):
     assert part in line, part
   watch = launch("watch", *common, "--bucket=gs://b/runs", "--run=r1")
   assert watch[0].endswith("describe slice --zone=us-east5-a "
                            "'--format=value(state)'")
   assert any(" delete slice " in w for w in watch)
   assert any(" create slice " in w for w in watch)
-  assert "experiments/train.py" in watch[-1]
+  assert "experiments.train" in watch[-1]
   gpu = launch("gpu", "--run=g", "--config=small")
-  assert gpu[-1] == (".venv/bin/python experiments/train.py --config=small "
-                     "--workdir=runs/g --mesh=fsdp=-1")
+  assert gpu[-1] == (".venv/bin/python -m experiments.train --config=small "
+                     "--workdir=runs/g --config.mesh=fsdp=-1")
 
 
 def test_progress_bar_and_lines():

@@ -1,8 +1,10 @@
 """What a training run is: the model, the optimizer and batch, the mesh,
 the data and how often to evaluate and sample.
 
-A preset is a module of this package with a ``CONFIG``; the flags of
-``experiments/train.py`` override its fields.
+A preset is a module of this package with a ``CONFIG``; ``python -m
+experiments.train --config=NAME`` picks one and ``--config.<field>=VALUE``
+flags (``experiments/config_flags.py``) override its fields by dotted name,
+e.g. ``--config.model.d_model=256`` or ``--config.eval_every=50``.
 """
 
 from __future__ import annotations
@@ -10,8 +12,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+import jax.numpy as jnp
+
+from lin_attn_jax import sharding as shd
 from lin_attn_jax.models.lm import LMConfig
 from lin_attn_jax.train import TrainConfig
+
+# Options of a "tokens:PATH,..." data spec.
+TOKEN_FILE_OPTIONS = ("dtype", "eos_id", "doc_len")
+# Compute dtypes a run may use (parameters and states stay float32).
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +56,24 @@ class Experiment:
   # A progress line every this many steps when stdout is not a terminal.
   log_every: int = 10
 
+  def __post_init__(self):
+    if jnp.dtype(self.model.dtype).name not in COMPUTE_DTYPES:
+      raise ValueError(f"model.dtype must be one of {COMPUTE_DTYPES}, got "
+                       f"{jnp.dtype(self.model.dtype).name!r}")
+    if self.rules not in shd.PRESETS:
+      raise ValueError(f"unknown rules {self.rules!r}; presets: "
+                       f"{', '.join(shd.PRESETS)}")
+    parse_data(self.data)
+    if not 0 <= self.heldout_fraction < 1:
+      raise ValueError("heldout_fraction must be in [0, 1), got "
+                       f"{self.heldout_fraction!r}")
+    for name, least in (("eval_every", 0), ("sample_every", 0),
+                        ("eval_batches", 1), ("sample_tokens", 1),
+                        ("log_every", 1)):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+
   def to_dict(self) -> dict:
     out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
     out["model"], out["train"] = self.model.to_dict(), self.train.to_dict()
@@ -61,3 +89,25 @@ class Experiment:
     values["model"] = LMConfig.from_dict(values["model"])
     values["train"] = TrainConfig.from_dict(values["train"])
     return cls(**values)
+
+
+def parse_data(spec: str) -> tuple[str, object, dict]:
+  """``(kind, what, options)`` of a data spec (``Experiment.data``);
+  raises ``ValueError``."""
+  kind, _, rest = spec.partition(":")
+  if kind == "stdlib" and not rest:
+    return "stdlib", None, {}
+  if kind == "text" and rest:
+    return "text", [p for p in rest.split(",") if p], {}
+  if kind == "tokens" and rest:
+    path, *pairs = rest.split(",")
+    options = {}
+    for pair in pairs:
+      key, sep, value = pair.partition("=")
+      if not sep or key not in TOKEN_FILE_OPTIONS:
+        raise ValueError(f"token file option {pair!r} is not dtype=..., "
+                         "eos_id=N or doc_len=N")
+      options[key] = value if key == "dtype" else int(value)
+    return "tokens", path, options
+  raise ValueError("data must be stdlib, text:GLOB[,GLOB...] or "
+                   f"tokens:PATH[,dtype=uint16][,eos_id=N]; got {spec!r}")

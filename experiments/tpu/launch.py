@@ -1,32 +1,33 @@
-"""Runs experiments/train.py on Cloud TPU VMs (one host or a multi-host pod
+"""Runs ``python -m experiments.train`` on Cloud TPU VMs (one host or a multi-host pod
 slice) and on one multi-GPU node; ``--dry_run`` prints the exact commands
 instead of running them.
 
-  python experiments/tpu/launch.py create --name=lin-attn \\
+  python -m experiments.tpu.launch create --name=lin-attn \\
       --zone=us-central2-b --accelerator=v4-32 [--spot] [--project=P]
-  python experiments/tpu/launch.py setup --name=lin-attn --zone=us-central2-b
-  python experiments/tpu/launch.py train --name=lin-attn --zone=us-central2-b \\
+  python -m experiments.tpu.launch setup --name=lin-attn --zone=us-central2-b
+  python -m experiments.tpu.launch train --name=lin-attn --zone=us-central2-b \\
       --bucket=gs://my-bucket/runs --run=pod1 --config=pod [--train_flags=...]
-  python experiments/tpu/launch.py logs|status|delete --name=... --zone=...
-  python experiments/tpu/launch.py watch ...   # the above, again after a
+  python -m experiments.tpu.launch logs|status|delete --name=... --zone=...
+  python -m experiments.tpu.launch watch ...   # the above, again after a
                                                # preemption (resumes)
-  python experiments/tpu/launch.py gpu --run=small1 --config=small
+  python -m experiments.tpu.launch gpu --run=small1 --config=small
 
 - ``create``: ``gcloud compute tpus tpu-vm create`` (``--spot`` for a
   preemptible slice); the runtime image follows the TPU generation.
 - ``setup``: the committed tree (``git archive HEAD``) is copied to every
   worker, which installs Python 3.11 and ``pip install -e '.[tpu]'`` (JAX
   with libtpu, and gcsfs for ``gs://`` paths) in ``~/lin_attn_jax/.venv``.
-- ``train``: starts train.py on every worker at once (``--worker=all``), in
-  the background with its log in ``~/runs/RUN.log``; ``--multihost`` lets
-  JAX find the slice's other hosts. Checkpoints and the final model go to
+- ``train``: starts the training on every worker at once
+  (``--worker=all``), in the background with its log in
+  ``~/runs/RUN.log``; ``--multihost`` lets JAX find the slice's other
+  hosts. Checkpoints and the final model go to
   ``BUCKET/RUN`` through orbax, metrics and plots to ``~/runs/RUN`` on
   worker 0.
 - ``watch``: every ``--poll_seconds``, if the slice was preempted (or is
   gone), deletes it, creates it again, sets it up and starts training,
   which resumes from the newest checkpoint in the bucket; if it is up and
-  train.py has stopped without finishing, starts it again; stops when the
-  log says ``done:``.
+  the training has stopped without finishing, starts it again; stops when
+  the log says ``done:``.
 - ``gpu``: one node with several GPUs, on this machine: one process drives
   every local GPU (mesh ``fsdp=-1``), so no coordinator is needed.
 """
@@ -63,9 +64,10 @@ flags.DEFINE_bool("spot", False, "Create a Spot (preemptible) slice.")
 flags.DEFINE_string("bucket", None, "gs:// prefix for checkpoints and the "
                     "final model (required by train and watch).")
 flags.DEFINE_string("run", None, "Run name (default: --name).")
-flags.DEFINE_string("config", "pod", "train.py preset.")
-flags.DEFINE_string("train_flags", "", "More train.py flags, e.g. "
-                    "'--steps=5000 --data=tokens:/data/t.bin,dtype=uint16'.")
+flags.DEFINE_string("config", "pod", "experiments.train preset.")
+flags.DEFINE_string("train_flags", "", "More experiments.train flags, "
+                    "e.g. '--config.train.steps=5000 "
+                    "--config.data=tokens:/data/t.bin,dtype=uint16'.")
 flags.DEFINE_string("remote_dir", "~/lin_attn_jax", "Checkout on the "
                     "workers.")
 flags.DEFINE_integer("poll_seconds", 300, "watch: seconds between checks.")
@@ -131,7 +133,7 @@ def train_command_line() -> str:
   run = run_name()
   target = f"{FLAGS.bucket.rstrip('/')}/{run}"
   train = " ".join([
-      ".venv/bin/python experiments/train.py",
+      ".venv/bin/python -m experiments.train",
       f"--config={FLAGS.config}",
       f"--workdir=$HOME/runs/{run}",
       f"--checkpoint_dir={target}/checkpoints",
@@ -165,9 +167,9 @@ def gpu_commands() -> list[list[str]]:
   return [["python3.11", "-m", "venv", ".venv"],
           [".venv/bin/pip", "install", "-q", "-c", "constraints.txt", "-e",
            ".[gpu]"],
-          [".venv/bin/python", "experiments/train.py",
+          [".venv/bin/python", "-m", "experiments.train",
            f"--config={FLAGS.config}", f"--workdir=runs/{run}",
-           "--mesh=fsdp=-1", *shlex.split(FLAGS.train_flags)]]
+           "--config.mesh=fsdp=-1", *shlex.split(FLAGS.train_flags)]]
 
 
 def show(command: list[str]) -> None:
@@ -220,14 +222,14 @@ def watch() -> None:
       execute(create_commands() + setup_commands() + train_commands())
     else:
       log = worker0(f"tail -n 5 ~/runs/{run}.log; "
-                    "pgrep -f experiments/train.py > /dev/null && "
+                    "pgrep -f experiments.train > /dev/null && "
                     "echo TRAINING")
       if "done:" in log:
         print(f"{run} finished", flush=True)
         return
       if "TRAINING" not in log:
-        print("train.py is not running: starting it again (it resumes)",
-              flush=True)
+        print("experiments.train is not running: starting it again (it "
+              "resumes)", flush=True)
         execute(train_commands())
     if FLAGS.dry_run:
       return
