@@ -21,7 +21,7 @@ $(STAMP): $(PY) setup.cfg pyproject.toml constraints.txt
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) experiments/train.py --workdir=$(WORKDIR) --compilation_cache=runs/.xla_cache
+	$(PY) -m experiments.train --workdir=$(WORKDIR) --compilation_cache=runs/.xla_cache
 
 verify: $(STAMP)
 	$(PY) experiments/verify_forms.py
@@ -59,14 +59,14 @@ compile-check:
 	mkdir -p $(COMPILE_OUT)
 	status=0; \
 	( $(VENV_TPU)/bin/python -m pytest -q -p no:cacheprovider tests/test_compile_check.py \
-	  && $(VENV_TPU)/bin/python experiments/compile_kernels.py --toolchain=tpu --out=$(COMPILE_OUT)/tpu.json ) \
+	  && $(VENV_TPU)/bin/python -m experiments.compile_kernels --toolchain=tpu --out=$(COMPILE_OUT)/tpu.json ) \
 	  > $(COMPILE_OUT)/tpu.log 2>&1 & tpu=$$!; \
 	( $(VENV_CUDA)/bin/python -m pytest -q -p no:cacheprovider tests/test_compile_check.py \
-	  && $(VENV_CUDA)/bin/python experiments/compile_kernels.py --toolchain=cuda --out=$(COMPILE_OUT)/cuda.json ) \
+	  && $(VENV_CUDA)/bin/python -m experiments.compile_kernels --toolchain=cuda --out=$(COMPILE_OUT)/cuda.json ) \
 	  > $(COMPILE_OUT)/cuda.log 2>&1 || status=1; \
 	wait $$tpu || status=1; \
 	tail -n 3 $(COMPILE_OUT)/tpu.log $(COMPILE_OUT)/cuda.log; \
-	$(VENV_TPU)/bin/python experiments/compile_kernels.py --report=$(COMPILE_OUT)/tpu.json,$(COMPILE_OUT)/cuda.json --out=benchmarks/RESULTS_compile.md || status=1; \
+	$(VENV_TPU)/bin/python -m experiments.compile_kernels --report=$(COMPILE_OUT)/tpu.json,$(COMPILE_OUT)/cuda.json --out=benchmarks/RESULTS_compile.md || status=1; \
 	exit $$status
 
 clean:

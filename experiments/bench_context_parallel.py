@@ -16,30 +16,25 @@ runs: the figures come from the compiled programs,
   CPU back end emits these collectives synchronously (no ``-start`` /
   ``-done`` pairs), which is what is parsed.
 
-  python experiments/bench_context_parallel.py --ops=gla,gated_delta_rule \
+  python -m experiments.bench_context_parallel --ops=gla,gated_delta_rule \
       --length=65536 --parts=8 --out=benchmarks/RESULTS_context_parallel.md
 """
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType
+
+from experiments.bench_utils import cpu_devices, write_section
+from lin_attn_jax import ops
+
 _DEVICES = 8
-os.environ.setdefault("XLA_FLAGS",
-                      f"--xla_force_host_platform_device_count={_DEVICES}")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import AxisType  # noqa: E402
-
-from experiments.bench_utils import write_section  # noqa: E402
-from lin_attn_jax import ops  # noqa: E402
-
 FLAGS = flags.FLAGS
 flags.DEFINE_list("ops", ["gla", "gated_delta_rule"], "Ops to compile.")
 flags.DEFINE_integer("length", 65536, "Sequence length T.")
@@ -134,7 +129,8 @@ def collectives(hlo: str, parts: int):
 
 def main(argv):
   del argv
-  command = "python experiments/bench_context_parallel.py " + " ".join(
+  cpu_devices(_DEVICES)
+  command = "python -m experiments.bench_context_parallel " + " ".join(
       sys.argv[1:])
   dims = (f"B={FLAGS.batch}, T={FLAGS.length}, H={FLAGS.heads}, "
           f"K={FLAGS.dim_k}, V={FLAGS.dim_v}, float32, "

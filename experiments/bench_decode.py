@@ -9,8 +9,8 @@ context (its cache is a fixed-size state); full softmax attention's grows
 with the number of cached keys. The cache size is exact (bytes of its
 arrays).
 
-  python experiments/bench_decode.py --out=benchmarks/RESULTS.md
-  python experiments/bench_decode.py --mixers=gla,softmax_attn \
+  python -m experiments.bench_decode --out=benchmarks/RESULTS.md
+  python -m experiments.bench_decode --mixers=gla,softmax_attn \
       --contexts=512,8192
 """
 
@@ -19,20 +19,17 @@ from __future__ import annotations
 import functools
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-from absl import app, flags  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from experiments.bench_utils import write_section  # noqa: E402
-from lin_attn_jax.layers import MIXERS  # noqa: E402
-from lin_attn_jax.models import LM, LMConfig  # noqa: E402
+from experiments.bench_utils import write_section
+from lin_attn_jax.layers import MIXERS
+from lin_attn_jax.models import LM, LMConfig
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("mixers", [], "Mixers to time (default: every causal one).")
@@ -100,7 +97,7 @@ def main(argv):
           + f" | ratio {contexts[-1]}/{contexts[0]} | "
           + " | ".join(f"cache MiB @{c}" for c in contexts) + " |")
   lines = [
-      f"Command: `python experiments/bench_decode.py "
+      f"Command: `python -m experiments.bench_decode "
       f"--mixers={','.join(names)} --contexts={FLAGS.contexts[0]}"
       f"{''.join(',' + c for c in FLAGS.contexts[1:])} --d_model="
       f"{FLAGS.d_model} --n_layers={FLAGS.n_layers} --n_heads="

@@ -22,31 +22,27 @@ and gradients. Interpret-mode times say nothing about kernel speed and are
 not reported as such.
 
 Run:
-  python experiments/bench_kernels.py                       # TPU / GPU
-  python experiments/bench_kernels.py --lengths=2048,8192 --batch=8 \
+  python -m experiments.bench_kernels                       # TPU / GPU
+  python -m experiments.bench_kernels --lengths=2048,8192 --batch=8 \
       --heads=16 --dims=128 --dtype=bfloat16 --out=benchmarks/kernels.md
-  python experiments/bench_kernels.py --smoke               # any machine
+  python -m experiments.bench_kernels --smoke               # any machine
 """
 
 from __future__ import annotations
 
 import importlib
 import itertools
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from experiments.bench_utils import median_time  # noqa: E402
-from lin_attn_jax import ops  # noqa: E402
+from experiments.bench_utils import median_time
+from lin_attn_jax import ops
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("ops", ["simple_gla", "gla", "delta_rule",

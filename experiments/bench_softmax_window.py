@@ -7,7 +7,7 @@ buffer size from ``compile().memory_analysis()``. The dense
 ``parallel_softmax_attn`` is compiled (not run) for its memory only.
 
 Run:
-  python experiments/bench_softmax_window.py --lengths=2048,4096,8192,16384
+  python -m experiments.bench_softmax_window --lengths=2048,4096,8192,16384
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ time is its minimum over the rounds, beside the minimum of the process's
 CPU time per step (all threads: a step that keeps one of two cores idle,
 such as a sequential scan's, shows it here).
 
-  python experiments/bench_train_step.py --out=benchmarks/RESULTS_train_step.md
-  python experiments/bench_train_step.py --mixers=gla,h3 --shapes=2x4096
+  python -m experiments.bench_train_step --out=benchmarks/RESULTS_train_step.md
+  python -m experiments.bench_train_step --mixers=gla,h3 --shapes=2x4096
 
 XLA:CPU maps each execution's scratch memory afresh and the kernel faults it
 in on first touch, a cost proportional to the step's temp memory; run with
@@ -30,19 +30,17 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
 
-from absl import app, flags  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from experiments.bench_utils import write_section  # noqa: E402
-from lin_attn_jax.layers import MIXERS  # noqa: E402
-from lin_attn_jax.models import LM, LMConfig  # noqa: E402
-from lin_attn_jax.train.loss import cross_entropy_sums  # noqa: E402
+from experiments.bench_utils import write_section
+from lin_attn_jax.layers import MIXERS
+from lin_attn_jax.models import LM, LMConfig
+from lin_attn_jax.train.loss import cross_entropy_sums
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("mixers", [], "Mixers to time (default: every causal one).")

@@ -9,34 +9,27 @@
   over ``--repeats`` steps; mixers are timed in rounds, one step each in
   turn, so that their ratios are measured side by side).
 
-  python experiments/bench_training.py --out=benchmarks/RESULTS_training.md
-  python experiments/bench_training.py --sections=speed --mixers=gla,mamba2
+  python -m experiments.bench_training --out=benchmarks/RESULTS_training.md
+  python -m experiments.bench_training --sections=speed --mixers=gla,mamba2
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS",
-                                                                 ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             " --xla_force_host_platform_device_count=8")
+from absl import app, flags
+import jax
+import numpy as np
 
-from absl import app, flags  # noqa: E402
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from experiments.bench_utils import write_section  # noqa: E402
-from lin_attn_jax import sharding as shd  # noqa: E402
-from lin_attn_jax.data import BatchSource, PackedRows, stdlib_corpus  # noqa: E402
-from lin_attn_jax.layers import MIXERS  # noqa: E402
-from lin_attn_jax.models.lm import LMConfig  # noqa: E402
-from lin_attn_jax.train import TrainConfig, Trainer  # noqa: E402
-from lin_attn_jax.train.trainer import BATCH_KEYS  # noqa: E402
+from experiments.bench_utils import cpu_devices, write_section
+from lin_attn_jax import sharding as shd
+from lin_attn_jax.data import BatchSource, PackedRows, stdlib_corpus
+from lin_attn_jax.layers import MIXERS
+from lin_attn_jax.models.lm import LMConfig
+from lin_attn_jax.train import TrainConfig, Trainer
+from lin_attn_jax.train.trainer import BATCH_KEYS
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("sections", ["memory", "speed"], "What to measure.")
@@ -169,7 +162,8 @@ def speed_section() -> list[str]:
 
 def main(argv):
   del argv
-  command = "python experiments/bench_training.py " + " ".join(
+  cpu_devices(8)
+  command = "python -m experiments.bench_training " + " ".join(
       a for a in sys.argv[1:])
   sections = {"memory": memory_section, "speed": speed_section}
   for name in FLAGS.sections:

@@ -80,3 +80,11 @@ def write_section(path: str, key: str, lines) -> None:
     text = text.rstrip("\n") + "\n\n" + section + "\n"
   with open(path, "w") as f:
     f.write(text)
+
+
+def cpu_devices(count: int) -> None:
+  """Gives the CPU backend ``count`` devices unless ``XLA_FLAGS`` already
+  sets a number; call it before anything touches a device."""
+  if "xla_force_host_platform_device_count" not in os.environ.get(
+      "XLA_FLAGS", ""):
+    jax.config.update("jax_num_cpu_devices", count)

@@ -5,7 +5,8 @@ the Pallas kernels for a GPU on a machine without one (deviceless
 compilation). Run this once on a machine with the GPU to capture its exact
 figures:
 
-  python experiments/capture_gpu_target.py --out=experiments/gpu_targets/NAME.txtpb
+  python -m experiments.capture_gpu_target \
+      --out=experiments/gpu_targets/NAME.txtpb
 
 The fields are those XLA fills from the CUDA device properties when it
 describes a device (``CreateDeviceDescription`` in XLA's stream executor):

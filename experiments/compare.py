@@ -3,9 +3,9 @@ them: held-out bits per byte, training tokens/s, recurrent state per layer,
 decoding time per token; a table (markdown) and one plot of held-out bits
 per byte against tokens, a line per mixer.
 
-  python experiments/compare.py --out=benchmarks/RESULTS_compare.md \\
+  python -m experiments.compare --out=benchmarks/RESULTS_compare.md \\
       --plot=benchmarks/compare.png
-  python experiments/compare.py --mixers=gla,mamba2,softmax_attn --steps=100
+  python -m experiments.compare --mixers=gla,mamba2,softmax_attn --steps=100
 
 Every mixer gets the same LM around it (``--n_layers`` blocks of that
 mixer, ``--d_model``, SwiGLU MLPs, tied byte embeddings), the same batches
@@ -34,22 +34,20 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags, logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-from absl import app, flags, logging  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from experiments import run_output  # noqa: E402
-from lin_attn_jax import sharding as shd  # noqa: E402
-from lin_attn_jax.data import (BatchSource, PackedRows,  # noqa: E402
+from experiments import run_output
+from lin_attn_jax import sharding as shd
+from lin_attn_jax.data import (BatchSource, PackedRows,
                                stdlib_corpus)
-from lin_attn_jax.layers import MIXERS  # noqa: E402
-from lin_attn_jax.models.lm import LM, LMConfig  # noqa: E402
-from lin_attn_jax.train import TrainConfig, Trainer  # noqa: E402
-from lin_attn_jax.train.loop import fit  # noqa: E402
+from lin_attn_jax.layers import MIXERS
+from lin_attn_jax.models.lm import LM, LMConfig
+from lin_attn_jax.train import TrainConfig, Trainer
+from lin_attn_jax.train.loop import fit
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("mixers", ["gla", "retnet", "hgrn2", "linear_attn",
@@ -195,7 +193,7 @@ def main(argv):
         "curve": run["curve"],
     })
   rows.sort(key=lambda r: r["bits_per_byte"])
-  command = "python experiments/compare.py " + " ".join(sys.argv[1:])
+  command = "python -m experiments.compare " + " ".join(sys.argv[1:])
   budget = FLAGS.steps * tokens_per_step
   lines = table_lines(rows, command)
   print("\n".join(lines), flush=True)

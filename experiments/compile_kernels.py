@@ -21,11 +21,11 @@ GPU, on a register spill. ``compile_targets.py`` reads the resources.
 
 Run (each toolchain in its own environment; ``make compile-check`` builds
 them, runs both and writes the report):
-  .venv-tpu/bin/python experiments/compile_kernels.py --toolchain=tpu \
+  .venv-tpu/bin/python -m experiments.compile_kernels --toolchain=tpu \
       --out=build/compile/tpu.json
-  .venv-cuda/bin/python experiments/compile_kernels.py --toolchain=cuda \
+  .venv-cuda/bin/python -m experiments.compile_kernels --toolchain=cuda \
       --out=build/compile/cuda.json
-  python experiments/compile_kernels.py --report=build/compile/tpu.json,\
+  python -m experiments.compile_kernels --report=build/compile/tpu.json,\
 build/compile/cuda.json --out=benchmarks/RESULTS_compile.md
 """
 
@@ -34,16 +34,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app
+from absl import flags
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-
-from experiments import compile_targets  # noqa: E402
+from experiments import compile_targets
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("toolchain", None, list(compile_targets.TOOLCHAINS),

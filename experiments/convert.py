@@ -1,6 +1,6 @@
 """Converts a HuggingFace-format checkpoint into a workdir of the project.
 
-  python experiments/convert.py --from=/path/to/hf_checkpoint --to=WORKDIR
+  python -m experiments.convert --from=/path/to/hf_checkpoint --to=WORKDIR
 
 The checkpoint is a local directory with ``config.json`` and safetensors
 weights (sharded ones included); nothing is downloaded. Supported
@@ -10,7 +10,7 @@ architectures: ``lin_attn_jax.convert.SUPPORTED``. WORKDIR (new) receives
 - ``hf_config.json``: the source config, for exporting back;
 - ``params/``: the parameters, ``lin_attn_jax.models.checkpoints.save_params``.
 
-``experiments/generate.py --workdir=WORKDIR`` continues a prompt with it.
+``python -m experiments.generate --workdir=WORKDIR`` continues a prompt with it.
 Every tensor is checked before anything is written; on bad input the error
 names the tensor and both shapes and WORKDIR is not created.
 """
@@ -20,15 +20,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
+import jax.numpy as jnp
 
-from absl import app, flags  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from lin_attn_jax.convert import load_pretrained  # noqa: E402
-from lin_attn_jax.models.checkpoints import save_params  # noqa: E402
+from lin_attn_jax.convert import load_pretrained
+from lin_attn_jax.models.checkpoints import save_params
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("from", None, "HuggingFace checkpoint directory.")

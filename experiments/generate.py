@@ -5,10 +5,10 @@ prints. Without --checkpoint the weights are random (the continuation is
 noise, the speed is real); with one, its parameters are restored into the
 model the flags describe (it must have been saved from the same config).
 
-  python experiments/generate.py --mixer=gla --max_new_tokens=64
-  python experiments/generate.py --mixer=gla,gla,gla,softmax_attn \
+  python -m experiments.generate --mixer=gla --max_new_tokens=64
+  python -m experiments.generate --mixer=gla,gla,gla,softmax_attn \
       --n_layers=8 --temperature=0.8 --top_p=0.9 --checkpoint=/path/ckpt
-  python experiments/generate.py --workdir=WORKDIR   # from convert.py
+  python -m experiments.generate --workdir=WORKDIR   # from convert.py
 
 With --workdir the model is the one of ``WORKDIR/config.json`` (the
 architecture flags are not used) and its parameters ``WORKDIR/params``; the
@@ -20,19 +20,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-from absl import app, flags  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from lin_attn_jax.models import LM, LMConfig  # noqa: E402
-from lin_attn_jax.models.checkpoints import restore_params  # noqa: E402
+from lin_attn_jax.models import LM, LMConfig
+from lin_attn_jax.models.checkpoints import restore_params
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("mixer", ["gla"], "Mixer name, or one per layer (a "
@@ -42,7 +39,7 @@ flags.DEFINE_integer("n_layers", 4, "Blocks.")
 flags.DEFINE_integer("n_heads", 4, "Heads per mixer.")
 flags.DEFINE_string("checkpoint", None, "Directory written by "
                     "lin_attn_jax.models.checkpoints.save_params.")
-flags.DEFINE_string("workdir", None, "Workdir of experiments/convert.py "
+flags.DEFINE_string("workdir", None, "Workdir of experiments.convert "
                     "(config.json and params/); replaces the model flags.")
 flags.DEFINE_string("prompt", "The state of a linear recurrence ",
                     "Prompt text (UTF-8 bytes are the tokens).")

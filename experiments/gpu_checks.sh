@@ -42,7 +42,7 @@ nvidia-smi >"$out/nvidia_smi.txt" 2>&1
   >>"$out/versions.txt" 2>&1
 
 echo "== target config"
-timeout 60 "$PY" experiments/capture_gpu_target.py \
+timeout 60 "$PY" -m experiments.capture_gpu_target \
   --out="$out/gpu_target.txtpb" 2>&1 | tail -n 40
 
 if [ "$test_seconds" != 0 ]; then
@@ -63,7 +63,7 @@ fi
 
 if [ "$bench_seconds" != 0 ]; then
   echo "== kernel benchmark"
-  timeout "$bench_seconds" "$PY" experiments/bench_kernels.py \
+  timeout "$bench_seconds" "$PY" -m experiments.bench_kernels \
     --out="$out/kernels_gpu.md" --iters=10 --warmup=2 ${BENCH_FLAGS:-} 2>&1 \
     | tee "$out/bench_kernels.txt" | tail -n 40
 fi

@@ -8,7 +8,7 @@ token decoding with the reference's own cache. Needs the ``hf`` extra
 (CPU torch, transformers, safetensors, flash-linear-attention):
 
   pip install -e '.[hf]'
-  python experiments/make_hf_fixtures.py --out=tests/fixtures/hf
+  python -m experiments.make_hf_fixtures --out=tests/fixtures/hf
 
 flash-linear-attention's models run their Triton kernels, which need a GPU;
 on CPU the script swaps each kernel the models call (norms, short

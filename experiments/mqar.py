@@ -25,8 +25,8 @@ state size, log scale, a colour per mixer; needs matplotlib, the
 ``analysis`` extra).
 
 Run:
-  python experiments/mqar.py --preset=cpu --out_dir=benchmarks
-  python experiments/mqar.py --preset=paper --mixers=softmax_attn,gla
+  python -m experiments.mqar --preset=cpu --out_dir=benchmarks
+  python -m experiments.mqar --preset=paper --mixers=softmax_attn,gla
 """
 
 from __future__ import annotations
@@ -517,7 +517,7 @@ def main(argv):
             for d in preset.d_models for t, p in preset.settings
             for lr in preset.learning_rates}
   records = [r for r in records if run_key(r) in wanted]
-  command = " ".join(["python experiments/mqar.py"] + sys.argv[1:])
+  command = " ".join(["python -m experiments.mqar"] + sys.argv[1:])
   with open(stem + ".md", "w") as f:
     f.write(header(FLAGS.preset, preset, records, command) + "\n"
             + table(preset, records) + "\n")

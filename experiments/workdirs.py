@@ -1,6 +1,6 @@
 """The files of a work directory, and starting points for new runs.
 
-A training work directory (``experiments/train.py --workdir=DIR``) holds
+A training work directory (``python -m experiments.train --workdir=DIR``) holds
 
 - ``experiment.json``: the run's settings (``configs.Experiment``), read
   back when the run resumes;
@@ -8,7 +8,7 @@ A training work directory (``experiments/train.py --workdir=DIR``) holds
   ``--checkpoint_dir``, e.g. a ``gs://`` path);
 - ``metrics.jsonl``, ``loss.png``, ``tensorboard/``: what it measured;
 - ``config.json`` and ``params/``: the final model in the format of
-  ``experiments/convert.py`` (``LMConfig.to_dict`` and
+  ``python -m experiments.convert`` (``LMConfig.to_dict`` and
   ``models.checkpoints.save_params``).
 
 ``--init_from`` takes either kind of directory: a converted (params-only)
@@ -87,7 +87,7 @@ def stored_model_config(directory: str, step: int) -> LMConfig:
 
 
 def source_kind(path: str) -> str:
-  """``"params"`` (``config.json`` + ``params/``, experiments/convert.py)
+  """``"params"`` (``config.json`` + ``params/``, experiments.convert)
   or ``"checkpoint"`` (a training work directory)."""
   if os.path.exists(join(path, MODEL_CONFIG_FILE)) and os.path.isdir(
       join(path, PARAMS_DIR)):
@@ -95,8 +95,8 @@ def source_kind(path: str) -> str:
   if latest_checkpoint(join(path, CHECKPOINT_DIR)) is not None:
     return "checkpoint"
   raise ValueError(f"{path} holds neither {MODEL_CONFIG_FILE} with "
-                   f"{PARAMS_DIR}/ (experiments/convert.py) nor a checkpoint "
-                   f"in {CHECKPOINT_DIR}/ (experiments/train.py)")
+                   f"{PARAMS_DIR}/ (experiments.convert) nor a checkpoint "
+                   f"in {CHECKPOINT_DIR}/ (experiments.train)")
 
 
 def source_model_config(path: str) -> LMConfig:
@@ -134,7 +134,7 @@ def checkpoint_params(directory: str, trainer: Trainer
 
 def export_model(workdir: str, trainer: Trainer, state) -> str:
   """Writes ``config.json`` and ``params/`` (the format of
-  experiments/convert.py) of ``state``'s model; returns the params path."""
+  experiments.convert) of ``state``'s model; returns the params path."""
   write_json(join(workdir, MODEL_CONFIG_FILE), trainer.model_config.to_dict())
   path = join(workdir, PARAMS_DIR)
   with jax.set_mesh(trainer.mesh):

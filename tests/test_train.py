@@ -30,7 +30,9 @@ from tests import train_worker
 
 HYBRID = ("gla", "gated_deltanet", "mamba2", "softmax_attn")
 SMALL_CHUNKS = {name: {"chunk_size": 8} for name in HYBRID[:3]}
-WORKER = os.path.join(os.path.dirname(__file__), "train_worker.py")
+# Run from the repository root, so that ``-m`` finds the package.
+WORKER = ["-m", "tests.train_worker"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = train_worker.FAST_COMPILE
 
 
@@ -224,13 +226,13 @@ def test_checkpoint_restores_onto_other_meshes(tmp_path):
 
 
 def worker(workdir, steps, *extra, devices=2):
-  return [sys.executable, WORKER, f"--workdir={workdir}", f"--steps={steps}",
+  return [sys.executable, *WORKER, f"--workdir={workdir}", f"--steps={steps}",
           f"--devices={devices}", "--mesh=fsdp=-1", *extra]
 
 
 def run_worker(*args, **kw) -> str:
   done = subprocess.run(worker(*args, **kw), capture_output=True, text=True,
-                        timeout=600)
+                        timeout=600, cwd=ROOT)
   assert done.returncode == 0, done.stdout + done.stderr
   return done.stdout
 
@@ -254,7 +256,7 @@ def test_killed_run_resumes_on_the_same_loss_curve(tmp_path):
   # the background, so a kill may also land while one is being written).
   kill_at = random.Random().randint(3, 8)
   killed = tmp_path / "killed"
-  process = subprocess.Popen(worker(killed, steps, cache),
+  process = subprocess.Popen(worker(killed, steps, cache), cwd=ROOT,
                              stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True)
   for line in process.stdout:
@@ -303,7 +305,7 @@ def test_two_processes_train_as_one(tmp_path):
   processes = [subprocess.Popen(
       worker(tmp_path / "multi", steps, f"--coordinator={address}",
              "--num_processes=2", f"--process_id={i}", devices=4),
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
       for i in range(2)]
   outputs = [p.communicate(timeout=600) for p in processes]
   for p, (out, err) in zip(processes, outputs):

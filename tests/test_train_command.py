@@ -99,8 +99,8 @@ def test_one_device_run_resume_and_init_from(tmp_path, cache):
   # held-out loss is the source's final one (same parameters, same
   # held-out batches).
   second = tmp_path / "second"
-  out = ok(train(second, "--config.train.steps=1", f"--init_from={first}", cache=cache,
-                 preset=SETTINGS))
+  out = ok(train(second, "--config.train.steps=1", f"--init_from={first}",
+                 cache=cache, preset=SETTINGS))
   assert f"starting from the parameters in {first}/params" in out
   start = [r for r in records(second) if "eval_loss" in r][0]
   assert start["step"] == 0 and start["eval_loss"] == pytest.approx(

@@ -1,7 +1,7 @@
 """A tiny training run in its own process, for the tests that kill a run,
 restart it, or start several processes.
 
-  python tests/train_worker.py --workdir=DIR --steps=8 [--mesh=fsdp=-1]
+  python -m tests.train_worker --workdir=DIR --steps=8 [--mesh=fsdp=-1]
       [--devices=N] [--coordinator=localhost:PORT --num_processes=2
       --process_id=0] [--compilation_cache=DIR]
 
@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MIXERS = ("gla",)
 # Tests compile many small programs: faster compilation, slower code.

@@ -1,4 +1,4 @@
-"""Presets for ``experiments/train.py --config=NAME``.
+"""Presets for ``python -m experiments.train --config=NAME``.
 
 - ``tiny``: the CPU default of ``make run``, a small GLA + sliding-window
   hybrid that learns the standard library's source in a few minutes on two

@@ -1,6 +1,6 @@
-"""Runs ``python -m experiments.train`` on Cloud TPU VMs (one host or a multi-host pod
-slice) and on one multi-GPU node; ``--dry_run`` prints the exact commands
-instead of running them.
+"""Runs ``python -m experiments.train`` on Cloud TPU VMs (one host or a
+multi-host pod slice) and on one multi-GPU node; ``--dry_run`` prints the
+exact commands instead of running them.
 
   python -m experiments.tpu.launch create --name=lin-attn \\
       --zone=us-central2-b --accelerator=v4-32 [--spot] [--project=P]
