@@ -11,7 +11,7 @@ WORKDIR ?= runs/$(shell date +%Y%m%d-%H%M%S)
 # transparent huge pages, 512 times fewer faults; older glibc ignores it.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: run verify test bench compile-check clean
+.PHONY: run verify test bench docs compile-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,17 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) experiments/bench_forms.py
+
+# The documentation site (docs/, mkdocs.yml) in build/site; --strict fails
+# on a broken link, a missing anchor or any other warning.
+DOCS_STAMP := $(VENV)/.installed-docs
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[docs]'
+	touch $@
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir build/site
 
 # Deviceless compile checks of the Pallas kernels (TPU through libtpu, GPU
 # through jax-cuda12-plugin and ptxas), each toolchain in its own virtual
