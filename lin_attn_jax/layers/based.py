@@ -18,6 +18,8 @@ both.
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 from flax import nnx
 
@@ -25,10 +27,9 @@ from lin_attn_jax.layers import modules
 from lin_attn_jax.layers.base import (Context, Mixer, OpForms, checked_impl,
                                       zero_state)
 from lin_attn_jax.layers.linear_attn import head_dim
-from lin_attn_jax.layers.softmax import attend_with_cache
-from lin_attn_jax.ops import (based_step, chunk_based, chunk_softmax_attn,
-                              init_kv_cache, parallel_based,
-                              parallel_softmax_attn, recurrent_based)
+from lin_attn_jax.layers.softmax import attend_with_cache, window_attend
+from lin_attn_jax.ops import (based_step, chunk_based, init_kv_cache,
+                              parallel_based, recurrent_based)
 
 BASED_FORMS = OpForms(chunk_based, parallel_based, recurrent_based, based_step)
 
@@ -97,16 +98,6 @@ class Based(Mixer):
     window = min(seq_len, self.window_size)
     return h * (1 + f + f * f) * (dh + 1) + 2 * window * h * dh
 
-  def window_attend(self, q, k, v, ctx: Context):
-    """The window branch without a cache: blockwise (chunk) or dense
-    (parallel) sliding-window softmax attention."""
-    if ctx.mode == "chunk":
-      return chunk_softmax_attn(q, k, v, window_size=self.window_size,
-                                segment_ids=ctx.segment_ids,
-                                block_size=self.chunk_size)
-    return parallel_softmax_attn(q, k, v, window_size=self.window_size,
-                                 segment_ids=ctx.segment_ids)
-
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     h, dh, f = self.n_heads, self.head_dim, self.feature_dim
@@ -124,7 +115,9 @@ class Based(Mixer):
                         ctx.positions)                          # [B, T, H, K]
     # o_t = softmax(q'_t k'^T / sqrt(K)) v over the last w tokens
     o_window, window = attend_with_cache(
-        ctx, wq, wk, v, cache["window"], attend=self.window_attend,
+        ctx, wq, wk, v, cache["window"],
+        attend=functools.partial(window_attend, window_size=self.window_size,
+                                 block_size=self.chunk_size),
         empty_cache=lambda: init_kv_cache(
             b, h, dh, dh, window_size=self.window_size,
             dtype=wk.dtype))                                    # [B, T, H, V]

@@ -93,6 +93,19 @@ def token_by_token(ctx: Context, q, k, v, cache, mask_fn=None):
   return jnp.swapaxes(o, 0, 1), cache
 
 
+def window_attend(q, k, v, ctx: Context, *, window_size: int | None,
+                  block_size: int):
+  """Causal softmax attention of a call without a cache, in a window of
+  ``window_size`` tokens (None: no window): the blockwise form in chunk
+  mode, the dense masked form in parallel mode. ``o [B, T, H, V]``."""
+  if ctx.mode == "chunk":
+    return chunk_softmax_attn(q, k, v, window_size=window_size,
+                              segment_ids=ctx.segment_ids,
+                              block_size=block_size)
+  return parallel_softmax_attn(q, k, v, window_size=window_size,
+                               segment_ids=ctx.segment_ids)
+
+
 def attend_with_cache(ctx: Context, q, k, v, cache, *, attend: Callable,
                       empty_cache: Callable, mask_fn=None):
   """Softmax attention of ``ctx``'s mode, the KV-cache counterpart of
@@ -234,12 +247,8 @@ class SoftmaxAttention(CausalAttention):
     self.block_size = block_size
 
   def attend(self, q, k, v, ctx: Context):
-    if ctx.mode == "chunk":
-      return chunk_softmax_attn(q, k, v, window_size=self.window_size,
-                                segment_ids=ctx.segment_ids,
-                                block_size=self.block_size)
-    return parallel_softmax_attn(q, k, v, window_size=self.window_size,
-                                 segment_ids=ctx.segment_ids)
+    return window_attend(q, k, v, ctx, window_size=self.window_size,
+                         block_size=self.block_size)
 
 
 class SlidingWindowAttention(SoftmaxAttention):
