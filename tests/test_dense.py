@@ -188,3 +188,34 @@ def test_rotary_matches_its_definition():
       [w1 * np.cos(angle) + w2 * np.sin(angle),
        w2 * np.cos(angle) - w1 * np.sin(angle)], -1)
   np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_lora_and_per_channel_are_their_equations():
+  """``modules.linear``, ``lora`` and ``per_channel`` give ``x W + b``, ``b
+  + f(x A) B``, ``x * p`` and ``x + p``, values and gradients."""
+  keys = jax.random.split(jax.random.PRNGKey(3), 6)
+  x = jax.random.normal(keys[0], (2, 5, 8))
+  down = jax.random.normal(keys[1], (8, 3))
+  up = jax.random.normal(keys[2], (3, 6))
+  bias = jax.random.normal(keys[3], (6,))
+  p = jax.random.normal(keys[4], (6,))
+  cotangent = jax.random.normal(keys[5], (2, 5, 6))
+
+  def fast(x, down, up, bias, p):
+    y = modules.lora(x, down, up, jnp.tanh, bias)
+    return (y * modules.per_channel(p)) + modules.per_channel(nnx.Param(p))
+
+  def plain(x, down, up, bias, p):
+    y = bias + jnp.tanh(x @ down) @ up
+    return y * p + p
+
+  args = (x, down, up, bias, p)
+  np.testing.assert_allclose(fast(*args), plain(*args), rtol=1e-5, atol=1e-5)
+  grads = jax.grad(lambda *a: jnp.sum(fast(*a) * cotangent),
+                   argnums=range(5))(*args)
+  expected = jax.grad(lambda *a: jnp.sum(plain(*a) * cotangent),
+                      argnums=range(5))(*args)
+  for got, want in zip(grads, expected):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(modules.linear(x, nnx.Param(down)), x @ down,
+                             rtol=1e-5, atol=1e-5)

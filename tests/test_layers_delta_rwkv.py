@@ -1,5 +1,6 @@
 """Mixers on the delta-rule core and RWKV-6/7, each inside a 2-layer LM."""
 
+import dataclasses
 import importlib
 
 import jax
@@ -274,24 +275,25 @@ def test_bfloat16_computation_float32_state(name):
   assert rel_rms(y, expected) < 5e-2
 
 
-@pytest.mark.parametrize("cls, module, op, expected", [
-    (DeltaNet, "deltanet", "chunk_delta_rule", 16),
-    (KDA, "deltanet", "chunk_delta_rule", 16),
-    (RWKV6, "rwkv", "chunk_rwkv6", 16),
-    (RWKV7, "rwkv", "chunk_rwkv7", 16),
+@pytest.mark.parametrize("cls, module, forms, expected", [
+    (DeltaNet, "deltanet", "DELTA_RULE_FORMS", 16),
+    (KDA, "deltanet", "DELTA_RULE_FORMS", 16),
+    (RWKV6, "rwkv", "RWKV6_FORMS", 16),
+    (RWKV7, "rwkv", "RWKV7_FORMS", 16),
 ])
-def test_default_chunk_size_on_cpu(monkeypatch, cls, module, op, expected):
+def test_default_chunk_size_on_cpu(monkeypatch, cls, module, forms, expected):
   # chunk_size=None resolves to base.CPU_CHUNK_SIZE on CPU; an explicit
   # one is kept.
   layer_module = importlib.import_module(f"lin_attn_jax.layers.{module}")
-  real = getattr(layer_module, op)
+  real = getattr(layer_module, forms)
   seen = []
 
   def recording(*args, chunk_size, **kwargs):
     seen.append(chunk_size)
-    return real(*args, chunk_size=chunk_size, **kwargs)
+    return real.chunk(*args, chunk_size=chunk_size, **kwargs)
 
-  monkeypatch.setattr(layer_module, op, recording)
+  monkeypatch.setattr(layer_module, forms,
+                      dataclasses.replace(real, chunk=recording))
   x = inputs(length=8)
   for chunk_size in (None, 8):
     mixer = cls(D_MODEL, HEADS, rngs=nnx.Rngs(0), chunk_size=chunk_size)

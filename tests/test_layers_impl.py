@@ -33,17 +33,52 @@ def test_lm_config_passes_impl():
       ("pallas", 16), ("xla", None)]
 
 
-def test_chunk_form_passes_chunk_size_and_impl(monkeypatch):
-  seen = {}
+def _recording_forms(seen):
+  """``OpForms`` whose forms record what they are given and return their
+  first input and state."""
 
-  def op(*args, chunk_size, impl):
-    seen.update(chunk_size=chunk_size, impl=impl)
+  def form(name):
+    def run(q, *, initial_state, output_final_state, segment_ids, **options):
+      seen.append((name, options, output_final_state))
+      return q, initial_state
+    return run
 
-  base.chunk_form(op, 48, "pallas")()
-  assert seen == {"chunk_size": 48, "impl": "pallas"}
-  base.chunk_form(op, None, "xla")()
+  def step(q, state=None, *, reset=None, **options):
+    seen.append(("step", options, q.shape))
+    return q, state
+
+  return base.OpForms(form("chunk"), form("parallel"), form("recurrent"),
+                      step)
+
+
+def test_apply_forms_passes_chunk_options_and_picks_the_form():
+  seen = []
+  forms = _recording_forms(seen)
+  q = jnp.ones((2, 3, 4))
+  positions = jnp.zeros((2, 3), jnp.int32)
+  retnet = layers.RetNet(32, 2, rngs=nnx.Rngs(0), chunk_size=48,
+                         impl="pallas")
+  for mode in layers.MODES:
+    o, state = retnet.apply_forms(base.Context(mode, None, positions), forms,
+                                  {"q": q}, None, scale=1.0)
+    assert o is q and state is None
+  assert seen == [
+      ("chunk", {"chunk_size": 48, "impl": "pallas", "scale": 1.0}, False),
+      ("parallel", {"scale": 1.0}, False),
+      ("recurrent", {"scale": 1.0}, False)]
+  seen.clear()
+  rwkv = layers.RWKV6(32, 2, rngs=nnx.Rngs(0))
+  cached = jnp.zeros((2, 1))
+  rwkv.apply_forms(base.Context("chunk", None, positions), forms, {"q": q},
+                   cached)
   expected = 16 if jax.default_backend() == "cpu" else 64
-  assert seen == {"chunk_size": expected, "impl": "xla"}
+  assert seen == [("chunk", {"chunk_size": expected}, True)]
+  seen.clear()
+  o, state = rwkv.apply_forms(
+      base.Context("chunk", None, positions[:, :1], cache=cached), forms,
+      {"q": q[:, :1]}, cached, u=0.5)
+  assert seen == [("step", {"u": 0.5}, (2, 4))]
+  assert o.shape == (2, 1, 4) and state is cached
 
 
 def test_pallas_impl_matches_xla():

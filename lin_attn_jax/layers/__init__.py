@@ -2,10 +2,11 @@
 
 Every mixer is built as ``cls(d_model, n_heads, *, rngs, dtype=...,
 param_dtype=..., **options)`` and called as ``mixer(x, segment_ids=None,
-mode="chunk", cache=None)``; see ``layers/base.py`` for the contract.
+mode="chunk", cache=None)``; see ``layers/base.py`` for the contract and
+for ``OpForms``, the forms of an op that ``Mixer.apply_forms`` runs.
 """
 
-from lin_attn_jax.layers.base import MODES, Context, Mixer
+from lin_attn_jax.layers.base import MODES, Context, Mixer, OpForms
 
 from lin_attn_jax.layers.based import Based
 from lin_attn_jax.layers.deltanet import KDA, DeltaNet, GatedDeltaNet
@@ -52,5 +53,5 @@ MIXERS: dict[str, type[Mixer]] = {
 __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
            "Context", "DeltaNet", "GatedDeltaNet", "LinearAttention",
            "Linformer", "MIXERS", "MODES", "Mamba", "Mamba2", "Mixer",
-           "Performer", "RetNet", "SlidingWindowAttention",
+           "OpForms", "Performer", "RetNet", "SlidingWindowAttention",
            "SoftmaxAttention", "SparseAttention"]

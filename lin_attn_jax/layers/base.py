@@ -21,7 +21,11 @@ mixer:
   inputs of its short convolutions, a KV buffer), from ``init_mixer_cache``.
 
 Subclasses implement ``mix(x, ctx)`` and ``init_mixer_cache``; non-causal
-mixers set ``causal = False`` and refuse a cache and the recurrent mode.
+mixers set ``causal = False`` and refuse a cache and the recurrent mode. A
+mixer names its op's forms once (``OpForms``) and runs them through
+``Mixer.apply_forms``, which picks the decoding step or the form of the mode
+and threads the cached state, so that ``mix`` reads as the layer's
+equations.
 
 ``mixer.state_size(seq_len)`` is the number of floats a mixer carries from
 one token to the next, per layer and per sequence, after ``seq_len`` tokens:
@@ -102,10 +106,64 @@ class Context:
 
     return jax.tree.map(keep, state)
 
-  def pick(self, *, chunk: Callable, parallel: Callable, recurrent: Callable):
-    """The function for this mode."""
-    return {"chunk": chunk, "parallel": parallel, "recurrent": recurrent}[
-        self.mode]
+  def repeated(self, n: int) -> "Context":
+    """This context for a batch whose row ``b`` is repeated ``n`` times
+    (row ``b n + j`` is row ``b``), as ``jnp.repeat(x, n, axis=0)``."""
+
+    def rows(x):
+      return None if x is None else jnp.repeat(x, n, axis=0)
+
+    return dataclasses.replace(self, segment_ids=rows(self.segment_ids),
+                               positions=rows(self.positions),
+                               restart=rows(self.restart))
+
+
+@dataclasses.dataclass(frozen=True)
+class OpForms:
+  """The forms of one op, as a mixer calls them.
+
+  ``chunk``, ``parallel`` and ``recurrent`` take ``[B, T, ...]`` inputs and
+  ``initial_state``, ``output_final_state`` and ``segment_ids``; ``step``
+  takes one token's inputs (``[B, ...]``), ``state`` and ``reset``. All four
+  take the op's other arguments under the same names.
+  """
+  chunk: Callable
+  parallel: Callable
+  recurrent: Callable
+  step: Callable
+
+
+def run_forms(ctx: Context, forms: OpForms, tokens: dict, state=None, *,
+              chunk_options: dict | None = None, **params):
+  """The op of ``ctx``: its step when decoding, else the form of
+  ``ctx.mode``, run from ``state`` (zeroed where ``ctx.restart``).
+
+  Args:
+    ctx: the mixer's ``Context``.
+    forms: the op's ``OpForms``.
+    tokens: the per-token inputs by argument name, ``[B, T, ...]`` arrays
+      (or None); a decoding step reads token 0 of each.
+    state: the cached state, or None without a cache (then no final state
+      is made).
+    chunk_options: arguments of the chunk form alone (``chunk_size``,
+      ``impl``).
+    **params: the op's other arguments (parameters, options), passed as
+      they are to every form.
+
+  Returns:
+    ``(o [B, T, ...], final state or None)``.
+  """
+  if ctx.decoding:
+    token = {name: None if x is None else x[:, 0]
+             for name, x in tokens.items()}
+    o, state = forms.step(**token, **params, state=state, reset=ctx.restart)
+    return o[:, None], state
+  form = {"chunk": functools.partial(forms.chunk, **(chunk_options or {})),
+          "parallel": forms.parallel,
+          "recurrent": forms.recurrent}[ctx.mode]
+  return form(**tokens, **params, initial_state=ctx.carried(state),
+              output_final_state=state is not None,
+              segment_ids=ctx.segment_ids)
 
 
 def zero_state(batch_size: int, heads: int, dim_k: int, dim_v: int):
@@ -126,21 +184,11 @@ CPU_CHUNK_SIZE = 16
 
 def resolved_chunk_size(chunk_size: int | None) -> int:
   """A mixer's ``chunk_size``, ``None`` meaning the backend's default:
-  ``CPU_CHUNK_SIZE`` on CPU, 64 on TPU/GPU (the kernels' tiles). On CPU at
-  head width 32 the delta-rule, RWKV and GLA chunk forms train as fast
-  with chunks of 16 as with 32 (within noise, both faster than 64), and
-  their training steps compile in 10-35% fewer CPU seconds (fewer halving
-  levels, smaller triangular inverses; KDA too, whose step compiled in
-  twice the time with chunks of 32)."""
+  ``CPU_CHUNK_SIZE`` on CPU (shorter chunks compile and train faster there,
+  see docs/performance.md), 64 on TPU/GPU (the kernels' tiles)."""
   if chunk_size is not None:
     return chunk_size
   return CPU_CHUNK_SIZE if jax.default_backend() == "cpu" else 64
-
-
-def chunk_form(op: Callable, chunk_size: int | None, impl: str) -> Callable:
-  """The chunk form ``op`` with a mixer's ``chunk_size`` and ``impl``."""
-  return functools.partial(
-      op, chunk_size=resolved_chunk_size(chunk_size), impl=impl)
 
 
 def check_mode(mode) -> None:
@@ -152,6 +200,10 @@ class Mixer(nnx.Module):
   """Base class of the token mixers in ``lin_attn_jax.layers``."""
 
   causal: bool = True
+  # Chunk length of the chunk forms (None: ``resolved_chunk_size``) and
+  # the chunk forms' ``impl`` (None for ops that have one implementation).
+  chunk_size: int | None = None
+  impl: str | None = None
   # Parameters (attribute names, dotted for submodules) that are decays,
   # gates or SSM dynamics rather than weights: the optimizer's weight decay
   # leaves them alone (``train.optim.weight_decay_mask``).
@@ -199,6 +251,24 @@ class Mixer(nnx.Module):
     """Returns ``(y [B, T, D], new mixer cache or None)``, or ``(y, cache,
     carry)`` for a mixer that passes something on to later layers."""
     raise NotImplementedError
+
+  def chunk_options(self) -> dict:
+    """The chunk forms' ``chunk_size`` (resolved) and ``impl`` (where the
+    mixer has one)."""
+    options = {"chunk_size": resolved_chunk_size(self.chunk_size)}
+    if self.impl is not None:
+      options["impl"] = self.impl
+    return options
+
+  def apply_forms(self, ctx: Context, forms: OpForms, tokens: dict,
+                  state=None, **params):
+    """``forms`` as ``ctx`` asks: the step when decoding, else the form of
+    ``ctx.mode`` with this mixer's ``chunk_options`` (see ``run_forms``).
+
+    Returns ``(o [B, T, ...], final state or None)``.
+    """
+    return run_forms(ctx, forms, tokens, state,
+                     chunk_options=self.chunk_options(), **params)
 
   def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32):
     """An empty cache for ``batch_size`` rows of up to ``max_len`` tokens.

@@ -18,19 +18,20 @@ both.
 
 from __future__ import annotations
 
-import jax
+import functools
+
 import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import (Context, Mixer, checked_impl,
-                                      chunk_form, zero_state)
+from lin_attn_jax.layers.base import (Context, Mixer, OpForms, checked_impl,
+                                      zero_state)
 from lin_attn_jax.layers.linear_attn import head_dim
-from lin_attn_jax.ops import (based_step, chunk_based, chunk_softmax_attn,
-                              init_kv_cache, parallel_based,
-                              parallel_softmax_attn, recurrent_based,
-                              softmax_attn_extend, softmax_attn_step)
-from lin_attn_jax.ops.common.segments import reset_flags
+from lin_attn_jax.layers.softmax import attend_with_cache, window_attend
+from lin_attn_jax.ops import (based_step, chunk_based, init_kv_cache,
+                              parallel_based, recurrent_based)
+
+BASED_FORMS = OpForms(chunk_based, parallel_based, recurrent_based, based_step)
 
 
 class Based(Mixer):
@@ -97,63 +98,6 @@ class Based(Mixer):
     window = min(seq_len, self.window_size)
     return h * (1 + f + f * f) * (dh + 1) + 2 * window * h * dh
 
-  def linear_branch(self, q, k, v, ctx: Context, state):
-    """Taylor linear attention; ``state`` is the cached one or None."""
-    if ctx.decoding:
-      o, state = based_step(q[:, 0], k[:, 0], v[:, 0], state,
-                            reset=ctx.restart)
-      return o[:, None], state
-    form = ctx.pick(
-        chunk=chunk_form(chunk_based, self.chunk_size, self.impl),
-        parallel=parallel_based, recurrent=recurrent_based)
-    return form(q, k, v, initial_state=ctx.carried(state),
-                output_final_state=state is not None,
-                segment_ids=ctx.segment_ids)
-
-  def window_branch(self, q, k, v, ctx: Context, cache):
-    """Sliding-window softmax attention; ``cache`` is a ``KVCache`` or None.
-
-    Without a cache: the blockwise (chunk), dense (parallel) or stepwise
-    (recurrent) form. With one: a step per token in recurrent mode or when
-    decoding, otherwise one ``softmax_attn_extend`` over the call.
-    """
-    w = self.window_size
-    if ctx.decoding:
-      o, cache = softmax_attn_step(q[:, 0], k[:, 0], v[:, 0], cache,
-                                   reset=ctx.restart)
-      return o[:, None], cache
-    if ctx.mode == "recurrent":
-      return self._window_scan(q, k, v, ctx, cache)
-    if cache is not None:
-      return softmax_attn_extend(q, k, v, cache, segment_ids=ctx.segment_ids,
-                                 reset=ctx.restart)
-    if ctx.mode == "chunk":
-      return chunk_softmax_attn(q, k, v, window_size=w,
-                                segment_ids=ctx.segment_ids,
-                                block_size=self.chunk_size), None
-    return parallel_softmax_attn(q, k, v, window_size=w,
-                                 segment_ids=ctx.segment_ids), None
-
-  def _window_scan(self, q, k, v, ctx: Context, cache):
-    """``softmax_attn_step`` over time, from ``cache`` or an empty buffer."""
-    b, t, h, dk = q.shape
-    keep = cache is not None
-    if not keep:
-      cache = init_kv_cache(b, h, dk, v.shape[-1], window_size=self.window_size,
-                            dtype=k.dtype)
-    starts = reset_flags(ctx.segment_ids, b, t)                 # [B, T]
-    if ctx.restart is not None:
-      starts = starts.at[:, 0].set(ctx.restart)
-
-    def step(cache, inputs):
-      q_t, k_t, v_t, start_t = inputs
-      o_t, cache = softmax_attn_step(q_t, k_t, v_t, cache, reset=start_t)
-      return cache, o_t
-
-    time_major = [jnp.swapaxes(a, 0, 1) for a in (q, k, v, starts)]
-    cache, o = jax.lax.scan(step, cache, time_major)            # [T, B, H, V]
-    return jnp.swapaxes(o, 0, 1), (cache if keep else None)
-
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     h, dh, f = self.n_heads, self.head_dim, self.feature_dim
@@ -162,12 +106,21 @@ class Based(Mixer):
     q = self.q_proj(x).reshape(b, t, h, f)                      # [B, T, H, F]
     k = self.k_proj(x).reshape(b, t, h, f)                      # [B, T, H, F]
     v = self.v_proj(x).reshape(b, t, h, dh)                     # [B, T, H, V]
-    o_linear, state = self.linear_branch(q, k, v, ctx, cache["state"])
+    # o_t = phi(q_t)^T S_t / (phi(q_t) . z_t), phi the Taylor map
+    o_linear, state = self.apply_forms(ctx, BASED_FORMS, dict(q=q, k=k, v=v),
+                                       cache["state"])          # [B, T, H, V]
     wq = modules.rotary(self.window_q_proj(x).reshape(b, t, h, dh),
                         ctx.positions)                          # [B, T, H, K]
     wk = modules.rotary(self.window_k_proj(x).reshape(b, t, h, dh),
                         ctx.positions)                          # [B, T, H, K]
-    o_window, window = self.window_branch(wq, wk, v, ctx, cache["window"])
+    # o_t = softmax(q'_t k'^T / sqrt(K)) v over the last w tokens
+    o_window, window = attend_with_cache(
+        ctx, wq, wk, v, cache["window"],
+        attend=functools.partial(window_attend, window_size=self.window_size,
+                                 block_size=self.chunk_size),
+        empty_cache=lambda: init_kv_cache(
+            b, h, dh, dh, window_size=self.window_size,
+            dtype=wk.dtype))                                    # [B, T, H, V]
     o = o_linear.astype(jnp.float32) + o_window.astype(jnp.float32)
     y = self.o_proj(o.astype(x.dtype).reshape(b, t, -1))
     new_cache = None if ctx.cache is None else {"state": state,

@@ -42,12 +42,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import (Context, Mixer, checked_impl,
-                                      chunk_form, zero_state)
+from lin_attn_jax.layers.base import (Context, Mixer, OpForms, checked_impl,
+                                      zero_state)
 from lin_attn_jax.ops import (chunk_delta_rule, delta_rule_step,
                               parallel_delta_rule, recurrent_delta_rule)
 
 _F32 = jnp.float32
+# The gated_delta_rule and kda ops are these forms with a scalar or a
+# per-channel g.
+DELTA_RULE_FORMS = OpForms(chunk_delta_rule, parallel_delta_rule,
+                           recurrent_delta_rule, delta_rule_step)
 
 
 def head_dims(d_model: int, n_heads: int, expand_k: float, expand_v: float):
@@ -88,28 +92,6 @@ def mamba2_decay_params(rngs: nnx.Rngs, shape, *, dt_min=1e-3, dt_max=0.1,
 
   return (modules.param(rngs, a_log_init(), shape, ("heads",), param_dtype),
           modules.param(rngs, dt_bias_init, shape, ("heads",), param_dtype))
-
-
-def run_delta_rule(ctx: Context, q, k, v, beta, g, state,
-                   chunk_size: int | None, impl: str = "auto"):
-  """The delta-rule op of ``ctx``'s mode (or its step when decoding).
-
-  ``q, k: [B, T, H, K]``, ``v: [B, T, H, V]``, ``beta: [B, T, H]``, ``g``
-  None, ``[B, T, H]`` or ``[B, T, H, K]``; q and k are L2-normalised by the
-  op; ``chunk_size`` as in ``base.chunk_form``.
-  Returns ``(o [B, T, H, V], final state or None)``.
-  """
-  if ctx.decoding:
-    o, state = delta_rule_step(q[:, 0], k[:, 0], v[:, 0], beta[:, 0],
-                               None if g is None else g[:, 0], state,
-                               reset=ctx.restart, use_qk_l2norm=True)
-    return o[:, None], state
-  form = ctx.pick(
-      chunk=chunk_form(chunk_delta_rule, chunk_size, impl),
-      parallel=parallel_delta_rule, recurrent=recurrent_delta_rule)
-  return form(q, k, v, beta, g, initial_state=ctx.carried(state),
-              output_final_state=state is not None,
-              segment_ids=ctx.segment_ids, use_qk_l2norm=True)
 
 
 class DeltaNet(Mixer):
@@ -250,9 +232,13 @@ class DeltaNet(Mixer):
     q = q.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
     k = k.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
     v = v.reshape(b, t, self.n_v_heads, self.head_v)            # [B, T, HV, V]
-    o, state = run_delta_rule(ctx, q, k, v, self.beta(x), self.log_decay(x),
-                              cache.get("state"), self.chunk_size, self.impl)
-    y = self.o_proj(self.gated_norm(o, x))
+    # S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T
+    # o_t = S_t^T q_t / sqrt(K), q and k L2-normalised by the op
+    o, state = self.apply_forms(
+        ctx, DELTA_RULE_FORMS,
+        dict(q=q, k=k, v=v, beta=self.beta(x), g=self.log_decay(x)),
+        cache.get("state"), use_qk_l2norm=True)                 # [B, T, HV, V]
+    y = self.o_proj(self.gated_norm(o, x))                      # [B, T, D]
     if ctx.cache is None:
       return y, None
     return y, {"conv_q": conv_q, "conv_k": conv_k, "conv_v": conv_v,
@@ -352,9 +338,8 @@ class KDA(DeltaNet):
     expand_k, expand_v: key and value widths per head are ``expand * D / H``
       (1.0 each).
     conv_size, allow_neg_eigval, norm_eps, impl: as in ``DeltaNet``.
-    chunk_size: as in ``DeltaNet`` (None: 16 on CPU, where chunks of 32
-      took twice the compile time of the LM's training step, 12-16 s
-      against 7.5 s on a 2-core CPU, for a step within noise of it).
+    chunk_size: as in ``DeltaNet`` (None: 16 on CPU, where longer chunks
+      compile slower, see docs/performance.md).
   """
 
   no_weight_decay = ("A_log", "dt_bias")

@@ -13,9 +13,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import (Context, MatrixStateMixer, checked_impl,
-                                      chunk_form)
+from lin_attn_jax.layers.base import (Context, MatrixStateMixer, OpForms,
+                                      checked_impl)
 from lin_attn_jax.ops import chunk_gla, gla_step, parallel_gla, recurrent_gla
+
+GLA_FORMS = OpForms(chunk_gla, parallel_gla, recurrent_gla, gla_step)
 
 
 class GLA(MatrixStateMixer):
@@ -72,15 +74,8 @@ class GLA(MatrixStateMixer):
     g = jax.nn.log_sigmoid(
         self.gate_up(self.gate_down(x)).astype(jnp.float32))
     g = (g / self.gate_logit_normalizer).reshape(b, t, h, self.head_k)
-    if ctx.decoding:
-      o, state = gla_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], ctx.cache,
-                          reset=ctx.restart)
-      o = o[:, None]
-    else:
-      form = ctx.pick(chunk=chunk_form(chunk_gla, self.chunk_size, self.impl),
-                      parallel=parallel_gla, recurrent=recurrent_gla)
-      o, state = form(q, k, v, g, initial_state=ctx.carried(ctx.cache),
-                      output_final_state=ctx.cache is not None,
-                      segment_ids=ctx.segment_ids)
-    y = self.o_proj(self.norm(o, self.out_gate(x)))
+    # S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,  o_t = S_t^T q_t / sqrt(K)
+    o, state = self.apply_forms(ctx, GLA_FORMS, dict(q=q, k=k, v=v, g=g),
+                                ctx.cache)                      # [B, T, H, V]
+    y = self.o_proj(self.norm(o, self.out_gate(x)))             # [B, T, D]
     return y, state

@@ -21,11 +21,15 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.base import Context, Mixer, OpForms
 from lin_attn_jax.ops import (chunk_s4d, chunk_shift_ssm, parallel_s4d,
                               parallel_shift_ssm, recurrent_s4d,
                               recurrent_shift_ssm, s4d_step, shift_ssm_step)
 from lin_attn_jax.ops.conv import MAX_WIDTH
+
+SHIFT_SSM_FORMS = OpForms(chunk_shift_ssm, parallel_shift_ssm,
+                          recurrent_shift_ssm, shift_ssm_step)
+S4D_FORMS = OpForms(chunk_s4d, parallel_s4d, recurrent_s4d, s4d_step)
 
 
 class H3(Mixer):
@@ -161,19 +165,11 @@ class H3(Mixer):
     q = self.q_proj(x).reshape(b, t, h, d_h)               # [B, T, H, K]
     k = self.k_proj(x)                                     # [B, T, D]
     v = self.v_proj(x).reshape(b, t, h, d_h)               # [B, T, H, V]
-    shift = (self.shift_C[...], self.shift_D[...])
-    if ctx.decoding:
-      k, shift_state = shift_ssm_step(k[:, 0], shift[0], cache["shift"],
-                                      D=shift[1], reset=ctx.restart)
-      k = k[:, None]
-    else:
-      form = ctx.pick(chunk=lambda *a, **kw: chunk_shift_ssm(
-          *a, chunk_size=self.chunk_size, **kw), parallel=parallel_shift_ssm,
-                      recurrent=recurrent_shift_ssm)
-      k, shift_state = form(
-          k, shift[0], D=shift[1],
-          initial_state=None if cache is None else ctx.carried(cache["shift"]),
-          output_final_state=cache is not None, segment_ids=ctx.segment_ids)
+    # o_t = q_t^T S4D(shift_ssm(k) v^T)_t per head
+    k, shift_state = self.apply_forms(
+        ctx, SHIFT_SSM_FORMS, dict(u=k),
+        None if cache is None else cache["shift"], C=self.shift_C[...],
+        D=self.shift_D[...])                               # [B, T, D]
     k = k.reshape(b, t, h, d_h)                            # [B, T, H, K]
     # S4D's channels are the heads; the d_h^2 entries of every head's kv
     # are rows of the batch (they share the head's parameters).
@@ -182,24 +178,12 @@ class H3(Mixer):
     else:
       kv = jnp.einsum("bthk,bthv->bkvth", k, v)            # [B, K, V, T, H]
       kv = kv.reshape(b * e, t, h)                         # [B E, T, H]
-    s4d = self._s4d_params()
-    state = None if cache is None else ctx.carried(cache["s4d"])
-    if state is not None:
-      state = state.reshape(b * e, h, self.modes, 2)       # [B E, H, M, 2]
-    segment_ids = (None if ctx.segment_ids is None
-                   else jnp.repeat(ctx.segment_ids, e, axis=0))
-    if ctx.decoding:
-      y, s4d_state = s4d_step(kv[:, 0], *s4d[:5], state, D=s4d[5],
-                              reset=None if ctx.restart is None
-                              else jnp.repeat(ctx.restart, e, axis=0))
-      y = y[:, None]
-    else:
-      form = ctx.pick(chunk=lambda *a, **kw: chunk_s4d(
-          *a, chunk_size=self.chunk_size, **kw), parallel=parallel_s4d,
-                      recurrent=recurrent_s4d)
-      y, s4d_state = form(kv, *s4d[:5], D=s4d[5], initial_state=state,
-                          output_final_state=cache is not None,
-                          segment_ids=segment_ids)
+    log_dt, A_real, A_imag, B, C, D = self._s4d_params()
+    state = (None if cache is None else
+             cache["s4d"].reshape(b * e, h, self.modes, 2))  # [B E, H, M, 2]
+    y, s4d_state = self.apply_forms(
+        ctx.repeated(e), S4D_FORMS, dict(u=kv), state, log_dt=log_dt,
+        A_real=A_real, A_imag=A_imag, B=B, C=C, D=D)       # [B E, T, H]
     if d_h == 1:
       o = q[..., 0] * y                                    # [B, T, H]
     else:

@@ -23,10 +23,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import (Context, MatrixStateMixer, checked_impl,
-                                      chunk_form)
+from lin_attn_jax.layers.base import Context, MatrixStateMixer, checked_impl
+from lin_attn_jax.layers.gla import GLA_FORMS
 from lin_attn_jax.layers.linear_attn import TORCH_LINEAR_INIT, head_dim
-from lin_attn_jax.ops import chunk_gla, gla_step, parallel_gla, recurrent_gla
 
 
 class HGRN2(MatrixStateMixer):
@@ -114,17 +113,8 @@ class HGRN2(MatrixStateMixer):
     k = k.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
     v = jax.nn.silu(self.v_proj(x)).reshape(
         b, t, h, self.head_v)                                   # [B, T, H, V]
-    if ctx.decoding:
-      o, state = gla_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], ctx.cache,
-                          scale=1.0, reset=ctx.restart)
-      o = o[:, None]
-    else:
-      form = ctx.pick(
-          chunk=chunk_form(chunk_gla, self.chunk_size, self.impl),
-          parallel=parallel_gla, recurrent=recurrent_gla)
-      o, state = form(q, k, v, g, scale=1.0,
-                      initial_state=ctx.carried(ctx.cache),
-                      output_final_state=ctx.cache is not None,
-                      segment_ids=ctx.segment_ids)
+    # S_t = diag(f_t) S_{t-1} + (1 - f_t) v_t^T,  o_t = S_t^T q_t
+    o, state = self.apply_forms(ctx, GLA_FORMS, dict(q=q, k=k, v=v, g=g),
+                                ctx.cache, scale=1.0)           # [B, T, H, V]
     y = self.o_proj(self.norm(o.reshape(b, t, -1)))             # [B, T, D]
     return y, state

@@ -19,9 +19,12 @@ from flax import nnx
 
 from lin_attn_jax import feature_maps
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer, checked_impl, chunk_form
+from lin_attn_jax.layers.base import Context, Mixer, OpForms, checked_impl
 from lin_attn_jax.ops import (chunk_linear_attn, linear_attn_step,
                               parallel_linear_attn, recurrent_linear_attn)
+
+LINEAR_ATTN_FORMS = OpForms(chunk_linear_attn, parallel_linear_attn,
+                            recurrent_linear_attn, linear_attn_step)
 
 # PyTorch's nn.Linear default, uniform in +-1/sqrt(fan_in), which the paper's
 # code (fast-transformers) keeps.
@@ -34,28 +37,6 @@ def head_dim(width: int, n_heads: int, name: str) -> int:
   if n_heads < 1 or width < 1 or width % n_heads:
     raise ValueError(f"{name} = {width} must divide into n_heads = {n_heads}")
   return width // n_heads
-
-
-def run_linear_attn(q, k, v, ctx: Context, *, normalize: bool,
-                    chunk_size: int, impl: str = "auto"):
-  """Linear attention of mapped features in the form ``ctx`` asks for.
-
-  ``q, k: [B, T, H, F]`` (features, no further scale), ``v: [B, T, H, V]``;
-  the state is ``ctx.cache``, ``[B, H, F, V + 1]`` when normalizing.
-  Returns ``(o [B, T, H, V], new state or None)``.
-  """
-  if ctx.decoding:
-    o, state = linear_attn_step(q[:, 0], k[:, 0], v[:, 0], ctx.cache,
-                                scale=1.0, normalize=normalize,
-                                reset=ctx.restart)
-    return o[:, None], state
-  form = ctx.pick(
-      chunk=chunk_form(chunk_linear_attn, chunk_size, impl),
-      parallel=parallel_linear_attn, recurrent=recurrent_linear_attn)
-  return form(q, k, v, scale=1.0, normalize=normalize,
-              initial_state=ctx.carried(ctx.cache),
-              output_final_state=ctx.cache is not None,
-              segment_ids=ctx.segment_ids)
 
 
 class LinearAttention(Mixer):
@@ -113,12 +94,23 @@ class LinearAttention(Mixer):
     return self.n_heads * self.feature_dim * (self.head_dim
                                               + int(self.normalize))
 
+  def attend_features(self, q, k, v, ctx: Context):
+    """Linear attention of mapped features ``q, k: [B, T, H, F]`` (no
+    further scale) and ``v: [B, T, H, V]`` from the cached state
+    ``[B, H, F, V (+ 1)]``:
+
+        o_t = phi(q_t)^T S_t (/ phi(q_t) . z_t),  S_t = S_{t-1} + phi(k_t) v_t^T
+
+    Returns ``(o [B, T, H, V], new state or None)``.
+    """
+    return self.apply_forms(ctx, LINEAR_ATTN_FORMS, dict(q=q, k=k, v=v),
+                            ctx.cache, scale=1.0, normalize=self.normalize)
+
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     shape = (b, t, self.n_heads, self.head_dim)
     q = self.phi(self.q_proj(x).reshape(shape))                 # [B, T, H, F]
     k = self.phi(self.k_proj(x).reshape(shape))                 # [B, T, H, F]
     v = self.v_proj(x).reshape(shape)                           # [B, T, H, V]
-    o, state = run_linear_attn(q, k, v, ctx, normalize=self.normalize,
-                               chunk_size=self.chunk_size, impl=self.impl)
+    o, state = self.attend_features(q, k, v, ctx)              # [B, T, H, V]
     return self.o_proj(o.reshape(b, t, -1)), state

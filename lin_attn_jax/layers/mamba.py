@@ -17,10 +17,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.base import Context, Mixer, OpForms
 from lin_attn_jax.ops import (chunk_selective_scan, parallel_selective_scan,
                               recurrent_selective_scan, selective_scan_step)
 from lin_attn_jax.ops.mamba.inputs import CHUNK_SIZE
+
+SELECTIVE_SCAN_FORMS = OpForms(chunk_selective_scan, parallel_selective_scan,
+                               recurrent_selective_scan, selective_scan_step)
 
 
 def dt_bias_init(dt_min: float, dt_max: float, floor: float):
@@ -153,24 +156,13 @@ class Mamba(Mixer):
                             axis=-1)                            # [B, T, R|N|N]
     delta = self.dt_proj(delta)                                 # [B, T, E]
     A = -jnp.exp(self.A_log[...].astype(jnp.float32))           # [E, N]
-    params = dict(D=self.D[...], delta_bias=self.dt_bias[...],
-                  delta_softplus=True)
-    if ctx.decoding:
-      y, ssm_state = selective_scan_step(
-          u[:, 0], delta[:, 0], A, B[:, 0], C[:, 0], cache["ssm"],
-          z=z[:, 0], reset=ctx.restart, **params)
-      y = y[:, None]
-    else:
-      form = ctx.pick(chunk=lambda *a, **kw: chunk_selective_scan(
-          *a, chunk_size=self.chunk_size, **kw),
-                      parallel=parallel_selective_scan,
-                      recurrent=recurrent_selective_scan)
-      y, ssm_state = form(
-          u, delta, A, B, C, z=z,
-          initial_state=None if cache is None else ctx.carried(cache["ssm"]),
-          output_final_state=cache is not None, segment_ids=ctx.segment_ids,
-          **params)
-    y = self.out_proj(y)
+    # dt = softplus(delta + b_dt), h_t = exp(dt A) h_{t-1} + dt B_t u_t,
+    # y_t = (C_t h_t + D u_t) * silu(z_t)
+    y, ssm_state = self.apply_forms(
+        ctx, SELECTIVE_SCAN_FORMS, dict(u=u, delta=delta, B=B, C=C, z=z),
+        None if cache is None else cache["ssm"], A=A, D=self.D[...],
+        delta_bias=self.dt_bias[...], delta_softplus=True)      # [B, T, E]
+    y = self.out_proj(y)                                        # [B, T, D]
     if cache is None:
       return y, None
     return y, {"conv": conv_state, "ssm": ssm_state}

@@ -15,10 +15,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import (Context, Mixer, checked_impl, chunk_form,
+from lin_attn_jax.layers.base import (Context, Mixer, OpForms, checked_impl,
                                       zero_state)
 from lin_attn_jax.layers.mamba import check_dt_range, dt_bias_init, inner_width
 from lin_attn_jax.ops import chunk_ssd, parallel_ssd, recurrent_ssd, ssd_step
+
+SSD_FORMS = OpForms(chunk_ssd, parallel_ssd, recurrent_ssd, ssd_step)
 
 
 def _log_uniform_a(low: float, high: float):
@@ -152,9 +154,7 @@ class Mamba2(Mixer):
     b, t, _ = x.shape
     e, h, g, n = self.width, self.n_heads, self.n_groups, self.d_state
     cache = ctx.cache
-    # The projection's and the convolution's parts are arrays of their own
-    # on CPU (``Dense.parts``, ``ShortConv.parts``): the same values as
-    # slices of one product, without the strided copies into the SSD op.
+    # The parts as arrays of their own (``Dense.parts``, ``ShortConv.parts``).
     z, xs, B, C, dt = self.in_proj.parts(
         x, [e, 2 * e, 2 * e + g * n, 2 * e + 2 * g * n])   # [B, T, E|E|GN|GN|H]
     (xs, B, C), conv_state = self.conv.parts(
@@ -169,18 +169,11 @@ class Mamba2(Mixer):
                                     + self.dt_bias[...].astype(jnp.float32)),
                     *self.time_step_limit)                      # [B, T, H]
       params = dict(D=self.D[...])
-    if ctx.decoding:
-      y, ssm_state = ssd_step(xs[:, 0], dt[:, 0], A, B[:, 0], C[:, 0],
-                              cache["ssm"], reset=ctx.restart, **params)
-      y = y[:, None]
-    else:
-      form = ctx.pick(chunk=chunk_form(chunk_ssd, self.chunk_size, self.impl),
-                      parallel=parallel_ssd, recurrent=recurrent_ssd)
-      y, ssm_state = form(
-          xs, dt, A, B, C,
-          initial_state=None if cache is None else ctx.carried(cache["ssm"]),
-          output_final_state=cache is not None, segment_ids=ctx.segment_ids,
-          **params)
+    # h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T,  y_t = h_t^T C_t + D x_t
+    y, ssm_state = self.apply_forms(
+        ctx, SSD_FORMS, dict(x=xs, dt=dt, B=B, C=C),
+        None if cache is None else cache["ssm"], A=A,
+        **params)                                               # [B, T, H, P]
     y = y.reshape(b, t, g, e // g)                              # [B, T, G, E/G]
     y = self.out_proj(self.norm(y, z))
     if cache is None:

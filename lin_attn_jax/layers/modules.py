@@ -25,10 +25,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lin_attn_jax.layers.base import OpForms, run_forms
 from lin_attn_jax.ops import (causal_conv1d_step, chunk_causal_conv1d,
                               parallel_causal_conv1d, recurrent_causal_conv1d)
 from lin_attn_jax.ops.common.products import project, project_parts
-from lin_attn_jax.ops.common.reductions import times_channels
+from lin_attn_jax.ops.common.reductions import plus_channels, times_channels
 from lin_attn_jax.ops.conv import token_shift as ops_token_shift
 
 
@@ -64,13 +65,11 @@ def uniform_init(low: float, high: float):
 
 class Dense(nnx.Linear):
   """``nnx.Linear`` (the same parameters and values) whose bias-free product
-  of a ``[B, T, D]`` input goes through ``ops.common.products.project``:
-  autodiff of a plain matmul forms the kernel's gradient ``x^T g`` as a
-  product over the token axis of both operands, which XLA:CPU runs outside
-  its fast matmul library, behind a transposing copy; ``project``, lowered
-  for the CPU, forms it as one batched product of ``x`` transposed in
-  memory (elsewhere as the plain product). Other inputs (and a
-  layer with a bias or a matmul precision) take ``nnx.Linear``'s path."""
+  of a ``[B, T, D]`` input goes through ``ops.common.products.project``,
+  which forms the kernel's gradient in the layout XLA:CPU runs fast (see
+  docs/performance.md); elsewhere it is the plain product. Other inputs
+  (and a layer with a bias or a matmul precision) take ``nnx.Linear``'s
+  path."""
 
   def _projects(self, inputs) -> bool:
     """Whether ``inputs`` go through ``project`` (bias-free, ``[B, T, D]``,
@@ -111,6 +110,58 @@ def dense(in_features: int, out_features: int, axes=("embed", "heads"), *,
                kernel_init=partitioned(kernel_init, axes),
                bias_init=partitioned(bias_init, axes[-1:]),
                dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+
+def _value(p):
+  """The array of ``p``, an ``nnx.Variable`` or an array."""
+  return p[...] if isinstance(p, nnx.Variable) else p
+
+
+def linear(x, kernel, bias=None, *, dtype=None):
+  """``x W + b`` for ``x [B, T, D]``, a kernel parameter ``W [D, E]`` and
+  an optional bias ``b [E]``; computed in ``dtype`` (x's when None) with
+  float32 accumulation. The products and sums whose gradients XLA:CPU runs
+  slowly in their plain form go through ``ops.common.products.project``
+  and ``ops.common.reductions.plus_channels`` (see docs/performance.md).
+  """
+  y = project(x, _value(kernel), dtype)                        # [B, T, E]
+  if bias is None:
+    return y
+  return plus_channels(y, _value(bias).astype(y.dtype))
+
+
+def lora(x, down, up, activation=None, bias=None, *, dtype=None):
+  """The low-rank map ``b + f(x A) B`` (``A = down [D, R]``, ``B = up [R,
+  E]``, ``f = activation`` or the identity, ``b = bias`` or none) of ``x
+  [B, T, D]``: ``[B, T, E]`` in ``dtype`` (x's when None), as ``linear``."""
+  hidden = linear(x, down, dtype=dtype)                        # [B, T, R]
+  if activation is not None:
+    hidden = activation(hidden)
+  return linear(hidden, up, bias, dtype=dtype)                 # [B, T, E]
+
+
+class PerChannel:
+  """A parameter ``p [D]`` applied to every channel of ``x [..., D]``: ``x *
+  per_channel(p)`` and ``x + per_channel(p)`` are ``x * p`` and ``x + p``
+  with ``p`` in x's dtype, whose gradient for ``p`` is summed over the
+  tokens in the order XLA:CPU runs fast
+  (``ops.common.reductions.column_sum``, see docs/performance.md)."""
+
+  def __init__(self, p):
+    self.p = _value(p)
+
+  def __rmul__(self, x):
+    return times_channels(x, self.p.astype(x.dtype))
+
+  def __radd__(self, x):
+    return plus_channels(x, self.p.astype(x.dtype))
+
+  __mul__, __add__ = __rmul__, __radd__
+
+
+def per_channel(p) -> PerChannel:
+  """``p [D]`` (an ``nnx.Variable`` or an array) as a ``PerChannel``."""
+  return PerChannel(p)
 
 
 def rms_norm(features: int, *, rngs: nnx.Rngs, axis_name="embed", eps=1e-6,
@@ -164,6 +215,10 @@ class HeadNorm(nnx.Module):
     return y.astype(dtype)
 
 
+CAUSAL_CONV1D = OpForms(chunk_causal_conv1d, parallel_causal_conv1d,
+                        recurrent_causal_conv1d, causal_conv1d_step)
+
+
 class ShortConv(nnx.Module):
   """A depthwise causal convolution of ``width`` taps over ``[B, T, C]``.
 
@@ -196,19 +251,10 @@ class ShortConv(nnx.Module):
   def _convolve(self, x, channels: slice, ctx, state):
     """``x`` convolved with the taps (and bias) of ``channels``; ``state``
     is those channels' cached window or None."""
-    weight = self.weight[...][channels]
+    weight = self.weight[...][channels]                        # [C, W]
     bias = None if self.bias is None else self.bias[...][channels]
-    if ctx.decoding:
-      y, state = causal_conv1d_step(x[:, 0], weight, bias, state,
-                                    activation=self.activation,
-                                    reset=ctx.restart)
-      return y[:, None], state
-    form = ctx.pick(chunk=chunk_causal_conv1d, parallel=parallel_causal_conv1d,
-                    recurrent=recurrent_causal_conv1d)
-    return form(x, weight, bias, activation=self.activation,
-                initial_state=ctx.carried(state),
-                output_final_state=state is not None,
-                segment_ids=ctx.segment_ids)
+    return run_forms(ctx, CAUSAL_CONV1D, {"x": x}, state, weight=weight,
+                     bias=bias, activation=self.activation)
 
   def parts(self, xs: Sequence, ctx, state=None):
     """The convolution of ``jnp.concatenate(xs, axis=-1)``, as ``(list of
@@ -233,11 +279,10 @@ class ShortConv(nnx.Module):
 
 
 def _materialized(table):
-  """``table [..., K]`` unchanged (a product with the identity, exact),
-  as the output of a matmul, which XLA:CPU writes once: its elementwise
-  producers (here ``cos`` and ``sin``, each several times the cost of an
-  ``exp``) are not evaluated again inside every consumer, broadcast over
-  the heads."""
+  """``table [..., K]`` unchanged (a product with the identity, exact), as
+  the output of a matmul, which XLA:CPU writes once instead of evaluating
+  its producers (``cos``, ``sin``) again inside every consumer (see
+  docs/performance.md)."""
   eye = jnp.eye(table.shape[-1], dtype=table.dtype)
   return jnp.einsum("...k,kl->...l", table, eye,
                     precision=jax.lax.Precision.HIGHEST)

@@ -24,11 +24,46 @@ from flax import nnx
 
 from lin_attn_jax import feature_maps
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import (Context, Mixer, checked_impl,
-                                      chunk_form, zero_state)
-from lin_attn_jax.layers.linear_attn import head_dim, run_linear_attn
-from lin_attn_jax.ops import chunk_favor_attn
+from lin_attn_jax.layers.base import (Context, Mixer, OpForms, checked_impl,
+                                      zero_state)
+from lin_attn_jax.layers.linear_attn import head_dim
+from lin_attn_jax.ops import (chunk_favor_attn, linear_attn_step,
+                              parallel_linear_attn, recurrent_linear_attn)
 from lin_attn_jax.ops.performer.chunk import heads_first_features
+
+
+def favor_features(x, projection, *, query: bool):
+  """FAVOR+ features ``[B, T, H, K] -> [B, T, H, M]`` float32 (queries
+  shifted by their largest exponent), as ``ops.chunk_favor_attn`` makes
+  them."""
+  return jnp.swapaxes(heads_first_features(x, projection, query=query), 1, 2)
+
+
+def _on_features(form):
+  """``form``, a normalized linear-attention form of features, as a form of
+  raw ``q, k: [B, T, H, K]`` and the ``projection``."""
+
+  def favor_form(q, k, v, projection, **options):
+    return form(favor_features(q, projection, query=True),
+                favor_features(k, projection, query=False), v, scale=1.0,
+                normalize=True, **options)
+
+  return favor_form
+
+
+def _favor_step(q, k, v, projection, state=None, *, reset=None):
+  """One token of ``q, k: [B, H, K]``, ``v: [B, H, V]``: ``(o [B, H, V],
+  state)``."""
+  qf = favor_features(q[:, None], projection, query=True)[:, 0]  # [B, H, M]
+  kf = favor_features(k[:, None], projection, query=False)[:, 0]
+  return linear_attn_step(qf, kf, v, state, scale=1.0, normalize=True,
+                          reset=reset)
+
+
+# Normalized linear attention of FAVOR+ features, every form taking the raw
+# q, k and the projection (the chunk form maps them in its own layout).
+FAVOR_FORMS = OpForms(chunk_favor_attn, _on_features(parallel_linear_attn),
+                      _on_features(recurrent_linear_attn), _favor_step)
 
 
 def default_nb_features(dim: int) -> int:
@@ -109,11 +144,9 @@ class Performer(Mixer):
     return jax.lax.stop_gradient(self.projection[...])
 
   def features(self, x, *, query: bool):
-    """FAVOR+ features ``[B, T, H, K] -> [B, T, H, M]`` float32 (queries
-    shifted by their largest exponent), as ``ops.chunk_favor_attn`` makes
-    them."""
-    w = self._projection()
-    return jnp.swapaxes(heads_first_features(x, w, query=query), 1, 2)
+    """``favor_features`` of ``x [B, T, H, K]`` with this layer's
+    projection: ``[B, T, H, M]`` float32."""
+    return favor_features(x, self._projection(), query=query)
 
   def init_mixer_cache(self, batch_size, max_len, dtype):
     del max_len, dtype
@@ -131,13 +164,7 @@ class Performer(Mixer):
     q = self.q_proj(x).reshape(shape)                           # [B, T, H, K]
     k = self.k_proj(x).reshape(shape)                           # [B, T, H, K]
     v = self.v_proj(x).reshape(shape)                           # [B, T, H, K]
-    if ctx.mode == "chunk" and not ctx.decoding:
-      o, state = chunk_form(chunk_favor_attn, self.chunk_size, self.impl)(
-          q, k, v, self._projection(), initial_state=ctx.carried(ctx.cache),
-          output_final_state=ctx.cache is not None,
-          segment_ids=ctx.segment_ids)
-    else:
-      o, state = run_linear_attn(
-          self.features(q, query=True), self.features(k, query=False), v,
-          ctx, normalize=True, chunk_size=self.chunk_size, impl=self.impl)
-    return self.o_proj(o.reshape(b, t, -1)), state
+    # o_t = phi(q_t)^T S_t / (phi(q_t) . z_t),  S_t = S_{t-1} + phi(k_t) v_t^T
+    o, state = self.apply_forms(ctx, FAVOR_FORMS, dict(q=q, k=k, v=v),
+                                ctx.cache, projection=self._projection())
+    return self.o_proj(o.reshape(b, t, -1)), state              # [B, T, D]

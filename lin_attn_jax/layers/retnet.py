@@ -18,11 +18,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import (Context, MatrixStateMixer, checked_impl,
-                                      chunk_form)
+from lin_attn_jax.layers.base import (Context, MatrixStateMixer, OpForms,
+                                      checked_impl)
 from lin_attn_jax.layers.linear_attn import head_dim
 from lin_attn_jax.ops import (chunk_retention, parallel_retention,
                               recurrent_retention, retention_step)
+
+RETENTION_FORMS = OpForms(chunk_retention, parallel_retention,
+                          recurrent_retention, retention_step)
 
 
 def xavier_uniform(gain: float):
@@ -76,16 +79,8 @@ class RetNet(MatrixStateMixer):
     k = modules.rotary(self.k_proj(x).reshape(b, t, h, self.head_k),
                        ctx.positions)                           # [B, T, H, K]
     v = self.v_proj(x).reshape(b, t, h, self.head_v)            # [B, T, H, V]
-    if ctx.decoding:
-      o, state = retention_step(q[:, 0], k[:, 0], v[:, 0], ctx.cache,
-                                reset=ctx.restart)
-      o = o[:, None]
-    else:
-      form = ctx.pick(
-          chunk=chunk_form(chunk_retention, self.chunk_size, self.impl),
-          parallel=parallel_retention, recurrent=recurrent_retention)
-      o, state = form(q, k, v, initial_state=ctx.carried(ctx.cache),
-                      output_final_state=ctx.cache is not None,
-                      segment_ids=ctx.segment_ids)
-    y = self.o_proj(self.norm(o, self.g_proj(x)))
+    # S_t = gamma_h S_{t-1} + k_t v_t^T,  o_t = S_t^T q_t / sqrt(K)
+    o, state = self.apply_forms(ctx, RETENTION_FORMS, dict(q=q, k=k, v=v),
+                                ctx.cache)                      # [B, T, H, V]
+    y = self.o_proj(self.norm(o, self.g_proj(x)))               # [B, T, D]
     return y, state

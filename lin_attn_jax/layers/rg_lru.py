@@ -16,9 +16,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.base import Context, Mixer, OpForms
 from lin_attn_jax.ops import (chunk_rg_lru, parallel_rg_lru, recurrent_rg_lru,
                               rg_lru_step)
+
+RG_LRU_FORMS = OpForms(chunk_rg_lru, parallel_rg_lru, recurrent_rg_lru,
+                       rg_lru_step)
 
 
 def a_param_init(a_min: float, a_max: float, c: float):
@@ -153,24 +156,15 @@ class RGLRU(Mixer):
     u, conv_state = self.conv(self.in_proj(x), ctx,
                               None if cache is None else cache["conv"])
     a_gate, x_gate = self.a_gate(u), self.x_gate(u)             # [B, T, W]
-    a_param = self.a_param[...]
     unscaled = None if self.scale_first_token else ctx.starts()  # [B, T]
-    if ctx.decoding:
-      h, lru_state = rg_lru_step(
-          u[:, 0], a_gate[:, 0], x_gate[:, 0], a_param, cache["lru"],
-          c=self.c, reset=ctx.restart,
-          unscaled=None if unscaled is None else unscaled[:, 0])
-      h = h[:, None]
-    else:
-      form = ctx.pick(chunk=lambda *a, **kw: chunk_rg_lru(
-          *a, chunk_size=self.chunk_size, **kw), parallel=parallel_rg_lru,
-                      recurrent=recurrent_rg_lru)
-      h, lru_state = form(
-          u, a_gate, x_gate, a_param, c=self.c,
-          initial_state=None if cache is None else ctx.carried(cache["lru"]),
-          output_final_state=cache is not None, segment_ids=ctx.segment_ids,
-          unscaled=unscaled)
-    y = self.out_proj(h * gate)
+    # a_t = sigmoid(Lambda) ** (c r_t),
+    # h_t = a_t h_{t-1} + sqrt(1 - a_t^2) (i_t x_t)
+    h, lru_state = self.apply_forms(
+        ctx, RG_LRU_FORMS,
+        dict(x=u, a_gate=a_gate, x_gate=x_gate, unscaled=unscaled),
+        None if cache is None else cache["lru"], a_param=self.a_param[...],
+        c=self.c)                                               # [B, T, W]
+    y = self.out_proj(h * gate)                                 # [B, T, D]
     if cache is None:
       return y, None
     return y, {"conv": conv_state, "lru": lru_state}

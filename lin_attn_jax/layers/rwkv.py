@@ -27,13 +27,10 @@ from flax import nnx
 
 from lin_attn_jax.feature_maps import orthonormal_columns
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import (Context, Mixer,
-                                     resolved_chunk_size, zero_state)
+from lin_attn_jax.layers.base import Context, Mixer, OpForms, zero_state
 from lin_attn_jax.ops import (chunk_rwkv6, chunk_rwkv7, parallel_rwkv6,
                               parallel_rwkv7, recurrent_rwkv6, recurrent_rwkv7,
                               rwkv6_step, rwkv7_step)
-from lin_attn_jax.ops.common.products import project
-from lin_attn_jax.ops.common.reductions import plus_channels, times_channels
 from lin_attn_jax.ops.delta_rule import l2_normalize
 from lin_attn_jax.ops.rwkv6.inputs import bonus as current_token_term
 
@@ -69,26 +66,12 @@ def check_positive(name: str, value):
   return value
 
 
-def run_form(ctx: Context, forms, step, args, state,
-             chunk_size: int | None):
-  """The op form of ``ctx``'s mode on ``args`` (``[B, T, ...]`` arrays and
-  parameters), or its ``step`` when decoding; ``scale=1`` as in RWKV.
-
-  ``forms`` is ``(chunk, parallel, recurrent)``; ``args`` a sequence whose
-  entries are ``(array, per_token)``. Returns ``(o, final state or None)``.
-  """
-  if ctx.decoding:
-    inputs = [a[:, 0] if per_token else a for a, per_token in args]
-    o, state = step(*inputs, state, scale=1.0, reset=ctx.restart)
-    return o[:, None], state
-  chunk, parallel, recurrent = forms
-  form = ctx.pick(chunk=functools.partial(
-                      chunk, chunk_size=resolved_chunk_size(chunk_size)),
-                  parallel=parallel, recurrent=recurrent)
-  return form(*(a for a, _ in args), scale=1.0,
-              initial_state=ctx.carried(state),
-              output_final_state=state is not None,
-              segment_ids=ctx.segment_ids)
+RWKV6_FORMS = OpForms(chunk_rwkv6, parallel_rwkv6, recurrent_rwkv6,
+                      rwkv6_step)
+# The decays' bound lets the chunk form build its scores in one matmul.
+RWKV7_FORMS = OpForms(
+    functools.partial(chunk_rwkv7, min_log_decay=RWKV7_MIN_LOG_DECAY),
+    parallel_rwkv7, recurrent_rwkv7, rwkv7_step)
 
 
 class RWKV6(Mixer):
@@ -208,8 +191,8 @@ class RWKV6(Mixer):
 
   def log_decay(self, xw):
     """``-exp(w_0 + tanh(x_w A_w) B_w)``: ``[B, T, H * K]`` float32, < 0."""
-    lora = project(jnp.tanh(project(xw, self.decay_down[...], _F32)),
-                   self.decay_up[...], _F32)
+    lora = modules.lora(xw, self.decay_down, self.decay_up, jnp.tanh,
+                        dtype=_F32)                             # [B, T, H K]
     return -jnp.exp(self.decay_base[...].astype(_F32) + lora)
 
   def mix(self, x, ctx: Context):
@@ -219,26 +202,27 @@ class RWKV6(Mixer):
     shifted, last = modules.token_shift(x, ctx, cache.get("shift"))
     delta = shifted - x                                         # [B, T, D]
     base = x + delta * self.lerp_base[...].astype(x.dtype)
-    lora = jnp.tanh(project(base, self.lerp_down[...]))         # [B, T, 5 R]
+    lora = jnp.tanh(modules.linear(base, self.lerp_down))       # [B, T, 5 R]
     up = self.lerp_up[...]                                      # [5, R, D]
     rank = up.shape[1]
     lerp = self.lerp_weights[...].astype(x.dtype)               # [5, D]
-    # Five [B, T, D] inputs, each from its own slice of the LoRA: one
-    # [B, T, 5, D] einsum would need a transpose for its batch axis.
+    # x_c = x + d * (mu_c + tanh((x + d mu_x) A)_c B_c), each LoRA slice a
+    # product of its own.
     xw, xk, xv, xr, xg = (
-        x + delta * (lerp[f] + project(lora[..., f * rank:(f + 1) * rank],
-                                       up[f]))
-        for f in range(5))                                      # [B, T, D] each
+        x + delta * (lerp[c] + modules.linear(
+            lora[..., c * rank:(c + 1) * rank], up[c]))
+        for c in range(5))                                      # [B, T, D] each
     w = self.log_decay(xw).reshape(b, t, h, n)                  # [B, T, H, K]
     r = self.r_proj(xr).reshape(b, t, h, n)                     # [B, T, H, K]
     k = self.k_proj(xk).reshape(b, t, h, n)                     # [B, T, H, K]
     v = self.v_proj(xv).reshape(b, t, h, nv)                    # [B, T, H, V]
-    o, state = run_form(
-        ctx, (chunk_rwkv6, parallel_rwkv6, recurrent_rwkv6), rwkv6_step,
-        [(r, True), (k, True), (v, True), (w, True),
-         (self.bonus[...], False)], cache.get("state"), self.chunk_size)
-    o = plus_channels(self.norm(o), self.norm_bias[...].astype(o.dtype))
-    y = self.o_proj(o * jax.nn.silu(self.g_proj(xg)))
+    # S_t = diag(exp(w_t)) S_{t-1} + k_t^T v_t,
+    # o_t = r_t (S_{t-1} + diag(u) k_t^T v_t)
+    o, state = self.apply_forms(ctx, RWKV6_FORMS, dict(r=r, k=k, v=v, w=w),
+                                cache.get("state"), u=self.bonus[...],
+                                scale=1.0)                      # [B, T, H, V]
+    o = self.norm(o) + modules.per_channel(self.norm_bias)      # [B, T, H V]
+    y = self.o_proj(o * jax.nn.silu(self.g_proj(xg)))           # [B, T, D]
     if ctx.cache is None:
       return y, None
     return y, {"shift": last, "state": state}
@@ -428,19 +412,15 @@ class RWKV7(Mixer):
   def log_decay(self, xw):
     """``-exp(w)`` with ``w = -softplus(-(w_0 + lora(x_w))) - 0.5``:
     ``[B, T, D]`` float32 in (-exp(-0.5), 0)."""
-    xw = xw.astype(_F32)
-    w = plus_channels(project(
-        jnp.tanh(project(xw, self.decay_down[...], _F32)),
-        self.decay_up[...], _F32), self.decay_base[...].astype(_F32))
+    w = modules.lora(xw.astype(_F32), self.decay_down, self.decay_up,
+                     jnp.tanh, self.decay_base)                 # [B, T, D]
     return -jnp.exp(-jax.nn.softplus(-w) - 0.5)
 
   def iclr(self, xa):
     """In-context learning rate ``sigmoid(a_0 + x_a A_a B_a)``: ``[B, T, D]``
     float32 in (0, 1)."""
-    xa = xa.astype(_F32)
-    return jax.nn.sigmoid(plus_channels(project(
-        project(xa, self.iclr_down[...], _F32), self.iclr_up[...], _F32),
-        self.iclr_base[...].astype(_F32)))
+    return jax.nn.sigmoid(modules.lora(xa.astype(_F32), self.iclr_down,
+                                       self.iclr_up, bias=self.iclr_base))
 
   def mix(self, x, ctx: Context):
     b, t, d = x.shape
@@ -449,8 +429,8 @@ class RWKV7(Mixer):
     shifted, last = modules.token_shift(x, ctx, cache.get("shift"))
     delta = shifted - x                                         # [B, T, D]
     lerp = self.lerp_weights[...].astype(x.dtype)               # [6, D]
-    xr, xw, xk, xv, xa, xg = (x + times_channels(delta, lerp[i])
-                              for i in range(6))                # [B, T, D] each
+    xr, xw, xk, xv, xa, xg = (x + delta * modules.per_channel(lerp[c])
+                              for c in range(6))                # [B, T, D] each
     r = self.r_proj(xr).reshape(b, t, h, n)                     # [B, T, H, K]
     w = self.log_decay(xw).reshape(b, t, h, n)                  # [B, T, H, K]
     k = self.k_proj(xk)                                         # [B, T, D]
@@ -463,33 +443,30 @@ class RWKV7(Mixer):
         raise ValueError("an RWKV-7 layer with value_residual needs the first "
                          "layer's values: run it inside an LM (Mixer.run "
                          "with the carry of layer 0)")
-      xvf = xv.astype(_F32)
-      mix = jax.nn.sigmoid(plus_channels(project(
-          project(xvf, self.value_down[...], _F32), self.value_up[...],
-          _F32), self.value_base[...].astype(_F32)))            # [B, T, D]
+      mix = jax.nn.sigmoid(modules.lora(
+          xv.astype(_F32), self.value_down, self.value_up,
+          bias=self.value_base))                                # [B, T, D]
       vf = v.astype(_F32)
       v = (vf + (carry["v_first"].astype(_F32) - vf) * mix).astype(v.dtype)
     v = v.reshape(b, t, h, n)                                   # [B, T, H, V]
     a = self.iclr(xa)                                           # [B, T, D]
-    gate = project(jax.nn.sigmoid(project(xg, self.gate_down[...])),
-                   self.gate_up[...])                           # [B, T, D]
+    gate = modules.lora(xg, self.gate_down, self.gate_up,
+                        jax.nn.sigmoid)                         # [B, T, D]
     kf = k.astype(_F32)
-    kappa = l2_normalize(times_channels(kf, self.key_norm_scale[...]
-                                        .astype(_F32))
+    kappa = l2_normalize((kf * modules.per_channel(self.key_norm_scale))
                          .reshape(b, t, h, n))                  # [B, T, H, K]
-    k = kf * (1 + times_channels(a - 1, self.key_iclr_mix[...].astype(_F32)))
+    k = kf * (1 + (a - 1) * modules.per_channel(self.key_iclr_mix))
     k = k.astype(x.dtype).reshape(b, t, h, n)                   # [B, T, H, K]
     a = a.reshape(b, t, h, n)                                   # [B, T, H, K]
-    # The decays' bound lets the chunk form build its scores in one matmul.
-    chunk = functools.partial(chunk_rwkv7, min_log_decay=RWKV7_MIN_LOG_DECAY)
-    o, state = run_form(
-        ctx, (chunk, parallel_rwkv7, recurrent_rwkv7), rwkv7_step,
-        [(r, True), (w, True), (k, True), (v, True), (-kappa, True),
-         (kappa * a, True)], cache.get("state"), self.chunk_size)
+    # S_t = S_{t-1} (diag(w_t) - kappa_t^T (a_t * kappa_t)) + v_t^T k_t,
+    # o_t = S_t r_t: the op's transition diag(w) + a^T b with a = -kappa,
+    # b = kappa * a.
+    o, state = self.apply_forms(
+        ctx, RWKV7_FORMS, dict(r=r, w=w, k=k, v=v, a=-kappa, b=kappa * a),
+        cache.get("state"), scale=1.0)                          # [B, T, H, V]
     # RWKV-6's current-token term, outside the op: (r . (u * k)) v.
     now = current_token_term(r, k, v, self.bonus[...], 1.0)    # [B, T, H, V]
-    o = (plus_channels(self.norm(o).astype(_F32),
-                       self.norm_bias[...].astype(_F32))
+    o = (self.norm(o).astype(_F32) + modules.per_channel(self.norm_bias)
          + now.reshape(b, t, d))                                # [B, T, D]
     y = self.o_proj((o * gate.astype(_F32)).astype(x.dtype))
     new_cache = None if ctx.cache is None else {"shift": last, "state": state}

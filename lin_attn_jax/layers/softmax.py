@@ -30,6 +30,7 @@ the op raises), so build it for the whole length to be decoded.
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +62,82 @@ def head_layout(d_model: int, n_heads: int, n_kv_heads) -> tuple[int, int]:
                      f"= {n_kv_heads} (each key/value head serves a group of "
                      f"query heads)")
   return n_kv_heads, d_model // n_heads
+
+
+def cache_step(q, k, v, cache, reset, mask_fn=None):
+  """One token into a ``KVCache``: ``q [B, H, K]``, ``k [B, Hkv, K]``, ``v
+  [B, Hkv, V]`` -> ``(o [B, H, V], cache)``; ``mask_fn`` a pattern on
+  absolute positions beyond causality and the window, or None."""
+  if mask_fn is None:
+    return softmax_attn_step(q, k, v, cache, reset=reset)
+  o, cache = softmax_attn_extend(q[:, None], k[:, None], v[:, None], cache,
+                                 reset=reset, mask_fn=mask_fn)
+  return o[:, 0], cache
+
+
+def token_by_token(ctx: Context, q, k, v, cache, mask_fn=None):
+  """``cache_step`` scanned over T; a token resets where its document
+  starts. Returns ``(o [B, T, H, V], cache)``."""
+  b, t = q.shape[:2]
+  resets = reset_flags(ctx.segment_ids, b, t)                   # [B, T]
+  if ctx.restart is not None:
+    resets = resets.at[:, 0].set(ctx.restart)
+
+  def one_token(cache, xs):
+    q_t, k_t, v_t, reset_t = xs
+    o, cache = cache_step(q_t, k_t, v_t, cache, reset_t, mask_fn)
+    return cache, o
+
+  xs = tuple(jnp.swapaxes(x, 0, 1) for x in (q, k, v, resets))
+  cache, o = jax.lax.scan(one_token, cache, xs)                 # [T, B, H, V]
+  return jnp.swapaxes(o, 0, 1), cache
+
+
+def window_attend(q, k, v, ctx: Context, *, window_size: int | None,
+                  block_size: int):
+  """Causal softmax attention of a call without a cache, in a window of
+  ``window_size`` tokens (None: no window): the blockwise form in chunk
+  mode, the dense masked form in parallel mode. ``o [B, T, H, V]``."""
+  if ctx.mode == "chunk":
+    return chunk_softmax_attn(q, k, v, window_size=window_size,
+                              segment_ids=ctx.segment_ids,
+                              block_size=block_size)
+  return parallel_softmax_attn(q, k, v, window_size=window_size,
+                               segment_ids=ctx.segment_ids)
+
+
+def attend_with_cache(ctx: Context, q, k, v, cache, *, attend: Callable,
+                      empty_cache: Callable, mask_fn=None):
+  """Softmax attention of ``ctx``'s mode, the KV-cache counterpart of
+  ``Mixer.apply_forms`` (see the module docstring for the forms).
+
+  Args:
+    ctx: the mixer's ``Context``.
+    q: ``[B, T, H, K]``; k: ``[B, T, Hkv, K]``; v: ``[B, T, Hkv, V]``.
+    cache: the cached ``KVCache`` or None.
+    attend: ``(q, k, v, ctx) -> o``, the chunk or parallel form of a call
+      without a cache.
+    empty_cache: ``() -> KVCache``, the buffer the recurrent mode scans
+      over without a cache.
+    mask_fn: a pattern on absolute positions beyond causality and the
+      window, or None.
+
+  Returns:
+    ``(o [B, T, H, V], new cache or None)``.
+  """
+  if ctx.decoding:
+    o, cache = cache_step(q[:, 0], k[:, 0], v[:, 0], cache, ctx.restart,
+                          mask_fn)
+    return o[:, None], cache
+  if ctx.mode == "recurrent":
+    o, scanned = token_by_token(ctx, q, k, v,
+                                empty_cache() if cache is None else cache,
+                                mask_fn)
+    return o, None if cache is None else scanned
+  if cache is not None:
+    return softmax_attn_extend(q, k, v, cache, segment_ids=ctx.segment_ids,
+                               reset=ctx.restart, mask_fn=mask_fn)
+  return attend(q, k, v, ctx), None
 
 
 class CausalAttention(Mixer):
@@ -131,31 +208,6 @@ class CausalAttention(Mixer):
                else min(seq_len, self.window_size))
     return 2 * entries * self.n_kv_heads * self.head_dim
 
-  def step(self, q, k, v, cache, reset):
-    """One token: ``q [B, H, K]``, ``k [B, Hkv, K]``, ``v [B, Hkv, V]`` ->
-    ``(o [B, H, V], cache)``."""
-    if self.mask_fn is None:
-      return softmax_attn_step(q, k, v, cache, reset=reset)
-    o, cache = softmax_attn_extend(q[:, None], k[:, None], v[:, None], cache,
-                                   reset=reset, mask_fn=self.mask_fn)
-    return o[:, 0], cache
-
-  def token_by_token(self, q, k, v, cache, ctx: Context):
-    """``step`` scanned over T; a token resets where its document starts."""
-    b, t = q.shape[:2]
-    resets = reset_flags(ctx.segment_ids, b, t)                 # [B, T]
-    if ctx.restart is not None:
-      resets = resets.at[:, 0].set(ctx.restart)
-
-    def one_token(cache, xs):
-      q_t, k_t, v_t, reset_t = xs
-      o, cache = self.step(q_t, k_t, v_t, cache, reset_t)
-      return cache, o
-
-    xs = tuple(jnp.swapaxes(x, 0, 1) for x in (q, k, v, resets))
-    cache, o = jax.lax.scan(one_token, cache, xs)               # [T, B, H, V]
-    return jnp.swapaxes(o, 0, 1), cache
-
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     hd = self.head_dim
@@ -164,22 +216,10 @@ class CausalAttention(Mixer):
     v = self.v_proj(x).reshape(b, t, self.n_kv_heads, hd)       # [B, T, Hkv, V]
     q = self.rotate(q, ctx.positions)
     k = self.rotate(k, ctx.positions)
-    cache = ctx.cache
-    if ctx.decoding:
-      o, cache = self.step(q[:, 0], k[:, 0], v[:, 0], cache, ctx.restart)
-      o = o[:, None]
-    elif ctx.mode == "recurrent":
-      fresh = cache is None
-      if fresh:
-        cache = self.init_mixer_cache(b, t, k.dtype)
-      o, cache = self.token_by_token(q, k, v, cache, ctx)
-      cache = None if fresh else cache
-    elif cache is not None:
-      o, cache = softmax_attn_extend(q, k, v, cache,
-                                     segment_ids=ctx.segment_ids,
-                                     reset=ctx.restart, mask_fn=self.mask_fn)
-    else:
-      o = self.attend(q, k, v, ctx)
+    # o = softmax(q k^T / sqrt(K) + mask) v
+    o, cache = attend_with_cache(
+        ctx, q, k, v, ctx.cache, attend=self.attend, mask_fn=self.mask_fn,
+        empty_cache=lambda: self.init_mixer_cache(b, t, k.dtype))
     y = self.o_proj(o.reshape(b, t, self.n_heads * hd))         # [B, T, D]
     return y, cache
 
@@ -207,12 +247,8 @@ class SoftmaxAttention(CausalAttention):
     self.block_size = block_size
 
   def attend(self, q, k, v, ctx: Context):
-    if ctx.mode == "chunk":
-      return chunk_softmax_attn(q, k, v, window_size=self.window_size,
-                                segment_ids=ctx.segment_ids,
-                                block_size=self.block_size)
-    return parallel_softmax_attn(q, k, v, window_size=self.window_size,
-                                 segment_ids=ctx.segment_ids)
+    return window_attend(q, k, v, ctx, window_size=self.window_size,
+                         block_size=self.block_size)
 
 
 class SlidingWindowAttention(SoftmaxAttention):
