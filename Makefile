@@ -24,13 +24,13 @@ run: $(STAMP)
 	$(PY) experiments/train.py --workdir=$(WORKDIR) --compilation_cache=runs/.xla_cache
 
 verify: $(STAMP)
-	$(PY) experiments/verify_forms.py
+	$(PY) -m experiments.verify_forms
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q
 
 bench: $(STAMP)
-	$(PY) experiments/bench_forms.py
+	$(PY) -m experiments.bench_forms
 
 # Deviceless compile checks of the Pallas kernels (TPU through libtpu, GPU
 # through jax-cuda12-plugin and ptxas), each toolchain in its own virtual
