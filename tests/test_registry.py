@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import numpy as np
 import pytest
 
 from lin_attn_jax import testing
@@ -66,6 +67,18 @@ def test_check_forms_argument_errors():
   with pytest.raises(ValueError, match="no 'naive' form"):
     testing.check_forms(dataclasses.replace(
         spec, forms={"chunk": spec.forms["chunk"]}))
+
+
+def test_numpy_inputs_are_differentiated():
+  spec = registry.get_spec("linear_attn")
+  inputs = testing.make_inputs(spec, registry.Dims(length=9, dim_k=4,
+                                                   dim_v=6))
+  as_numpy = {n: None if x is None else np.asarray(x)
+              for n, x in inputs.items()}
+  errors = testing.check_forms(spec, inputs=as_numpy, forms=("chunk",),
+                               chunk_size=4)
+  assert set(errors["chunk"]) == {"o", "state", "dq", "dk", "dv",
+                                  "dinitial_state"}
 
 
 def test_one_program_matches_separate_programs():

@@ -20,6 +20,7 @@ from typing import Iterable, Mapping
 import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType
+import numpy as np
 
 from lin_attn_jax.ops.registry import Dims, OpSpec
 from lin_attn_jax.testing import errors as errors_lib
@@ -78,7 +79,9 @@ def check_forms(spec: OpSpec, *, dims: Dims | None = None,
   Args:
     spec: the op: its forms, input maker, gradient inputs and tolerances.
     dims: the problem size for ``spec.make_inputs`` (default ``Dims()``).
-    inputs: the inputs themselves, instead of ``make_inputs`` (then
+    inputs: the inputs themselves (arrays, NumPy's included, become traced
+      arguments; other values are passed as they are), instead of
+      ``make_inputs`` (then
       ``dims``, ``strong``, ``initial_state``, ``segment_ids`` and ``seed``
       are unused).
     strong: strong gates or decays (``make_inputs``' third argument).
@@ -146,6 +149,10 @@ def check_forms(spec: OpSpec, *, dims: Dims | None = None,
                        initial_state=initial_state, segment_ids=segment_ids,
                        seed=seed)
 
+  if inputs is not None:
+    # NumPy arrays become arguments (traced, differentiated) like the rest.
+    inputs = {n: jnp.asarray(x) if isinstance(x, np.ndarray) else x
+              for n, x in inputs.items()}
   if one_program:
     make_all = make if inputs is None else (lambda: dict(inputs))
     expected, results = _one_program(spec, names, make_all, bound, dtype,
