@@ -4,7 +4,9 @@ The guide's titled code blocks are written, as they are, into a temporary
 package ``my_ops`` (loaded from its folder by file location), so the toy
 op, its spec and its check are the guide's own; ``check_fixed_decay.py``
 registers the op and checks every form, context parallelism included, and
-the untitled block breaks a form and expects the check to fail.
+``broken_form.py`` breaks a form and expects the check to fail. Every block
+of the guide has a title (none is left to a runner of untitled blocks,
+which would lack ``my_ops``).
 """
 
 from __future__ import annotations
@@ -69,8 +71,9 @@ def test_guide_has_every_file():
   forms = {f"my_ops/fixed_decay/{n}.py"
            for n in ("naive", "parallel", "chunk", "recurrent", "step")}
   assert forms <= set(titled)
-  assert {"my_ops/spec.py", "check_fixed_decay.py"} <= set(titled)
-  assert len(untitled) == 1
+  assert {"my_ops/spec.py", "check_fixed_decay.py",
+          "broken_form.py"} <= set(titled)
+  assert not untitled
 
 
 def test_guide_registers_and_checks_the_op(my_ops):
@@ -90,13 +93,13 @@ def test_guide_registers_and_checks_the_op(my_ops):
 
 
 def test_guide_broken_form_fails(my_ops):
-  titled, untitled = guide_blocks()
+  titled, _ = guide_blocks()
   namespace = {"SPEC": None}
   spec_code = titled["check_fixed_decay.py"].split("registry.register")[0]
   exec(compile(spec_code, str(my_ops / "imports.py"), "exec"),  # noqa: S102
        namespace)
-  exec(compile(untitled[0], str(my_ops / "broken.py"), "exec"),  # noqa: S102
-       namespace)
+  exec(compile(titled["broken_form.py"], str(my_ops / "broken_form.py"),
+               "exec"), namespace)  # noqa: S102
   assert namespace["broken"].forms["chunk"] is namespace["ignores_documents"]
 
 
