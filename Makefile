@@ -24,13 +24,13 @@ run: $(STAMP)
 	$(PY) -m experiments.train --workdir=$(WORKDIR) --compilation_cache=runs/.xla_cache
 
 verify: $(STAMP)
-	$(PY) experiments/verify_forms.py
+	$(PY) -m experiments.verify_forms
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q
 
 bench: $(STAMP)
-	$(PY) experiments/bench_forms.py
+	$(PY) -m experiments.bench_forms
 
 # The documentation site (docs/, mkdocs.yml) in build/site; --strict fails
 # on a broken link, a missing anchor or any other warning.

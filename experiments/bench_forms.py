@@ -8,7 +8,7 @@ forms are timed side by side) and the compiled temp memory from
 Writes a markdown table to stdout and, with ``--out``, into a section of
 that file (replacing an earlier section for the same ops and shapes).
 
-  python experiments/bench_forms.py --ops=gla --lengths=1024,2048,4096,8192 \
+  python -m experiments.bench_forms --ops=gla --lengths=1024,2048,4096,8192 \
       --out=benchmarks/RESULTS.md
 """
 
@@ -17,16 +17,12 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
+import jax
 
-from absl import app, flags  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from experiments.bench_utils import (compile_form,  # noqa: E402
-                                     interleaved_min_times, write_section)
-from experiments.specs import all_specs  # noqa: E402
-from experiments.specs.base import Dims  # noqa: E402
+from experiments.bench_utils import (compile_form, interleaved_min_times,
+                                     write_section)
+from lin_attn_jax.ops.registry import Dims, all_specs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("ops", ["gla"], "Ops to time.")
@@ -51,7 +47,7 @@ def _mib(n):
 def main(argv):
   del argv
   specs = all_specs()
-  command = "python experiments/bench_forms.py " + " ".join(sys.argv[1:])
+  command = "python -m experiments.bench_forms " + " ".join(sys.argv[1:])
   lines = [f"Command: `{command}`", "",
            f"Device: {jax.devices()[0].device_kind}, {os.cpu_count()} cores; "
            f"B={FLAGS.batch}, H={FLAGS.heads}, K={FLAGS.dim_k}, "

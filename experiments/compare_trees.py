@@ -8,10 +8,13 @@ the same from this tree, and times both in interleaved rounds (each turn
 an untimed then a timed run). With a checkout of an older commit:
 
   git worktree add /tmp/before 18a160b5
-  python experiments/compare_trees.py --other=/tmp/before \\
+  python -m experiments.compare_trees --other=/tmp/before \\
       --step_mixers=linear_attn,rwkv7,kda --step_shape=2x4096
-  python experiments/compare_trees.py --other=/tmp/before --step_mixers= \\
+  python -m experiments.compare_trees --other=/tmp/before --step_mixers= \\
       --chunk_ops=kda,rwkv7 --op_length=8192
+
+Each tree's packages are loaded from their folders by file location
+(``importlib``), not through ``sys.path``.
 
 ``--step_mixers``: the LM train step of ``bench_train_step.py`` (its model
 flags at their defaults); prints the minimum step time in each tree, its
@@ -24,6 +27,8 @@ tree's time over the other's.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import sys
 
@@ -47,27 +52,50 @@ FLAGS = flags.FLAGS
 _PACKAGES = ("lin_attn_jax", "experiments", "pallas_kernels")
 
 
-def _import_from(root, module, then=None):
-  """``module`` (and the library under it) imported from ``root``; with
-  ``then``, returns ``then(module)`` instead, called while ``root`` is
-  still first on the path (an import that ``then`` makes, such as
-  ``all_specs``' lazy import of the spec modules, is from ``root`` too).
-  Every module of the packages loaded by then must be from ``root``."""
+def _load_packages(root):
+  """Replaces the packages of ``_PACKAGES`` in ``sys.modules`` by those in
+  ``root``: each is loaded from ``root/<package>/__init__.py`` with its
+  submodules searched in that folder, so that later imports of them (and
+  of their submodules) are from ``root``."""
   for name in [m for m in sys.modules if m.split(".")[0] in _PACKAGES]:
     del sys.modules[name]
-  sys.path.insert(0, root)
-  try:
-    __import__(module)
-    loaded = sys.modules[module]
-    result = loaded if then is None else then(loaded)
-  finally:
-    sys.path.remove(root)
+  for package in _PACKAGES:
+    folder = os.path.join(root, package)
+    init = os.path.join(folder, "__init__.py")
+    if not os.path.exists(init):
+      continue
+    spec = importlib.util.spec_from_file_location(
+        package, init, submodule_search_locations=[folder])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[package] = module
+    spec.loader.exec_module(module)
+
+
+def _import_from(root, module, then=None):
+  """``module`` (and the library under it) imported from ``root``; with
+  ``then``, returns ``then(module)`` instead, called before another tree's
+  modules replace these (an import that ``then`` makes is from ``root``
+  too). Every module of the packages loaded by then must be from
+  ``root``."""
+  _load_packages(root)
+  loaded = importlib.import_module(module)
+  result = loaded if then is None else then(loaded)
   for name, mod in list(sys.modules.items()):
     path = getattr(mod, "__file__", None)
     if (name.split(".")[0] in _PACKAGES and path is not None and not
         os.path.abspath(path).startswith(os.path.abspath(root) + os.sep)):
       raise RuntimeError(f"imported {path}, not from {root}")
   return result
+
+
+def _registry_module(root):
+  """The module holding ``all_specs`` and ``Dims`` in the tree at ``root``:
+  ``lin_attn_jax.ops.registry``, or ``experiments.specs`` in trees from
+  before the registry moved into the library (``Dims`` then in its
+  ``base``)."""
+  if os.path.exists(os.path.join(root, "lin_attn_jax", "ops", "registry.py")):
+    return "lin_attn_jax.ops.registry", "lin_attn_jax.ops.registry"
+  return "experiments.specs", "experiments.specs.base"
 
 
 def _op_run(root, name, bench_utils):
@@ -78,17 +106,18 @@ def _op_run(root, name, bench_utils):
   other tree's modules replace them."""
   import jax  # pylint: disable=g-import-not-at-top
 
+  table, dims_module = _registry_module(root)
+
   def compile_op(specs):
-    base = sys.modules["experiments.specs.base"]
+    dims = importlib.import_module(dims_module).Dims
     spec = specs.all_specs()[name]
     inputs = spec.make_inputs(jax.random.PRNGKey(0),
-                              base.Dims(1, FLAGS.op_length, 4, 64, 64), False)
+                              dims(1, FLAGS.op_length, 4, 64, 64), False)
     inputs["segment_ids"] = None
     return bench_utils.compile_form(spec, "chunk", inputs,
                                     FLAGS.op_chunk_size)[1]
 
-  return _import_from(root, "experiments.specs.base",
-                      lambda _: compile_op(sys.modules["experiments.specs"]))
+  return _import_from(root, table, compile_op)
 
 
 def main(argv):

@@ -1,29 +1,28 @@
 """Checks every form of every op against its naive form and prints a table.
 
 Outputs, final states and the gradients of every differentiable input (a
-random linear functional of outputs and state), as relative RMS errors.
-Exits non-zero if any error is over the op's tolerance.
+random linear functional of outputs and state), as relative RMS errors, by
+``lin_attn_jax.testing.check_forms`` on the ops of
+``lin_attn_jax.ops.registry``. Exits non-zero if any error is over the op's
+tolerance.
 
-  python experiments/verify_forms.py
-  python experiments/verify_forms.py --ops=gla,simple_gla --length=500 \
+  python -m experiments.verify_forms
+  python -m experiments.verify_forms --ops=gla,simple_gla --length=500 \
       --dtype=bfloat16 --chunk_size=16 --strong_gates
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+      python -m experiments.verify_forms --ops=gla --length=256 \
+      --context_parallel=2,4
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
+import jax.numpy as jnp
 
-from absl import app, flags  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from experiments.specs import all_specs  # noqa: E402
-from experiments.specs.base import Dims  # noqa: E402
-from tests.form_checks import errors_against_reference, run_reference  # noqa: E402
+from lin_attn_jax import testing
+from lin_attn_jax.ops.registry import Dims, all_specs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("ops", [], "Ops to check (default: all).")
@@ -41,35 +40,25 @@ flags.DEFINE_boolean("strong_gates", True, "Use strong log-decays "
 flags.DEFINE_boolean("initial_state", True, "Pass an initial state.")
 flags.DEFINE_boolean("segment_ids", True, "Pack several documents per row.")
 flags.DEFINE_integer("seed", 0, "PRNG seed of the inputs.")
+flags.DEFINE_list("context_parallel", [], "Sequence-axis sizes to also run "
+                  "the forms that split a sequence at (needs that many "
+                  "devices; the length must split into whole chunks).")
 
 
 def verify(spec, dims, dtype, chunk_size, strong, use_state, use_segments,
-           seed):
+           seed, context_parallel=()):
   """Returns ``[(form, errors, ok)]`` for one op."""
-  inputs = spec.make_inputs(jax.random.PRNGKey(seed), dims, strong)
-  if not use_state:
-    inputs["initial_state"] = None
-  if not use_segments:
-    inputs["segment_ids"] = None
-  reference = functools.partial(spec.forms["naive"], output_final_state=True)
-  low = dtype != jnp.float32
-  expected = run_reference(reference, inputs, grad_args=spec.grad_args,
-                           dtype=dtype, cotangent_seed=seed)
-  rows = []
-  for name, form in spec.forms.items():
-    if name == "naive":
-      continue
-    kwargs = {"chunk_size": chunk_size} if name in spec.chunked else {}
-    errors = errors_against_reference(
-        functools.partial(form, output_final_state=True, **kwargs), reference,
-        inputs, grad_args=spec.grad_args, dtype=dtype, cotangent_seed=seed,
-        reference_result=expected)
-    tol = spec.low_precision_tol if low else spec.tol
-    grad_tol = spec.low_precision_tol if low else spec.grad_tol
-    ok = all(err <= (grad_tol if key.startswith("d") else tol)
-             for key, err in errors.items())
-    rows.append((name, errors, ok))
-  return rows
+  if context_parallel and not spec.context_parallel:
+    context_parallel = ()
+  try:
+    errors = testing.check_forms(
+        spec, dims=dims, strong=strong, initial_state=use_state,
+        segment_ids=use_segments, chunk_size=chunk_size, dtype=dtype,
+        context_parallel=context_parallel, seed=seed)
+    failures = {}
+  except testing.FormMismatch as mismatch:
+    errors, failures = mismatch.errors, mismatch.failures
+  return [(name, errs, name not in failures) for name, errs in errors.items()]
 
 
 def main(argv):
@@ -83,19 +72,21 @@ def main(argv):
   dtype = jnp.dtype(FLAGS.dtype)
   print(f"# forms vs naive: {dims}, dtype={dtype.name}, "
         f"chunk_size={FLAGS.chunk_size}, strong_gates={FLAGS.strong_gates}, "
-        f"initial_state={FLAGS.initial_state}, segment_ids={FLAGS.segment_ids}")
+        f"initial_state={FLAGS.initial_state}, segment_ids={FLAGS.segment_ids}"
+        f", context_parallel={FLAGS.context_parallel}")
   print("relative RMS error (o: output, state: final state, dX: gradient)\n")
-  print(f"| {'op':<24} | {'form':<10} | {'worst':>8} | ok | errors")
-  print(f"|{'-' * 26}|{'-' * 12}|{'-' * 10}|----|-------")
+  print(f"| {'op':<24} | {'form':<18} | {'worst':>8} | ok | errors")
+  print(f"|{'-' * 26}|{'-' * 20}|{'-' * 10}|----|-------")
   failures = 0
   for name in names:
     spec = specs[name]
     for form, errors, ok in verify(spec, dims, dtype, FLAGS.chunk_size,
                                    FLAGS.strong_gates, FLAGS.initial_state,
-                                   FLAGS.segment_ids, FLAGS.seed):
+                                   FLAGS.segment_ids, FLAGS.seed,
+                                   [int(p) for p in FLAGS.context_parallel]):
       failures += not ok
       detail = " ".join(f"{k}={v:.1e}" for k, v in errors.items())
-      print(f"| {name:<24} | {form:<10} | {max(errors.values()):8.1e} | "
+      print(f"| {name:<24} | {form:<18} | {max(errors.values()):8.1e} | "
             f"{'ok' if ok else 'NO'} | {detail}", flush=True)
   print(f"\n{failures} form(s) over tolerance")
   if failures:

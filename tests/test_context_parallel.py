@@ -29,7 +29,7 @@ from jax.sharding import AxisType
 from lin_attn_jax import ops
 from lin_attn_jax.ops.common import context_parallel
 from lin_attn_jax.ops.conv import token_shift
-from tests.form_checks import rel_rms
+from lin_attn_jax.testing import rel_rms
 
 B, T, H, K, V = 2, 32, 2, 8, 4
 CHUNK = 4

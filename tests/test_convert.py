@@ -26,8 +26,8 @@ from lin_attn_jax.convert import safetensors_io
 from lin_attn_jax.models.lm import LMConfig
 from lin_attn_jax.ops import (chunk_rg_lru, naive_recurrent_rg_lru,
                               parallel_rg_lru, recurrent_rg_lru, rg_lru_step)
-from tests import lm_checks
-from tests.form_checks import rel_rms
+from lin_attn_jax.testing import lm_checks
+from lin_attn_jax.testing import rel_rms
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 NAMES = sorted(os.listdir(FIXTURES))

@@ -24,8 +24,8 @@ from lin_attn_jax.ops import delta_rule as dr
 from lin_attn_jax.ops.common import chunking
 from lin_attn_jax.ops import gated_delta_rule as gdr
 from lin_attn_jax.ops import kda
-from tests.form_checks import (assert_close_errors, errors_against_reference,
-                               run_reference)
+from lin_attn_jax import testing
+from lin_attn_jax.ops.registry import OpSpec
 
 FORMS = {
     "delta_rule": {
@@ -140,14 +140,11 @@ def bound(op, form, case):
 
 
 def check_forms(case, forms, inputs, dtype, tol):
-  reference = bound(case.op, "naive", case)
-  expected = run_reference(reference, inputs, grad_args=GRAD_ARGS,
-                           dtype=dtype)
-  for form in forms:
-    errors = errors_against_reference(
-        bound(case.op, form, case), reference, inputs, grad_args=GRAD_ARGS,
-        dtype=dtype, reference_result=expected)
-    assert_close_errors(errors, tol, label=f"{form} {case} {dtype.__name__}")
+  spec = OpSpec(str(case),
+                {form: bound(case.op, form, case) for form in FORMS[case.op]},
+                make_inputs=None, grad_args=GRAD_ARGS, chunked=())
+  testing.check_forms(spec, inputs=inputs, dtype=dtype, forms=forms, tol=tol,
+                      grad_tol=tol)
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)

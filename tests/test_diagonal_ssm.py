@@ -9,13 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.specs.base import Dims
-from experiments.specs.diagonal_ssm import SPECS
-from lin_attn_jax import ops
-from tests import form_checks
-from tests.form_checks import assert_close_errors
+from lin_attn_jax import ops, testing
+from lin_attn_jax.ops.registry import Dims, core_specs
 
-SPEC_BY_NAME = {spec.name: spec for spec in SPECS}
+SPEC_BY_NAME = {spec.name: spec for spec in core_specs("diagonal_ssm")}
 
 # A covering set: each length appears, and so do runs with and without an
 # initial state and segment ids, strong decays, bfloat16, a length that is a
@@ -46,20 +43,6 @@ def _fast_jit(fn, **kwargs):
   return jax.jit(fn, compiler_options=_FAST_COMPILE, **kwargs)
 
 
-def _errors(result, reference):
-  """Relative RMS errors as in ``form_checks.errors_against_reference``."""
-  (o, s, grads), (ro, rs, rgrads) = result, reference
-  errors = {"o": form_checks.rel_rms(o, ro)}
-  if s is not None or rs is not None:
-    assert s is not None and rs is not None and s.dtype == jnp.float32
-    errors["state"] = form_checks.rel_rms(s, rs)
-  for name in rgrads:
-    finite = np.all(np.isfinite(np.asarray(grads[name], np.float32)))
-    errors["d" + name] = (form_checks.rel_rms(grads[name], rgrads[name])
-                          if finite else float("inf"))
-  return errors
-
-
 def _case_id(case):
   t, strong, init, seg, chunk, dtype = case
   return (f"T{t}-{'strong' if strong else 'gentle'}-"
@@ -81,47 +64,17 @@ def _inputs(spec, length, strong, init, seg, seed):
   return inputs
 
 
-def _all_forms(spec, length, strong, init, seg, chunk, dtype):
-  """Inputs, then every form's ``(o, final_state, grads)``, as one program.
-
-  As in ``form_checks.errors_against_reference``: each form gets the inputs
-  in ``dtype`` (the initial state stays float32), the naive form the same
-  values in float32, and the gradients are those of a random linear
-  functional of the outputs and the final state.
-  """
-  def run(key):
-    inputs = spec.make_inputs(key, _dims(spec, length), strong)
-    if not init:
-      inputs["initial_state"] = None
-    if not seg:
-      inputs["segment_ids"] = None
-    low = form_checks._cast(inputs, dtype, ("initial_state",))  # noqa: SLF001
-    results = {}
-    for name, form in spec.forms.items():
-      kwargs = {"chunk_size": chunk} if name in spec.chunked else {}
-      args = (form_checks._cast(low, jnp.float32, ())  # noqa: SLF001
-              if name == "naive" else low)
-      results[name] = form_checks._outputs_and_grads(  # noqa: SLF001
-          functools.partial(form, output_final_state=True, **kwargs), args,
-          spec.grad_args, length)
-    return results
-
-  return _fast_jit(run)(jax.random.PRNGKey(length))
-
-
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("op", sorted(SPEC_BY_NAME))
 def test_forms_match_naive(op, case):
+  """Every form against the naive one; the inputs, the naive form and every
+  form's forward and backward compiled as one program."""
   length, strong, init, seg, chunk, dtype = case
   spec = SPEC_BY_NAME[op]
-  results = _all_forms(spec, length, strong, init, seg, chunk, dtype)
-  reference = results.pop("naive")
-  low = dtype != jnp.float32
-  for name, result in results.items():
-    assert result[0].dtype == dtype, f"{op}/{name}: output {result[0].dtype}"
-    assert_close_errors(
-        _errors(result, reference), spec.low_precision_tol if low else spec.tol,
-        spec.low_precision_tol if low else spec.grad_tol, f"{op}/{name}")
+  testing.check_forms(spec, dims=_dims(spec, length), strong=strong,
+                      initial_state=init, segment_ids=seg, chunk_size=chunk,
+                      dtype=dtype, seed=length, one_program=True,
+                      compiler_options=_FAST_COMPILE)
 
 
 # The training form of each op at T = 8192 with per-token log-decays down to

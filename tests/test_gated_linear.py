@@ -8,13 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.specs.base import Dims
-from experiments.specs.gated_linear import SPECS
-from lin_attn_jax import ops
-from tests.form_checks import (assert_close_errors, errors_against_reference,
-                               run_reference)
+from lin_attn_jax import ops, testing
+from lin_attn_jax.ops.registry import Dims, core_specs
 
-SPEC_BY_NAME = {spec.name: spec for spec in SPECS}
+SPEC_BY_NAME = {spec.name: spec for spec in core_specs("gated_linear")}
 
 # A covering set: every value of every dimension appears, and the hard ones
 # (odd lengths, segments, initial state, strong gates) appear together.
@@ -67,28 +64,11 @@ def test_chunk_outputs_over_groups_of_chunks(monkeypatch):
 
 def check_forms(op, case, forms=None):
   length, strong, init, seg, chunk, dtype = case
-  spec = SPEC_BY_NAME[op]
-  dims = Dims(batch=2, length=length, heads=2, dim_k=16, dim_v=24)
-  inputs = spec.make_inputs(jax.random.PRNGKey(length), dims, strong)
-  if not init:
-    inputs["initial_state"] = None
-  if not seg:
-    inputs["segment_ids"] = None
-  reference = functools.partial(spec.forms["naive"], output_final_state=True)
-  low = dtype != jnp.float32
-  expected = run_reference(reference, inputs, grad_args=spec.grad_args,
-                           dtype=dtype, cotangent_seed=length)
-  for name, form in spec.forms.items():
-    if name == "naive" or (forms is not None and name not in forms):
-      continue
-    kwargs = {"chunk_size": chunk} if name in spec.chunked else {}
-    errors = errors_against_reference(
-        functools.partial(form, output_final_state=True, **kwargs), reference,
-        inputs, grad_args=spec.grad_args, dtype=dtype, cotangent_seed=length,
-        reference_result=expected)
-    assert_close_errors(
-        errors, spec.low_precision_tol if low else spec.tol,
-        spec.low_precision_tol if low else spec.grad_tol, f"{op}/{name}")
+  testing.check_forms(
+      SPEC_BY_NAME[op], dims=Dims(batch=2, length=length, heads=2, dim_k=16,
+                                  dim_v=24),
+      strong=strong, initial_state=init, segment_ids=seg, chunk_size=chunk,
+      dtype=dtype, forms=forms, seed=length)
 
 
 @pytest.mark.parametrize("op", ["simple_gla", "gla"])

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from experiments.specs.base import StepForm
 from lin_attn_jax import ops
-from tests.spec_cases import op_calls
+from lin_attn_jax.ops.registry import StepForm
+from lin_attn_jax.testing import op_calls
 
 B, T, H, K, V = 2, 10, 3, 4, 5
 q = jnp.ones((B, T, H, K))

@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from lin_attn_jax import ops
 from lin_attn_jax.ops.common import kernel_sharding
-from tests.form_checks import rel_rms
+from lin_attn_jax.testing import rel_rms
 
 B, T, H = 4, 20, 2
 

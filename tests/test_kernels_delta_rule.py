@@ -31,7 +31,7 @@ from pallas_kernels.delta_rule import (BlockSizes, ChunkTerms,
                                        chunk_delta_rule_gpu,
                                        chunk_delta_rule_sweep,
                                        chunk_delta_rule_sweep_reference)
-from tests.form_checks import assert_close_errors, rel_rms
+from lin_attn_jax.testing import assert_close_errors, rel_rms
 from tests.test_delta_rule import Case, make_inputs
 from tests.test_kernels_gated_linear import (CUSTOM_CALLS, check_exports,
                                              cpu_jit, custom_calls,

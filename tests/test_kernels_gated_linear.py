@@ -20,7 +20,7 @@ from lin_attn_jax.ops.gated_linear import naive_recurrent_gated_linear
 from pallas_kernels.gated_linear import (BlockSizes,
                                          chunk_gated_linear_attention,
                                          chunk_gated_linear_attention_reference)
-from tests.form_checks import assert_close_errors, rel_rms
+from lin_attn_jax.testing import assert_close_errors, rel_rms
 
 GRAD_ARGS = ("q", "k", "v", "g", "initial_state")
 ACCELERATOR = {"tpu": "tpu", "gpu": "gpu"}.get(jax.default_backend())
@@ -79,7 +79,7 @@ def cpu_jit(fn):
 
 def _outputs_and_grads(fn, inputs):
   """Outputs, final state and the gradients of every ``GRAD_ARGS`` input for
-  random cotangents, as ``form_checks.errors_against_reference`` takes them,
+  random cotangents, as ``testing.errors_against_reference`` takes them,
   but traced as one program so that ``cpu_jit`` can compile it."""
   diff = {name: inputs[name] for name in GRAD_ARGS
           if inputs.get(name) is not None}

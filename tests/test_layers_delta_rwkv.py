@@ -12,8 +12,8 @@ from flax import nnx
 from lin_attn_jax.layers import (KDA, MIXERS, RWKV6, RWKV7, DeltaNet,
                                  GatedDeltaNet)
 from lin_attn_jax.ops.common import products, reductions
-from tests import lm_checks
-from tests.form_checks import rel_rms
+from lin_attn_jax.testing import lm_checks
+from lin_attn_jax.testing import rel_rms
 
 # Small chunks, so that the 24-token test sequences span several chunks.
 MIXER_OPTIONS = {

@@ -10,7 +10,7 @@ from flax import nnx
 
 from lin_attn_jax.layers import GLA, HGRN2, MIXERS, Based, Performer, modules
 from lin_attn_jax.layers.performer import RandomProjection
-from tests import lm_checks
+from lin_attn_jax.testing import lm_checks
 
 # Small chunks, so that the 24-token test sequences span several chunks.
 MIXER_OPTIONS = {

@@ -11,7 +11,7 @@ from flax import nnx
 from lin_attn_jax import layers
 from lin_attn_jax.layers import base
 from lin_attn_jax.models import LM, LMConfig
-from tests.form_checks import rel_rms
+from lin_attn_jax.testing import rel_rms
 
 # The mixers whose chunk form has a Pallas kernel.
 KERNEL_MIXERS = ("linear_attn", "performer", "based", "retnet", "gla",

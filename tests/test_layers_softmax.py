@@ -8,8 +8,8 @@ from flax import nnx
 
 from lin_attn_jax.layers import (MIXERS, Linformer, SlidingWindowAttention,
                                  SoftmaxAttention, SparseAttention)
-from tests import lm_checks
-from tests.form_checks import rel_rms
+from lin_attn_jax.testing import lm_checks
+from lin_attn_jax.testing import rel_rms
 
 WINDOW = 6
 # Small blocks, windows and strides, so that the 24-token test sequences span

@@ -10,8 +10,8 @@ import pytest
 from flax import nnx
 
 from lin_attn_jax.layers import H3, MIXERS, RGLRU, Mamba, Mamba2
-from tests import lm_checks
-from tests.form_checks import rel_rms
+from lin_attn_jax.testing import lm_checks
+from lin_attn_jax.testing import rel_rms
 
 # Small chunks, so that the 24-token test sequences span several chunks, and
 # small states, so that compiling stays quick.

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lin_attn_jax.ops import linformer_attn, linformer_attn_step
-from tests.form_checks import rel_rms
+from lin_attn_jax.testing import rel_rms
 
 
 def linformer_definition(q, k, v, e, f, scale):

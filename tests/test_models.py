@@ -12,8 +12,8 @@ from lin_attn_jax.layers import GLA, MIXERS
 from lin_attn_jax.models import LM, LMConfig, Sampling
 from lin_attn_jax.models import lm as lm_module
 from lin_attn_jax.models.checkpoints import restore_params, save_params
-from tests import lm_checks
-from tests.form_checks import rel_rms
+from lin_attn_jax.testing import lm_checks
+from lin_attn_jax.testing import rel_rms
 
 ISSUE_MIXERS = ("softmax_attn", "sliding_window_attn", "sparse_attn",
                 "linformer", "linear_attn", "performer", "based", "retnet",

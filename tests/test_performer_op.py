@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lin_attn_jax import feature_maps, ops
-from tests.form_checks import (assert_close_errors, errors_against_reference,
+from lin_attn_jax.testing import (assert_close_errors, errors_against_reference,
                                run_reference)
 
 K, V, M = 8, 12, 32

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from lin_attn_jax.ops import rwkv6, rwkv7
-from tests.form_checks import (assert_close_errors, errors_against_reference,
+from lin_attn_jax.testing import (assert_close_errors, errors_against_reference,
                                run_reference)
 
 FORMS = {

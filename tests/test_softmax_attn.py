@@ -13,7 +13,7 @@ from lin_attn_jax.ops import (chunk_softmax_attn, init_kv_cache,
                               parallel_softmax_attn, softmax_attn_step)
 from lin_attn_jax.ops.softmax_attn.blocksparse import make_schedule
 from lin_attn_jax.ops.softmax_attn.chunk import sequence_block_pairs
-from tests.form_checks import rel_rms
+from lin_attn_jax.testing import rel_rms
 
 TOL = 1e-5
 GRAD_TOL = 1e-4

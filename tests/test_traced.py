@@ -1,6 +1,6 @@
 """Every op form and every mixer mode runs on traced arrays.
 
-Two ways, for every form of every op spec (``spec_cases``) and every mixer
+Two ways, for every form of every op spec (``lin_attn_jax.testing.op_calls``) and every mixer
 in ``layers.MIXERS`` in every mode:
 
 - traced: all arrays, parameters included, are arguments of a ``jax.jit``
@@ -21,70 +21,19 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from lin_attn_jax.layers import MIXERS, MODES
-from tests.spec_cases import concrete_arrays, is_float, op_calls
-
-# Primitives that lower to LAPACK / pocketfft custom calls on CPU.
-CUSTOM_CALL_PRIMITIVES = {
-    "triangular_solve", "lu", "lu_pivots_to_permutation", "qr", "geqrf",
-    "geqp3", "householder_product", "cholesky", "cholesky_update", "eig",
-    "eigh", "svd", "schur", "hessenberg", "tridiagonal", "tridiagonal_solve",
-    "fft",
-}
-
-
-def _sub_jaxprs(value):
-  if isinstance(value, jex.core.ClosedJaxpr):
-    yield value.jaxpr
-  elif isinstance(value, jex.core.Jaxpr):
-    yield value
-  elif isinstance(value, (list, tuple)):
-    for item in value:
-      yield from _sub_jaxprs(item)
-
-
-def primitives(jaxpr) -> set[str]:
-  """Names of the primitives in ``jaxpr`` and all its sub-jaxprs."""
-  names = set()
-  for eqn in jaxpr.eqns:
-    names.add(eqn.primitive.name)
-    for value in eqn.params.values():
-      for sub in _sub_jaxprs(value):
-        names |= primitives(sub)
-  return names
-
-
-def check_custom_calls(name, closed_jaxpr):
-  found = primitives(closed_jaxpr.jaxpr) & CUSTOM_CALL_PRIMITIVES
-  assert not found, f"{name} runs {sorted(found)} (a CPU custom call)"
-
+from lin_attn_jax.testing import (check_custom_calls, concrete_arrays,
+                                  is_float, op_calls, traced_closed_over,
+                                  traced_grads)
 
 def _total(tree):
   return sum(jnp.sum(jnp.asarray(leaf, jnp.float32))
              for leaf in jax.tree.leaves(tree) if is_float(leaf))
-
-
-def traced_grads(loss, differentiable, other):
-  """``jax.grad(loss)(differentiable, other)`` inside a ``lax.scan`` body
-  inside a ``jax.jit``, traced with abstract or concrete arguments."""
-  def scanned(differentiable, other):
-    def body(carry, _):
-      return carry, jax.grad(loss)(*carry)
-    return jax.lax.scan(body, (differentiable, other), None, length=1)[1]
-  return jax.make_jaxpr(jax.jit(scanned))(differentiable, other)
-
-
-def traced_closed_over(fn):
-  """``fn()`` (closing over concrete arrays) inside a ``lax.scan`` body."""
-  def scanned():
-    return jax.lax.scan(lambda c, _: (c, fn()), 0, None, length=1)[1]
-  return jax.make_jaxpr(scanned)()
 
 
 OP_CALLS = op_calls()

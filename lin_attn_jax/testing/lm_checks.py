@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from lin_attn_jax.models.lm import LM, LMConfig
-from tests.form_checks import rel_rms
+from lin_attn_jax.testing.errors import rel_rms
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0,
                 "xla_llvm_disable_expensive_passes": True}

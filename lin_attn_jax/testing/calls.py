@@ -1,5 +1,5 @@
 """Calls of every op form and every decoding step, generated from the op
-specs (``experiments/specs``), for the checks that run on all of them.
+specs (``lin_attn_jax.ops.registry``), for the checks that run on all of them.
 
 A ``Call`` is one function with tiny inputs: a sequence form with the
 inputs of its spec, or an op's step (``StepForm.step``) on one token of them
@@ -18,8 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.specs import all_specs
-from experiments.specs.base import Dims, StepForm
+from lin_attn_jax.ops.registry import Dims, StepForm, all_specs
 
 # Sizes all different (so that a wrong rank cannot pass for another layout),
 # 7 tokens in chunks of 4 (one padded), K != V.

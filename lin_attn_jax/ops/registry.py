@@ -1,0 +1,399 @@
+"""The table of ops: every op, its forms, and how to make inputs for it.
+
+An ``OpSpec`` names an op's forms (``"naive"``, the reference, and any of
+``"parallel"``, ``"chunk"``, ``"recurrent"``, ``"step"``, ...), each called
+as ``form(**inputs)`` and returning ``(o, final_state)``; a maker of random
+inputs (``spec_inputs.py``); the inputs the gradients are checked for; and
+the tolerances the forms are held to. The tests, the form verifier, the
+forms benchmark and ``lin_attn_jax.testing.check_forms`` read this table.
+
+    from lin_attn_jax.ops import registry
+    spec = registry.get_spec("gla")
+    o, state = spec.forms["chunk"](**spec.make_inputs(key, registry.Dims(),
+                                                      False))
+
+A new op is added to ``SPECS`` here, or registered at run time with
+``register(spec)`` (see docs/new_variant.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from lin_attn_jax import ops
+from lin_attn_jax.ops import spec_inputs
+from lin_attn_jax.ops.common.segments import reset_flags
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+  """Problem size. Each op reads the fields it has a use for."""
+  batch: int = 2        # B
+  length: int = 200     # T
+  heads: int = 2        # H (heads, or groups for Mamba-style ops)
+  dim_k: int = 32       # K (key / state size N)
+  dim_v: int = 48       # V (value / head size P / model width D)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+  """An op with all its forms, and how to make inputs for it.
+
+  Every form is called as ``form(**inputs)`` and returns ``(o, state)``;
+  the ``"naive"`` form is the reference the others are checked against.
+  """
+  name: str                                   # op name, e.g. "gla"
+  forms: Mapping[str, Callable]               # form name -> callable
+  make_inputs: Callable[..., dict]            # (key, Dims, strong: bool) -> kwargs
+  grad_args: tuple[str, ...]                  # inputs the gradients are checked for
+  chunked: tuple[str, ...] = ("chunk",)       # forms that take chunk_size
+  tol: float = 1e-5                           # float32 relative RMS, outputs
+  grad_tol: float = 1e-5                      # float32 relative RMS, gradients
+  low_precision_tol: float = 1e-2             # bfloat16 inputs, all quantities
+  # The op's decoding step where no form in ``forms`` scans it on its own
+  # (for the tests that call every step; not verified separately).
+  step: StepForm | None = None
+  # Forms that split the sequence over a mesh axis named "sequence" when
+  # one of size > 1 is current (ops/common/context_parallel.py).
+  context_parallel: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class StepForm:
+  """An op's decoding step run over a whole sequence: a sequence form.
+
+  ``step(**token_inputs, **other_inputs, state=..., reset=..., **static)``
+  returns ``(o_t, state)``; it gets one token (``x[:, t]``) of each of
+  ``token_args`` and the other inputs whole. Floating inputs other than the
+  tokens (parameters read at every step) are cast to float32 once, before
+  the scan, so that their gradients sum over time in float32 (as in the
+  recurrent forms). ``lin_attn_jax.testing`` calls ``step`` directly too.
+  """
+  step: Callable
+  token_args: tuple[str, ...]
+  static: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  # inputs -> the state before the first token when initial_state is None
+  # (default: the step's own state for state=None, zeroed).
+  init_state: Callable[..., Any] | None = None
+  # False: the state is internal (a KV cache) and no final state is returned.
+  final_state: bool = True
+
+  def __call__(self, *, initial_state=None, segment_ids=None,
+               output_final_state=False, **inputs):
+    tokens = {n: inputs.pop(n) for n in self.token_args}
+    params = {n: (jnp.asarray(x, jnp.float32)
+                  if x is not None and jnp.issubdtype(jnp.result_type(x),
+                                                      jnp.floating) else x)
+              for n, x in inputs.items()}
+    if initial_state is None and self.init_state is not None:
+      initial_state = self.init_state(**tokens, **params)
+    o, state = scan_steps(
+        self.step, tokens, initial_state=initial_state,
+        segment_ids=segment_ids,
+        output_final_state=output_final_state and self.final_state,
+        **params, **self.static)
+    return o, state
+
+
+def scan_steps(step, sequence_inputs, *, initial_state=None, segment_ids=None,
+               output_final_state=False, **static):
+  """Runs a decoding step over a whole sequence, as a sequence form.
+
+  Args:
+    step: ``step(**token_inputs, state=..., reset=..., **static) -> (o_t,
+      state)``.
+    sequence_inputs: name -> ``[B, T, ...]`` array (or None, passed as is).
+  Returns:
+    ``(o [B, T, ...], final_state or None)``.
+  """
+  first = next(x for x in sequence_inputs.values() if x is not None)
+  batch, length = first.shape[:2]
+  reset = reset_flags(segment_ids, batch, length)
+
+  def body(state, xs):
+    token, reset_t = xs
+    o_t, state = step(**token, state=state, reset=reset_t, **static)
+    return state, o_t
+
+  token_major = {n: (None if x is None else jnp.moveaxis(x, 1, 0))
+                 for n, x in sequence_inputs.items()}
+  if initial_state is None:
+    # Let the step build its zero state from the first token.
+    tok0 = {n: (None if x is None else x[0]) for n, x in token_major.items()}
+    _, initial_state = step(**tok0, state=None, reset=None, **static)
+    initial_state = jax.tree.map(jnp.zeros_like, initial_state)
+  state, o = jax.lax.scan(body, initial_state, (token_major, reset.T))
+  return jnp.moveaxis(o, 0, 1), (state if output_final_state else None)
+
+
+SEQUENCE_FORMS = ("naive_recurrent", "parallel", "chunk", "recurrent")
+
+
+def sequence_forms(op: str, names=SEQUENCE_FORMS, step_tokens=None,
+                   **static) -> dict[str, Callable]:
+  """``ops.<name>_<op>`` for each of ``names`` (``naive_recurrent`` keyed
+  ``"naive"``), with ``static`` bound; with ``step_tokens``, also
+  ``ops.<op>_step`` scanned over the sequence (key ``"step"``), taking one
+  token of each of ``step_tokens``."""
+  forms = {}
+  for name in names:
+    fn = getattr(ops, f"{name}_{op}")
+    forms["naive" if name == "naive_recurrent" else name] = (
+        functools.partial(fn, **static) if static else fn)
+  if step_tokens is not None:
+    forms["step"] = step_form(op, step_tokens, **static)
+  return forms
+
+
+def step_form(op: str, tokens: tuple[str, ...], **static) -> StepForm:
+  """``ops.<op>_step`` as a sequence form, taking one token of ``tokens``."""
+  return StepForm(getattr(ops, f"{op}_step"), tuple(tokens), static)
+
+
+def _gated_linear_specs():
+  qkv, qkvg = ("q", "k", "v"), ("q", "k", "v", "g")
+  return [
+      OpSpec("linear_attn", sequence_forms("linear_attn", step_tokens=qkv),
+             spec_inputs.linear_attn, qkv + ("initial_state",),
+             context_parallel=("chunk",)),
+      OpSpec("linear_attn_normalized",
+             sequence_forms("linear_attn", step_tokens=qkv, normalize=True),
+             functools.partial(spec_inputs.linear_attn, normalize=True),
+             qkv + ("initial_state",), context_parallel=("chunk",)),
+      OpSpec("simple_gla", sequence_forms("simple_gla", step_tokens=qkvg),
+             spec_inputs.simple_gla, qkvg + ("initial_state",),
+             context_parallel=("chunk",)),
+      OpSpec("retention", sequence_forms("retention", step_tokens=qkv),
+             spec_inputs.retention, qkv + ("initial_state",),
+             context_parallel=("chunk",)),
+      OpSpec("gla", sequence_forms("gla", step_tokens=qkvg), spec_inputs.gla,
+             qkvg + ("initial_state",), context_parallel=("chunk",)),
+      OpSpec("based", sequence_forms("based", step_tokens=qkv),
+             spec_inputs.based, qkv + ("initial_state",),
+             context_parallel=("chunk",)),
+  ]
+
+
+def _delta_rule_specs():
+  grads = ("q", "k", "v", "beta", "initial_state")
+  l2 = dict(use_qk_l2norm=True)
+  return [
+      OpSpec("delta_rule",
+             sequence_forms("delta_rule", step_tokens=("q", "k", "v", "beta"),
+                            **l2),
+             spec_inputs.delta_rule, grads, context_parallel=("chunk",)),
+      OpSpec("gated_delta_rule",
+             sequence_forms("gated_delta_rule",
+                            step_tokens=("q", "k", "v", "g", "beta"), **l2),
+             functools.partial(spec_inputs.delta_rule, gate="scalar"),
+             grads + ("g",), context_parallel=("chunk",)),
+      OpSpec("kda",
+             sequence_forms("kda", step_tokens=("q", "k", "v", "g", "beta"),
+                            **l2),
+             functools.partial(spec_inputs.delta_rule, gate="channel"),
+             grads + ("g",), context_parallel=("chunk",)),
+      OpSpec("rwkv6", sequence_forms("rwkv6", step_tokens=("r", "k", "v", "w")),
+             spec_inputs.rwkv6, ("r", "k", "v", "w", "u", "initial_state"),
+             context_parallel=("chunk",)),
+      OpSpec("rwkv7",
+             sequence_forms("rwkv7",
+                            step_tokens=("r", "w", "k", "v", "a", "b")),
+             spec_inputs.rwkv7, ("r", "w", "k", "v", "a", "b", "initial_state"),
+             tol=1e-4, grad_tol=1e-4, context_parallel=("chunk",)),
+  ]
+
+
+def _diagonal_ssm_specs():
+  """Every recurrent form here is already the ``lax.scan`` of the op's
+  step, so the step is verified through it (``OpSpec.step`` names it for
+  the checks that call every step)."""
+  return [
+      OpSpec("linear_scan", sequence_forms("linear_scan"),
+             spec_inputs.linear_scan, ("a", "b", "initial_state"),
+             step=step_form("linear_scan", ("a", "b")),
+             context_parallel=("chunk",)),
+      OpSpec("selective_scan",
+             sequence_forms("selective_scan", delta_softplus=True),
+             spec_inputs.selective_scan,
+             ("u", "delta", "A", "B", "C", "D", "z", "delta_bias",
+              "initial_state"),
+             step=step_form("selective_scan", ("u", "delta", "B", "C", "z"),
+                            delta_softplus=True),
+             context_parallel=("chunk",)),
+      OpSpec("ssd", sequence_forms("ssd", dt_softplus=True), spec_inputs.ssd,
+             ("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_state"),
+             step=step_form("ssd", ("x", "dt", "B", "C"), dt_softplus=True),
+             context_parallel=("chunk",)),
+      OpSpec("causal_conv1d", sequence_forms("causal_conv1d", activation="silu"),
+             spec_inputs.causal_conv1d, ("x", "weight", "bias", "initial_state"),
+             step=step_form("causal_conv1d", ("x",), activation="silu"),
+             context_parallel=("chunk",)),
+      OpSpec("shift_ssm", sequence_forms("shift_ssm"), spec_inputs.shift_ssm,
+             ("u", "C", "D", "initial_state"),
+             step=step_form("shift_ssm", ("u",))),
+      OpSpec("s4d", sequence_forms("s4d"), spec_inputs.s4d,
+             ("u", "log_dt", "A_real", "A_imag", "B", "C", "D",
+              "initial_state"),
+             step=step_form("s4d", ("u",))),
+      OpSpec("rg_lru", sequence_forms("rg_lru"), spec_inputs.rg_lru,
+             ("x", "a_gate", "x_gate", "a_param", "initial_state"),
+             step=step_form("rg_lru", ("x", "a_gate", "x_gate")),
+             context_parallel=("chunk",)),
+      OpSpec("hgrn", sequence_forms("hgrn"), spec_inputs.hgrn,
+             ("x", "g", "initial_state"), step=step_form("hgrn", ("x", "g")),
+             context_parallel=("chunk",)),
+  ]
+
+
+# Softmax attention: the window of the sliding-window forms, and the Sparse
+# Transformer's stride and summary size.
+WINDOW = 16
+STRIDE = 4
+SUMMARY = 2
+
+
+def o_only(fn, block_arg=None, **static):
+  """``fn`` returning ``o`` as a form returning ``(o, None)``; a
+  ``chunk_size`` goes to ``block_arg``."""
+  def form(*, initial_state=None, output_final_state=False, chunk_size=None,
+           **inputs):
+    del output_final_state
+    if initial_state is not None:
+      raise ValueError("softmax attention has no initial state")
+    if chunk_size is not None:
+      inputs[block_arg] = chunk_size
+    return fn(**inputs, **static), None
+  return form
+
+
+def _empty_cache(window_size, q, k, v, **unused):
+  """A cache for the whole of ``k`` [B, T, Hkv, K] (read from its ends, so
+  that a k of the wrong rank reaches the op, which names it)."""
+  del q, unused
+  return ops.init_kv_cache(k.shape[0], k.shape[-2], k.shape[-1], v.shape[-1],
+                           max_length=max(k.shape[:-2], default=1),
+                           window_size=window_size, dtype=k.dtype)
+
+
+def _cached_step(q, k, v, state, reset, scale=None):
+  return ops.softmax_attn_step(q, k, v, state, scale=scale, reset=reset)
+
+
+def _prefill(q, k, v, *, segment_ids=None, window_size=None, scale=None):
+  cache = _empty_cache(window_size, q, k, v)
+  return ops.softmax_attn_extend(q, k, v, cache, scale=scale,
+                                 segment_ids=segment_ids)[0]
+
+
+def _attention_forms(window_size=None):
+  window = dict(window_size=window_size)
+  return {
+      "naive": o_only(ops.parallel_softmax_attn, **window),
+      "chunk": o_only(ops.chunk_softmax_attn, "block_size", **window),
+      "step": StepForm(_cached_step, ("q", "k", "v"),
+                       init_state=functools.partial(_empty_cache, window_size),
+                       final_state=False),
+      "prefill": o_only(_prefill, **window),
+  }
+
+
+def _sparse_forms(pattern):
+  static = dict(stride=STRIDE, pattern=pattern, summary_size=SUMMARY)
+  return {
+      "naive": o_only(ops.sparse_attn_reference, **static),
+      "parallel": o_only(ops.parallel_sparse_attn, "block_size", **static),
+  }
+
+
+def _softmax_specs():
+  """Softmax attention keeps no recurrent state: the forms return ``(o,
+  None)`` and the reference is the dense ``[T, T]`` form. The decoding
+  forms run ``softmax_attn_step`` over the sequence with a KV cache (a ring
+  buffer of ``WINDOW`` entries for the window) or prefill the whole
+  sequence into an empty cache. Keys and values have half the query heads
+  when ``Dims.heads`` is even. Linformer is not causal and has no form but
+  its definition."""
+  qkv = ("q", "k", "v")
+  attention = spec_inputs.attention
+  return [
+      OpSpec("softmax_attn", _attention_forms(), attention, qkv,
+             context_parallel=("chunk",)),
+      OpSpec("sliding_window_attn", _attention_forms(WINDOW), attention, qkv,
+             context_parallel=("chunk",)),
+      OpSpec("longformer_attn",
+             {"naive": o_only(ops.parallel_softmax_attn, window_size=WINDOW),
+              "chunk": o_only(ops.chunk_softmax_attn, "block_size",
+                              window_size=WINDOW)},
+             functools.partial(attention, global_tokens=True), qkv),
+      OpSpec("sparse_attn_strided", _sparse_forms("strided"), attention, qkv,
+             chunked=("parallel",)),
+      OpSpec("sparse_attn_fixed", _sparse_forms("fixed"), attention, qkv,
+             chunked=("parallel",)),
+      OpSpec("linformer_attn", {"naive": o_only(ops.linformer_attn)},
+             functools.partial(attention, projections=True),
+             qkv + ("e", "f"), chunked=()),
+  ]
+
+
+# The cores, in the order of the table.
+CORES = {
+    "gated_linear": _gated_linear_specs,
+    "diagonal_ssm": _diagonal_ssm_specs,
+    "delta_rule": _delta_rule_specs,
+    "softmax": _softmax_specs,
+}
+
+_REGISTERED: dict[str, OpSpec] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _builtin() -> dict[str, dict[str, OpSpec]]:
+  return {core: {spec.name: spec for spec in make()}
+          for core, make in CORES.items()}
+
+
+def core_specs(core: str) -> list[OpSpec]:
+  """The specs of the ops on ``core`` (a key of ``CORES``)."""
+  if core not in CORES:
+    raise KeyError(f"unknown core {core!r}; cores: {sorted(CORES)}")
+  return list(_builtin()[core].values())
+
+
+def all_specs() -> dict[str, OpSpec]:
+  """Every op of the table, then every registered one: name -> spec."""
+  specs = {}
+  for table in _builtin().values():
+    specs.update(table)
+  specs.update(_REGISTERED)
+  return specs
+
+
+def get_spec(name: str) -> OpSpec:
+  """The spec of the op ``name``; a ``KeyError`` lists the known names."""
+  specs = all_specs()
+  if name not in specs:
+    raise KeyError(f"no op {name!r} in the registry; ops: {sorted(specs)}")
+  return specs[name]
+
+
+def register(spec: OpSpec) -> OpSpec:
+  """Adds ``spec`` to ``all_specs()`` (a name already taken raises)."""
+  if "naive" not in spec.forms:
+    raise ValueError(f"op {spec.name!r} has no 'naive' form to check "
+                     f"the others against; forms: {sorted(spec.forms)}")
+  if spec.name in all_specs():
+    raise ValueError(f"op {spec.name!r} is already registered")
+  _REGISTERED[spec.name] = spec
+  return spec
+
+
+def unregister(name: str) -> None:
+  """Removes an op added by ``register`` (the table's own stay)."""
+  if name not in _REGISTERED:
+    raise KeyError(f"op {name!r} was not added by register()")
+  del _REGISTERED[name]

@@ -1,0 +1,287 @@
+"""Random inputs of every op in the registry (``registry.py``).
+
+Every maker is called as ``make(key, dims, strong)`` with a
+``jax.random.PRNGKey``, a ``registry.Dims`` and whether the gates or decays
+are strong, and returns the keyword arguments of the op's forms: the
+sequence inputs, the parameters, an ``initial_state`` (where the op has one)
+and ``segment_ids`` (packed documents, a new one with probability 0.05 per
+token).
+
+"Strong" gates reach per-token log-decays of about -60 (gated linear and
+delta rule: ``log_sigmoid(x) / 0.05``) or down to -30 (the diagonal SSMs);
+gentle ones stay near -0.1 to -1.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lin_attn_jax import feature_maps
+
+_F32 = jnp.float32
+# Diagonal SSMs: the strongest per-token log-decay of the strong inputs.
+STRONGEST_LOG_DECAY = -30.0
+# Based: the dimension of the Taylor feature map's input.
+BASED_FEATURE_DIM = 8
+# Short convolutions: the kernel width.
+CONV_WIDTH = 4
+# Linformer: the rank of the key and value projections.
+LINFORMER_RANK = 16
+
+
+def segments(key, batch, length):
+  """Segment ids ``[B, T]`` int32: a new document with probability 0.05."""
+  starts = jax.random.bernoulli(key, 0.05, (batch, length)).astype(jnp.int32)
+  return jnp.cumsum(starts, axis=1)
+
+
+def _normal(key, shape, scale=1.0, shift=0.0):
+  return shift + scale * jax.random.normal(key, shape, _F32)
+
+
+def _log_gate(key, shape, strong):
+  """``log_sigmoid(N(0, 1))``, divided by 0.05 when strong."""
+  g = jax.nn.log_sigmoid(jax.random.normal(key, shape, jnp.float32))
+  return g / 0.05 if strong else g
+
+
+def qkv(key, dims, dim_k=None, state_k=None, state_v=None):
+  dim_k = dims.dim_k if dim_k is None else dim_k
+  kq, kk, kv, ks, kseg = jax.random.split(key, 5)
+  b, t, h, dv = dims.batch, dims.length, dims.heads, dims.dim_v
+  return dict(
+      q=jax.random.normal(kq, (b, t, h, dim_k), jnp.float32),
+      k=jax.random.normal(kk, (b, t, h, dim_k), jnp.float32),
+      v=jax.random.normal(kv, (b, t, h, dv), jnp.float32),
+      initial_state=jax.random.normal(
+          ks, (b, h, state_k or dim_k, state_v or dv), jnp.float32),
+      segment_ids=segments(kseg, b, t),
+  )
+
+
+def _normalized_state(key, dims, feature_map, dim_k, prior=16):
+  """A state a normalized op can have reached: ``sum_j phi(k_j) [v_j, 1]``
+  over ``prior`` random earlier tokens (a random normalizer column could put
+  a denominator ``q . z`` near 0, where no float32 form is accurate)."""
+  kk, kv = jax.random.split(key)
+  b, h = dims.batch, dims.heads
+  k = feature_map(jax.random.normal(kk, (b, prior, h, dim_k), jnp.float32))
+  v = jax.random.normal(kv, (b, prior, h, dims.dim_v), jnp.float32)
+  v = jnp.concatenate([v, jnp.ones_like(v[..., :1])], axis=-1)
+  return jnp.einsum("bjhk,bjhv->bhkv", k, v)
+
+
+def linear_attn(key, dims, strong, normalize=False):
+  del strong
+  key, ks = jax.random.split(key)
+  inputs = qkv(key, dims, state_v=dims.dim_v + 1 if normalize else None)
+  if normalize:
+    inputs["q"] = feature_maps.elu_plus_one(inputs["q"])
+    inputs["k"] = feature_maps.elu_plus_one(inputs["k"])
+    inputs["initial_state"] = _normalized_state(
+        ks, dims, feature_maps.elu_plus_one, dims.dim_k)
+  return inputs
+
+
+def simple_gla(key, dims, strong):
+  key, kg = jax.random.split(key)
+  inputs = qkv(key, dims)
+  inputs["g"] = _log_gate(kg, (dims.batch, dims.length, dims.heads), strong)
+  return inputs
+
+
+def gla(key, dims, strong):
+  key, kg = jax.random.split(key)
+  inputs = qkv(key, dims)
+  inputs["g"] = _log_gate(
+      kg, (dims.batch, dims.length, dims.heads, dims.dim_k), strong)
+  return inputs
+
+
+def retention(key, dims, strong):
+  del strong
+  return qkv(key, dims)
+
+
+def based(key, dims, strong):
+  del strong
+  dk = BASED_FEATURE_DIM
+  key, ks = jax.random.split(key)
+  inputs = qkv(key, dims, dim_k=dk, state_k=1 + dk + dk * dk,
+                state_v=dims.dim_v + 1)
+  inputs["q"] = 0.5 * inputs["q"]
+  inputs["k"] = 0.5 * inputs["k"]
+  inputs["initial_state"] = _normalized_state(
+      ks, dims, lambda x: feature_maps.taylor(0.5 * x), dk)
+  return inputs
+
+
+def delta_rule(key, dims, strong, gate=None):
+  key, kg, kb = jax.random.split(key, 3)
+  inputs = qkv(key, dims)
+  b, t, h = dims.batch, dims.length, dims.heads
+  beta = jax.nn.sigmoid(jax.random.normal(kb, (b, t, h), jnp.float32))
+  inputs["beta"] = 2.0 * beta if strong else beta
+  if gate == "scalar":
+    inputs["g"] = _log_gate(kg, (b, t, h), strong)
+  elif gate == "channel":
+    inputs["g"] = _log_gate(kg, (b, t, h, dims.dim_k), strong)
+  return inputs
+
+
+def rwkv6(key, dims, strong):
+  key, kw, ku = jax.random.split(key, 3)
+  inputs = qkv(key, dims)
+  inputs["r"] = inputs.pop("q")
+  inputs["w"] = _log_gate(
+      kw, (dims.batch, dims.length, dims.heads, dims.dim_k), strong)
+  inputs["u"] = jax.random.normal(ku, (dims.heads, dims.dim_k), jnp.float32)
+  return inputs
+
+
+def rwkv7(key, dims, strong):
+  key, kw, kappa_key, rate_key = jax.random.split(key, 4)
+  inputs = qkv(key, dims)
+  shape = (dims.batch, dims.length, dims.heads, dims.dim_k)
+  inputs["r"] = inputs.pop("q")
+  inputs["w"] = _log_gate(kw, shape, strong)
+  kappa = jax.random.normal(kappa_key, shape, jnp.float32)
+  kappa = kappa / jnp.linalg.norm(kappa, axis=-1, keepdims=True)
+  rate = jax.nn.sigmoid(jax.random.normal(rate_key, shape, jnp.float32))
+  inputs["a"] = -kappa
+  inputs["b"] = kappa * rate
+  return inputs
+
+
+def _log_decay(key, shape, strong):
+  """Gentle: ``log_sigmoid(N(2, 1))`` (about -0.1); strong: U(-30, 0)."""
+  if strong:
+    return jax.random.uniform(key, shape, _F32, STRONGEST_LOG_DECAY, 0.0)
+  return jax.nn.log_sigmoid(_normal(key, shape, shift=2.0))
+
+
+def linear_scan(key, dims, strong):
+  ka, kb, ks, kseg = jax.random.split(key, 4)
+  b, t, d = dims.batch, dims.length, dims.dim_v
+  return dict(a=jnp.exp(_log_decay(ka, (b, t, d), strong)),
+              b=_normal(kb, (b, t, d)), initial_state=_normal(ks, (b, d)),
+              segment_ids=segments(kseg, b, t))
+
+
+def selective_scan(key, dims, strong):
+  keys = jax.random.split(key, 10)
+  b, t, d, n, g = dims.batch, dims.length, dims.dim_v, dims.dim_k, dims.heads
+  proj = (b, t, n) if g == 1 else (b, t, g, n)
+  # dt = softplus(delta + delta_bias) in about (0.05, 2.5); strong A reaches
+  # dt * A = -30.
+  a = (-jax.random.uniform(keys[2], (d, n), _F32, 1.0, 12.0) if strong
+       else -jnp.exp(_normal(keys[2], (d, n), 0.5)))
+  return dict(u=_normal(keys[0], (b, t, d)),
+              delta=_normal(keys[1], (b, t, d), shift=-1.0), A=a,
+              B=_normal(keys[3], proj), C=_normal(keys[4], proj),
+              D=_normal(keys[5], (d,)), z=_normal(keys[6], (b, t, d)),
+              delta_bias=_normal(keys[7], (d,), 0.5),
+              initial_state=_normal(keys[8], (b, d, n)),
+              segment_ids=segments(keys[9], b, t))
+
+
+def ssd_groups(heads):
+  return heads // 2 if heads > 1 and heads % 2 == 0 else 1
+
+
+def ssd(key, dims, strong):
+  keys = jax.random.split(key, 9)
+  b, t, h, n, p = dims.batch, dims.length, dims.heads, dims.dim_k, dims.dim_v
+  g = ssd_groups(h)
+  a = (-jax.random.uniform(keys[2], (h,), _F32, 1.0, 12.0) if strong
+       else -jnp.exp(_normal(keys[2], (h,), 0.5)))
+  return dict(x=_normal(keys[0], (b, t, h, p)),
+              dt=_normal(keys[1], (b, t, h), shift=-1.0), A=a,
+              B=_normal(keys[3], (b, t, g, n)),
+              C=_normal(keys[4], (b, t, g, n)),
+              D=_normal(keys[5], (h,)), dt_bias=_normal(keys[6], (h,), 0.5),
+              initial_state=_normal(keys[7], (b, h, n, p)),
+              segment_ids=segments(keys[8], b, t))
+
+
+def causal_conv1d(key, dims, strong):
+  del strong
+  kx, kw, kb, ks, kseg = jax.random.split(key, 5)
+  b, t, d = dims.batch, dims.length, dims.dim_v
+  return dict(x=_normal(kx, (b, t, d)),
+              weight=_normal(kw, (d, CONV_WIDTH), 0.5),
+              bias=_normal(kb, (d,)),
+              initial_state=_normal(ks, (b, CONV_WIDTH - 1, d)),
+              segment_ids=segments(kseg, b, t))
+
+
+def shift_ssm(key, dims, strong):
+  del strong
+  ku, kc, kd, ks, kseg = jax.random.split(key, 5)
+  b, t, d, n = dims.batch, dims.length, dims.dim_v, dims.dim_k
+  return dict(u=_normal(ku, (b, t, d)), C=_normal(kc, (d, n), n ** -0.5),
+              D=_normal(kd, (d,)), initial_state=_normal(ks, (b, n - 1, d)),
+              segment_ids=segments(kseg, b, t))
+
+
+def s4d(key, dims, strong):
+  keys = jax.random.split(key, 9)
+  b, t, d, n = dims.batch, dims.length, dims.dim_v, dims.dim_k
+  if strong:   # dt * A_real between -30 and -0.5
+    log_dt = jax.random.uniform(keys[1], (d,), _F32, jnp.log(0.5), jnp.log(2.0))
+    a_real = -jax.random.uniform(keys[2], (d, n), _F32, 1.0, 15.0)
+  else:        # S4D-Lin: dt in [1e-3, 1e-1], A = -1/2 + i pi n
+    log_dt = jax.random.uniform(keys[1], (d,), _F32, jnp.log(1e-3),
+                                jnp.log(1e-1))
+    a_real = -0.5 * jnp.exp(_normal(keys[2], (d, n), 0.2))
+  a_imag = jnp.pi * jnp.arange(n, dtype=_F32) * jnp.ones((d, 1), _F32)
+  return dict(u=_normal(keys[0], (b, t, d)), log_dt=log_dt, A_real=a_real,
+              A_imag=a_imag + _normal(keys[3], (d, n), 0.1),
+              B=_normal(keys[4], (d, n, 2)), C=_normal(keys[5], (d, n, 2)),
+              D=_normal(keys[6], (d,)),
+              initial_state=_normal(keys[7], (b, d, n, 2)),
+              segment_ids=segments(keys[8], b, t))
+
+
+def rg_lru(key, dims, strong):
+  keys = jax.random.split(key, 6)
+  b, t, d = dims.batch, dims.length, dims.dim_v
+  # softplus(a_param) = -log(a); strong: c * r * softplus(a_param) up to 30.
+  low, high = (0.5, 3.75) if strong else (1e-3, 0.1)
+  softplus = jax.random.uniform(keys[3], (d,), _F32, low, high)
+  return dict(x=_normal(keys[0], (b, t, d)), a_gate=_normal(keys[1], (b, t, d)),
+              x_gate=_normal(keys[2], (b, t, d)),
+              a_param=jnp.log(jnp.expm1(softplus)),
+              initial_state=_normal(keys[4], (b, d)),
+              segment_ids=segments(keys[5], b, t))
+
+
+def hgrn(key, dims, strong):
+  kx, kg, ks, kseg = jax.random.split(key, 4)
+  b, t, d = dims.batch, dims.length, dims.dim_v
+  g = _log_decay(kg, (b, t, d), strong)
+  return dict(x=(-jnp.expm1(g)) * _normal(kx, (b, t, d)), g=g,
+              initial_state=_normal(ks, (b, d)),
+              segment_ids=segments(kseg, b, t))
+
+
+def attention(key, dims, strong, global_tokens=False, projections=False):
+  del strong
+  kq, kk, kv, kseg, ke, kf = jax.random.split(key, 6)
+  b, t, h, dk, dv = (dims.batch, dims.length, dims.heads, dims.dim_k,
+                     dims.dim_v)
+  hkv = h // 2 if h % 2 == 0 else h
+  inputs = dict(q=jax.random.normal(kq, (b, t, h, dk), jnp.float32),
+                k=jax.random.normal(kk, (b, t, hkv, dk), jnp.float32),
+                v=jax.random.normal(kv, (b, t, hkv, dv), jnp.float32))
+  if projections:
+    shape = (LINFORMER_RANK, t)
+    inputs["e"] = jax.random.normal(ke, shape, jnp.float32) * t ** -0.5
+    inputs["f"] = jax.random.normal(kf, shape, jnp.float32) * t ** -0.5
+  else:
+    inputs["segment_ids"] = segments(kseg, b, t)
+  if global_tokens:
+    # Static positions (not an array): the first token and the middle one.
+    inputs["global_positions"] = (0, t // 2)
+  return inputs
