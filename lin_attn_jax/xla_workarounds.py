@@ -16,12 +16,8 @@ that flag. XLA reads ``XLA_FLAGS`` when the first computation starts the
 back end: import ``lin_attn_jax`` before running any JAX computation, or set
 the flag yourself; otherwise a warning says that it came too late.
 
-The flag also keeps small per-token reductions fast: with YNNPACK's
-reductions, a ``lax.scan`` over 4096 tokens that sums a ``[2, 1, 16, 128]``
-product over its third axis each token (Mamba's selective scan with one
-group) took 146 ms against 18 ms with XLA's own emitter on jaxlib 0.10.2
-(20 against 15 ms without the size-1 axis). Check Mamba's scan on a jaxlib
-that no longer needs the workaround before dropping it.
+The flag also keeps small per-token reductions (Mamba's selective scan)
+fast; check that scan before dropping it (docs/performance.md).
 """
 
 from __future__ import annotations
