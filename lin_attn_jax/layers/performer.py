@@ -28,7 +28,7 @@ from lin_attn_jax.layers.base import (Context, Mixer, checked_impl,
                                       chunk_form, zero_state)
 from lin_attn_jax.layers.linear_attn import head_dim, run_linear_attn
 from lin_attn_jax.ops import chunk_favor_attn
-from lin_attn_jax.ops.performer.chunk import heads_first_features
+from lin_attn_jax.ops.performer.heads_first import heads_first_features
 
 
 def default_nb_features(dim: int) -> int:
