@@ -62,9 +62,9 @@ class Variant:
       (after ``state``).
     from_core: ``from_core(outputs, **leading) -> outputs``, applied to what
       the core's form returns; None returns it unchanged.
-    fixed: keyword arguments the variant always gives the core's forms; they
-      leave the built form's signature (a variant keyword of the same name
-      takes the place of the core's).
+    fixed: keyword arguments the variant always gives those of the core's
+      forms that take them; they leave the built form's signature (a variant
+      keyword of the same name takes the place of the core's).
   """
   name: str
   params: tuple[Any, ...]
@@ -110,6 +110,11 @@ class Variant:
            for spec in self.params] + [name for name, _ in self.keywords]
     var_keyword = [p.name for p in signature.parameters.values()
                    if p.kind == inspect.Parameter.VAR_KEYWORD]
+    core_params = inspect.signature(core_form).parameters
+    fixed = {name: value for name, value in self.fixed
+             if name in core_params or any(
+                 p.kind == inspect.Parameter.VAR_KEYWORD
+                 for p in core_params.values())}
 
     def variant_form(*args, **kwargs):
       bound = signature.bind(*args, **kwargs)
@@ -119,7 +124,7 @@ class Variant:
       for name in var_keyword:
         arguments.update(arguments.pop(name))
       outputs = core_form(*self.to_core(step, **leading), **arguments,
-                          **dict(self.fixed))
+                          **fixed)
       if self.from_core is None:
         return outputs
       return self.from_core(outputs, **leading)
