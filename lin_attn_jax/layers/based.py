@@ -30,6 +30,7 @@ from lin_attn_jax.ops import (based_step, chunk_based, chunk_softmax_attn,
                               init_kv_cache, parallel_based,
                               parallel_softmax_attn, recurrent_based,
                               softmax_attn_extend, softmax_attn_step)
+from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.common.segments import reset_flags
 
 
@@ -60,8 +61,7 @@ class Based(Mixer):
                param_dtype=jnp.float32):
     for name, value in (("feature_dim", feature_dim),
                         ("window_size", window_size)):
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+      checks.positive_int(name, value)
     self.n_heads, self.chunk_size = n_heads, chunk_size
     self.impl = checked_impl(impl)
     self.feature_dim, self.window_size = feature_dim, window_size

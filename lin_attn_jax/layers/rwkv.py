@@ -32,6 +32,7 @@ from lin_attn_jax.layers.base import (Context, Mixer,
 from lin_attn_jax.ops import (chunk_rwkv6, chunk_rwkv7, parallel_rwkv6,
                               parallel_rwkv7, recurrent_rwkv6, recurrent_rwkv7,
                               rwkv6_step, rwkv7_step)
+from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.common.products import project
 from lin_attn_jax.ops.common.reductions import plus_channels, times_channels
 from lin_attn_jax.ops.delta_rule import l2_normalize
@@ -64,9 +65,7 @@ def check_heads(d_model: int, n_heads: int):
 
 
 def check_positive(name: str, value):
-  if not isinstance(value, int) or value < 1:
-    raise ValueError(f"{name} must be a positive int, got {value!r}")
-  return value
+  return checks.positive_int(name, value)
 
 
 def run_form(ctx: Context, forms, step, args, state,

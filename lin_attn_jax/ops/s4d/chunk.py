@@ -10,7 +10,7 @@ from lin_attn_jax.ops.common.chunking import (merge_chunks, pad_time,
                                               split_chunks)
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.s4d.complex_state import (complex_state, discretize,
-                                                read_out, to_complex, to_pair)
+                                                to_complex, to_pair)
 from lin_attn_jax.ops.s4d.inputs import validate
 
 _F32 = jnp.float32

@@ -55,7 +55,7 @@ def init_kv_cache(batch: int, heads_kv: int, dim_k: int, dim_v: int, *,
     if max_length is None:
       raise ValueError("init_kv_cache needs max_length (full attention) or "
                        "window_size (sliding window)")
-    checks.check_chunk_size(max_length, "max_length")
+    checks.positive_int("max_length", max_length)
   size = window_size if window_size is not None else max_length
   return KVCache(
       k=jnp.zeros((batch, size, heads_kv, dim_k), dtype),
