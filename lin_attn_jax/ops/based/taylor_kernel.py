@@ -92,9 +92,7 @@ def _pairs(y):
   ``[K, P]`` matmuls several times slower. Gradient: ``dy = (g y_j)
   first^T + (g y_i) second^T``, two products that contract the pair axis
   (autodiff of the slices made one fused kernel of ``K`` shifted reads per
-  entry, slower than the tables). Based's LM step at B=2, T=4096: 1.5-7%
-  faster than the tables forward and backward in four runs, 272 -> 246 ms
-  in a fifth.
+  entry, slower than the tables; see docs/performance.md).
   """
   y = jax.lax.optimization_barrier(y)
   return jnp.concatenate([y[..., i:i + 1] * y[..., i:]

@@ -94,9 +94,8 @@ def chunk_s4d(u, log_dt, A_real, A_imag, B, C, *, D=None, initial_state=None,
   N))``, memory ``O(T D + (T / L) D N)``. With ``segment_ids`` the three
   products are masked per chunk by document: the Toeplitz product then
   holds a ``[B, T / L, D, L, L]`` mask product, so chunks are at most
-  ``MASKED_CHUNK`` (16) tokens long (in an H3 LM with d_model 256, 4
-  layers, batch 8 x 256 on CPU: a train step of 1.06 s against 1.63 s with
-  chunks of 64).
+  ``MASKED_CHUNK`` (16) tokens long: that product grows as ``L^2`` (see
+  docs/performance.md).
 
   Args:
     u: ``[B, T, D]``.
