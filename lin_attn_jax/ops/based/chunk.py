@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import functools
-
 from lin_attn_jax.ops.based.inputs import based_features
 from lin_attn_jax.ops.based.taylor_kernel import taylor_chunk
-from lin_attn_jax.ops.common import checks, context_parallel, dispatch
-from lin_attn_jax.ops.linear_attn.chunk import chunk_linear_attn
+from lin_attn_jax.ops.linear_attn.on_features import (check_feature_inputs,
+                                                      run_on_features)
 from lin_attn_jax.ops.linear_attn.inputs import divide, with_normalizer
 
 
@@ -31,26 +29,9 @@ def chunk_based(q, k, v, *, scale=None, initial_state=None,
   kernels and the context-parallel split run ``chunk_linear_attn`` on the
   features.
   """
-  b, t, h, dk, dv = checks.check_qkv(q, k, v)
-  checks.check_float("q", q)
-  checks.check_float("k", k)
-  checks.check_state("initial_state", initial_state,
-                     (b, h, 1 + dk + dk * dk, dv + 1),
-                     "[B, H, 1 + K + K^2, V + 1]")
-  checks.check_segment_ids(segment_ids, b, t)
-  checks.check_chunk_size(chunk_size)
-  dispatch.check_impl(impl)
-
-  def features(impl):
-    fq, fk = based_features(q, k, scale)
-    return chunk_linear_attn(fq, fk, v, scale=1.0, normalize=True,
-                             initial_state=initial_state,
-                             output_final_state=output_final_state,
-                             segment_ids=segment_ids, chunk_size=chunk_size,
-                             impl=impl)
-
-  if context_parallel.sequence_parallel_size() > 1:
-    return features(impl)
+  dk = check_feature_inputs(
+      q, k, v, initial_state, segment_ids, chunk_size, impl,
+      state_rows=lambda dk: 1 + dk + dk * dk, rows_layout="1 + K + K^2")[3]
 
   def xla():
     o, final = taylor_chunk(
@@ -59,5 +40,7 @@ def chunk_based(q, k, v, *, scale=None, initial_state=None,
         segment_ids=segment_ids, chunk_size=chunk_size)
     return divide(o, v.dtype), final
 
-  return dispatch.run(impl, xla, functools.partial(features, "pallas"),
-                      family="gated_linear")
+  return run_on_features(
+      lambda: based_features(q, k, scale), xla, v,
+      initial_state=initial_state, output_final_state=output_final_state,
+      segment_ids=segment_ids, chunk_size=chunk_size, impl=impl)

@@ -5,17 +5,9 @@ from lin_attn_jax.ops.kda.inputs import KDA
 
 chunk_kda = KDA.form(
     chunk_delta_rule, __name__, doc="""\
-Chunkwise form (WY representation), the training path.
-
-Args:
-  q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; g: ``[B, T, HV, K]``
-    log-decay ``<= 0``; beta: ``[B, T, HV]``.
-  scale, initial_state, output_final_state, segment_ids, chunk_size,
-    sub_chunk_size, use_qk_l2norm, impl: as in ``chunk_delta_rule``
-    (``impl="pallas"``: the sweep over chunks and its backward pass as
-    Pallas kernels, the WY terms in XLA).
-Returns:
-  ``(o [B, T, HV, V], final_state [B, HV, K, V] or None)``.
+Chunkwise form (WY representation), the training path: arguments,
+options and returns as in ``chunk_gated_delta_rule``, with a log-decay per
+key channel, ``g: [B, T, HV, K]`` (``<= 0``).
 
 Example:
   >>> q = k = jnp.ones((1, 100, 2, 16)); v = jnp.ones((1, 100, 2, 32))

@@ -7,11 +7,12 @@ import functools
 
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import checks, context_parallel, dispatch
-from lin_attn_jax.ops.linear_attn.chunk import chunk_linear_attn
+from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.linear_attn.on_features import (check_feature_inputs,
+                                                      run_on_features)
 from lin_attn_jax.ops.linear_attn.inputs import NORMALIZER_EPS
 from lin_attn_jax.ops.performer.heads_first import (favor_chunk,
-                                                   heads_first_features)
+                                                    heads_first_features)
 
 
 def favor_features(q, k, projection):
@@ -42,33 +43,19 @@ def chunk_favor_attn(q, k, v, projection, *, initial_state=None,
   Returns:
     ``(o [B, T, H, V] in v's dtype, final_state [B, H, M, V + 1] or None)``.
   """
-  b, t, h, dk, dv = checks.check_qkv(q, k, v)
-  checks.check_float("q", q)
-  checks.check_float("k", k)
+  dk = checks.check_qkv(q, k, v)[3]
   checks.check_rank("projection", projection, 2, "[M, K]")
   if projection.shape[1] != dk:
     raise ValueError(f"projection must be [M, K] with K = {dk}, got "
                      f"{projection.shape}")
-  m = projection.shape[0]
-  checks.check_state("initial_state", initial_state, (b, h, m, dv + 1),
-                     "[B, H, M, V + 1]")
-  checks.check_segment_ids(segment_ids, b, t)
-  checks.check_chunk_size(chunk_size)
-  dispatch.check_impl(impl)
-
-  def features(impl):
-    fq, fk = favor_features(q, k, projection)
-    return chunk_linear_attn(fq, fk, v, scale=1.0, normalize=True,
-                             initial_state=initial_state,
-                             output_final_state=output_final_state,
-                             segment_ids=segment_ids, chunk_size=chunk_size,
-                             impl=impl)
-
-  if context_parallel.sequence_parallel_size() > 1:
-    return features(impl)
+  check_feature_inputs(q, k, v, initial_state, segment_ids, chunk_size, impl,
+                       state_rows=lambda dk: projection.shape[0],
+                       rows_layout="M")
   xla = functools.partial(
       favor_chunk, q, k, v, projection, initial_state=initial_state,
       output_final_state=output_final_state, segment_ids=segment_ids,
       chunk_size=chunk_size, eps=NORMALIZER_EPS)
-  return dispatch.run(impl, xla, lambda: features("pallas"),
-                      family="gated_linear")
+  return run_on_features(
+      lambda: favor_features(q, k, projection), xla, v,
+      initial_state=initial_state, output_final_state=output_final_state,
+      segment_ids=segment_ids, chunk_size=chunk_size, impl=impl)
