@@ -7,6 +7,7 @@ named for what they contain; its ``__init__.py`` only imports and exports.
 """
 
 import ast
+import importlib
 import pathlib
 import re
 import shutil
@@ -137,7 +138,6 @@ def test_every_exported_form_is_defined_in_its_form_file():
 
 
 def test_op_packages_export_their_forms_from_form_files():
-  import importlib
   wrong = {}
   for folder in op_folders(OPS_DIR):
     package = importlib.import_module(f"lin_attn_jax.ops.{folder.name}")
