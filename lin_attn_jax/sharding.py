@@ -50,11 +50,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor", "sequence")
-# Mesh axes that split batch rows, and the one that splits the length.
-BATCH_AXES = ("data", "fsdp")
-SEQUENCE_AXIS = "sequence"
-TENSOR_AXIS = "tensor"
+from lin_attn_jax.ops.common.mesh_axes import (BATCH_AXES, MESH_AXES,
+                                               SEQUENCE_AXIS, TENSOR_AXIS)
 
 
 def parse_mesh_spec(spec: str | Mapping[str, int] | None,

@@ -37,6 +37,8 @@ import dataclasses
 
 import numpy as np
 
+from lin_attn_jax.ops.common import checks
+
 IGNORE_INDEX = -100
 
 # Rows handled at once when drawing without replacement (bounds the
@@ -60,8 +62,7 @@ def check_arguments(vocab_size: int, seq_len: int, num_kv_pairs: int,
   """Raises ``ValueError`` for arguments that admit no MQAR example."""
   for name, value in (("vocab_size", vocab_size), ("seq_len", seq_len),
                       ("num_kv_pairs", num_kv_pairs)):
-    if not isinstance(value, (int, np.integer)) or value < 1:
-      raise ValueError(f"{name} must be a positive int, got {value!r}")
+    checks.positive_int(name, value)
   if seq_len % 2:
     raise ValueError(f"seq_len must be even (queries sit on every other "
                      f"position), got {seq_len}")

@@ -25,14 +25,14 @@ from __future__ import annotations
 import numpy as np
 
 from lin_attn_jax.data.corpus import Corpus
+from lin_attn_jax.ops.common import checks
 
 
 class PackedRows:
   """Rows of ``row_len + 1`` tokens from ``corpus``; see the module doc."""
 
   def __init__(self, corpus: Corpus, row_len: int, seed: int = 0):
-    if not isinstance(row_len, int) or row_len < 1:
-      raise ValueError(f"row_len must be a positive int, got {row_len!r}")
+    checks.positive_int("row_len", row_len)
     self.corpus, self.row_len, self.seed = corpus, row_len, seed
     self.row_tokens = row_len + 1
     self.rows_per_epoch = corpus.num_tokens // self.row_tokens

@@ -22,6 +22,7 @@ import numpy as np
 
 from lin_attn_jax import sharding as shd
 from lin_attn_jax.data.packing import PackedRows, model_inputs
+from lin_attn_jax.ops.common import checks
 
 
 def process_rows(mesh: jax.sharding.Mesh, global_batch: int) -> np.ndarray:
@@ -38,9 +39,7 @@ def process_rows(mesh: jax.sharding.Mesh, global_batch: int) -> np.ndarray:
 
 def check_global_batch(mesh: jax.sharding.Mesh, global_batch: int) -> None:
   parts = shd.batch_divisor(mesh)
-  if not isinstance(global_batch, int) or global_batch < 1:
-    raise ValueError(f"batch size must be a positive int, got "
-                     f"{global_batch!r}")
+  checks.positive_int("batch size", global_batch)
   if global_batch % parts:
     raise ValueError(f"batch size {global_batch} is not divisible by data x "
                      f"fsdp = {parts} (mesh {shd.describe(mesh)})")

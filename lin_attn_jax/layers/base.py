@@ -236,9 +236,7 @@ class Mixer(nnx.Module):
       ValueError: ``seq_len`` is not a positive int, or the mixer is not
         causal (it has no state: every token sees the whole sequence).
     """
-    if (isinstance(seq_len, bool) or not isinstance(seq_len, int)
-        or seq_len < 1):
-      raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    checks.positive_int("seq_len", seq_len)
     if not self.causal:
       raise ValueError(f"{type(self).__name__} is not causal: it carries no "
                        "state from token to token")
@@ -279,8 +277,8 @@ class Mixer(nnx.Module):
     if not self.causal:
       raise ValueError(f"{type(self).__name__} is not causal: it has no "
                        "cache and cannot decode token by token")
-    checks.check_chunk_size(batch_size, "batch_size")
-    checks.check_chunk_size(max_len, "max_len")
+    checks.positive_int("batch_size", batch_size)
+    checks.positive_int("max_len", max_len)
     return {
         "position": jnp.zeros((batch_size,), jnp.int32),
         "segment_id": jnp.zeros((batch_size,), jnp.int32),

@@ -30,6 +30,7 @@ from lin_attn_jax.layers.linear_attn import head_dim
 from lin_attn_jax.layers.softmax import attend_with_cache, window_attend
 from lin_attn_jax.ops import (based_step, chunk_based, init_kv_cache,
                               parallel_based, recurrent_based)
+from lin_attn_jax.ops.common import checks
 
 BASED_FORMS = OpForms(chunk_based, parallel_based, recurrent_based, based_step)
 
@@ -61,8 +62,7 @@ class Based(Mixer):
                param_dtype=jnp.float32):
     for name, value in (("feature_dim", feature_dim),
                         ("window_size", window_size)):
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+      checks.positive_int(name, value)
     self.n_heads, self.chunk_size = n_heads, chunk_size
     self.impl = checked_impl(impl)
     self.feature_dim, self.window_size = feature_dim, window_size

@@ -46,6 +46,7 @@ from lin_attn_jax.layers.base import (Context, Mixer, OpForms, checked_impl,
                                       zero_state)
 from lin_attn_jax.ops import (chunk_delta_rule, delta_rule_step,
                               parallel_delta_rule, recurrent_delta_rule)
+from lin_attn_jax.ops.common import checks
 
 _F32 = jnp.float32
 # The gated_delta_rule and kda ops are these forms with a scalar or a
@@ -139,9 +140,7 @@ class DeltaNet(Mixer):
                dtype=_F32, param_dtype=_F32):
     for name, value in (("n_v_heads", n_v_heads), ("head_k_dim", head_k_dim),
                         ("head_v_dim", head_v_dim)):
-      if value is not None and (not isinstance(value, int) or value < 1):
-        raise ValueError(f"{name} must be a positive int or None, got "
-                         f"{value!r}")
+      checks.positive_int(name, value, allow_none=True)
     if head_k_dim is None or head_v_dim is None:
       self.head_k, self.head_v = head_dims(d_model, n_heads, expand_k,
                                            expand_v)

@@ -26,6 +26,7 @@ from lin_attn_jax.layers import modules
 from lin_attn_jax.layers.base import Context, MatrixStateMixer, checked_impl
 from lin_attn_jax.layers.gla import GLA_FORMS
 from lin_attn_jax.layers.linear_attn import TORCH_LINEAR_INIT, head_dim
+from lin_attn_jax.ops.common import checks
 
 
 class HGRN2(MatrixStateMixer):
@@ -65,9 +66,7 @@ class HGRN2(MatrixStateMixer):
                dtype=jnp.float32, param_dtype=jnp.float32):
     if expand_ratio is None:
       expand_ratio = head_dim(d_model, n_heads, "d_model")
-    if not isinstance(expand_ratio, int) or expand_ratio < 1:
-      raise ValueError(f"expand_ratio must be a positive int, got "
-                       f"{expand_ratio!r}")
+    checks.positive_int("expand_ratio", expand_ratio)
     if not 0.0 <= lower_bound < 1.0:
       raise ValueError(f"lower_bound must be in [0, 1), got {lower_bound!r}")
     self.n_heads, self.chunk_size = n_heads, chunk_size

@@ -54,8 +54,8 @@ class Linformer(Mixer):
                share_kv: bool = False, dtype=jnp.float32,
                param_dtype=jnp.float32):
     _, self.head_dim = head_layout(d_model, n_heads, None)
-    checks.check_chunk_size(max_len, "max_len")
-    checks.check_chunk_size(projected_length, "projected_length")
+    checks.positive_int("max_len", max_len)
+    checks.positive_int("projected_length", projected_length)
     self.n_heads, self.max_len, self.dtype = n_heads, max_len, dtype
     self.share_kv = share_kv
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)

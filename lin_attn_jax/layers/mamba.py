@@ -20,6 +20,7 @@ from lin_attn_jax.layers import modules
 from lin_attn_jax.layers.base import Context, Mixer, OpForms
 from lin_attn_jax.ops import (chunk_selective_scan, parallel_selective_scan,
                               recurrent_selective_scan, selective_scan_step)
+from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.mamba.inputs import CHUNK_SIZE
 
 SELECTIVE_SCAN_FORMS = OpForms(chunk_selective_scan, parallel_selective_scan,
@@ -102,9 +103,7 @@ class Mamba(Mixer):
     width = inner_width(d_model, expand)
     if dt_rank == "auto":
       dt_rank = math.ceil(d_model / 16)
-    if not isinstance(dt_rank, int) or dt_rank < 1:
-      raise ValueError(f"dt_rank must be a positive int or 'auto', got "
-                       f"{dt_rank!r}")
+    checks.positive_int("dt_rank", dt_rank, also=" or 'auto'")
     if d_state < 1 or d_conv < 1:
       raise ValueError(f"d_state and d_conv must be >= 1, got {d_state} and "
                        f"{d_conv}")

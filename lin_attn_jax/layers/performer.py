@@ -29,7 +29,8 @@ from lin_attn_jax.layers.base import (Context, Mixer, OpForms, checked_impl,
 from lin_attn_jax.layers.linear_attn import head_dim
 from lin_attn_jax.ops import (chunk_favor_attn, linear_attn_step,
                               parallel_linear_attn, recurrent_linear_attn)
-from lin_attn_jax.ops.performer.chunk import heads_first_features
+from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.performer.heads_first import heads_first_features
 
 
 def favor_features(x, projection, *, query: bool):
@@ -114,10 +115,7 @@ class Performer(Mixer):
                nb_features: int | None = None, orthogonal: bool = True,
                chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
                param_dtype=jnp.float32):
-    if nb_features is not None and (not isinstance(nb_features, int)
-                                    or nb_features < 1):
-      raise ValueError(f"nb_features must be a positive int or None, got "
-                       f"{nb_features!r}")
+    checks.positive_int("nb_features", nb_features, allow_none=True)
     self.n_heads, self.chunk_size = n_heads, chunk_size
     self.impl = checked_impl(impl)
     self.head_dim = head_dim(d_model, n_heads, "d_model")

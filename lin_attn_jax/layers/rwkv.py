@@ -31,6 +31,7 @@ from lin_attn_jax.layers.base import Context, Mixer, OpForms, zero_state
 from lin_attn_jax.ops import (chunk_rwkv6, chunk_rwkv7, parallel_rwkv6,
                               parallel_rwkv7, recurrent_rwkv6, recurrent_rwkv7,
                               rwkv6_step, rwkv7_step)
+from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.delta_rule import l2_normalize
 from lin_attn_jax.ops.rwkv6.inputs import bonus as current_token_term
 
@@ -61,9 +62,7 @@ def check_heads(d_model: int, n_heads: int):
 
 
 def check_positive(name: str, value):
-  if not isinstance(value, int) or value < 1:
-    raise ValueError(f"{name} must be a positive int, got {value!r}")
-  return value
+  return checks.positive_int(name, value)
 
 
 RWKV6_FORMS = OpForms(chunk_rwkv6, parallel_rwkv6, recurrent_rwkv6,

@@ -52,8 +52,7 @@ def head_layout(d_model: int, n_heads: int, n_kv_heads) -> tuple[int, int]:
   """``(Hkv, head_dim)`` after checking that the widths divide."""
   n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
   for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f"{name} must be a positive int, got {value!r}")
+    checks.positive_int(name, value)
   if d_model % n_heads:
     raise ValueError(f"d_model = {d_model} must divide into n_heads = "
                      f"{n_heads}")
@@ -240,7 +239,7 @@ class SoftmaxAttention(CausalAttention):
                rope_fraction: float = 1.0, out_bias: bool = False,
                block_size: int = 128, dtype=jnp.float32,
                param_dtype=jnp.float32):
-    checks.check_chunk_size(block_size, "block_size")
+    checks.positive_int("block_size", block_size)
     super().__init__(d_model, n_heads, rngs=rngs, n_kv_heads=n_kv_heads,
                      rope_base=rope_base, rope_fraction=rope_fraction,
                      out_bias=out_bias, dtype=dtype, param_dtype=param_dtype)
@@ -312,7 +311,7 @@ class SparseAttention(CausalAttention):
                rope_base: float = 10000.0, block_size: int = 64,
                dtype=jnp.float32, param_dtype=jnp.float32):
     check_pattern(pattern, stride, summary_size)
-    checks.check_chunk_size(block_size, "block_size")
+    checks.positive_int("block_size", block_size)
     super().__init__(d_model, n_heads, rngs=rngs, n_kv_heads=n_kv_heads,
                      rope_base=rope_base, dtype=dtype, param_dtype=param_dtype)
     self.pattern, self.stride = pattern, stride

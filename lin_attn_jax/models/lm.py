@@ -127,9 +127,7 @@ class LMConfig:
         raise ValueError(f"{name} must be a positive number or None, got "
                          f"{value!r}")
     for name in ("vocab_size", "d_model", "n_layers", "n_heads"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+      checks.positive_int(name, getattr(self, name))
     names = self.layer_mixers
     unknown = sorted(set(names) - set(MIXERS))
     if unknown:
@@ -454,9 +452,7 @@ class LM(nnx.Module):
     if not jnp.issubdtype(jnp.result_type(prompt), jnp.integer):
       raise ValueError(f"prompt must be integer ids, got "
                        f"{jnp.result_type(prompt)}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens must be a positive int, got "
-                       f"{max_new_tokens!r}")
+    checks.positive_int("max_new_tokens", max_new_tokens)
     sampling = Sampling(float(temperature), top_k, top_p)
     if sampling.temperature > 0 and rng is None:
       raise ValueError("sampling with temperature > 0 needs rng (a PRNG key)")
@@ -481,9 +477,7 @@ class Sampling:
   def __post_init__(self):
     if self.temperature < 0:
       raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-    if self.top_k is not None and (not isinstance(self.top_k, int)
-                                   or self.top_k < 1):
-      raise ValueError(f"top_k must be a positive int, got {self.top_k!r}")
+    checks.positive_int("top_k", self.top_k, allow_none=True)
     if self.top_p is not None and not 0 < self.top_p <= 1:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
 

@@ -1,7 +1,8 @@
 """Functional ops: every variant in every form.
 
 Forms: ``naive_recurrent_<op>`` (the definition), ``parallel_<op>``,
-``chunk_<op>``, ``recurrent_<op>`` and ``<op>_step``. See DESIGN.md for the
+``chunk_<op>``, ``recurrent_<op>`` and ``<op>_step``, each defined in
+``lin_attn_jax/ops/<op>/<form>.py``. See docs/design.md for the layout and the
 conventions (layout ``[B, T, H, K]``, state ``[B, H, K, V]`` float32,
 ``(o, final_state)`` returns).
 """
@@ -54,11 +55,12 @@ from lin_attn_jax.ops.diagonal_ssm import (chunk_linear_scan, linear_scan_step,
                                            naive_recurrent_linear_scan,
                                            parallel_linear_scan,
                                            recurrent_linear_scan)
-from lin_attn_jax.ops.h3 import (chunk_s4d, chunk_shift_ssm,
-                                 naive_recurrent_s4d,
-                                 naive_recurrent_shift_ssm, parallel_s4d,
-                                 parallel_shift_ssm, recurrent_s4d,
-                                 recurrent_shift_ssm, s4d_step, shift_ssm_step)
+from lin_attn_jax.ops.s4d import (chunk_s4d, naive_recurrent_s4d, parallel_s4d,
+                                  recurrent_s4d, s4d_step)
+from lin_attn_jax.ops.shift_ssm import (chunk_shift_ssm,
+                                        naive_recurrent_shift_ssm,
+                                        parallel_shift_ssm,
+                                        recurrent_shift_ssm, shift_ssm_step)
 from lin_attn_jax.ops.hgrn import (chunk_hgrn, hgrn_step, naive_recurrent_hgrn,
                                    parallel_hgrn, recurrent_hgrn)
 from lin_attn_jax.ops.mamba import (chunk_selective_scan,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from lin_attn_jax.ops.common import checks
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
@@ -46,9 +48,7 @@ class TrainConfig:
   def __post_init__(self):
     for name in ("batch_size", "seq_len", "steps", "grad_accum",
                  "checkpoint_keep"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+      checks.positive_int(name, getattr(self, name))
     for name in ("warmup_steps", "checkpoint_every"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 0:

@@ -106,8 +106,8 @@ class BlockSizes:
     defaults are the widest settings that ptxas compiles without a register
     spill for sm_80 and sm_90 at every checked shape (``make
     compile-check``): bfloat16 with a scalar decay (or none), 64-token
-    chunks, 64 columns per step and 4 warps (8 warps ran every kernel about
-    1.5x slower on an H200 at K = V = 128), or 32 columns and 8 warps when
+    chunks, 64 columns per step and 4 warps (8 warps are slower; see
+    docs/performance.md), or 32 columns and 8 warps when
     K or V is wider than 128; a decay per key channel, whose halving levels
     hold many ``[C, C]`` masks and ``[C, BK]`` terms at once, chunks of 32
     tokens (16 for float32), 16 columns and 8 warps, with one pipelining

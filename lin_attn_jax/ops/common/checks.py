@@ -137,9 +137,24 @@ def check_negative(name: str, x, what: str) -> None:
                      f"{float(values.max())} (shape {shape_of(x)})")
 
 
+def positive_int(name: str, value, *, allow_none: bool = False,
+                 also: str = ""):
+  """Returns ``value`` if it is an int (not a bool) ``>= 1``, or None when
+  ``allow_none``; raises ``ValueError`` naming ``name`` otherwise. ``also``
+  names other accepted values for the message (``" or 'auto'"``)."""
+  if value is None and allow_none:
+    return None
+  if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+      or value < 1):
+    accepted = " or None" if allow_none else ""
+    raise ValueError(f"{name} must be a positive int{accepted}{also}, got "
+                     f"{value!r}")
+  return value
+
+
 def check_chunk_size(chunk_size: int, name: str = "chunk_size") -> None:
-  if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
-    raise ValueError(f"{name} must be a positive integer, got {chunk_size!r}")
+  """A chunk length (``chunk_size``, ``sub_chunk_size``): a positive int."""
+  positive_int(name, chunk_size)
 
 
 def check_chunk_sizes(chunk_size: int, sub_chunk_size: int) -> None:

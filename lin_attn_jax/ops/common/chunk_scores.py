@@ -215,8 +215,7 @@ def _scalar_decay_scores(x, y, g, strict):
 # at 16 (the CPU default). Longer ones (chunks of 64, the accelerators'
 # default, and whole sequences in the parallel forms) join the levels'
 # blocks level by level: at 64 the batched products are 1.5x the work and
-# memory of the ``[C, C]`` scores, and KDA's chunk form was no faster with
-# them on CPU (0.92x and 1.20x the time in two in-process comparisons).
+# memory of the ``[C, C]`` scores, for no speed (see docs/performance.md).
 MAX_BATCHED_SIZE = 16
 _GATE_FLOOR = -1e30
 

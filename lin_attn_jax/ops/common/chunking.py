@@ -46,8 +46,8 @@ def merge_chunks(x, *, axis: int = 1):
 
 
 # Tokens of a batch row whose chunk-local terms are alive at once (memory
-# and cache, not results). Measured on CPU, groups of this size train faster
-# than one pass over every chunk without the recomputation.
+# and cache, not results): groups that fit in cache beat one pass over every
+# chunk (see docs/performance.md).
 TOKENS_PER_GROUP = 512
 
 
@@ -57,7 +57,7 @@ def chunks_per_group(chunk: int) -> int:
 
 
 # Floats of one ``[C, width]`` term per group of ``chunks_in_budget``, for
-# every head: 512 KiB, measured on CPU (below).
+# every head: 512 KiB (see docs/performance.md).
 GROUP_FLOATS = 1 << 17
 
 
@@ -65,9 +65,7 @@ def chunks_in_budget(chunk: int, floats_per_token: int) -> int:
   """Chunks of ``chunk`` tokens per group of ``map_chunk_groups`` such
   that a term of ``floats_per_token`` floats per token (all heads) holds
   ``GROUP_FLOATS``: for KDA with 4 heads of width 64 in chunks of 64, 8
-  chunks (its forward+backward at T=8192 took 298 ms in one run, against
-  326-358 ms with groups of 4, 16 or 32 chunks and 426 ms ungrouped);
-  with heads of width 128, 4 (1019 ms; 974 ms with 2, 1117 ungrouped)."""
+  chunks; with heads of width 128, 4."""
   return max(1, GROUP_FLOATS // (chunk * floats_per_token))
 
 

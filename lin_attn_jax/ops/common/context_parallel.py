@@ -42,7 +42,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-SEQUENCE_AXIS = "sequence"
+from lin_attn_jax.ops.common import mesh_axes
+
+SEQUENCE_AXIS = mesh_axes.SEQUENCE_AXIS
 
 
 def _mesh(mesh):

@@ -28,13 +28,12 @@ _default_backend = jax.default_backend
 
 # What ``impl="auto"`` runs on CUDA, per family of kernels: the kernel only
 # where a committed measurement on a GPU shows it faster than the XLA chunk
-# form, forward and forward+backward (benchmarks/RESULTS_kernels.md, one
-# H200, B=8, H=16, K=V=128, bfloat16, T = 2048 and 8192): the chunk-parallel
-# gated-linear kernels 3.2-4.1x (simple GLA) and 2.1x (GLA) forward+backward;
-# the delta-rule sweep kernels 1.2-1.3x (Gated DeltaNet) and 1.02x (KDA);
-# ``impl="auto"`` keeps running those for the delta rule until the
-# chunk-parallel delta-rule kernels (what ``impl="pallas"`` runs there in
-# bfloat16) are measured. ``impl="pallas"`` runs the kernel anywhere.
+# form, forward and forward+backward (benchmarks/RESULTS_kernels.md; see
+# docs/performance.md): the chunk-parallel gated-linear kernels and the
+# delta-rule sweep kernels; ``impl="auto"`` keeps running the sweeps for the
+# delta rule until the chunk-parallel delta-rule kernels (what
+# ``impl="pallas"`` runs there in bfloat16) are measured. ``impl="pallas"``
+# runs the kernel anywhere.
 AUTO_ON_CUDA = {"gated_linear": "pallas", "delta_rule": "pallas"}
 
 

@@ -25,11 +25,12 @@ from typing import Callable
 import jax
 from jax.sharding import PartitionSpec
 
-from lin_attn_jax import sharding
+from lin_attn_jax.ops.common import mesh_axes
 
-# The mesh axes of lin_attn_jax.sharding that split batch rows and heads.
-BATCH_AXES = sharding.BATCH_AXES
-HEAD_AXES = (sharding.TENSOR_AXIS,)
+# The mesh axes (``mesh_axes``, as in lin_attn_jax.sharding) that split batch
+# rows and heads.
+BATCH_AXES = mesh_axes.BATCH_AXES
+HEAD_AXES = (mesh_axes.TENSOR_AXIS,)
 
 
 def split_axes(mesh, names, size: int) -> tuple[str, ...]:

@@ -111,11 +111,9 @@ def kernel_grad_batched(x, g):
 
   The transposing copy is fused with the producers of ``x``, which it then
   reads in transposed order; within blocks of ``L = min(T,
-  KERNEL_GRAD_BLOCK)`` tokens those reads stay in cache. Transposing all
-  of T = 4096 at once was 1.1-3x slower alone (3x for an MLP's
-  down-projection, ``D = 256``, ``E = 64``); RWKV-6's LM step took 343 ms
-  with it against 289 ms in blocks
-  (``benchmarks/RESULTS_train_step.md``).
+  KERNEL_GRAD_BLOCK)`` tokens those reads stay in cache, faster than
+  transposing all of T at once (see docs/performance.md and
+  ``benchmarks/RESULTS_train_step.md``).
   """
   batch, length, d = x.shape
   block = max(1, min(length, KERNEL_GRAD_BLOCK))               # T may be 0

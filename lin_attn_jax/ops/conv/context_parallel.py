@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import context_parallel as cp
-from lin_attn_jax.ops.conv import causal_conv1d, token_shift
+from lin_attn_jax.ops.conv import chunk, convolutions, token_shift
 from lin_attn_jax.ops.conv.inputs import validate
 
 
@@ -51,7 +51,7 @@ def context_parallel_causal_conv1d(x, weight, bias=None, *, activation=None,
   def device(split, whole):
     x, ids = split
     weight, bias, initial = whole
-    window = causal_conv1d.initial_window(initial, batch, taps, channels)
+    window = convolutions.initial_window(initial, batch, taps, channels)
     if taps > 1:
       halo = cp.previous_tokens(x, taps - 1, axis_name).astype(jnp.float32)
       if ids is not None:
@@ -59,7 +59,7 @@ def context_parallel_causal_conv1d(x, weight, bias=None, *, activation=None,
             cp.previous_tokens(ids, taps - 1, axis_name), ids)
         halo = jnp.where(keep[..., None], halo, 0.0)
       window = jnp.where(cp.first_device(axis_name), window, halo)
-    y, final = causal_conv1d.chunk_causal_conv1d(
+    y, final = chunk.chunk_causal_conv1d(
         x, weight, bias, activation=activation, initial_state=window,
         output_final_state=output_final_state, segment_ids=ids,
         chunk_size=chunk_size)

@@ -10,7 +10,7 @@ from lin_attn_jax.ops.diagonal_ssm.inputs import check_vector
 
 # The direct forms add one shifted copy of the input per tap (or, in the
 # Toeplitz form, multiply chunks by ``[L, L]`` tap matrices); a longer
-# memory is the job of an SSM (``lin_attn_jax.ops.h3.s4d``).
+# memory is the job of an SSM (``lin_attn_jax.ops.s4d``).
 MAX_WIDTH = 64
 
 ACTIVATIONS = {

@@ -12,8 +12,8 @@ from lin_attn_jax.ops.delta_rule.chunk import chunk_delta_rule
 from lin_attn_jax.ops.delta_rule.inputs import l2_normalize
 from lin_attn_jax.ops.delta_rule.naive import naive_recurrent_delta_rule
 from lin_attn_jax.ops.delta_rule.parallel import parallel_delta_rule
-from lin_attn_jax.ops.delta_rule.recurrent import (delta_rule_step,
-                                                   recurrent_delta_rule)
+from lin_attn_jax.ops.delta_rule.recurrent import recurrent_delta_rule
+from lin_attn_jax.ops.delta_rule.step import delta_rule_step
 
 __all__ = [
     "chunk_delta_rule",

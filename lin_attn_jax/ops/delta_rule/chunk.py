@@ -241,8 +241,8 @@ SMALL_BLOCK = 8
 def _small_product(x, y):
   """``x @ y`` over the last two axes as a broadcast product and sum: for
   blocks of at most ``SMALL_BLOCK`` rows, which XLA fuses with their
-  neighbours, where a ``dot`` of such blocks is a thunk of its own (on CPU
-  the inverse and its gradient ran 1.1-1.2x faster, chunks of 16 and 32)."""
+  neighbours, where a ``dot`` of such blocks is a thunk of its own (see
+  docs/performance.md)."""
   return jnp.sum(x[..., :, :, None] * y[..., None, :, :], axis=-2)
 
 
@@ -302,11 +302,8 @@ def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk):
   if g.shape[-1] == 1 or chunk <= MAX_BATCHED_SIZE:
     return _local_terms(*operands)
   # A decay per key channel in long chunks: the halving's levels make many
-  # intermediates of the size of the keys. Over groups of chunks that fit
-  # in cache (rematerialised) they ran 1.1-1.4x faster on CPU, forward and
-  # backward, in half the temp memory (B=1, T=4096-8192, H=2-4, K=64-128,
-  # chunks of 32-64); a small problem (B=2, T=4096, H=2, K=32) neither
-  # gained nor lost, and a scalar decay or short chunks lost.
+  # intermediates of the size of the keys: they run over groups of chunks
+  # that fit in cache, rematerialised (see docs/performance.md).
   return map_chunk_groups(
       _local_terms, operands,
       chunks_in_budget(chunk, q.shape[2] * max(chunk, *q.shape[3:],

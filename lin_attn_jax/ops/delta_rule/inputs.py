@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, normalise_gate
 
-__all__ = ["default_scale", "expand_query_key", "l2_normalize", "validate",
-           "validate_step"]
+__all__ = ["default_scale", "expand_query_key", "gate_before_beta",
+           "l2_normalize", "validate", "validate_step"]
 
 L2_EPS = 1e-6
 
@@ -92,3 +92,16 @@ def expand_query_key(q, k, hv: int, use_qk_l2norm: bool):
     q = jnp.repeat(q, groups, axis=-2)
     k = jnp.repeat(k, groups, axis=-2)
   return q, k
+
+
+def gate_before_beta(layout: str, step_layout: str):
+  """``Variant.to_core`` for a gated variant that takes ``(q, k, v, g, beta)``:
+  checks g's rank against ``layout`` (``step_layout`` for the step) and
+  returns the core's ``(q, k, v, beta, g)``."""
+
+  def to_core(step, q, k, v, g, beta):
+    expected = step_layout if step else layout
+    checks.check_rank("g", g, len(expected.split(",")), expected)
+    return q, k, v, beta, g
+
+  return to_core

@@ -13,8 +13,8 @@ Letters used in shape comments across the diagonal-SSM ops:
 from lin_attn_jax.ops.diagonal_ssm.chunk import chunk_linear_scan
 from lin_attn_jax.ops.diagonal_ssm.naive import naive_recurrent_linear_scan
 from lin_attn_jax.ops.diagonal_ssm.parallel import parallel_linear_scan
-from lin_attn_jax.ops.diagonal_ssm.recurrent import (linear_scan_step,
-                                                     recurrent_linear_scan)
+from lin_attn_jax.ops.diagonal_ssm.recurrent import recurrent_linear_scan
+from lin_attn_jax.ops.diagonal_ssm.step import linear_scan_step
 
 __all__ = [
     "chunk_linear_scan",

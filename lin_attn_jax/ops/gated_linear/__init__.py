@@ -7,8 +7,8 @@ Based, Mamba-2's SSD, ...) is a thin parameterisation of these forms.
 from lin_attn_jax.ops.gated_linear.chunk import chunk_gated_linear
 from lin_attn_jax.ops.gated_linear.naive import naive_recurrent_gated_linear
 from lin_attn_jax.ops.gated_linear.parallel import parallel_gated_linear
-from lin_attn_jax.ops.gated_linear.recurrent import (gated_linear_step,
-                                                     recurrent_gated_linear)
+from lin_attn_jax.ops.gated_linear.recurrent import recurrent_gated_linear
+from lin_attn_jax.ops.gated_linear.step import gated_linear_step
 
 __all__ = [
     "chunk_gated_linear",

@@ -3,8 +3,8 @@
 from lin_attn_jax.ops.mamba.chunk import chunk_selective_scan
 from lin_attn_jax.ops.mamba.naive import naive_recurrent_selective_scan
 from lin_attn_jax.ops.mamba.parallel import parallel_selective_scan
-from lin_attn_jax.ops.mamba.recurrent import (recurrent_selective_scan,
-                                              selective_scan_step)
+from lin_attn_jax.ops.mamba.recurrent import recurrent_selective_scan
+from lin_attn_jax.ops.mamba.step import selective_scan_step
 
 __all__ = [
     "chunk_selective_scan",

@@ -177,11 +177,9 @@ def chunk_selective_scan(u, delta, A, B, C, *, D=None, z=None,
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
     chunk_size: tokens between saved states (speed and memory only). The
       backward pass holds two ``[C, B, D, N]`` blocks of a chunk's states
-      and decays; on CPU they are read back fastest while they stay in the
-      core's cache (forward and backward at B=2, T=4096, D=128, N=16:
-      83-97 ms at 32 against 92-104 ms at 128; at B=16, T=256: 46 against
-      68 ms), and the saved states ``[T / C, B, D, N]`` against a chunk's
-      are smallest near ``C = sqrt(T)``.
+      and decays, fastest while they fit in cache (see
+      docs/performance.md), and the saved states ``[T / C, B, D, N]``
+      against a chunk's are smallest near ``C = sqrt(T)``.
   Returns:
     ``(y [B, T, D] in u's dtype, final_state [B, D, N] float32 or None)``.
 

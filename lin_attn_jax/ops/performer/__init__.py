@@ -3,77 +3,11 @@ https://arxiv.org/abs/2009.14794) as one op: the positive random features
 of q and k and normalized causal linear attention over them.
 
 ``chunk_favor_attn`` takes raw q and k; its XLA form
-(``ops/performer/chunk.py``) makes the ``M``-wide features heads first, in
+(``ops/performer/heads_first.py``) makes the ``M``-wide features heads first, in
 the layout of its matmuls. The Pallas kernels and the context-parallel split
 run ``chunk_linear_attn`` on the same features.
 """
 
-from __future__ import annotations
+from lin_attn_jax.ops.performer.chunk import chunk_favor_attn, favor_features
 
-import functools
-
-import jax.numpy as jnp
-
-from lin_attn_jax.ops.common import checks, context_parallel, dispatch
-from lin_attn_jax.ops.linear_attn import NORMALIZER_EPS, chunk_linear_attn
-from lin_attn_jax.ops.performer.chunk import favor_chunk, heads_first_features
-
-
-def favor_features(q, k, projection):
-  """Query and key features ``[B, T, H, K] -> [B, T, H, M]`` float32, as
-  ``chunk_favor_attn`` uses them."""
-  return tuple(
-      jnp.swapaxes(heads_first_features(x, projection, query=query), 1, 2)
-      for x, query in ((q, True), (k, False)))
-
-
-def chunk_favor_attn(q, k, v, projection, *, initial_state=None,
-                     output_final_state=False, segment_ids=None,
-                     chunk_size=64, impl="auto"):
-  """Normalized causal FAVOR+ attention, chunkwise.
-
-  ``phi(k) = exp(W k' - |k'|^2 / 2) / sqrt(M)`` (``k' = k / K ** 0.25``);
-  queries the same shifted by their largest exponent, a per-query factor
-  that cancels; ``o_t = phi(q_t)^T sum_{j<=t} phi(k_j) v_j^T / (phi(q_t) .
-  sum_{j<=t} phi(k_j) + eps)``.
-
-  Args:
-    q, k: ``[B, T, H, K]`` (raw); v: ``[B, T, H, V]``.
-    projection: ``[M, K]``, the random projection ``W``.
-    initial_state: ``[B, H, M, V + 1]`` float32 (the last column the key
-      feature sum).
-    output_final_state, segment_ids ``[B, T]``, chunk_size, impl: as in
-      ``chunk_linear_attn``.
-  Returns:
-    ``(o [B, T, H, V] in v's dtype, final_state [B, H, M, V + 1] or None)``.
-  """
-  b, t, h, dk, dv = checks.check_qkv(q, k, v)
-  checks.check_float("q", q)
-  checks.check_float("k", k)
-  checks.check_rank("projection", projection, 2, "[M, K]")
-  if projection.shape[1] != dk:
-    raise ValueError(f"projection must be [M, K] with K = {dk}, got "
-                     f"{projection.shape}")
-  m = projection.shape[0]
-  checks.check_state("initial_state", initial_state, (b, h, m, dv + 1),
-                     "[B, H, M, V + 1]")
-  checks.check_segment_ids(segment_ids, b, t)
-  checks.check_chunk_size(chunk_size)
-  dispatch.check_impl(impl)
-
-  def features(impl):
-    fq, fk = favor_features(q, k, projection)
-    return chunk_linear_attn(fq, fk, v, scale=1.0, normalize=True,
-                             initial_state=initial_state,
-                             output_final_state=output_final_state,
-                             segment_ids=segment_ids, chunk_size=chunk_size,
-                             impl=impl)
-
-  if context_parallel.sequence_parallel_size() > 1:
-    return features(impl)
-  xla = functools.partial(
-      favor_chunk, q, k, v, projection, initial_state=initial_state,
-      output_final_state=output_final_state, segment_ids=segment_ids,
-      chunk_size=chunk_size, eps=NORMALIZER_EPS)
-  return dispatch.run(impl, xla, lambda: features("pallas"),
-                      family="gated_linear")
+__all__ = ["chunk_favor_attn", "favor_features"]

@@ -4,7 +4,8 @@ bonus for the current token."""
 from lin_attn_jax.ops.rwkv6.chunk import chunk_rwkv6
 from lin_attn_jax.ops.rwkv6.naive import naive_recurrent_rwkv6
 from lin_attn_jax.ops.rwkv6.parallel import parallel_rwkv6
-from lin_attn_jax.ops.rwkv6.recurrent import recurrent_rwkv6, rwkv6_step
+from lin_attn_jax.ops.rwkv6.recurrent import recurrent_rwkv6
+from lin_attn_jax.ops.rwkv6.step import rwkv6_step
 
 __all__ = [
     "chunk_rwkv6",

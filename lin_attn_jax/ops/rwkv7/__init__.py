@@ -4,7 +4,8 @@
 from lin_attn_jax.ops.rwkv7.chunk import chunk_rwkv7
 from lin_attn_jax.ops.rwkv7.naive import naive_recurrent_rwkv7
 from lin_attn_jax.ops.rwkv7.parallel import parallel_rwkv7
-from lin_attn_jax.ops.rwkv7.recurrent import recurrent_rwkv7, rwkv7_step
+from lin_attn_jax.ops.rwkv7.recurrent import recurrent_rwkv7
+from lin_attn_jax.ops.rwkv7.step import rwkv7_step
 
 __all__ = [
     "chunk_rwkv7",

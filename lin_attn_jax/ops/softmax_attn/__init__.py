@@ -6,10 +6,10 @@ form with an online softmax, and a decoding step with a KV cache.
 """
 
 from lin_attn_jax.ops.softmax_attn.cache import (KVCache, init_kv_cache,
-                                                 softmax_attn_extend,
-                                                 softmax_attn_step)
+                                                 softmax_attn_extend)
 from lin_attn_jax.ops.softmax_attn.chunk import chunk_softmax_attn
 from lin_attn_jax.ops.softmax_attn.parallel import parallel_softmax_attn
+from lin_attn_jax.ops.softmax_attn.step import softmax_attn_step
 
 __all__ = [
     "KVCache",

@@ -112,8 +112,8 @@ def banded_fits(length: int, block: int, window_size: int) -> bool:
   key blocks before each query block are at most a quarter of the ``N``
   blocks. The banded blocks then hold at most ``p / 2N`` (an eighth) more
   pairs than the blockwise pass, which skips the key blocks before the
-  sequence's start; with a window as long as the sequence (B=16, T=256,
-  w=512, C=128 in an LM step) the banded path was 10% slower."""
+  sequence's start; a window as long as the sequence takes the blockwise
+  pass (see docs/performance.md)."""
   return 4 * blocks_before(window_size, block) <= -(-length // block)
 
 

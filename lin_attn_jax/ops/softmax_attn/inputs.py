@@ -58,7 +58,7 @@ def check_window(window_size) -> None:
 
 
 def check_block_size(block_size) -> None:
-  checks.check_chunk_size(block_size, "block_size")
+  checks.positive_int("block_size", block_size)
 
 
 def global_positions_array(global_positions, length: int) -> np.ndarray:

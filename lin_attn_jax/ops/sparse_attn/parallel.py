@@ -22,44 +22,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.common.chunking import pad_time
-from lin_attn_jax.ops.common.segments import document_index, same_document_mask
+from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.softmax_attn.blocksparse import (blocksparse_attention,
                                                        merge_passes)
 from lin_attn_jax.ops.softmax_attn.chunk import (gather_rows, padded_positions,
                                                  window_key_blocks)
-from lin_attn_jax.ops.softmax_attn.inputs import (check_block_size,
-                                                  check_grouped_qkv,
-                                                  default_scale)
-from lin_attn_jax.ops.softmax_attn.parallel import masked_softmax_attention
+from lin_attn_jax.ops.softmax_attn.inputs import check_block_size, default_scale
 from lin_attn_jax.ops.sparse_attn import patterns
-
-
-def _validate(q, k, v, segment_ids, pattern, stride, summary_size):
-  b, t, h, hkv, dk, dv = check_grouped_qkv(q, k, v)
-  checks.check_segment_ids(segment_ids, b, t)
-  patterns.check_pattern(pattern, stride, summary_size)
-  return b, t, dk
-
-
-def sparse_attn_reference(q, k, v, *, stride, pattern="strided",
-                          summary_size=1, causal=True, scale=None,
-                          segment_ids=None):
-  """The dense masked form: ``[T, T]`` scores under ``sparse_attn_mask``.
-
-  Arguments and result as in ``parallel_sparse_attn`` (without
-  ``block_size``).
-  """
-  b, t, dk = _validate(q, k, v, segment_ids, pattern, stride, summary_size)
-  mask = jnp.asarray(patterns.sparse_attn_mask(
-      t, pattern=pattern, stride=stride, summary_size=summary_size,
-      causal=causal))
-  if segment_ids is not None:
-    doc = document_index(segment_ids, b, t)
-    mask = mask[None] & same_document_mask(doc, doc)
-  return masked_softmax_attention(q, k, v, mask,
-                                  default_scale(scale, dk)).astype(v.dtype)
+from lin_attn_jax.ops.sparse_attn.inputs import validate
 
 
 def residue_major_positions(length: int, stride: int, block: int):
@@ -147,7 +118,7 @@ def parallel_sparse_attn(q, k, v, *, stride, pattern="strided",
     >>> parallel_sparse_attn(q, k, v, stride=16).shape
     (1, 256, 2, 16)
   """
-  b, t, dk = _validate(q, k, v, segment_ids, pattern, stride, summary_size)
+  b, t, dk = validate(q, k, v, segment_ids, pattern, stride, summary_size)
   check_block_size(block_size)
   scale = default_scale(scale, dk)
   c = min(block_size, t)

@@ -1,16 +1,4 @@
-"""Linformer: softmax attention over keys and values projected along T.
-
-Wang et al. 2020, "Linformer: Self-Attention with Linear Complexity"
-(https://arxiv.org/abs/2006.04768). With ``E, F: [P, T]``:
-
-    K' = E K  [P, K],   V' = F V  [P, V],   o_i = softmax(scale * q_i K'^T) V'
-
-Cost ``O(T P)`` instead of ``O(T^2)``. Every projected key ``K'_p = sum_t
-E_pt k_t`` mixes all ``T`` positions, the future ones included, so no mask on
-the ``[T, P]`` scores can make it causal, and decoding one token at a time
-would need the whole sequence in advance: there is no causal form and no KV
-cache. Both requests raise ``ValueError``.
-"""
+"""Linformer attention, its one form (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -18,11 +6,12 @@ import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks, context_parallel
-from lin_attn_jax.ops.softmax_attn.inputs import check_grouped_qkv, default_scale
+from lin_attn_jax.ops.softmax_attn.inputs import (check_grouped_qkv,
+                                                  default_scale)
 
 _F32 = jnp.float32
 
-_NOT_CAUSAL = (
+NOT_CAUSAL = (
     "Linformer has no causal form: every projected key E k and value F v is "
     "a mix of all T positions, the future ones included, so masking the "
     "[T, P] scores cannot hide the future. Use causal=False (encoder-style "
@@ -57,7 +46,7 @@ def linformer_attn(q, k, v, e, f, *, scale=None, causal=False):
     (1, 64, 2, 8)
   """
   if causal:
-    raise ValueError(_NOT_CAUSAL)
+    raise ValueError(NOT_CAUSAL)
   parts = context_parallel.sequence_parallel_size()
   if parts > 1:
     raise ValueError(_NOT_SPLIT.format(p=parts))
@@ -84,18 +73,3 @@ def linformer_attn(q, k, v, e, f, *, scale=None, causal=False):
   o = jnp.einsum("bhgtp,bphv->bthgv", p, v_proj,
                  preferred_element_type=_F32)                   # [B,T,h,g,V]
   return o.reshape(b, t, h, dv).astype(v.dtype)
-
-
-def linformer_attn_step(*args, **kwargs):
-  """Not available: Linformer cannot decode with a cache.
-
-  Raises:
-    ValueError, always: the projected keys and values of step ``t`` would
-    need the tokens after ``t``.
-  """
-  del args, kwargs
-  raise ValueError(
-      "Linformer has no decoding step or KV cache: its projected keys E K "
-      "and values F V are sums over all T positions, so they are not known "
-      "until the whole sequence is; a token-by-token cache would need the "
-      "future tokens. " + _NOT_CAUSAL.split(": ", 1)[0] + " either.")
