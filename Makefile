@@ -69,10 +69,10 @@ compile-check:
 	$(MAKE) -j2 $(VENV_TPU)/.installed $(VENV_CUDA)/.installed
 	mkdir -p $(COMPILE_OUT)
 	status=0; \
-	( $(VENV_TPU)/bin/python -m pytest -q -p no:cacheprovider tests/test_compile_check.py \
+	( $(VENV_TPU)/bin/python -m pytest -q -p no:cacheprovider tests/experiments/test_compile_check.py \
 	  && $(VENV_TPU)/bin/python -m experiments.compile_kernels --toolchain=tpu --out=$(COMPILE_OUT)/tpu.json ) \
 	  > $(COMPILE_OUT)/tpu.log 2>&1 & tpu=$$!; \
-	( $(VENV_CUDA)/bin/python -m pytest -q -p no:cacheprovider tests/test_compile_check.py \
+	( $(VENV_CUDA)/bin/python -m pytest -q -p no:cacheprovider tests/experiments/test_compile_check.py \
 	  && $(VENV_CUDA)/bin/python -m experiments.compile_kernels --toolchain=cuda --out=$(COMPILE_OUT)/cuda.json ) \
 	  > $(COMPILE_OUT)/cuda.log 2>&1 || status=1; \
 	wait $$tpu || status=1; \

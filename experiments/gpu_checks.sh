@@ -50,7 +50,7 @@ if [ "$test_seconds" != 0 ]; then
   # The naive references are XLA programs: full float32 matmuls for them.
   JAX_DEFAULT_MATMUL_PRECISION=highest timeout "$test_seconds" \
     "$PY" -m pytest -q -p no:cacheprovider --maxfail=5 --durations=5 \
-    tests/test_kernels_gated_linear.py tests/test_kernels_delta_rule.py \
+    tests/kernels/test_kernels_gated_linear.py tests/kernels/test_kernels_delta_rule.py \
     -k Compiled 2>&1 | tee "$out/tests_compiled.txt" | tail -n 30
 fi
 

@@ -1,4 +1,4 @@
-"""Regenerates the checkpoint fixtures of tests/test_convert.py.
+"""Regenerates the checkpoint fixtures of tests/convert/test_convert.py.
 
 For every supported architecture: a tiny randomly initialised model of the
 reference implementation (transformers, or flash-linear-attention), saved

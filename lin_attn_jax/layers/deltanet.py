@@ -261,7 +261,7 @@ class GatedDeltaNet(DeltaNet):
   multi-query associative recall: with 2 layers of width 64 (the issue's
   run) this layer stayed at 5% accuracy where it reached 93% without the
   gate and 95% with the gate from zero; with 2 layers of width 32 and no
-  MLP (``tests/test_recall.py``) 7% against 97% from zero, and DeltaNet
+  MLP (``tests/layers/test_recall.py``) 7% against 97% from zero, and DeltaNet
   with the LeCun-drawn gate 7% against 98% without it (in the width-64
   run DeltaNet learned with it, 98%). The references
   draw every projection ``N(0, 0.02)`` (flash-linear-attention's

@@ -12,7 +12,7 @@ import pytest
 from lin_attn_jax import ops
 from lin_attn_jax.ops.common import dispatch
 from lin_attn_jax.testing import assert_close_errors, rel_rms
-from tests.test_kernels_gated_linear import (CUSTOM_CALLS, cpu_jit,
+from tests.kernels.test_kernels_gated_linear import (CUSTOM_CALLS, cpu_jit,
                                              exported_text, form_errors)
 
 B, T, H, K, V = 1, 20, 2, 8, 8

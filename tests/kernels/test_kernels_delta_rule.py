@@ -32,8 +32,8 @@ from pallas_kernels.delta_rule import (BlockSizes, ChunkTerms,
                                        chunk_delta_rule_sweep,
                                        chunk_delta_rule_sweep_reference)
 from lin_attn_jax.testing import assert_close_errors, rel_rms
-from tests.test_delta_rule import Case, make_inputs
-from tests.test_kernels_gated_linear import (CUSTOM_CALLS, check_exports,
+from tests.ops.test_delta_rule import Case, make_inputs
+from tests.kernels.test_kernels_gated_linear import (CUSTOM_CALLS, check_exports,
                                              cpu_jit, custom_calls,
                                              exported_text)
 
@@ -56,7 +56,7 @@ GPU_BLOCKS = BlockSizes("gpu", block_v=16, num_warps=4, num_stages=1)
 
 @dataclasses.dataclass(frozen=True)
 class KernelCase:
-  case: Case                    # inputs and options (tests.test_delta_rule)
+  case: Case                    # inputs and options (tests.ops.test_delta_rule)
   backend: str                  # "tpu" or "gpu": whose kernel runs
   dtype: str = "float32"        # dtype of q, k, v, beta, g
   final_state: bool = True      # output_final_state

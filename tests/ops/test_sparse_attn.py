@@ -14,7 +14,7 @@ from lin_attn_jax.ops.sparse_attn.parallel import (fixed_block_pairs,
                                                    local_block_pairs,
                                                    residue_block_pairs,
                                                    residue_major_positions)
-from tests.test_softmax_attn import assert_match, document_mask, make_qkv
+from tests.ops.test_softmax_attn import assert_match, document_mask, make_qkv
 
 
 def written_out_mask(t, pattern, stride, summary, causal):

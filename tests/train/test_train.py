@@ -26,13 +26,13 @@ from lin_attn_jax.models.lm import LM, LMConfig
 from lin_attn_jax.train import Checkpointer, TrainConfig, Trainer, flops
 from lin_attn_jax.train import distributed, loss, optim
 from lin_attn_jax.train.loop import METRICS_FILE, fit
-from tests import train_worker
+from tests.train import train_worker
 
 HYBRID = ("gla", "gated_deltanet", "mamba2", "softmax_attn")
 SMALL_CHUNKS = {name: {"chunk_size": 8} for name in HYBRID[:3]}
 # Run from the repository root, so that ``-m`` finds the package.
-WORKER = ["-m", "tests.train_worker"]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = ["-m", "tests.train.train_worker"]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAST = train_worker.FAST_COMPILE
 
 

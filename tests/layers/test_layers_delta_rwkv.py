@@ -18,7 +18,7 @@ from lin_attn_jax.testing import rel_rms
 # Small chunks, so that the 24-token test sequences span several chunks.
 MIXER_OPTIONS = {
     "deltanet": {"chunk_size": 8},
-    # The default init zeroes the output gate (tests/test_recall.py), and
+    # The default init zeroes the output gate (tests/layers/test_recall.py), and
     # the reference init of RWKV-7 the output projection (tested on its own
     # below); the other checks need an output.
     "gated_deltanet": {"chunk_size": 8, "zero_init_gate": False},

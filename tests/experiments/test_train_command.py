@@ -22,7 +22,7 @@ from experiments import train_setup as setup
 from lin_attn_jax.layers import MIXERS
 from lin_attn_jax.train.loop import METRICS_FILE
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = ["-m", "experiments.train"]
 LAUNCH = ["-m", "experiments.tpu.launch"]
 OPTIONS = {"gla": {"chunk_size": 8},
@@ -122,7 +122,7 @@ def test_one_device_run_resume_and_init_from(tmp_path, cache):
 
 def test_eight_devices_in_two_processes(tmp_path):
   """Two processes with four CPU devices each train on one mesh."""
-  from tests.test_train import free_port
+  from tests.train.test_train import free_port
   address = f"localhost:{free_port()}"
   env = dict(os.environ,
              XLA_FLAGS="--xla_force_host_platform_device_count=4")

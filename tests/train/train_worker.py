@@ -1,7 +1,7 @@
 """A tiny training run in its own process, for the tests that kill a run,
 restart it, or start several processes.
 
-  python -m tests.train_worker --workdir=DIR --steps=8 [--mesh=fsdp=-1]
+  python -m tests.train.train_worker --workdir=DIR --steps=8 [--mesh=fsdp=-1]
       [--devices=N] [--coordinator=localhost:PORT --num_processes=2
       --process_id=0] [--compilation_cache=DIR]
 

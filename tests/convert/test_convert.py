@@ -4,9 +4,9 @@
 reference (transformers or flash-linear-attention) saved with
 ``save_pretrained``, and its float32 logits for a full forward pass and for
 a prefill of ``prefill`` tokens followed by token-by-token decoding with its
-own cache (``reference.npz``); ``experiments/make_hf_fixtures.py``
-regenerates them. With the ``hf`` extra installed, ``test_live_reference``
-also rebuilds some references in the test and compares against them.
+own cache (``reference.npz``); ``python -m experiments.make_hf_fixtures``
+regenerates them (``tests/experiments/test_convert_commands.py`` rebuilds
+some with the ``hf`` extra and compares).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from lin_attn_jax.ops import (chunk_rg_lru, naive_recurrent_rg_lru,
 from lin_attn_jax.testing import lm_checks
 from lin_attn_jax.testing import rel_rms
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                        "fixtures", "hf")
 NAMES = sorted(os.listdir(FIXTURES))
 # float32 logits of a few layers; the forms differ by reassociation only.
 TOL = 1e-5
@@ -183,28 +184,6 @@ def test_bad_checkpoints_name_the_tensor_and_shapes(tmp_path):
       convert.convert_checkpoint(str(out))
 
 
-def test_convert_command_writes_a_workdir_generate_reads(tmp_path):
-  from experiments import convert as convert_command
-  from experiments import generate
-
-  work = str(tmp_path / "work")
-  convert_command.convert(os.path.join(FIXTURES, "rwkv6"), work)
-  assert sorted(os.listdir(work)) == ["config.json", "hf_config.json",
-                                      "params"]
-  lm = generate.load_workdir(work)
-  want, _, _ = convert.load_pretrained(os.path.join(FIXTURES, "rwkv6"))
-  jax.tree.map(np.testing.assert_array_equal,
-               nnx.to_pure_dict(nnx.state(lm, nnx.Param)),
-               nnx.to_pure_dict(nnx.state(want, nnx.Param)))
-  with pytest.raises(ValueError, match="exists"):
-    convert_command.convert(os.path.join(FIXTURES, "rwkv6"), work)
-  bad = _broken_copy(tmp_path, "mamba",
-                     lambda t: t.pop("backbone.norm_f.weight"))
-  with pytest.raises(ValueError, match="backbone.norm_f.weight"):
-    convert_command.convert(bad, str(tmp_path / "never"))
-  assert not os.path.exists(tmp_path / "never")
-
-
 def test_config_dict_round_trip():
   config = LMConfig(
       vocab_size=50, d_model=32, n_layers=2, n_heads=2,
@@ -280,22 +259,3 @@ def test_loading_options_agree_over_modes_and_decoding(variant):
   decoded, _ = lm_checks.decode_logits(lm, lm_checks.tokens(),
                                        lm_checks.segments(True))
   assert rel_rms(decoded, reference) <= lm_checks.TOL
-
-
-@pytest.mark.parametrize("name", ["mamba", "gla", "rwkv7"])
-def test_live_reference(name, tmp_path):
-  """Rebuilds the reference with the installed hf extra and compares."""
-  pytest.importorskip("torch")
-  pytest.importorskip("transformers")
-  pytest.importorskip("fla")
-  from experiments import make_hf_fixtures
-
-  make_hf_fixtures.fla_cpu_reference()
-  make_hf_fixtures.make_fixture(name, str(tmp_path))
-  path = str(tmp_path / name)
-  reference = np.load(os.path.join(path, "reference.npz"))
-  lm, _, _ = convert.load_pretrained(path)
-  full, decoded = _logits(lm, jnp.asarray(reference["tokens"], jnp.int32),
-                          int(reference["prefill"]))
-  assert rel_rms(full, reference["full"]) <= TOL
-  assert rel_rms(decoded, reference["decode"]) <= TOL

@@ -23,7 +23,7 @@ import pytest
 from lin_attn_jax import testing
 from lin_attn_jax.ops import registry
 
-GUIDE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "new_variant.md"
+GUIDE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "new_variant.md"
 BLOCK = re.compile(r'^```python(?: title="([^"]+)")?\n(.*?)^```$',
                    re.MULTILINE | re.DOTALL)
 

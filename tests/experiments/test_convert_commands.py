@@ -1,0 +1,59 @@
+"""The checkpoint commands of the experiments: ``experiments.convert`` writes
+a workdir that ``experiments.generate`` reads, and
+``experiments.make_hf_fixtures`` rebuilds the references of
+``tests/fixtures/hf`` (with the ``hf`` extra installed)."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from experiments import convert as convert_command
+from experiments import generate
+from lin_attn_jax import convert
+from lin_attn_jax.testing import rel_rms
+from tests.convert.test_convert import FIXTURES, TOL, _broken_copy, _logits
+
+
+def test_convert_command_writes_a_workdir_generate_reads(tmp_path):
+  work = str(tmp_path / "work")
+  convert_command.convert(os.path.join(FIXTURES, "rwkv6"), work)
+  assert sorted(os.listdir(work)) == ["config.json", "hf_config.json",
+                                      "params"]
+  lm = generate.load_workdir(work)
+  want, _, _ = convert.load_pretrained(os.path.join(FIXTURES, "rwkv6"))
+  jax.tree.map(np.testing.assert_array_equal,
+               nnx.to_pure_dict(nnx.state(lm, nnx.Param)),
+               nnx.to_pure_dict(nnx.state(want, nnx.Param)))
+  with pytest.raises(ValueError, match="exists"):
+    convert_command.convert(os.path.join(FIXTURES, "rwkv6"), work)
+  bad = _broken_copy(tmp_path, "mamba",
+                     lambda t: t.pop("backbone.norm_f.weight"))
+  with pytest.raises(ValueError, match="backbone.norm_f.weight"):
+    convert_command.convert(bad, str(tmp_path / "never"))
+  assert not os.path.exists(tmp_path / "never")
+
+
+
+@pytest.mark.parametrize("name", ["mamba", "gla", "rwkv7"])
+def test_live_reference(name, tmp_path):
+  """Rebuilds the reference with the installed hf extra and compares."""
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  pytest.importorskip("fla")
+  from experiments import make_hf_fixtures
+
+  make_hf_fixtures.fla_cpu_reference()
+  make_hf_fixtures.make_fixture(name, str(tmp_path))
+  path = str(tmp_path / name)
+  reference = np.load(os.path.join(path, "reference.npz"))
+  lm, _, _ = convert.load_pretrained(path)
+  full, decoded = _logits(lm, jnp.asarray(reference["tokens"], jnp.int32),
+                          int(reference["prefill"]))
+  assert rel_rms(full, reference["full"]) <= TOL
+  assert rel_rms(decoded, reference["decode"]) <= TOL
