@@ -104,16 +104,48 @@ def _modules(package):
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_imports_point_one_way(package):
-  """Lists every forbidden import of the package's modules. On this tree,
-  ``lin_attn_jax.ops.common.kernel_sharding`` still imports
-  ``lin_attn_jax.sharding`` (which imports Flax), and five test files of
-  the experiments still sit at the top of tests/; both fail here until the
-  module no longer reaches the sharding module and the files move to
-  tests/experiments/."""
+  """Lists every forbidden import of the package's modules."""
   found = []
   for module, path in _modules(package):
     found += violations(module, path.read_text())
   assert not found, "imports against the layering:\n" + "\n".join(found)
+
+
+def sys_path_edits(source: str) -> list[int]:
+  """Lines of ``source`` that change ``sys.path`` (a call of one of its
+  methods, or an assignment to it): scripts run as modules instead."""
+  lines = []
+  for node in ast.walk(ast.parse(source)):
+    target = None
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+      target = node.func.value
+    elif isinstance(node, (ast.Assign, ast.AugAssign)):
+      targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+      target = next((t for t in targets if isinstance(t, ast.Attribute)),
+                    None)
+    if (isinstance(target, ast.Attribute) and target.attr == "path"
+        and isinstance(target.value, ast.Name) and target.value.id == "sys"):
+      lines.append(node.lineno)
+  return lines
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_sys_path_edits(package):
+  found = [f"{module}:{line}" for module, path in _modules(package)
+           for line in sys_path_edits(path.read_text())]
+  assert not found, "sys.path edited at " + ", ".join(found)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import sys\nsys.path.insert(0, 'x')", [2]),
+    ("import sys\nsys.path.append('x')", [2]),
+    ("import sys\nsys.path = ['x']", [2]),
+    ("import sys\nsys.path += ['x']", [2]),
+    ("import sys\nprint(sys.path)", []),
+    ("import os\nos.path.join('a', 'b')", []),
+])
+def test_sys_path_edits_are_found(source, expected):
+  assert sys_path_edits(source) == expected
 
 
 def test_every_package_has_modules():
