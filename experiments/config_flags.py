@@ -17,18 +17,27 @@ value that does not convert, or a value the config rejects (see
 
 Values: ints, floats and strings as written; booleans ``true`` / ``false``;
 ``none`` for an optional field; a comma-separated list for a field that
-takes a tuple (``mixer``); a JSON object for a mapping field
-(``mixer_options``), or a dotted path into it that sets one entry (its
-value JSON, or the plain text when it is not JSON).
+takes a tuple (``mixer``, ``d_models=64,128``), the parts of a tuple item
+joined by ``:`` (``settings=64:4,128:8``); a JSON object for a mapping
+field (``mixer_options``), or a dotted path into it that sets one entry
+(its value JSON, or the plain text when it is not JSON).
+
+``flags_parser`` wires this into ``absl.app.run``; ``to_dict`` and
+``from_dict`` are the pair a config dataclass built of plain fields and
+nested configs can delegate to.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import sys
 import types
 import typing
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, NoReturn
+
+from absl import flags
 
 PREFIX = "config"
 
@@ -71,6 +80,35 @@ def _alternatives(kind) -> tuple:
   return (kind,)
 
 
+def _tuple_item(kind):
+  """The item type of a ``tuple[X, ...]`` among the alternatives of
+  ``kind``, or None."""
+  for option in _alternatives(kind):
+    args = typing.get_args(option)
+    if (typing.get_origin(option) is tuple and len(args) == 2
+        and args[1] is Ellipsis):
+      return args[0]
+  return None
+
+
+def _item(text: str, kind) -> Any:
+  """One item of a comma-separated list as a value of ``kind``: a number,
+  a string, or a fixed tuple written with ``:`` between its parts."""
+  if typing.get_origin(kind) is tuple:
+    parts, kinds = text.split(":"), typing.get_args(kind)
+    if len(parts) != len(kinds):
+      raise ValueError(f"item {text!r} must be {len(kinds)} values joined "
+                       "by ':'")
+    return [_item(part, k) for part, k in zip(parts, kinds)]
+  if kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      raise ValueError(f"item {text!r} is not "
+                       f"{'an int' if kind is int else 'a float'}") from None
+  return text
+
+
 def _convert(text: str | None, kind, current) -> Any:
   """``text`` as a value of the field type ``kind`` (``current``: the
   field's present value in ``to_dict`` form); raises ``ValueError``."""
@@ -91,7 +129,10 @@ def _convert(text: str | None, kind, current) -> Any:
     return value
   if any(typing.get_origin(o) is tuple for o in options):
     names = [part.strip() for part in text.split(",")]
-    return names[0] if len(names) == 1 and str in options else names
+    if len(names) == 1 and str in options:
+      return names[0]
+    item = _tuple_item(kind)
+    return names if item is None else [_item(n, item) for n in names]
   if bool in options:
     if text.lower() in ("true", "1", "yes"):
       return True
@@ -204,10 +245,86 @@ def describe(config, prefix: str = PREFIX) -> list[str]:
       if isinstance(value, dict) and value:
         walk(value, f"{path}.{name}")
       else:
-        shown = (",".join(map(str, value)) if isinstance(value, list)
+        shown = (",".join(":".join(map(str, v)) if isinstance(v, list)
+                          else str(v) for v in value)
+                 if isinstance(value, list)
                  else json.dumps(value) if isinstance(value, dict)
                  else value)
         lines.append(f"--{path}.{name}={shown}")
 
   walk(config.to_dict(), prefix)
   return lines
+
+
+def to_dict(config) -> dict:
+  """The fields of the dataclass ``config`` as JSON-ready values: a nested
+  config by its own ``to_dict``, tuples as lists."""
+
+  def plain(value):
+    if hasattr(value, "to_dict"):
+      return value.to_dict()
+    if isinstance(value, tuple):
+      return [plain(v) for v in value]
+    return value
+
+  return {f.name: plain(getattr(config, f.name))
+          for f in dataclasses.fields(config)}
+
+
+def from_dict(cls, values: Mapping[str, Any]):
+  """The inverse of ``to_dict``: a ``cls`` from ``values``, a nested config
+  by its own ``from_dict``, lists as tuples; an unknown field raises
+  ``ValueError``."""
+  unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+  if unknown:
+    raise ValueError(f"unknown {cls.__name__} fields {unknown}")
+  hints = _hints(cls)
+
+  def typed(value, kind):
+    if _is_dataclass_type(kind) and isinstance(value, Mapping):
+      return kind.from_dict(value)
+    if isinstance(value, list):
+      return tuple(typed(v, None) for v in value)
+    return value
+
+  return cls(**{name: typed(value, hints[name])
+                for name, value in values.items()})
+
+
+def fail(message: str) -> NoReturn:
+  """``<script>: error: <message>`` on stderr, exit status 2."""
+  print(f"{os.path.basename(sys.argv[0])}: error: {message}",
+        file=sys.stderr, flush=True)
+  sys.exit(2)
+
+
+def flags_parser(overrides: dict, prefix: str = PREFIX
+                 ) -> Callable[[list[str]], list[str]]:
+  """A ``flags_parser`` for ``absl.app.run``: the ``--<prefix>.<path>=VALUE``
+  arguments go to ``overrides`` (cleared first, ``{path: value}``), absl
+  parses the rest; a bad absl flag stops the script with one line."""
+
+  def parse(argv: list[str]) -> list[str]:
+    rest, found = split_overrides(argv, prefix)
+    overrides.clear()
+    overrides.update(found)
+    try:
+      return flags.FLAGS(rest)
+    except flags.Error as error:
+      fail(str(error).splitlines()[0])
+
+  return parse
+
+
+def from_preset(presets: Mapping[str, Any], name: str,
+                overrides: Mapping[str, str | None], prefix: str = PREFIX):
+  """Preset ``name`` of ``presets`` with the dotted ``overrides`` applied.
+
+  Raises:
+    FlagError: naming ``--<prefix>`` for an unknown preset, else the dotted
+      field whose value is bad.
+  """
+  if name not in presets:
+    raise FlagError(prefix, f"unknown preset {name!r}; presets: "
+                    f"{', '.join(presets)}")
+  return apply_overrides(presets[name], overrides, prefix)

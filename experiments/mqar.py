@@ -18,6 +18,13 @@ Presets:
   its test accuracy reaches 0.99. For a TPU or GPU.
 - ``cpu``: a grid for a 2-core CPU in under an hour (see ``PRESETS``).
 
+``--config=NAME`` picks a preset; ``--config.<field>=VALUE`` changes any
+field of it by its dotted name (``experiments/config_flags.py``): lists
+comma-separated (``--config.d_models=64,128``), a setting as
+``seq_len:num_kv_pairs`` (``--config.settings=64:4,128:8``), the mappings
+by key (``--config.batch_size.128=64``, ``--config.heads.h3=-2``,
+``--config.mixer_options.h3.d_state=16``).
+
 Outputs in ``--out_dir``: ``mqar_<preset>.jsonl`` (one line per run, written
 as runs finish; a rerun skips the runs already there), ``mqar_<preset>.md``
 (the table of best accuracies) and ``mqar_<preset>.png`` (accuracy against
@@ -25,8 +32,9 @@ state size, log scale, a colour per mixer; needs matplotlib, the
 ``analysis`` extra).
 
 Run:
-  python -m experiments.mqar --preset=cpu --out_dir=benchmarks
-  python -m experiments.mqar --preset=paper --mixers=softmax_attn,gla
+  python -m experiments.mqar --config=cpu --out_dir=benchmarks
+  python -m experiments.mqar --config=paper \\
+      --config.mixers=softmax_attn,gla
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ import os
 import resource
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from absl import app
 from absl import flags
@@ -47,8 +55,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments import config_flags
 from lin_attn_jax import sharding as shd
 from lin_attn_jax.data import mqar
+from lin_attn_jax.layers import MIXERS
 from lin_attn_jax.models.lm import LM, LMConfig
 from lin_attn_jax.train import TrainConfig, Trainer
 
@@ -85,7 +95,8 @@ class Preset:
   early_stop: float = 0.99
   # Blocks of the LM.
   n_layers: int = 2
-  # Heads per mixer; mixers not named get default_heads.
+  # Heads per mixer; mixers not named get default_heads. A negative entry
+  # is a head width: -2 means heads of 2 channels.
   default_heads: int = 1
   heads: tuple[tuple[str, int], ...] = ()
   # The LM's MLP (LMConfig.mlp; "none": blocks of a mixer only).
@@ -101,6 +112,36 @@ class Preset:
   power_a: float = 0.01
   random_non_queries: bool = False
   seed: int = 0
+
+  def __post_init__(self):
+    for name in ("settings", "d_models", "learning_rates", "mixers",
+                 "batch_size"):
+      if not getattr(self, name):
+        raise ValueError(f"{name} must not be empty")
+    unknown = sorted(set(self.mixers) - set(MIXERS))
+    if unknown:
+      raise ValueError(f"unknown mixer(s) {unknown}; known: {sorted(MIXERS)}")
+
+  def to_dict(self) -> dict:
+    """JSON-ready values; ``batch_size``, ``heads`` and ``mixer_options``
+    as mappings (``{"64": 32}``, ``{"h3": -2}``, ``{"h3": {"d_state":
+    8}}``), so that a dotted flag sets one entry."""
+    values = config_flags.to_dict(self)
+    values["batch_size"] = {str(t): rows for t, rows in self.batch_size}
+    values["heads"] = dict(self.heads)
+    values["mixer_options"] = {name: dict(kw)
+                               for name, kw in self.mixer_options}
+    return values
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> "Preset":
+    """The inverse of ``to_dict``."""
+    values = dict(values)
+    values["batch_size"] = tuple(sorted(
+        (int(t), rows) for t, rows in dict(values["batch_size"]).items()))
+    values["heads"] = tuple(sorted(dict(values["heads"]).items()))
+    values["mixer_options"] = _options(**values["mixer_options"])
+    return config_flags.from_dict(cls, values)
 
   def batch_size_for(self, seq_len: int) -> int:
     sizes = dict(self.batch_size)
@@ -145,7 +186,7 @@ PRESETS = {
     # learning rate 3e-3 (width 32 stayed at the 1 / pairs plateau of
     # picking any value of the context for 1500 steps; at width 64, 1e-3 and
     # 1e-2 did not leave it within 1000 steps). One width and one rate keep
-    # 13 mixers x 3 settings in the hour; add widths with --d_models.
+    # 13 mixers x 3 settings in the hour; add widths with --config.d_models.
     "cpu": Preset(
         vocab_size=64,
         settings=((64, 4), (64, 8), (64, 16)),
@@ -166,18 +207,20 @@ PRESETS = {
 }
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("preset", "cpu", sorted(PRESETS), "the grid to run")
-flags.DEFINE_list("mixers", None, "mixers to run (default: the preset's)")
-flags.DEFINE_list("d_models", None, "model widths (default: the preset's)")
-flags.DEFINE_list("learning_rates", None,
-                  "peak learning rates (default: the preset's)")
+flags.DEFINE_string("config", "cpu", "The grid to run, a preset: "
+                    + ", ".join(PRESETS) + "; --config.<field>=VALUE "
+                    "overrides a field by dotted name, e.g. "
+                    "--config.mixers=gla,retnet, --config.d_models=64,128.")
 flags.DEFINE_string("out_dir", "benchmarks", "where the results go")
-flags.DEFINE_string("name", None, "file name stem (default mqar_<preset>)")
+flags.DEFINE_string("name", None, "file name stem (default mqar_<config>)")
 flags.DEFINE_integer("workers", 1, "processes training runs side by side "
                      "(on a CPU, one per core)")
 flags.DEFINE_bool("report_only", False,
                   "write the table and plot from the results file, train "
                   "nothing")
+
+# The --config.<field>=VALUE arguments of the command line, by field path.
+OVERRIDES: dict[str, str | None] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -465,18 +508,6 @@ def plot(preset: Preset, records: Sequence[dict], path: str) -> bool:
   return True
 
 
-def preset_from_flags() -> Preset:
-  preset = PRESETS[FLAGS.preset]
-  changes = {}
-  if FLAGS.mixers:
-    changes["mixers"] = tuple(FLAGS.mixers)
-  if FLAGS.d_models:
-    changes["d_models"] = tuple(int(d) for d in FLAGS.d_models)
-  if FLAGS.learning_rates:
-    changes["learning_rates"] = tuple(float(x) for x in FLAGS.learning_rates)
-  return dataclasses.replace(preset, **changes)
-
-
 def header(preset_name: str, preset: Preset, records: Sequence[dict],
            command: str) -> str:
   """The report's title, command, settings and cost (CPU seconds summed over
@@ -490,8 +521,9 @@ def header(preset_name: str, preset: Preset, records: Sequence[dict],
       "Command:", "", f"    {command}", "",
       f"Vocabulary {preset.vocab_size}; {preset.n_layers} layers, MLP "
       f"{preset.mlp!r}; learning rates {list(preset.learning_rates)}; "
-      f"{batches} (cosine decay, warmup {preset.warmup_fraction:.0%}, weight decay "
-      f"{preset.weight_decay}), test accuracy every {preset.eval_every} "
+      f"{batches} (cosine decay, warmup {preset.warmup_fraction:.0%}, "
+      f"weight decay {preset.weight_decay}), test accuracy every "
+      f"{preset.eval_every} "
       f"steps, stop at {preset.early_stop}. Best test accuracy over the "
       f"learning rates on {preset.num_test} examples; state size is "
       "`Mixer.state_size` (floats per layer; attention's KV cache at the "
@@ -501,9 +533,14 @@ def header(preset_name: str, preset: Preset, records: Sequence[dict],
 
 
 def main(argv):
-  del argv
-  preset = preset_from_flags()
-  stem = os.path.join(FLAGS.out_dir, FLAGS.name or f"mqar_{FLAGS.preset}")
+  if len(argv) > 1:
+    config_flags.fail(f"unexpected arguments {argv[1:]} (flags look like "
+                      "--name=value)")
+  try:
+    preset = config_flags.from_preset(PRESETS, FLAGS.config, OVERRIDES)
+  except config_flags.FlagError as error:
+    config_flags.fail(str(error))
+  stem = os.path.join(FLAGS.out_dir, FLAGS.name or f"mqar_{FLAGS.config}")
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   results_path = stem + ".jsonl"
   wall, cpu = time.perf_counter(), cpu_seconds()
@@ -519,7 +556,7 @@ def main(argv):
   records = [r for r in records if run_key(r) in wanted]
   command = " ".join(["python -m experiments.mqar"] + sys.argv[1:])
   with open(stem + ".md", "w") as f:
-    f.write(header(FLAGS.preset, preset, records, command) + "\n"
+    f.write(header(FLAGS.config, preset, records, command) + "\n"
             + table(preset, records) + "\n")
   plotted = plot(preset, records, stem + ".png")
   print(table(preset, records))
@@ -529,4 +566,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=config_flags.flags_parser(OVERRIDES))

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 
 from absl import app, flags, logging
@@ -122,12 +121,6 @@ class Run:
     """What the held-out loss is measured in."""
     return ("bits/byte" if self.experiment.model.vocab_size == BYTE_VOCAB
             else "bits/token")
-
-
-def fail(message: str) -> None:
-  """One line on stderr, exit status 2."""
-  print(f"train.py: error: {message}", file=sys.stderr, flush=True)
-  sys.exit(2)
 
 
 def prepare() -> Run:
@@ -358,45 +351,34 @@ def train(run: Run) -> None:
               events=events, exported=exported)
 
 
-def parse_flags(argv):
-  """absl's flags; the ``--config.<field>=VALUE`` arguments go to
-  ``OVERRIDES``."""
-  rest, overrides = config_flags.split_overrides(argv)
-  OVERRIDES.clear()
-  OVERRIDES.update(overrides)
-  try:
-    return FLAGS(rest)
-  except flags.Error as error:
-    fail(str(error).splitlines()[0])
-
-
 def main(argv):
   if not FLAGS["verbosity"].present:
     # Orbax and JAX log every checkpoint and backend at INFO.
     logging.set_verbosity(logging.WARNING)
   if len(argv) > 1:
-    fail(f"unexpected arguments {argv[1:]} (flags look like --name=value)")
+    config_flags.fail(f"unexpected arguments {argv[1:]} (flags look like "
+                      "--name=value)")
   try:
     if FLAGS.multihost and FLAGS.coordinator_address is None:
       jax.distributed.initialize()
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
                            FLAGS.process_id)
   except ValueError as error:
-    fail(str(setup.FlagError("num_processes", str(error))))
+    config_flags.fail(str(setup.FlagError("num_processes", str(error))))
   if FLAGS.compilation_cache:
     jax.config.update("jax_compilation_cache_dir", FLAGS.compilation_cache)
   if FLAGS.show_config:
     try:
       experiment = setup.resolve(configs.get(FLAGS.config), OVERRIDES)
     except ValueError as error:
-      fail(str(error))
+      config_flags.fail(str(error))
     print("\n".join(config_flags.describe(experiment)))
     return
   try:
     train(prepare())
   except setup.FlagError as error:
-    fail(str(error))
+    config_flags.fail(str(error))
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=config_flags.flags_parser(OVERRIDES))

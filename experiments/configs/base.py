@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from experiments import config_flags
 from lin_attn_jax import sharding as shd
 from lin_attn_jax.models.lm import LMConfig
 from lin_attn_jax.train import TrainConfig
@@ -75,20 +76,11 @@ class Experiment:
         raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
 
   def to_dict(self) -> dict:
-    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-    out["model"], out["train"] = self.model.to_dict(), self.train.to_dict()
-    return out
+    return config_flags.to_dict(self)
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "Experiment":
-    values = dict(values)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-      raise ValueError(f"unknown Experiment fields {unknown}")
-    values["model"] = LMConfig.from_dict(values["model"])
-    values["train"] = TrainConfig.from_dict(values["train"])
-    return cls(**values)
+    return config_flags.from_dict(cls, values)
 
 
 def parse_data(spec: str) -> tuple[str, object, dict]:
