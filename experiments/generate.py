@@ -1,19 +1,25 @@
 """Continues a prompt with an LM and reports the decoding speed.
 
 Tokens are bytes (vocab 256), so any text is a prompt and any continuation
-prints. Without --checkpoint the weights are random (the continuation is
-noise, the speed is real); with one, its parameters are restored into the
-model the flags describe (it must have been saved from the same config).
+prints. The model is ``MODEL`` with the ``--config.model.<field>=VALUE``
+overrides (``experiments/config_flags.py``). Without --checkpoint the
+weights are random (the continuation is noise, the speed is real); with
+one, its parameters are restored into that model (it must have been saved
+from the same config).
 
-  python -m experiments.generate --mixer=gla --max_new_tokens=64
-  python -m experiments.generate --mixer=gla,gla,gla,softmax_attn \
-      --n_layers=8 --temperature=0.8 --top_p=0.9 --checkpoint=/path/ckpt
+  python -m experiments.generate --config.model.mixer=gla \
+      --max_new_tokens=64
+  python -m experiments.generate \
+      --config.model.mixer=gla,gla,gla,softmax_attn \
+      --config.model.n_layers=8 --temperature=0.8 --top_p=0.9 \
+      --checkpoint=/path/ckpt
   python -m experiments.generate --workdir=WORKDIR   # from convert.py
 
-With --workdir the model is the one of ``WORKDIR/config.json`` (the
-architecture flags are not used) and its parameters ``WORKDIR/params``; the
-prompt's bytes are its token ids (taken modulo the vocabulary) and the
-continuation prints as token ids unless the vocabulary is bytes.
+With --workdir the model is the one of ``WORKDIR/config.json`` (a
+``--config.model`` override is an error) and its parameters
+``WORKDIR/params``; the prompt's bytes are its token ids (taken modulo the
+vocabulary) and the continuation prints as token ids unless the vocabulary
+is bytes.
 """
 
 from __future__ import annotations
@@ -28,19 +34,22 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments import config_flags
 from lin_attn_jax.models import LM, LMConfig
 from lin_attn_jax.models.checkpoints import restore_params
 
+# The model without --workdir; --config.model.<field>=VALUE overrides it.
+MODEL = LMConfig(vocab_size=256, d_model=256, n_layers=4, n_heads=4,
+                 mixer="gla")
+# The model's flags: --config.model.<field>=VALUE.
+PREFIX = f"{config_flags.PREFIX}.model"
+
 FLAGS = flags.FLAGS
-flags.DEFINE_list("mixer", ["gla"], "Mixer name, or one per layer (a "
-                  "period that divides n_layers).")
-flags.DEFINE_integer("d_model", 256, "Model width.")
-flags.DEFINE_integer("n_layers", 4, "Blocks.")
-flags.DEFINE_integer("n_heads", 4, "Heads per mixer.")
 flags.DEFINE_string("checkpoint", None, "Directory written by "
                     "lin_attn_jax.models.checkpoints.save_params.")
 flags.DEFINE_string("workdir", None, "Workdir of experiments.convert "
-                    "(config.json and params/); replaces the model flags.")
+                    "(config.json and params/); its model replaces MODEL "
+                    "and the --config.model.<field> overrides.")
 flags.DEFINE_string("prompt", "The state of a linear recurrence ",
                     "Prompt text (UTF-8 bytes are the tokens).")
 flags.DEFINE_integer("batch_size", 1, "Rows decoded together (the prompt "
@@ -50,6 +59,16 @@ flags.DEFINE_float("temperature", 0.0, "0 is greedy.")
 flags.DEFINE_integer("top_k", None, "Sample from the k most likely tokens.")
 flags.DEFINE_float("top_p", None, "Nucleus sampling threshold.")
 flags.DEFINE_integer("seed", 0, "Seed of the weights and of sampling.")
+
+
+# The --config.model.<field>=VALUE arguments of the command line, by field.
+OVERRIDES: dict[str, str | None] = {}
+
+
+def model_config(overrides) -> LMConfig:
+  """``MODEL`` with the ``{field: value}`` overrides; raises ``FlagError``
+  naming the ``--config.model.<field>``."""
+  return config_flags.apply_overrides(MODEL, overrides, PREFIX)
 
 
 def _timed(fn):
@@ -71,15 +90,21 @@ def load_workdir(workdir: str) -> LM:
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    config_flags.fail(f"unexpected arguments {argv[1:]} (flags look like "
+                      "--name=value)")
   if FLAGS.workdir:
+    if OVERRIDES:
+      config_flags.fail(str(config_flags.FlagError(
+          f"{PREFIX}.{next(iter(OVERRIDES))}", "the model is --workdir's "
+          f"({FLAGS.workdir}/config.json); drop the flag")))
     lm = load_workdir(FLAGS.workdir)
     config = lm.config
   else:
-    mixer = FLAGS.mixer[0] if len(FLAGS.mixer) == 1 else tuple(FLAGS.mixer)
-    config = LMConfig(vocab_size=256, d_model=FLAGS.d_model,
-                      n_layers=FLAGS.n_layers, n_heads=FLAGS.n_heads,
-                      mixer=mixer)
+    try:
+      config = model_config(OVERRIDES)
+    except config_flags.FlagError as error:
+      config_flags.fail(str(error))
     lm = LM(config, rngs=nnx.Rngs(FLAGS.seed))
     if FLAGS.checkpoint:
       restore_params(FLAGS.checkpoint, lm)
@@ -116,4 +141,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=config_flags.flags_parser(OVERRIDES, PREFIX))
