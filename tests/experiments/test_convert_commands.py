@@ -1,7 +1,9 @@
 """The checkpoint commands of the experiments: ``experiments.convert`` writes
 a workdir that ``experiments.generate`` reads, and
 ``experiments.make_hf_fixtures`` rebuilds the references of
-``tests/fixtures/hf`` (with the ``hf`` extra installed)."""
+``tests/fixtures/hf`` (with the ``hf`` extra installed); without a workdir
+``experiments.generate``'s model takes ``--config.model.<field>``
+overrides."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from experiments import config_flags
 from experiments import convert as convert_command
 from experiments import generate
 from lin_attn_jax import convert
@@ -38,6 +41,18 @@ def test_convert_command_writes_a_workdir_generate_reads(tmp_path):
     convert_command.convert(bad, str(tmp_path / "never"))
   assert not os.path.exists(tmp_path / "never")
 
+
+def test_generate_model_takes_dotted_overrides():
+  assert generate.model_config({}) == generate.MODEL
+  config = generate.model_config({"mixer": "gla,softmax_attn",
+                                  "n_layers": "2", "d_model": "64"})
+  assert (config.mixer, config.n_layers, config.d_model) == (
+      ("gla", "softmax_attn"), 2, 64)
+  assert generate.model_config({"mixer": "rwkv6"}).mixer == "rwkv6"
+  with pytest.raises(config_flags.FlagError, match=r"^--config.model.mixer / "
+                     r"--config.model.n_layers: mixer has 2 names, which does "
+                     r"not divide n_layers = 3$"):
+    generate.model_config({"mixer": "gla,softmax_attn", "n_layers": "3"})
 
 
 @pytest.mark.parametrize("name", ["mamba", "gla", "rwkv7"])

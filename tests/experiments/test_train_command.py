@@ -2,7 +2,9 @@
 device and on eight in two processes, resuming and extending through the
 command line, starting from another run's parameters, the files a run
 leaves, the dotted config overrides and the one-line errors naming the
-field, and the Cloud TPU launcher's dry run."""
+field, and the Cloud TPU launcher's dry run; the same config path in
+``experiments.compare`` (and a tiny comparison), ``experiments.mqar`` and
+``experiments.generate``."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import config_flags, configs, workdirs
+from experiments import compare, config_flags, configs, workdirs
 from experiments import train_setup as setup
 from lin_attn_jax.layers import MIXERS
 from lin_attn_jax.train.loop import METRICS_FILE
@@ -258,6 +260,87 @@ def test_presets_and_source_errors(tmp_path):
         configs.get(name).to_dict()).to_dict()
   with pytest.raises(ValueError, match="holds neither config.json"):
     workdirs.source_kind(str(tmp_path))
+
+
+def test_compare_config_takes_dotted_overrides():
+  quick = config_flags.from_preset(compare.PRESETS, "quick", {})
+  assert quick == config_flags.from_preset(compare.PRESETS, "default", {
+      "model.d_model": "64", "model.n_layers": "2", "train.steps": "120",
+      "eval_every": "20", "eval_batches": "4", "mixers": ",".join(
+          ("gla", "retnet", "hgrn2", "mamba2", "gated_deltanet", "rwkv6",
+           "sliding_window_attn", "softmax_attn"))})
+  for name, config in compare.PRESETS.items():
+    assert compare.Comparison.from_dict(config.to_dict()) == config, name
+    lines = config_flags.describe(config)
+    again = dict(line[len("--config."):].split("=", 1) for line in lines)
+    assert config_flags.apply_overrides(config, again) == config, name
+  config = config_flags.from_preset(compare.PRESETS, "default", {
+      "mixers": "gla", "chunk_size": "16", "window": "8",
+      "model.mixer_options.gla.gate_low_rank_dim": "8"})
+  assert config.mixers == ("gla",)
+  assert config.model_config("gla").options_for("gla") == {
+      "chunk_size": 16, "gate_low_rank_dim": 8}
+  assert config.model_config("sliding_window_attn").mixer_options == (
+      ("sliding_window_attn", (("window_size", 8),)),)
+  assert config.model_config("softmax_attn").mixer_options == ()
+  for overrides, field, words in [
+      ({"mixers": "gla,nope"}, "mixers", "unknown mixer(s) ['nope']"),
+      ({"decode_tokens": "1"}, "decode_tokens", "must be an int >= 2"),
+      ({"train.steps": "many"}, "train.steps", "must be an int"),
+      ({"steps": "10"}, "steps", "Comparison has no field 'steps'")]:
+    with pytest.raises(config_flags.FlagError) as caught:
+      config_flags.from_preset(compare.PRESETS, "default", overrides)
+    assert str(caught.value).startswith(f"--config.{field}: ")
+    assert words in str(caught.value)
+
+
+def test_compare_trains_and_times_each_mixer():
+  config = config_flags.from_preset(compare.PRESETS, "default", {
+      "mixers": "gla,sliding_window_attn", "model.d_model": "16",
+      "model.n_layers": "1", "train.steps": "2", "train.batch_size": "2",
+      "train.seq_len": "16", "eval_every": "1", "eval_batches": "1",
+      "repeats": "1", "decode_tokens": "3", "chunk_size": "8",
+      "window": "8"})
+  rows = compare.compare(config)
+  assert sorted(r["mixer"] for r in rows) == ["gla", "sliding_window_attn"]
+  for row in rows:
+    assert [x for x, _ in row["curve"]] == [0, 32, 64]
+    assert row["bits_per_byte"] < row["start_bits_per_byte"]
+    assert len(row["step_seconds"]) == len(row["decode_seconds_per_token"]) \
+        == 1
+  floats = {r["mixer"]: r["state_floats_per_layer"] for r in rows}
+  assert floats["sliding_window_attn"] > floats["gla"]
+  lines = compare.table_lines(config, rows, "python -m experiments.compare")
+  assert lines[0] == "Command: `python -m experiments.compare`"
+  assert lines[2].startswith("1 layers of one mixer, d_model 16, 4 heads")
+  assert "2 steps of 2 x 16 tokens" in lines[2]
+  assert [line.split(" | ")[0] for line in lines[6:8]] == [
+      f"| {r['mixer']}" for r in rows]
+  assert lines[8:] in ([], [
+      "", "—: decoding 3 tokens did not time longer than decoding one (the "
+      "difference was within the timing noise)."])
+
+
+@pytest.mark.parametrize("script, argv, error", [
+    ("compare", ["--config.mixers=gla,nope"],
+     f"--config.mixers: unknown mixer(s) ['nope']; known: {sorted(MIXERS)}"),
+    ("compare", ["--config=paper"],
+     "--config: unknown preset 'paper'; presets: default, quick"),
+    ("mqar", ["--config.d_models=64,x"],
+     "--config.d_models: item 'x' is not an int"),
+    ("generate", ["--config.model.n_heads=0"],
+     "--config.model.n_heads: n_heads must be a positive int, got 0"),
+    ("generate", ["--workdir=w", "--config.model.d_model=8"],
+     "--config.model.d_model: the model is --workdir's (w/config.json); "
+     "drop the flag"),
+])
+def test_experiment_commands_name_the_bad_field(script, argv, error):
+  done = subprocess.run([sys.executable, "-m", f"experiments.{script}",
+                         *argv], capture_output=True, text=True,
+                        timeout=300, cwd=ROOT)
+  assert done.returncode == 2
+  assert done.stderr.strip().splitlines()[-1] == f"{script}.py: error: " \
+      f"{error}"
 
 
 def launch(*args):
