@@ -158,14 +158,18 @@ PRESETS = {
 }
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("config", "default", "Preset: " + ", ".join(PRESETS)
-                    + "; --config.<field>=VALUE overrides a field by dotted "
-                    "name, e.g. --config.model.d_model=64, "
-                    "--config.train.steps=120, --config.mixers=gla,retnet.")
-flags.DEFINE_string("out", "", "Markdown file for the table (a section).")
-flags.DEFINE_string("plot", "", "PNG of held-out bits per byte vs tokens.")
-flags.DEFINE_string("curves", "", "JSON of every mixer's curves and figures "
-                    "(default: --out with .json).")
+def define_flags() -> None:
+  """The command's absl flags, defined when it runs (importing the module
+  defines none, so that tests and other scripts can import it)."""
+  flags.DEFINE_string("config", "default", "Preset: " + ", ".join(PRESETS)
+                      + "; --config.<field>=VALUE overrides a field by dotted "
+                      "name, e.g. --config.model.d_model=64, "
+                      "--config.train.steps=120, --config.mixers=gla,retnet.")
+  flags.DEFINE_string("out", "", "Markdown file for the table (a section).")
+  flags.DEFINE_string("plot", "", "PNG of held-out bits per byte vs tokens.")
+  flags.DEFINE_string("curves", "", "JSON of every mixer's curves and figures "
+                      "(default: --out with .json).")
+
 
 # The --config.<field>=VALUE arguments of the command line, by field path.
 OVERRIDES: dict[str, str | None] = {}
@@ -304,13 +308,8 @@ def write_results(config: Comparison, rows: list[dict], command: str) -> None:
 def main(argv):
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  if len(argv) > 1:
-    config_flags.fail(f"unexpected arguments {argv[1:]} (flags look like "
-                      "--name=value)")
-  try:
-    config = config_flags.from_preset(PRESETS, FLAGS.config, OVERRIDES)
-  except config_flags.FlagError as error:
-    config_flags.fail(str(error))
+  config = config_flags.command_config(argv, PRESETS, FLAGS.config,
+                                          OVERRIDES)
   rows = compare(config)
   write_results(config, rows,
                 "python -m experiments.compare " + " ".join(sys.argv[1:]))
@@ -376,4 +375,5 @@ def draw(config: Comparison, rows, path: str) -> None:
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main, flags_parser=config_flags.flags_parser(OVERRIDES))

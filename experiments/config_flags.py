@@ -298,6 +298,25 @@ def fail(message: str) -> NoReturn:
   sys.exit(2)
 
 
+def no_arguments(argv: list[str]) -> None:
+  """Stops the script with one line when ``argv`` (what ``absl.app.run``
+  leaves) holds more than the program."""
+  if len(argv) > 1:
+    fail(f"unexpected arguments {argv[1:]} (flags look like --name=value)")
+
+
+def command_config(argv: list[str], presets: Mapping[str, Any], name: str,
+                   overrides: Mapping[str, str | None], prefix: str = PREFIX):
+  """The config of a command line: preset ``name`` with the dotted
+  ``overrides``; a stray argument or a bad value stops the script with one
+  line naming the flag."""
+  no_arguments(argv)
+  try:
+    return from_preset(presets, name, overrides, prefix)
+  except FlagError as error:
+    fail(str(error))
+
+
 def flags_parser(overrides: dict, prefix: str = PREFIX
                  ) -> Callable[[list[str]], list[str]]:
   """A ``flags_parser`` for ``absl.app.run``: the ``--<prefix>.<path>=VALUE``

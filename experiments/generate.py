@@ -90,9 +90,7 @@ def load_workdir(workdir: str) -> LM:
 
 
 def main(argv):
-  if len(argv) > 1:
-    config_flags.fail(f"unexpected arguments {argv[1:]} (flags look like "
-                      "--name=value)")
+  config_flags.no_arguments(argv)
   if FLAGS.workdir:
     if OVERRIDES:
       config_flags.fail(str(config_flags.FlagError(

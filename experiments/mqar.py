@@ -207,17 +207,21 @@ PRESETS = {
 }
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("config", "cpu", "The grid to run, a preset: "
-                    + ", ".join(PRESETS) + "; --config.<field>=VALUE "
-                    "overrides a field by dotted name, e.g. "
-                    "--config.mixers=gla,retnet, --config.d_models=64,128.")
-flags.DEFINE_string("out_dir", "benchmarks", "where the results go")
-flags.DEFINE_string("name", None, "file name stem (default mqar_<config>)")
-flags.DEFINE_integer("workers", 1, "processes training runs side by side "
-                     "(on a CPU, one per core)")
-flags.DEFINE_bool("report_only", False,
-                  "write the table and plot from the results file, train "
-                  "nothing")
+def define_flags() -> None:
+  """The command's absl flags, defined when it runs (importing the module
+  defines none, so that tests and other scripts can import it)."""
+  flags.DEFINE_string("config", "cpu", "The grid to run, a preset: "
+                      + ", ".join(PRESETS) + "; --config.<field>=VALUE "
+                      "overrides a field by dotted name, e.g. "
+                      "--config.mixers=gla,retnet, --config.d_models=64,128.")
+  flags.DEFINE_string("out_dir", "benchmarks", "where the results go")
+  flags.DEFINE_string("name", None, "file name stem (default mqar_<config>)")
+  flags.DEFINE_integer("workers", 1, "processes training runs side by side "
+                       "(on a CPU, one per core)")
+  flags.DEFINE_bool("report_only", False,
+                    "write the table and plot from the results file, train "
+                    "nothing")
+
 
 # The --config.<field>=VALUE arguments of the command line, by field path.
 OVERRIDES: dict[str, str | None] = {}
@@ -533,13 +537,8 @@ def header(preset_name: str, preset: Preset, records: Sequence[dict],
 
 
 def main(argv):
-  if len(argv) > 1:
-    config_flags.fail(f"unexpected arguments {argv[1:]} (flags look like "
-                      "--name=value)")
-  try:
-    preset = config_flags.from_preset(PRESETS, FLAGS.config, OVERRIDES)
-  except config_flags.FlagError as error:
-    config_flags.fail(str(error))
+  preset = config_flags.command_config(argv, PRESETS, FLAGS.config,
+                                          OVERRIDES)
   stem = os.path.join(FLAGS.out_dir, FLAGS.name or f"mqar_{FLAGS.config}")
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   results_path = stem + ".jsonl"
@@ -566,4 +565,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main, flags_parser=config_flags.flags_parser(OVERRIDES))

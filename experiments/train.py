@@ -355,9 +355,7 @@ def main(argv):
   if not FLAGS["verbosity"].present:
     # Orbax and JAX log every checkpoint and backend at INFO.
     logging.set_verbosity(logging.WARNING)
-  if len(argv) > 1:
-    config_flags.fail(f"unexpected arguments {argv[1:]} (flags look like "
-                      "--name=value)")
+  config_flags.no_arguments(argv)
   try:
     if FLAGS.multihost and FLAGS.coordinator_address is None:
       jax.distributed.initialize()
