@@ -20,7 +20,6 @@ they are.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import sys

@@ -23,7 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lin_attn_jax.convert import safetensors_io
 from lin_attn_jax.models.lm import LM, LMConfig
 
 Path = tuple  # a parameter's path in the LM's pure dict, e.g. ("embed", "embedding")
