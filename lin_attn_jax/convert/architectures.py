@@ -373,27 +373,24 @@ def _fla_frame(hf: dict, config: LMConfig) -> list[Entry]:
 
 
 def _fla_short_conv(hf: dict, default: bool) -> dict:
-  """The short-convolution options of an fla layer's config (``default``:
-  its ``use_short_conv`` when the file leaves it out)."""
+  """The short-convolution options of an fla model's config (``default``:
+  its ``use_short_conv`` when the file leaves it out). fla's GLA, DeltaNet
+  and Gated DeltaNet models do not pass the config's ``conv_bias`` to their
+  layers: their convolutions never have a bias, whatever the file says."""
   use = hf.get("use_short_conv")
   return dict(use_short_conv=default if use is None else bool(use),
-              conv_size=int(hf.get("conv_size", 4)),
-              conv_bias=bool(hf.get("conv_bias", False)))
+              conv_size=int(hf.get("conv_size", 4)), conv_bias=False)
 
 
 def _fla_short_conv_entries(a: str, m, config: LMConfig) -> list[Entry]:
-  """``{a}.{q,k,v}_conv1d.weight`` ``[C, 1, W]`` (and ``.bias``) <-> the
-  mixer's ``short_conv``, when its options turn it on."""
+  """``{a}.{q,k,v}_conv1d.weight`` ``[C, 1, W]`` <-> the mixer's
+  ``short_conv``, when its options turn it on."""
   options = config.options_for(config.layer_mixers[0])
   if not options.get("use_short_conv"):
     return []
-  out = []
-  for name in ("q", "k", "v"):
-    ours = m + ("short_conv", f"{name}_conv")
-    out += [conv(f"{a}.{name}_conv1d.weight", ours + ("weight",))]
-    if options.get("conv_bias"):
-      out += [copy(f"{a}.{name}_conv1d.bias", ours + ("bias",))]
-  return out
+  return [conv(f"{a}.{name}_conv1d.weight",
+               m + ("short_conv", f"{name}_conv", "weight"))
+          for name in ("q", "k", "v")]
 
 
 def gla_config(hf: dict) -> LMConfig:
