@@ -231,6 +231,16 @@ class Mixer(nnx.Module):
       return None, ctx.cache
     return ctx.cache["conv"], ctx.cache["state"]
 
+  def short_convolved(self, q, k, v, ctx: Context):
+    """``((q, k, v), windows, own cache)``: the projections ``[B, T, C]``
+    through ``short_conv`` when the mixer has one (else as they are), the
+    convolutions' new windows and the mixer's own part of ``ctx.cache``
+    (``split_cache``; None for what there is not)."""
+    conv, cache = self.split_cache(ctx)
+    if self.short_conv is not None:
+      (q, k, v), conv = self.short_conv(q, k, v, ctx, conv)
+    return (q, k, v), conv, cache
+
   def joined_cache(self, conv, cache):
     """The inverse of ``split_cache``: the new mixer cache from the new
     windows and the mixer's own new cache (None without a cache)."""

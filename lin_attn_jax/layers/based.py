@@ -119,11 +119,9 @@ class Based(Mixer):
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     h, dh, f = self.n_heads, self.head_dim, self.feature_dim
-    conv, cache = self.split_cache(ctx)
+    (q, k, v), conv, cache = self.short_convolved(
+        self.q_proj(x), self.k_proj(x), self.v_proj(x), ctx)
     cache = {"state": None, "window": None} if cache is None else cache
-    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-    if self.short_conv is not None:
-      (q, k, v), conv = self.short_conv(q, k, v, ctx, conv)
     q = q.reshape(b, t, h, f)                                   # [B, T, H, F]
     k = k.reshape(b, t, h, f)                                   # [B, T, H, F]
     v = v.reshape(b, t, h, dh)                                  # [B, T, H, V]

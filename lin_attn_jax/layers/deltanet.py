@@ -217,10 +217,8 @@ class DeltaNet(Mixer):
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     h = self.n_heads
-    conv, cache = self.split_cache(ctx)
-    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-    if self.short_conv is not None:
-      (q, k, v), conv = self.short_conv(q, k, v, ctx, conv)
+    (q, k, v), conv, cache = self.short_convolved(
+        self.q_proj(x), self.k_proj(x), self.v_proj(x), ctx)
     q = q.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
     k = k.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
     v = v.reshape(b, t, self.n_v_heads, self.head_v)            # [B, T, HV, V]

@@ -118,10 +118,8 @@ class HGRN2(MatrixStateMixer):
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     h = self.n_heads
-    conv, cache = self.split_cache(ctx)
-    q, f, v = self.q_proj(x), self.f_proj(x), self.v_proj(x)
-    if self.short_conv is not None:
-      (q, f, v), conv = self.short_conv(q, f, v, ctx, conv)
+    (q, f, v), conv, cache = self.short_convolved(
+        self.q_proj(x), self.f_proj(x), self.v_proj(x), ctx)
     q = jax.nn.sigmoid(q).reshape(b, t, h, self.head_k)         # [B, T, H, K]
     g, k = self.gates(f)
     g = g.reshape(b, t, h, self.head_k)                         # [B, T, H, K]

@@ -129,10 +129,8 @@ class LinearAttention(Mixer):
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     shape = (b, t, self.n_heads, self.head_dim)
-    conv, cache = self.split_cache(ctx)
-    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-    if self.short_conv is not None:
-      (q, k, v), conv = self.short_conv(q, k, v, ctx, conv)
+    (q, k, v), conv, cache = self.short_convolved(
+        self.q_proj(x), self.k_proj(x), self.v_proj(x), ctx)
     q = self.phi(q.reshape(shape))                              # [B, T, H, F]
     k = self.phi(k.reshape(shape))                              # [B, T, H, F]
     v = v.reshape(shape)                                        # [B, T, H, V]

@@ -86,10 +86,8 @@ class RetNet(MatrixStateMixer):
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     h = self.n_heads
-    conv, cache = self.split_cache(ctx)
-    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-    if self.short_conv is not None:
-      (q, k, v), conv = self.short_conv(q, k, v, ctx, conv)
+    (q, k, v), conv, cache = self.short_convolved(
+        self.q_proj(x), self.k_proj(x), self.v_proj(x), ctx)
     q = modules.rotary(q.reshape(b, t, h, self.head_k),
                        ctx.positions)                           # [B, T, H, K]
     k = modules.rotary(k.reshape(b, t, h, self.head_k),
