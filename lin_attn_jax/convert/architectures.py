@@ -319,8 +319,8 @@ def qwen3_next_entries(hf: dict, config: LMConfig) -> list[Entry]:
     out += [_qkvz_entry(f"{a}.in_proj_qkvz.weight", m, nk, nv, hk, hv),
             _ba_entry(f"{a}.in_proj_ba.weight", m, nk, nv),
             _split_conv_entry(f"{a}.conv1d.weight",
-                              [m + (c,) for c in ("q_conv", "k_conv",
-                                                  "v_conv")],
+                              [m + ("short_conv", c)
+                               for c in ("q_conv", "k_conv", "v_conv")],
                               (nk * hk, nk * hk, nv * hv)),
             copy(f"{a}.dt_bias", m + ("dt_bias",)),
             copy(f"{a}.A_log", m + ("A_log",)),
@@ -372,16 +372,37 @@ def _fla_frame(hf: dict, config: LMConfig) -> list[Entry]:
   return out + _head(hf, config)
 
 
+def _fla_short_conv(hf: dict, default: bool) -> dict:
+  """The short-convolution options of an fla model's config (``default``:
+  its ``use_short_conv`` when the file leaves it out). fla's GLA, DeltaNet
+  and Gated DeltaNet models do not pass the config's ``conv_bias`` to their
+  layers: their convolutions never have a bias, whatever the file says."""
+  use = hf.get("use_short_conv")
+  return dict(use_short_conv=default if use is None else bool(use),
+              conv_size=int(hf.get("conv_size", 4)), conv_bias=False)
+
+
+def _fla_short_conv_entries(a: str, m, config: LMConfig) -> list[Entry]:
+  """``{a}.{q,k,v}_conv1d.weight`` ``[C, 1, W]`` <-> the mixer's
+  ``short_conv``, when its options turn it on."""
+  options = config.options_for(config.layer_mixers[0])
+  if not options.get("use_short_conv"):
+    return []
+  return [conv(f"{a}.{name}_conv1d.weight",
+               m + ("short_conv", f"{name}_conv", "weight"))
+          for name in ("q", "k", "v")]
+
+
 def gla_config(hf: dict) -> LMConfig:
   for key, allowed in (("num_kv_heads", (None,)), ("feature_map", (None,)),
-                       ("use_short_conv", (False, None)),
                        ("use_output_gate", (True, None)),
                        ("clamp_min", (None,)), ("use_gk", (True, None)),
                        ("use_gv", (False, None))):
     _unsupported(hf, key, allowed)
   options = dict(expand_k=float(hf.get("expand_k", 0.5)),
                  expand_v=float(hf.get("expand_v", 1.0)),
-                 norm_eps=float(hf.get("norm_eps", 1e-6)))
+                 norm_eps=float(hf.get("norm_eps", 1e-6)),
+                 **_fla_short_conv(hf, default=False))
   return _fla_swiglu_config(hf, "gla", int(hf["num_heads"]), options)
 
 
@@ -397,14 +418,13 @@ def gla_entries(hf: dict, config: LMConfig) -> list[Entry]:
                           ("o_proj", "o_proj"), ("gk_proj.0", "gate_down")):
       out += linear(f"{a}.{hf_name}", m + (ours,))
     out += linear(f"{a}.gk_proj.1", m + ("gate_up",), True)
+    out += _fla_short_conv_entries(a, m, config)
     out += [head_shared(f"{a}.{norm}.weight", m + ("norm", "scale"), heads)]
   return out
 
 
 def _delta_common(hf: dict) -> dict:
-  _unsupported(hf, "use_short_conv", (True, None))
-  _unsupported(hf, "conv_bias", (False, None))
-  return dict(conv_size=int(hf.get("conv_size", 4)),
+  return dict(**_fla_short_conv(hf, default=True),
               allow_neg_eigval=bool(hf.get("allow_neg_eigval", False)),
               norm_eps=float(hf.get("norm_eps", 1e-5)))
 
@@ -444,9 +464,7 @@ def _delta_entries(hf: dict, config: LMConfig, gated: bool) -> list[Entry]:
     out += _fla_swiglu_block(i)
     for name in ("q_proj", "k_proj", "v_proj", "b_proj", "o_proj"):
       out += linear(f"{a}.{name}", m + (name,))
-    for name in ("q", "k", "v"):
-      out += [conv(f"{a}.{name}_conv1d.weight", m + (f"{name}_conv",
-                                                     "weight"))]
+    out += _fla_short_conv_entries(a, m, config)
     if gated:
       out += linear(f"{a}.a_proj", m + ("a_proj",))
       out += [copy(f"{a}.A_log", m + ("A_log",)),

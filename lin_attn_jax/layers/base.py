@@ -208,9 +208,45 @@ class Mixer(nnx.Module):
   # gates or SSM dynamics rather than weights: the optimizer's weight decay
   # leaves them alone (``train.optim.weight_decay_mask``).
   no_weight_decay: tuple[str, ...] = ()
+  # The short convolutions of q, k and v (``modules.QKVShortConv``), or
+  # None. With them, the mixer cache is ``{"conv": their windows, "state":
+  # the mixer's own cache}`` (``with_conv_cache``, ``split_cache``).
+  short_conv = None
 
   def init_mixer_cache(self, batch_size: int, max_len: int, dtype):
     raise NotImplementedError
+
+  def with_conv_cache(self, batch_size: int, cache):
+    """``cache``, the mixer's own, with the empty windows of
+    ``short_conv`` beside it (``cache`` itself without short
+    convolutions)."""
+    if self.short_conv is None:
+      return cache
+    return {"conv": self.short_conv.init_state(batch_size), "state": cache}
+
+  def split_cache(self, ctx: Context):
+    """``(windows of short_conv, the mixer's own cache)`` of ``ctx.cache``;
+    None for what there is not."""
+    if self.short_conv is None or ctx.cache is None:
+      return None, ctx.cache
+    return ctx.cache["conv"], ctx.cache["state"]
+
+  def short_convolved(self, q, k, v, ctx: Context):
+    """``((q, k, v), windows, own cache)``: the projections ``[B, T, C]``
+    through ``short_conv`` when the mixer has one (else as they are), the
+    convolutions' new windows and the mixer's own part of ``ctx.cache``
+    (``split_cache``; None for what there is not)."""
+    conv, cache = self.split_cache(ctx)
+    if self.short_conv is not None:
+      (q, k, v), conv = self.short_conv(q, k, v, ctx, conv)
+    return (q, k, v), conv, cache
+
+  def joined_cache(self, conv, cache):
+    """The inverse of ``split_cache``: the new mixer cache from the new
+    windows and the mixer's own new cache (None without a cache)."""
+    if self.short_conv is None or cache is None:
+      return cache
+    return {"conv": conv, "state": cache}
 
   def recurrent_state_floats(self, seq_len: int) -> int:
     """Floats of the recurrent state (or KV cache) after ``seq_len`` tokens,
@@ -219,8 +255,8 @@ class Mixer(nnx.Module):
 
   def conv_state_floats(self) -> int:
     """Floats of the short-convolution buffers and token shifts, per
-    sequence (0 for none)."""
-    return 0
+    sequence (0 for none): those of ``short_conv`` here."""
+    return 0 if self.short_conv is None else self.short_conv.state_floats()
 
   def state_size(self, seq_len: int, *, include_conv: bool = False) -> int:
     """Floats this mixer carries between tokens, per layer and per sequence,
@@ -343,11 +379,13 @@ class Mixer(nnx.Module):
 
 class MatrixStateMixer(Mixer):
   """A mixer whose cache is one matrix state ``[B, H, head_k, head_v]``
-  (``self.n_heads``, ``self.head_k``, ``self.head_v``)."""
+  (``self.n_heads``, ``self.head_k``, ``self.head_v``), with the windows of
+  its ``short_conv`` when it has one."""
 
   def init_mixer_cache(self, batch_size: int, max_len: int, dtype):
     del max_len, dtype
-    return zero_state(batch_size, self.n_heads, self.head_k, self.head_v)
+    return self.with_conv_cache(batch_size, zero_state(
+        batch_size, self.n_heads, self.head_k, self.head_v))
 
   def recurrent_state_floats(self, seq_len: int) -> int:
     del seq_len

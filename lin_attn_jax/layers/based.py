@@ -13,7 +13,8 @@ Two branches over the same tokens, summed before the output projection:
 Both read the same values ``v = x W_v`` (``[B, T, H, D / H]``); the layer
 returns ``y = (o_linear + o_window) W_o``. The paper stacks the two as
 separate layers (with short convolutions in others); here one mixer holds
-both.
+both. With ``use_short_conv``, the linear branch's ``q``, ``k`` and the
+shared ``v`` first go through short convolutions with SiLU.
 """
 
 from __future__ import annotations
@@ -44,12 +45,25 @@ class Based(Mixer):
   decoding needs: ``"state"``, the Taylor linear-attention state
   ``[B, H, 1 + F + F^2, D / H + 1]`` float32 (the last column is the
   normalizer), and ``"window"``, a ring-buffer ``KVCache`` of the last ``w``
-  rotated keys and values.
+  rotated keys and values; with ``use_short_conv``, the convolutions'
+  windows beside them (``Mixer.with_conv_cache``).
+
+  The short convolutions are placed as flash-linear-attention places them
+  in its GLA and retention layers (its ``BasedLinearAttention`` has none):
+  one per projection, right after it, with SiLU. The Based models and
+  Zoology's MQAR runs put a gated convolution (``BaseConv``) in front of
+  the mixer as a layer of its own instead; the per-projection placement
+  keeps the option the same across the library's mixers.
 
   Args:
     d_model: ``D``. n_heads: ``H``.
     feature_dim: ``F``, the width of q and k of the linear branch (16).
     window_size: ``w``, tokens each query of the window branch sees (64).
+    use_short_conv: pass the linear branch's q and k and the shared v each
+      through a depthwise causal convolution with SiLU right after its
+      projection (``modules.QKVShortConv``; False).
+    conv_size: taps of the short convolutions (4).
+    conv_bias: the short convolutions have a bias (False).
     chunk_size: chunk length of the linear chunk form and block length of
       the blockwise window attention (speed only).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the linear chunk form's
@@ -58,7 +72,8 @@ class Based(Mixer):
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                feature_dim: int = 16, window_size: int = 64,
-               chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
+               use_short_conv: bool = False, conv_size: int = 4,
+               conv_bias: bool = False, chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
                param_dtype=jnp.float32):
     for name, value in (("feature_dim", feature_dim),
                         ("window_size", window_size)):
@@ -76,6 +91,9 @@ class Based(Mixer):
     self.q_proj = modules.dense(d_model, n_heads * feature_dim, **kw)
     self.k_proj = modules.dense(d_model, n_heads * feature_dim, **kw)
     self.v_proj = modules.dense(d_model, d_model, **kw)
+    self.short_conv = modules.qkv_short_conv(
+        use_short_conv, (n_heads * feature_dim,) * 2 + (d_model,), conv_size,
+        conv_bias, rngs=rngs, param_dtype=param_dtype)
     self.window_q_proj = modules.dense(d_model, d_model, **kw)
     self.window_k_proj = modules.dense(d_model, d_model, **kw)
     self.o_proj = modules.dense(d_model, d_model, ("heads", "embed"), **kw)
@@ -83,13 +101,13 @@ class Based(Mixer):
   def init_mixer_cache(self, batch_size, max_len, dtype):
     del max_len
     f = self.feature_dim
-    return {
+    return self.with_conv_cache(batch_size, {
         "state": zero_state(batch_size, self.n_heads, 1 + f + f * f,
                             self.head_dim + 1),
         "window": init_kv_cache(batch_size, self.n_heads, self.head_dim,
                                 self.head_dim, window_size=self.window_size,
                                 dtype=dtype),
-    }
+    })
 
   def recurrent_state_floats(self, seq_len):
     """The Taylor state ``H x (1 + F + F^2) x (D / H + 1)`` and the window's
@@ -101,11 +119,12 @@ class Based(Mixer):
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     h, dh, f = self.n_heads, self.head_dim, self.feature_dim
-    cache = ({"state": None, "window": None} if ctx.cache is None
-             else ctx.cache)
-    q = self.q_proj(x).reshape(b, t, h, f)                      # [B, T, H, F]
-    k = self.k_proj(x).reshape(b, t, h, f)                      # [B, T, H, F]
-    v = self.v_proj(x).reshape(b, t, h, dh)                     # [B, T, H, V]
+    (q, k, v), conv, cache = self.short_convolved(
+        self.q_proj(x), self.k_proj(x), self.v_proj(x), ctx)
+    cache = {"state": None, "window": None} if cache is None else cache
+    q = q.reshape(b, t, h, f)                                   # [B, T, H, F]
+    k = k.reshape(b, t, h, f)                                   # [B, T, H, F]
+    v = v.reshape(b, t, h, dh)                                  # [B, T, H, V]
     # o_t = phi(q_t)^T S_t / (phi(q_t) . z_t), phi the Taylor map
     o_linear, state = self.apply_forms(ctx, BASED_FORMS, dict(q=q, k=k, v=v),
                                        cache["state"])          # [B, T, H, V]
@@ -125,4 +144,4 @@ class Based(Mixer):
     y = self.o_proj(o.astype(x.dtype).reshape(b, t, -1))
     new_cache = None if ctx.cache is None else {"state": state,
                                                 "window": window}
-    return y, new_cache
+    return y, self.joined_cache(conv, new_cache)

@@ -1,7 +1,8 @@
 """Delta-rule layers: DeltaNet, Gated DeltaNet and Kimi Delta Attention.
 
 All three share one skeleton: ``q, k, v = silu(short_conv(x W))`` (a causal
-depthwise convolution of 4 taps on each), q and k L2-normalised inside the
+depthwise convolution of 4 taps on each, ``modules.QKVShortConv``; off with
+``use_short_conv=False``, as in the references), q and k L2-normalised inside the
 op, a writing strength ``beta = sigmoid(x W_b)`` per head, the delta rule
 
     S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T
@@ -22,9 +23,9 @@ and ``W_o norm(o)`` with a per-head RMSNorm. They differ in the decay
 
 The layers call the core's forms (``chunk_delta_rule`` and its siblings)
 directly: the ``gated_delta_rule`` and ``kda`` ops are those forms with a
-scalar or a per-channel ``g``. The cache is the last ``conv_size - 1``
-inputs of each of the three convolutions and the ``[B, H, K, V]`` float32
-state.
+scalar or a per-channel ``g``. The cache is ``{"conv": the last
+``conv_size - 1`` inputs of each of the three convolutions, "state": the
+[B, H, K, V] float32 state}`` (``Mixer.with_conv_cache``).
 
 Dense projections use the package's LeCun normal init (the papers do not fix
 one), the convolutions PyTorch's ``Conv1d`` init without bias as in the
@@ -34,7 +35,6 @@ class.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -107,7 +107,10 @@ class DeltaNet(Mixer):
     d_model: ``D``. n_heads: ``H``.
     expand_k: key width per head is ``expand_k * D / H`` (1.0).
     expand_v: value width per head is ``expand_v * D / H`` (1.0).
+    use_short_conv: the short convolutions of q, k and v (True, as the
+      references; fla warns that the layer is weaker without them).
     conv_size: taps of the short convolutions (4).
+    conv_bias: the short convolutions have a bias (False).
     use_output_gate: gate the normalised output with ``silu(x W_g)``
       (False, as in the paper's models).
     zero_init_gate: start ``W_g`` at zero (True), so that the layer's output
@@ -132,7 +135,8 @@ class DeltaNet(Mixer):
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 1.0, expand_v: float = 1.0,
-               conv_size: int = 4, use_output_gate: bool = False,
+               use_short_conv: bool = True, conv_size: int = 4,
+               conv_bias: bool = False, use_output_gate: bool = False,
                allow_neg_eigval: bool = False, norm_eps: float = 1e-5,
                n_v_heads: int | None = None, head_k_dim: int | None = None,
                head_v_dim: int | None = None, chunk_size: int | None = None,
@@ -150,8 +154,6 @@ class DeltaNet(Mixer):
     if n_v_heads % n_heads:
       raise ValueError(f"n_v_heads = {n_v_heads} must be a multiple of "
                        f"n_heads = {n_heads}")
-    if conv_size < 1:
-      raise ValueError(f"conv_size must be >= 1, got {conv_size}")
     self.n_heads, self.n_v_heads = n_heads, n_v_heads
     self.chunk_size = chunk_size
     self.impl = checked_impl(impl)
@@ -162,10 +164,10 @@ class DeltaNet(Mixer):
     self.q_proj = modules.dense(d_model, key_dim, **kw)
     self.k_proj = modules.dense(d_model, key_dim, **kw)
     self.v_proj = modules.dense(d_model, value_dim, **kw)
-    conv = functools.partial(modules.ShortConv, width=conv_size, rngs=rngs,
-                             use_bias=False, param_dtype=param_dtype)
-    self.q_conv, self.k_conv = conv(key_dim), conv(key_dim)
-    self.v_conv = conv(value_dim)
+    checks.positive_int("conv_size", conv_size)
+    self.short_conv = modules.qkv_short_conv(
+        use_short_conv, (key_dim, key_dim, value_dim), conv_size, conv_bias,
+        rngs=rngs, param_dtype=param_dtype)
     self.b_proj = modules.dense(d_model, n_v_heads, **kw)
     self.init_decay(d_model, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.init_output_gate(d_model, use_output_gate, rngs=rngs, dtype=dtype,
@@ -204,30 +206,19 @@ class DeltaNet(Mixer):
 
   def init_mixer_cache(self, batch_size, max_len, dtype):
     del max_len, dtype
-    return {
-        "conv_q": self.q_conv.init_state(batch_size),
-        "conv_k": self.k_conv.init_state(batch_size),
-        "conv_v": self.v_conv.init_state(batch_size),
-        "state": zero_state(batch_size, self.n_v_heads, self.head_k,
-                            self.head_v),
-    }
+    return self.with_conv_cache(batch_size, zero_state(
+        batch_size, self.n_v_heads, self.head_k, self.head_v))
 
   def recurrent_state_floats(self, seq_len):
     """``H x K x V``."""
     del seq_len
     return self.n_heads * self.head_k * self.head_v
 
-  def conv_state_floats(self):
-    return sum((conv.width - 1) * conv.channels
-               for conv in (self.q_conv, self.k_conv, self.v_conv))
-
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     h = self.n_heads
-    cache = {} if ctx.cache is None else ctx.cache
-    q, conv_q = self.q_conv(self.q_proj(x), ctx, cache.get("conv_q"))
-    k, conv_k = self.k_conv(self.k_proj(x), ctx, cache.get("conv_k"))
-    v, conv_v = self.v_conv(self.v_proj(x), ctx, cache.get("conv_v"))
+    (q, k, v), conv, cache = self.short_convolved(
+        self.q_proj(x), self.k_proj(x), self.v_proj(x), ctx)
     q = q.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
     k = k.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
     v = v.reshape(b, t, self.n_v_heads, self.head_v)            # [B, T, HV, V]
@@ -236,12 +227,9 @@ class DeltaNet(Mixer):
     o, state = self.apply_forms(
         ctx, DELTA_RULE_FORMS,
         dict(q=q, k=k, v=v, beta=self.beta(x), g=self.log_decay(x)),
-        cache.get("state"), use_qk_l2norm=True)                 # [B, T, HV, V]
+        cache, use_qk_l2norm=True)                              # [B, T, HV, V]
     y = self.o_proj(self.gated_norm(o, x))                      # [B, T, D]
-    if ctx.cache is None:
-      return y, None
-    return y, {"conv_q": conv_q, "conv_k": conv_k, "conv_v": conv_v,
-               "state": state}
+    return y, self.joined_cache(conv, state)
 
 
 class GatedDeltaNet(DeltaNet):
@@ -282,7 +270,8 @@ class GatedDeltaNet(DeltaNet):
     expand_v: value width per head is ``expand_v * D / H`` (1.5); the
       defaults are the paper's 1.3B shape (6 heads of 256 keys and 512
       values at ``D = 2048``).
-    conv_size, allow_neg_eigval, norm_eps, n_v_heads, head_k_dim,
+    use_short_conv, conv_size, conv_bias, allow_neg_eigval, norm_eps,
+      n_v_heads, head_k_dim,
       head_v_dim, chunk_size, impl: as in ``DeltaNet``.
     use_output_gate: the gated RMSNorm (True).
     zero_init_gate: start ``W_g`` at zero (True); False draws it LeCun
@@ -293,14 +282,16 @@ class GatedDeltaNet(DeltaNet):
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 0.75, expand_v: float = 1.5,
-               conv_size: int = 4, use_output_gate: bool = True,
+               use_short_conv: bool = True, conv_size: int = 4,
+               conv_bias: bool = False, use_output_gate: bool = True,
                allow_neg_eigval: bool = False, norm_eps: float = 1e-5,
                n_v_heads: int | None = None, head_k_dim: int | None = None,
                head_v_dim: int | None = None, chunk_size: int | None = None,
                impl: str = "auto", zero_init_gate: bool = True,
                dtype=_F32, param_dtype=_F32):
     super().__init__(d_model, n_heads, rngs=rngs, expand_k=expand_k,
-                     expand_v=expand_v, conv_size=conv_size,
+                     expand_v=expand_v, use_short_conv=use_short_conv,
+                     conv_size=conv_size, conv_bias=conv_bias,
                      use_output_gate=use_output_gate,
                      allow_neg_eigval=allow_neg_eigval, norm_eps=norm_eps,
                      n_v_heads=n_v_heads, head_k_dim=head_k_dim,
@@ -336,7 +327,8 @@ class KDA(DeltaNet):
     d_model: ``D``. n_heads: ``H``.
     expand_k, expand_v: key and value widths per head are ``expand * D / H``
       (1.0 each).
-    conv_size, allow_neg_eigval, norm_eps, impl: as in ``DeltaNet``.
+    use_short_conv, conv_size, conv_bias, allow_neg_eigval, norm_eps,
+      impl: as in ``DeltaNet``.
     chunk_size: as in ``DeltaNet`` (None: 16 on CPU, where longer chunks
       compile slower, see docs/performance.md).
   """
@@ -345,11 +337,13 @@ class KDA(DeltaNet):
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 1.0, expand_v: float = 1.0,
-               conv_size: int = 4, allow_neg_eigval: bool = False,
+               use_short_conv: bool = True, conv_size: int = 4,
+               conv_bias: bool = False, allow_neg_eigval: bool = False,
                norm_eps: float = 1e-5, chunk_size: int | None = None,
                impl: str = "auto", dtype=_F32, param_dtype=_F32):
     super().__init__(d_model, n_heads, rngs=rngs, expand_k=expand_k,
-                     expand_v=expand_v, conv_size=conv_size,
+                     expand_v=expand_v, use_short_conv=use_short_conv,
+                     conv_size=conv_size, conv_bias=conv_bias,
                      use_output_gate=True, allow_neg_eigval=allow_neg_eigval,
                      norm_eps=norm_eps, chunk_size=chunk_size, impl=impl,
                      dtype=dtype, param_dtype=param_dtype)

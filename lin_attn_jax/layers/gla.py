@@ -1,7 +1,8 @@
 """Gated Linear Attention layer (Yang et al., 2023, arXiv:2312.06635).
 
-``q, k = x W_q, x W_k`` (``K = expand_k * D / H`` per head), ``v = x W_v``;
-the forget gate per key channel comes from a low-rank projection,
+``q, k = x W_q, x W_k`` (``K = expand_k * D / H`` per head), ``v = x W_v``
+(each through a short convolution with SiLU with ``use_short_conv``, as
+flash-linear-attention's layer); the forget gate per key channel comes from a low-rank projection,
 ``g = log_sigmoid(W_2 W_1 x + b) / gate_logit_normalizer``; the output is
 ``W_o (rms_norm(o) * silu(x W_r))`` with a per-head RMSNorm.
 """
@@ -31,6 +32,11 @@ class GLA(MatrixStateMixer):
     gate_logit_normalizer: divides the log-sigmoid gate (16), so decays start
       close to 1.
     norm_eps: epsilon of the per-head RMSNorm (1e-5).
+    use_short_conv: pass q, k and v each through a depthwise causal
+      convolution with SiLU right after its projection
+      (``modules.QKVShortConv``; False, as fla's default).
+    conv_size: taps of the short convolutions (4).
+    conv_bias: the short convolutions have a bias (False).
     chunk_size: chunk length of the chunk form (speed only); None: 16
       on CPU, 64 on TPU/GPU (``base.resolved_chunk_size``).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
@@ -40,9 +46,10 @@ class GLA(MatrixStateMixer):
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 0.5, expand_v: float = 1.0,
                gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0,
-               norm_eps: float = 1e-5, chunk_size: int | None = None,
-               impl: str = "auto", dtype=jnp.float32,
-               param_dtype=jnp.float32):
+               norm_eps: float = 1e-5, use_short_conv: bool = False,
+               conv_size: int = 4, conv_bias: bool = False,
+               chunk_size: int | None = None, impl: str = "auto",
+               dtype=jnp.float32, param_dtype=jnp.float32):
     key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
     if key_dim % n_heads or value_dim % n_heads:
       raise ValueError(f"expand_k * d_model = {key_dim} and expand_v * "
@@ -56,6 +63,9 @@ class GLA(MatrixStateMixer):
     self.q_proj = modules.dense(d_model, key_dim, **kw)
     self.k_proj = modules.dense(d_model, key_dim, **kw)
     self.v_proj = modules.dense(d_model, value_dim, **kw)
+    self.short_conv = modules.qkv_short_conv(
+        use_short_conv, (key_dim, key_dim, value_dim), conv_size, conv_bias,
+        rngs=rngs, param_dtype=param_dtype)
     self.gate_down = modules.dense(d_model, gate_low_rank_dim,
                                    ("embed", "rank"), **kw)
     self.gate_up = modules.dense(gate_low_rank_dim, key_dim, ("rank", "heads"),
@@ -68,14 +78,16 @@ class GLA(MatrixStateMixer):
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     h = self.n_heads
-    q = self.q_proj(x).reshape(b, t, h, self.head_k)            # [B, T, H, K]
-    k = self.k_proj(x).reshape(b, t, h, self.head_k)            # [B, T, H, K]
-    v = self.v_proj(x).reshape(b, t, h, self.head_v)            # [B, T, H, V]
+    (q, k, v), conv, cache = self.short_convolved(
+        self.q_proj(x), self.k_proj(x), self.v_proj(x), ctx)
+    q = q.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
+    k = k.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
+    v = v.reshape(b, t, h, self.head_v)                         # [B, T, H, V]
     g = jax.nn.log_sigmoid(
         self.gate_up(self.gate_down(x)).astype(jnp.float32))
     g = (g / self.gate_logit_normalizer).reshape(b, t, h, self.head_k)
     # S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,  o_t = S_t^T q_t / sqrt(K)
     o, state = self.apply_forms(ctx, GLA_FORMS, dict(q=q, k=k, v=v, g=g),
-                                ctx.cache)                      # [B, T, H, V]
+                                cache)                          # [B, T, H, V]
     y = self.o_proj(self.norm(o, self.out_gate(x)))             # [B, T, D]
-    return y, state
+    return y, self.joined_cache(conv, state)

@@ -10,7 +10,10 @@ product. Per head, with ``K = expand_ratio`` forget channels and
     o_t = S_t^T q_t
 
 with ``q = sigmoid(x W_q)`` (HGRN's output gate, which HGRN2 turns into the
-query), ``v = silu(x W_v)``, and ``y = LayerNorm(o) W_o``. This is the GLA
+query), ``v = silu(x W_v)``, and ``y = LayerNorm(o) W_o``. With
+``use_short_conv`` the three projections ``x W_q``, ``x W_f``, ``x W_v``
+first go through short convolutions without activation (as
+flash-linear-attention's ``HGRN2Attention`` does to its q, f and i). This is the GLA
 recurrence with ``g = log f``, ``k = 1 - f`` and no query scale.
 """
 
@@ -54,6 +57,11 @@ class HGRN2(MatrixStateMixer):
     d_model: ``D``. n_heads: ``H``; value width per head ``D / H``.
     expand_ratio: ``K``, forget (key) channels per head; None for ``D / H``.
     lower_bound: ``lb`` in ``[0, 1)``, the least forget-gate value.
+    use_short_conv: pass ``x W_q``, ``x W_f`` and ``x W_v`` each through a
+      depthwise causal convolution without activation before the gates
+      (``modules.QKVShortConv``; False, as fla's default).
+    conv_size: taps of the short convolutions (4).
+    conv_bias: the short convolutions have a bias (False).
     chunk_size: chunk length of the chunk form (speed only); None: 16
       on CPU, 64 on TPU/GPU (``base.resolved_chunk_size``).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
@@ -62,7 +70,8 @@ class HGRN2(MatrixStateMixer):
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_ratio: int | None = None, lower_bound: float = 0.0,
-               chunk_size: int | None = None, impl: str = "auto",
+               use_short_conv: bool = False, conv_size: int = 4,
+               conv_bias: bool = False, chunk_size: int | None = None, impl: str = "auto",
                dtype=jnp.float32, param_dtype=jnp.float32):
     if expand_ratio is None:
       expand_ratio = head_dim(d_model, n_heads, "d_model")
@@ -79,6 +88,9 @@ class HGRN2(MatrixStateMixer):
     self.q_proj = modules.dense(d_model, forget_dim, **kw)
     self.f_proj = modules.dense(d_model, forget_dim, **kw)
     self.v_proj = modules.dense(d_model, d_model, **kw)
+    self.short_conv = modules.qkv_short_conv(
+        use_short_conv, (forget_dim, forget_dim, d_model), conv_size,
+        conv_bias, rngs=rngs, activation=None, param_dtype=param_dtype)
     self.norm = nnx.LayerNorm(
         d_model, epsilon=1e-5, dtype=dtype, param_dtype=param_dtype,
         scale_init=modules.partitioned(nnx.initializers.ones_init(),
@@ -88,10 +100,11 @@ class HGRN2(MatrixStateMixer):
         rngs=rngs)
     self.o_proj = modules.dense(d_model, d_model, ("heads", "embed"), **kw)
 
-  def gates(self, x):
-    """``(g, k)``: log forget gate (float32) and input gate ``1 - f``, both
-    ``[B, T, H * K]``."""
-    logits = self.f_proj(x).astype(jnp.float32)
+  def gates(self, f):
+    """``(g, k)``: log forget gate (float32) and input gate ``1 - f`` (in
+    f's dtype), both ``[B, T, H * K]``, from the forget logits ``f = x W_f``
+    (convolved with ``use_short_conv``)."""
+    logits = f.astype(jnp.float32)
     lb = self.lower_bound
     if lb == 0.0:
       g = jax.nn.log_sigmoid(logits)
@@ -100,20 +113,20 @@ class HGRN2(MatrixStateMixer):
       g = jnp.minimum(jnp.logaddexp(math.log(lb), math.log1p(-lb)
                                     + jax.nn.log_sigmoid(logits)), 0.0)
     k = (1.0 - lb) * jax.nn.sigmoid(-logits)
-    return g, k.astype(x.dtype)
+    return g, k.astype(f.dtype)
 
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     h = self.n_heads
-    q = jax.nn.sigmoid(self.q_proj(x)).reshape(
-        b, t, h, self.head_k)                                   # [B, T, H, K]
-    g, k = self.gates(x)
+    (q, f, v), conv, cache = self.short_convolved(
+        self.q_proj(x), self.f_proj(x), self.v_proj(x), ctx)
+    q = jax.nn.sigmoid(q).reshape(b, t, h, self.head_k)         # [B, T, H, K]
+    g, k = self.gates(f)
     g = g.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
     k = k.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
-    v = jax.nn.silu(self.v_proj(x)).reshape(
-        b, t, h, self.head_v)                                   # [B, T, H, V]
+    v = jax.nn.silu(v).reshape(b, t, h, self.head_v)            # [B, T, H, V]
     # S_t = diag(f_t) S_{t-1} + (1 - f_t) v_t^T,  o_t = S_t^T q_t
     o, state = self.apply_forms(ctx, GLA_FORMS, dict(q=q, k=k, v=v, g=g),
-                                ctx.cache, scale=1.0)           # [B, T, H, V]
+                                cache, scale=1.0)               # [B, T, H, V]
     y = self.o_proj(self.norm(o.reshape(b, t, -1)))             # [B, T, D]
-    return y, state
+    return y, self.joined_cache(conv, state)

@@ -7,7 +7,9 @@ feature map ``phi`` (``elu(x) + 1`` in the paper)
     o_t = phi(q_t)^T S_t / (phi(q_t) . z_t),
     S_t = sum_{j<=t} phi(k_j) v_j^T,  z_t = sum_{j<=t} phi(k_j),
 
-and ``y = o W_o``. The normalizer ``z`` rides in the state as one extra value
+and ``y = o W_o``. With ``use_short_conv`` the three projections first go
+through short convolutions with SiLU (before ``phi``), as the Based paper
+and Zoology pair linear attention with a short convolution. The normalizer ``z`` rides in the state as one extra value
 column (``normalize=True`` of the ``linear_attn`` ops).
 """
 
@@ -44,7 +46,15 @@ class LinearAttention(Mixer):
 
   Projections are initialised uniformly in ``+-1/sqrt(fan_in)`` (PyTorch's
   default, kept by the paper's code). The cache is the state
-  ``[B, H, F, V (+ 1)]`` float32, ``F`` the feature width.
+  ``[B, H, F, V (+ 1)]`` float32, ``F`` the feature width (with the
+  convolutions' windows beside it under ``use_short_conv``).
+
+  The short convolutions sit where flash-linear-attention puts them in its
+  GLA and retention layers, one per projection (q, k and v) right after it,
+  with SiLU; its ``LinearAttention`` has none. Zoology's MQAR protocol and
+  the Based models instead put a gated convolution (``BaseConv``) in front
+  of the mixer as a layer of its own; the per-projection placement is kept
+  here so that every mixer with the option convolves the same things.
 
   Args:
     d_model: ``D``. n_heads: ``H``; q, k and v heads have ``D / H`` channels.
@@ -52,6 +62,11 @@ class LinearAttention(Mixer):
       the paper's; ``"taylor"`` widens ``F`` to ``1 + K + K^2``).
     normalize: divide by ``phi(q_t) . sum_j phi(k_j)`` (the paper does); needs
       a map whose kernel is positive, so ``"identity"`` is refused.
+    use_short_conv: pass q, k and v each through a depthwise causal
+      convolution with SiLU right after its projection
+      (``modules.QKVShortConv``; False).
+    conv_size: taps of the short convolutions (4).
+    conv_bias: the short convolutions have a bias (False).
     chunk_size: chunk length of the chunk form (speed only).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
       implementation (``lin_attn_jax.ops.common.dispatch``).
@@ -59,7 +74,8 @@ class LinearAttention(Mixer):
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                feature_map: str = "elu_plus_one", normalize: bool = True,
-               chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
+               use_short_conv: bool = False, conv_size: int = 4,
+               conv_bias: bool = False, chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
                param_dtype=jnp.float32):
     if feature_map not in feature_maps.FEATURE_MAPS:
       raise ValueError(f"feature_map must be one of "
@@ -81,12 +97,16 @@ class LinearAttention(Mixer):
     self.q_proj = modules.dense(d_model, d_model, **kw)
     self.k_proj = modules.dense(d_model, d_model, **kw)
     self.v_proj = modules.dense(d_model, d_model, **kw)
+    self.short_conv = modules.qkv_short_conv(
+        use_short_conv, (d_model,) * 3, conv_size, conv_bias, rngs=rngs,
+        param_dtype=param_dtype)
     self.o_proj = modules.dense(d_model, d_model, ("heads", "embed"), **kw)
 
   def init_mixer_cache(self, batch_size, max_len, dtype):
     del max_len, dtype
-    return jnp.zeros((batch_size, self.n_heads, self.feature_dim,
-                      self.head_dim + int(self.normalize)), jnp.float32)
+    return self.with_conv_cache(batch_size, jnp.zeros(
+        (batch_size, self.n_heads, self.feature_dim,
+         self.head_dim + int(self.normalize)), jnp.float32))
 
   def recurrent_state_floats(self, seq_len):
     """``H x F x (D / H + 1)`` (the normalizer column when normalizing)."""
@@ -94,23 +114,25 @@ class LinearAttention(Mixer):
     return self.n_heads * self.feature_dim * (self.head_dim
                                               + int(self.normalize))
 
-  def attend_features(self, q, k, v, ctx: Context):
+  def attend_features(self, q, k, v, ctx: Context, state=None):
     """Linear attention of mapped features ``q, k: [B, T, H, F]`` (no
-    further scale) and ``v: [B, T, H, V]`` from the cached state
-    ``[B, H, F, V (+ 1)]``:
+    further scale) and ``v: [B, T, H, V]`` from the cached ``state``
+    ``[B, H, F, V (+ 1)]`` (None without a cache):
 
         o_t = phi(q_t)^T S_t (/ phi(q_t) . z_t),  S_t = S_{t-1} + phi(k_t) v_t^T
 
     Returns ``(o [B, T, H, V], new state or None)``.
     """
     return self.apply_forms(ctx, LINEAR_ATTN_FORMS, dict(q=q, k=k, v=v),
-                            ctx.cache, scale=1.0, normalize=self.normalize)
+                            state, scale=1.0, normalize=self.normalize)
 
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     shape = (b, t, self.n_heads, self.head_dim)
-    q = self.phi(self.q_proj(x).reshape(shape))                 # [B, T, H, F]
-    k = self.phi(self.k_proj(x).reshape(shape))                 # [B, T, H, F]
-    v = self.v_proj(x).reshape(shape)                           # [B, T, H, V]
-    o, state = self.attend_features(q, k, v, ctx)              # [B, T, H, V]
-    return self.o_proj(o.reshape(b, t, -1)), state
+    (q, k, v), conv, cache = self.short_convolved(
+        self.q_proj(x), self.k_proj(x), self.v_proj(x), ctx)
+    q = self.phi(q.reshape(shape))                              # [B, T, H, F]
+    k = self.phi(k.reshape(shape))                              # [B, T, H, F]
+    v = v.reshape(shape)                                        # [B, T, H, V]
+    o, state = self.attend_features(q, k, v, ctx, cache)       # [B, T, H, V]
+    return self.o_proj(o.reshape(b, t, -1)), self.joined_cache(conv, state)

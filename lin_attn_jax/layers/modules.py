@@ -28,6 +28,7 @@ from flax import nnx
 from lin_attn_jax.layers.base import OpForms, run_forms
 from lin_attn_jax.ops import (causal_conv1d_step, chunk_causal_conv1d,
                               parallel_causal_conv1d, recurrent_causal_conv1d)
+from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.common.products import project, project_parts
 from lin_attn_jax.ops.common.reductions import plus_channels, times_channels
 from lin_attn_jax.ops.conv import token_shift as ops_token_shift
@@ -276,6 +277,67 @@ class ShortConv(nnx.Module):
       states.append(part_state)
       lo += size
     return ys, (None if state is None else jnp.concatenate(states, axis=-1))
+
+
+class QKVShortConv(nnx.Module):
+  """The short convolutions of a mixer's three projections, ``q``, ``k`` and
+  ``v`` (fla's ``q_conv1d``, ``k_conv1d``, ``v_conv1d``): each a depthwise
+  causal ``ShortConv`` of ``conv_size`` taps, applied right after its
+  projection. ``activation`` is SiLU in fla's GLA, retention and delta-rule
+  layers, None in its HGRN2. The weights start as PyTorch's ``Conv1d``
+  (uniform in ``+-1/sqrt(conv_size)``), as fla's ``ShortConvolution``.
+
+  The cached windows are ``{"q": [B, W - 1, C_q], "k": ..., "v": ...}``
+  float32 (``W = conv_size``), ``state_floats`` of them per sequence.
+  """
+
+  def __init__(self, channels: Sequence[int], conv_size: int = 4, *,
+               rngs: nnx.Rngs, activation: str | None = "silu",
+               use_bias: bool = False, param_dtype=jnp.float32):
+    checks.positive_int("conv_size", conv_size)
+    if len(channels) != 3:
+      raise ValueError(f"channels must be those of q, k and v, got "
+                       f"{channels!r}")
+    q, k, v = (ShortConv(c, conv_size, rngs=rngs, activation=activation,
+                         use_bias=use_bias, param_dtype=param_dtype)
+               for c in channels)
+    self.q_conv, self.k_conv, self.v_conv = q, k, v
+
+  def _convs(self):
+    return {"q": self.q_conv, "k": self.k_conv, "v": self.v_conv}
+
+  def init_state(self, batch_size: int) -> dict:
+    """Empty windows ``{"q", "k", "v"}``, each ``[B, W - 1, C]`` float32."""
+    return {name: conv.init_state(batch_size)
+            for name, conv in self._convs().items()}
+
+  def state_floats(self) -> int:
+    """Floats of the cached windows per sequence, ``(W - 1) sum C``."""
+    return sum((conv.width - 1) * conv.channels
+               for conv in self._convs().values())
+
+  def __call__(self, q, k, v, ctx, state=None):
+    """``q, k, v: [B, T, C_{q,k,v}]`` -> ``((q, k, v) convolved, new windows
+    or None)``; ``state`` the cached windows (``init_state``) or None."""
+    outs, new = {}, {}
+    for name, x in zip("qkv", (q, k, v)):
+      outs[name], new[name] = self._convs()[name](
+          x, ctx, None if state is None else state[name])
+    return (outs["q"], outs["k"], outs["v"]), (None if state is None
+                                               else new)
+
+
+def qkv_short_conv(use_short_conv: bool, channels: Sequence[int],
+                   conv_size: int = 4, conv_bias: bool = False, *,
+                   rngs: nnx.Rngs, activation: str | None = "silu",
+                   param_dtype=jnp.float32):
+  """A ``QKVShortConv`` of ``channels`` when ``use_short_conv``, else None
+  (the options every mixer with short convolutions takes, fla's names and
+  defaults)."""
+  if not use_short_conv:
+    return None
+  return QKVShortConv(channels, conv_size, rngs=rngs, activation=activation,
+                      use_bias=conv_bias, param_dtype=param_dtype)
 
 
 def _materialized(table):

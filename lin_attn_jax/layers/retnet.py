@@ -2,7 +2,9 @@
 Successor to Transformer for Large Language Models", arXiv:2307.08621).
 
 ``q, k = rotary(x W_q), rotary(x W_k)`` (``[B, T, H, K]``, ``K = D / H``),
-``v = x W_v`` (``[B, T, H, V]``, ``V = expand_v * D / H``); head ``h``
+``v = x W_v`` (``[B, T, H, V]``, ``V = expand_v * D / H``), with
+``use_short_conv`` each projection first through a short convolution with
+SiLU (as flash-linear-attention's ``MultiScaleRetention``); head ``h``
 retains with the fixed decay ``gamma_h = 1 - 2 ** (-5 - h)``:
 
     S_t = gamma_h S_{t-1} + k_t v_t^T,   o_t = S_t^T q_t / sqrt(K)
@@ -44,14 +46,21 @@ class RetNet(MatrixStateMixer):
   Args:
     d_model: ``D``. n_heads: ``H``; ``D / H`` must be even (rotary pairs).
     expand_v: value width per head is ``expand_v * D / H`` (2 in the paper).
+    use_short_conv: pass q, k and v each through a depthwise causal
+      convolution with SiLU right after its projection, before the rotation
+      (``modules.QKVShortConv``; False, as fla's default).
+    conv_size: taps of the short convolutions (4).
+    conv_bias: the short convolutions have a bias (False).
     chunk_size: chunk length of the chunk form (speed only).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
       implementation (``lin_attn_jax.ops.common.dispatch``).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
-               expand_v: float = 2.0, chunk_size: int = 64, impl: str = "auto",
-               dtype=jnp.float32, param_dtype=jnp.float32):
+               expand_v: float = 2.0, use_short_conv: bool = False,
+               conv_size: int = 4, conv_bias: bool = False,
+               chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
+               param_dtype=jnp.float32):
     value_dim = int(d_model * expand_v)
     self.n_heads, self.chunk_size = n_heads, chunk_size
     self.impl = checked_impl(impl)
@@ -65,6 +74,9 @@ class RetNet(MatrixStateMixer):
     self.q_proj = modules.dense(d_model, d_model, kernel_init=small, **kw)
     self.k_proj = modules.dense(d_model, d_model, kernel_init=small, **kw)
     self.v_proj = modules.dense(d_model, value_dim, kernel_init=small, **kw)
+    self.short_conv = modules.qkv_short_conv(
+        use_short_conv, (d_model, d_model, value_dim), conv_size, conv_bias,
+        rngs=rngs, param_dtype=param_dtype)
     self.g_proj = modules.dense(d_model, value_dim, kernel_init=small, **kw)
     self.norm = modules.HeadNorm(n_heads, self.head_v, rngs=rngs, kind="layer",
                                  param_dtype=param_dtype)
@@ -74,13 +86,15 @@ class RetNet(MatrixStateMixer):
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     h = self.n_heads
-    q = modules.rotary(self.q_proj(x).reshape(b, t, h, self.head_k),
+    (q, k, v), conv, cache = self.short_convolved(
+        self.q_proj(x), self.k_proj(x), self.v_proj(x), ctx)
+    q = modules.rotary(q.reshape(b, t, h, self.head_k),
                        ctx.positions)                           # [B, T, H, K]
-    k = modules.rotary(self.k_proj(x).reshape(b, t, h, self.head_k),
+    k = modules.rotary(k.reshape(b, t, h, self.head_k),
                        ctx.positions)                           # [B, T, H, K]
-    v = self.v_proj(x).reshape(b, t, h, self.head_v)            # [B, T, H, V]
+    v = v.reshape(b, t, h, self.head_v)                         # [B, T, H, V]
     # S_t = gamma_h S_{t-1} + k_t v_t^T,  o_t = S_t^T q_t / sqrt(K)
     o, state = self.apply_forms(ctx, RETENTION_FORMS, dict(q=q, k=k, v=v),
-                                ctx.cache)                      # [B, T, H, V]
+                                cache)                          # [B, T, H, V]
     y = self.o_proj(self.norm(o, self.g_proj(x)))               # [B, T, D]
-    return y, state
+    return y, self.joined_cache(conv, state)

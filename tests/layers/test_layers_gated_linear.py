@@ -35,6 +35,45 @@ def test_modes_decoding_and_gradients(name, use_segments):
                         use_segments=use_segments)
 
 
+# ``use_short_conv`` (fla's option): q, k and v each through a causal
+# depthwise convolution; a 3-tap window with a bias, so that the cached
+# windows and the bias are exercised.
+SHORT_CONV = {"use_short_conv": True, "conv_size": 3, "conv_bias": True}
+
+
+@pytest.mark.parametrize("name", ["based", "gla", "hgrn2", "linear_attn",
+                                  "retnet"])
+def test_short_conv_modes_decoding_and_gradients(name):
+  lm_checks.check_mixer(
+      lm_checks.tiny_lm(name, {**MIXER_OPTIONS[name], **SHORT_CONV}),
+      use_segments=True)
+
+
+@pytest.mark.parametrize("name", ["based", "gla", "hgrn2", "linear_attn",
+                                  "retnet"])
+def test_short_conv_changes_the_output_and_is_causal(name):
+  """The convolutions act (the output differs from the same weights without
+  them), and token t of the output does not depend on later tokens."""
+  on = MIXERS[name](32, 2, rngs=nnx.Rngs(0),
+                    **{**MIXER_OPTIONS[name], **SHORT_CONV})
+  off = MIXERS[name](32, 2, rngs=nnx.Rngs(0), **MIXER_OPTIONS[name])
+  x = _x((2, 12, 32))
+  y = np.asarray(on(x))
+  assert lm_checks.rel_rms(y, np.asarray(off(x))) > 1e-2
+  x2 = x.at[:, 7:].set(_x((2, 5, 32), seed=3))
+  np.testing.assert_allclose(np.asarray(on(x2))[:, :7], y[:, :7], atol=1e-6)
+  assert lm_checks.rel_rms(np.asarray(on(x2))[:, 7:], y[:, 7:]) > 1e-2
+
+
+def test_short_conv_cache_layout():
+  layer = GLA(32, 2, rngs=nnx.Rngs(0), **SHORT_CONV)
+  cache = layer.init_cache(3, 24)["mixer"]
+  assert _shapes(cache) == {
+      "conv": {"q": ((3, 2, 16), jnp.float32), "k": ((3, 2, 16), jnp.float32),
+               "v": ((3, 2, 32), jnp.float32)},
+      "state": ((3, 2, 8, 16), jnp.float32)}
+
+
 def test_gla_gates_start_close_to_one():
   layer = GLA(64, 4, rngs=nnx.Rngs(0))
   x = np.random.default_rng(0).normal(size=(1, 16, 64)).astype(np.float32)
@@ -257,7 +296,7 @@ def test_based_sums_taylor_linear_and_window_softmax():
 
 def test_hgrn2_forget_gate_is_lower_bounded_and_ties_the_input_gate():
   layer = HGRN2(32, 2, rngs=nnx.Rngs(0), expand_ratio=8, lower_bound=0.3)
-  g, k = layer.gates(_x((2, 9, 32)) * 10)
+  g, k = layer.gates(layer.f_proj(_x((2, 9, 32)) * 10))
   f = np.exp(np.asarray(g, np.float64))
   assert np.all(f >= 0.3 - 1e-6) and np.all(f <= 1.0)
   assert f.min() < 0.31 and f.max() > 0.99

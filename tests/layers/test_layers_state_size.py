@@ -40,6 +40,31 @@ def test_state_with_conv_is_the_cache(name):
   assert 0 < mixer.state_size(T) <= mixer.state_size(T, include_conv=True)
 
 
+# The mixers with the ``use_short_conv`` option (fla's names and defaults).
+SHORT_CONV = ("based", "deltanet", "gated_deltanet", "gla", "hgrn2", "kda",
+              "linear_attn", "retnet")
+
+
+@pytest.mark.parametrize("name", SHORT_CONV)
+def test_short_conv_windows_are_counted(name):
+  """With ``use_short_conv`` the cache holds the three windows, ``(W - 1)
+  (C_q + C_k + C_v)`` floats, counted by ``include_conv`` alone; without it
+  (and without other buffers) both counts are the state."""
+  on = build(name, use_short_conv=True, conv_size=3, conv_bias=True)
+  off = build(name, use_short_conv=False)
+  assert on.state_size(T, include_conv=True) == cache_floats(on, T)
+  assert off.state_size(T, include_conv=True) == cache_floats(off, T)
+  assert on.state_size(T) == off.state_size(T)
+  channels = sum(c.channels for c in (on.short_conv.q_conv,
+                                      on.short_conv.k_conv,
+                                      on.short_conv.v_conv))
+  assert on.state_size(T, include_conv=True) - on.state_size(T) == \
+      2 * channels
+  assert off.state_size(T, include_conv=True) == off.state_size(T)
+  assert off.short_conv is None
+  assert on.short_conv.q_conv.bias is not None
+
+
 def test_closed_forms():
   # Gated DeltaNet: H x K x V, K = 0.75 D / H, V = 1.5 D / H.
   assert build("gated_deltanet").state_size(T) == H * (3 * D // 8) * (3 * D // 4)
