@@ -293,7 +293,7 @@ PRESETS = {
     # rate of the Based grid, 10^-2.5 (3e-3 took attention off the plateau
     # on the CPU, benchmarks/mqar_cpu.md); 500 steps of 128 rows.
     # Time, estimated, not measured on the GPU: one compiled step per
-    # (mixer, width, length) job, 36 jobs, each compiling in 4 to 11 s on
+    # (mixer, width, length) job, 36 jobs, each compiling in 4 to 19 s on
     # one CPU core (measured, width 64, length 64; the GPU's compiles
     # counted at 25 s); 108 runs of at most 500 steps, 54k steps, at
     # 10 ms a step (these models are bound by kernel launches on a GPU) and
@@ -322,12 +322,14 @@ PRESETS = {
     # to 1000 steps at 3e-3 (width 32 stayed at the 1 / pairs plateau for
     # 1500 steps; at width 64, 1e-3 and 1e-2 did not leave it within 1000
     # steps); GLA with a short convolution leaves it by 1000 steps.
-    # Time, from single steps timed on one loaded core (width 64, 32 x 64
-    # tokens): attention 14 ms, Based 22, Mamba-2 37, GLA 51, DeltaNet 92;
-    # about 0.8 s for one step of all 13 mixers, 2.3 s with the 3 seeds,
-    # 1500 steps 3,500 CPU seconds, with compiling and evaluation about
-    # 4,000: 35 minutes with --workers=2 (early stopping shortens the
-    # runs that solve the task).
+    # Time, from 30 steps timed per mixer on one loaded core (width 64,
+    # 32 x 64 tokens; ms a step): attention 14, linear attention 20, Based
+    # 22, sliding window 25, Mamba-2 37, HGRN2 41, RetNet 44, GLA 51,
+    # DeltaNet 92, Mamba 104, H3 105, Gated DeltaNet 121, RWKV-6 167;
+    # compiling 4 to 34 s a mixer. One step of all 13 mixers is 0.84 CPU
+    # seconds, 2.5 with the 3 seeds, 1500 steps 3,800; with evaluation
+    # (5%) and compiling, about 4,300 CPU seconds: 36 minutes with
+    # --workers=2, less where early stopping ends the runs that solve it.
     "cpu": Preset(
         vocab_size=64,
         settings=((64, 4),),
@@ -686,6 +688,7 @@ def plot(preset: Preset, records: Sequence[dict], path: str) -> bool:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
   except ImportError:
     return False
   summary = cells(records)
@@ -707,10 +710,14 @@ def plot(preset: Preset, records: Sequence[dict], path: str) -> bool:
                       if k[:2] == (mixer, conv) and k[3:] == (t, p))
       if points:
         x, y, low, high = (np.array(v) for v in zip(*points))
+        # The dark shades of tab20 first, then the light ones.
         ax.errorbar(x, y, yerr=[y - low, high - y], fmt="o-",
-                    color=colors(j % 20), ms=4, capsize=2,
+                    color=colors((2 * j + j // 10) % 20), ms=4, capsize=2,
                     label=mixer + (" + conv" if conv else ""))
+    ax.axhline(1 / p, color="0.5", ls=":", lw=1,
+               label="1 / pairs" if i == len(settings) - 1 else None)
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_title(f"seq_len {t}, {p} pairs")
     ax.set_xlabel("state size (floats per layer)")
     ax.grid(alpha=0.3)
