@@ -509,11 +509,11 @@ def run_job(preset: Preset, job: Job) -> list[dict]:
   size = state_size(config, job.seq_len)
   records = []
   for seed in job.seeds:
+    seeded = Trainer(config, train_config(preset, job.seq_len,
+                                          job.learning_rate, seed),
+                     mesh=mesh, rules="dp")
     for pairs in job.pairs:
       # The first run's times include building the trainer and compiling.
-      seeded = Trainer(config, train_config(preset, job.seq_len,
-                                            job.learning_rate, seed),
-                       mesh=mesh, rules="dp")
       result = train_one(trainer, accuracy_counts,
                          mqar_data(preset, job.seq_len, pairs, seed), preset,
                          state=seeded.init(), seed=seed)
