@@ -16,6 +16,10 @@
 # and shape (kernel and XLA, forward and forward+backward), and fla's first
 # call of each op autotunes for about a minute. The defaults (90 s of
 # compiled tests, 330 s of benchmark) keep a run inside 8 minutes.
+# MQAR_SECONDS (default 0: skipped) runs the `gpu_subset` MQAR grid
+# (experiments/mqar.py, sized for 6 minutes of an H200) for at most that
+# long, into OUTDIR/mqar_gpu_subset.{jsonl,md,png}, e.g.
+#   MQAR_SECONDS=400 bash experiments/gpu_checks.sh OUTDIR 0 0
 set -u
 out=${1:?usage: gpu_checks.sh OUTDIR [TEST_SECONDS] [BENCH_SECONDS] [STAGES_SECONDS]}
 test_seconds=${2:-90}
@@ -66,5 +70,15 @@ if [ "$bench_seconds" != 0 ]; then
   timeout "$bench_seconds" "$PY" -m experiments.bench_kernels \
     --out="$out/kernels_gpu.md" --iters=10 --warmup=2 ${BENCH_FLAGS:-} 2>&1 \
     | tee "$out/bench_kernels.txt" | tail -n 40
+fi
+if [ "${MQAR_SECONDS:-0}" != 0 ]; then
+  echo "== MQAR gpu_subset"
+  # Eight processes share the GPU: a tenth of its memory each.
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout "$MQAR_SECONDS" \
+    "$PY" -m experiments.mqar --config=gpu_subset --out_dir="$out" \
+    --workers=8 2>&1 | tee "$out/mqar_gpu_subset.txt" | tail -n 30
+  # The table and plot of the runs finished within the time limit.
+  timeout 120 "$PY" -m experiments.mqar --config=gpu_subset \
+    --out_dir="$out" --report_only 2>&1 | tail -n 5
 fi
 echo "== done"
