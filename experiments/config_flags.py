@@ -248,7 +248,7 @@ def describe(config, prefix: str = PREFIX) -> list[str]:
         shown = (",".join(":".join(map(str, v)) if isinstance(v, list)
                           else str(v) for v in value)
                  if isinstance(value, list)
-                 else json.dumps(value) if isinstance(value, dict)
+                 else json.dumps(value) if isinstance(value, (dict, bool))
                  else value)
         lines.append(f"--{path}.{name}={shown}")
 
