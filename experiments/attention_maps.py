@@ -24,7 +24,7 @@ Inputs are work directories of ``python -m experiments.train`` (their final
 Run:
   python -m experiments.attention_maps \
       --config.workdirs=runs/softmax_attn,runs/gla --config.out_dir=docs/maps
-writes ``attention_maps.md`` (the table) and, with matplotlib (the
+writes ``table.md`` (the table) and, with matplotlib (the
 ``analysis`` extra), ``maps_<label>.png`` per model and ``sparsity.png``.
 """
 
@@ -74,8 +74,15 @@ class Maps:
   min_keys: int = 8
   # Heads drawn per layer in the maps figure.
   heads_drawn: int = 4
-  # Where attention_maps.md and the figures go.
+  # Where table.md and the figures go.
   out_dir: str = "docs/attention_maps"
+
+  def to_dict(self) -> dict:
+    return config_flags.to_dict(self)
+
+  @classmethod
+  def from_dict(cls, values) -> "Maps":
+    return config_flags.from_dict(cls, values)
 
 
 PRESETS = {"default": Maps()}
@@ -167,33 +174,39 @@ def analyse(label: str, path: str, tokens, config: Maps) -> dict:
   for index, (name, m) in enumerate(zip(lm_config.layer_mixers, matrices)):
     s = row_sparsity(m, min_keys=config.min_keys)               # [B, H, T]
     measured = np.nanmean(s, axis=(0, 2))                       # [H]
+    past = np.nanmean(row_sparsity(m, min_keys=config.min_keys,
+                                   diagonal=False), axis=(0, 2))  # [H]
     predicted, basis = random_input_prediction(
         name, m, m.shape[1], tokens.shape[1], config.min_keys)
-    layers.append(dict(layer=index, mixer=name, measured=measured,
+    layers.append(dict(layer=index, mixer=name, measured=measured, past=past,
                        predicted=predicted, basis=basis))
   return dict(label=label, path=path, matrices=matrices, layers=layers)
 
 
 def table_lines(results: list[dict]) -> list[str]:
-  lines = ["| model | layer | mixer | head | S measured | S random inputs "
-           "| prediction |", "|---|---|---|---|---|---|---|"]
+  lines = ["| model | layer | mixer | head | S measured | S without the "
+           "diagonal | S random inputs | prediction |",
+           "|---|---|---|---|---|---|---|---|"]
   for result in results:
     for layer in result["layers"]:
-      for h, (s, p) in enumerate(zip(layer["measured"], layer["predicted"])):
+      for h, (s, past, p) in enumerate(zip(
+          layer["measured"], layer["past"], layer["predicted"])):
         lines.append(f"| {result['label']} | {layer['layer']} | "
-                     f"{layer['mixer']} | {h} | {s:.3f} | {p:.3f} | "
-                     f"{layer['basis']} |")
+                     f"{layer['mixer']} | {h} | {s:.3f} | {past:.3f} | "
+                     f"{p:.3f} | {layer['basis']} |")
   return lines
 
 
 def summary_lines(results: list[dict]) -> list[str]:
-  lines = ["| model | mean S, all heads | lowest head S | random inputs "
-           "(mean) |", "|---|---|---|---|"]
+  lines = ["| model | mean S, all heads | lowest head S | mean S without "
+           "the diagonal | random inputs (mean) |", "|---|---|---|---|---|"]
   for result in results:
-    measured = np.concatenate([l["measured"] for l in result["layers"]])
-    predicted = np.concatenate([l["predicted"] for l in result["layers"]])
+    measured, past, predicted = (
+        np.concatenate([l[key] for l in result["layers"]])
+        for key in ("measured", "past", "predicted"))
     lines.append(f"| {result['label']} | {measured.mean():.3f} | "
-                 f"{measured.min():.3f} | {predicted.mean():.3f} |")
+                 f"{measured.min():.3f} | {past.mean():.3f} | "
+                 f"{predicted.mean():.3f} |")
   return lines
 
 
@@ -236,6 +249,9 @@ def draw_sparsity(results: list[dict], path: str) -> None:
     jitter = np.linspace(-0.15, 0.15, len(measured))
     ax.scatter(x + jitter, measured, s=12, color="C0",
                label="trained heads" if x == 0 else None)
+    past = np.concatenate([l["past"] for l in result["layers"]])
+    ax.scatter(x + jitter, past, s=12, marker="^", color="C2",
+               label="trained, without the diagonal" if x == 0 else None)
     ax.scatter(x + jitter, predicted, s=12, marker="x", color="C3",
                label="random inputs" if x == 0 else None)
   ax.set_xticks(range(len(results)), [r["label"] for r in results],
@@ -278,7 +294,7 @@ def run(config: Maps, command: str) -> list[dict]:
            f"rows with at least {config.min_keys} keys.", "",
            *summary_lines(results), "", *table_lines(results), ""]
   lines += [f"![{name}]({name})" for name in figures]
-  with open(os.path.join(config.out_dir, "attention_maps.md"), "w") as f:
+  with open(os.path.join(config.out_dir, "table.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   return results
 

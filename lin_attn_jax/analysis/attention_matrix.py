@@ -226,22 +226,21 @@ def mixing_output(mixer: Mixer, x, segment_ids=None):
   return vals, out
 
 
-def row_sparsity(matrix, *, min_keys: int = 2):
+def row_sparsity(matrix, *, min_keys: int = 2, diagonal: bool = True):
   """``S`` of every row of ``matrix [..., T, T]`` over its causal entries,
-  ``S(a) = mean_j |a_j| / sqrt(mean_j a_j^2)`` for ``j <= i``, as in
-  ``experiments.attention_focus`` (1 for a uniform row, ``1 / sqrt(n)`` for
-  a one-hot row of ``n`` entries).
+  ``S(a) = mean_j |a_j| / sqrt(mean_j a_j^2)`` for ``j <= i`` (``j < i``
+  with ``diagonal=False``, which leaves out a skip term such as SSD's ``D``),
+  as in ``experiments.attention_focus`` (1 for a uniform row, ``1 / sqrt(n)``
+  for a one-hot row of ``n`` entries).
 
   Returns ``[..., T]`` float64, NaN for rows with fewer than ``min_keys``
   entries or all zero.
   """
   a = np.abs(np.asarray(matrix, np.float64))
   t = a.shape[-1]
-  n = np.arange(1, t + 1, dtype=np.float64)                     # keys per row
-  causal = np.tril(np.ones((t, t), bool))
-  a = np.where(causal, a, 0.0)
-  mean_abs = a.sum(-1) / n
-  rms = np.sqrt((a * a).sum(-1) / n)
+  offset = 0 if diagonal else -1
+  n = np.arange(1, t + 1, dtype=np.float64) + offset            # keys per row
+  a = np.where(np.tril(np.ones((t, t), bool), offset), a, 0.0)
   with np.errstate(invalid="ignore", divide="ignore"):
-    s = mean_abs / rms
+    s = (a.sum(-1) / n) / np.sqrt((a * a).sum(-1) / n)
   return np.where(n >= min_keys, s, np.nan)

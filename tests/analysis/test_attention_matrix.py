@@ -96,3 +96,10 @@ def test_row_sparsity_of_uniform_and_one_hot_rows():
   np.testing.assert_allclose(row_sparsity(one_hot)[1:],
                              1 / np.sqrt(np.arange(2, 5)))
   assert np.isnan(row_sparsity(one_hot)[0])
+
+
+def test_row_sparsity_without_the_diagonal():
+  # A skip on the diagonal over a uniform past: only the past is measured.
+  m = np.tril(np.ones((5, 5)), -1) + 10 * np.eye(5)
+  np.testing.assert_allclose(row_sparsity(m, diagonal=False)[2:], 1.0)
+  assert np.all(row_sparsity(m)[2:] < 0.7)

@@ -51,7 +51,7 @@ def test_report_and_figures(tmp_path):
                         axis=(0, 2))
   np.testing.assert_allclose(softmax["layers"][0]["measured"], expected)
   assert np.all((expected > 0) & (expected <= 1))
-  report = open(os.path.join(out_dir, "attention_maps.md")).read()
+  report = open(os.path.join(out_dir, "table.md")).read()
   assert "| softmax_attn | 1 | softmax_attn | 1 |" in report
   assert "| gla | 0 | gla | 0 |" in report
   for name in ("maps_softmax_attn.png", "maps_gla.png", "sparsity.png"):
