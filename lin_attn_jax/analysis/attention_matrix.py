@@ -94,7 +94,9 @@ def mixing_calls(mixer: Mixer, x, segment_ids=None) -> list[MixingCall]:
   """The op calls of ``mixer(x, segment_ids=..., mode="parallel")`` that mix
   its values: every call through ``apply_forms`` or ``attend`` whose values
   are those of the last call (Based's two branches share ``v``; H3's shift
-  SSM, on the keys, is left out).
+  SSM, on the keys, is left out). The recording methods are set on the
+  instance for the one call and removed after it; the class and the
+  layers' code are untouched.
 
   Raises:
     ValueError: the mixer is not causal.
@@ -161,7 +163,7 @@ def _unit_values(values):
 
 def call_matrix(call: MixingCall):
   """``[B', H, T, T]`` float32: ``call``'s output on every unit value."""
-  columns = jax.vmap(call.apply)(_unit_values(call.values))     # [J, B', I, ...]
+  columns = jax.vmap(call.apply)(_unit_values(call.values))  # [J, B', I, .]
   columns = jnp.asarray(columns, jnp.float32)
   if columns.ndim == 5:
     columns = columns[..., 0]                                   # [J, B', I, H]
