@@ -26,7 +26,7 @@ PACKAGES = ("lin_attn_jax", "pallas_kernels", "experiments", "tests")
 _LIBRARY_ABOVE_OPS = tuple(
     f"lin_attn_jax.{name}" for name in ("layers", "models", "train",
                                         "convert", "data", "sharding",
-                                        "testing"))
+                                        "testing", "analysis"))
 # Module prefix -> the prefixes its imports must not start with. A module
 # gets the rules of every prefix it starts with.
 FORBIDDEN = {
@@ -50,6 +50,8 @@ FORBIDDEN = {
     "lin_attn_jax.train": ("lin_attn_jax.testing",),
     "lin_attn_jax.convert": ("lin_attn_jax.testing",),
     "lin_attn_jax.testing": ("lin_attn_jax.train", "lin_attn_jax.convert"),
+    "lin_attn_jax.analysis": ("lin_attn_jax.train", "lin_attn_jax.convert",
+                              "lin_attn_jax.testing"),
 }
 # Tests import experiments only from tests/experiments/.
 TESTS_OF_EXPERIMENTS = "tests.experiments"

@@ -19,8 +19,6 @@ shared ``v`` first go through short convolutions with SiLU.
 
 from __future__ import annotations
 
-import functools
-
 import jax.numpy as jnp
 from flax import nnx
 
@@ -116,6 +114,13 @@ class Based(Mixer):
     window = min(seq_len, self.window_size)
     return h * (1 + f + f * f) * (dh + 1) + 2 * window * h * dh
 
+  def attend(self, q, k, v, ctx: Context):
+    """The window branch of a call without a cache in chunk or parallel
+    mode: softmax attention over the last ``window_size`` tokens, ``o [B, T,
+    H, V]``."""
+    return window_attend(q, k, v, ctx, window_size=self.window_size,
+                         block_size=self.chunk_size)
+
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     h, dh, f = self.n_heads, self.head_dim, self.feature_dim
@@ -135,8 +140,7 @@ class Based(Mixer):
     # o_t = softmax(q'_t k'^T / sqrt(K)) v over the last w tokens
     o_window, window = attend_with_cache(
         ctx, wq, wk, v, cache["window"],
-        attend=functools.partial(window_attend, window_size=self.window_size,
-                                 block_size=self.chunk_size),
+        attend=self.attend,
         empty_cache=lambda: init_kv_cache(
             b, h, dh, dh, window_size=self.window_size,
             dtype=wk.dtype))                                    # [B, T, H, V]
