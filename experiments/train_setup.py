@@ -18,8 +18,10 @@ from experiments import config_flags
 from experiments.config_flags import FlagError
 from experiments.configs.base import Experiment, parse_data
 from lin_attn_jax import sharding as shd
-from lin_attn_jax.data import stdlib_corpus, text_corpus, token_file_corpus
+from lin_attn_jax.data import (sources, stdlib_corpus, text_corpus,
+                               token_file_corpus)
 from lin_attn_jax.data.corpus import BYTE_VOCAB
+from lin_attn_jax.data.sources import BYTES
 from lin_attn_jax.models.lm import LM
 from lin_attn_jax.train import Trainer
 
@@ -59,8 +61,9 @@ def resolve(base: Experiment, overrides: Mapping[str, str | None],
   return experiment
 
 
-def load_corpora(experiment: Experiment):
-  """``(train, held-out)`` corpora of ``experiment.data``."""
+def load_corpora(experiment: Experiment, tokenizer=None):
+  """``(train, held-out)`` corpora of ``experiment.data``; jsonl and
+  parquet text is tokenized with ``tokenizer`` (UTF-8 bytes when None)."""
   kind, what, options = parse_data(experiment.data)
   fraction = experiment.heldout_fraction
   try:
@@ -68,10 +71,20 @@ def load_corpora(experiment: Experiment):
       pair = [stdlib_corpus(s, fraction) for s in ("train", "heldout")]
     elif kind == "text":
       pair = [text_corpus(what, s, fraction) for s in ("train", "heldout")]
-    else:
+    elif kind == "tokens":
       pair = [token_file_corpus(what, split=s, heldout_fraction=fraction,
                                 **options) for s in ("train", "heldout")]
-  except (ValueError, OSError) as error:
+    elif kind == "arrayrecord":
+      pair = [sources.array_record_corpus(
+          what, split=s, heldout_fraction=fraction, **options)
+              for s in ("train", "heldout")]
+    else:
+      read = (sources.jsonl_corpus if kind == "jsonl"
+              else sources.parquet_corpus)
+      pair = [read(what, tokenizer or BYTES, split=s,
+                   heldout_fraction=fraction, **options)
+              for s in ("train", "heldout")]
+  except (ValueError, OSError, ImportError) as error:
     raise FlagError(f"{config_flags.PREFIX}.data", str(error)) from None
   vocab = max(c.vocab_size for c in pair)
   if vocab > experiment.model.vocab_size:

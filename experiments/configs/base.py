@@ -21,6 +21,13 @@ from lin_attn_jax.train import TrainConfig
 
 # Options of a "tokens:PATH,..." data spec.
 TOKEN_FILE_OPTIONS = ("dtype", "eos_id", "doc_len")
+# Options of the record specs "jsonl:GLOB,...", "parquet:GLOB,...",
+# "arrayrecord:GLOB,..." (lin_attn_jax/data/sources.py).
+RECORD_OPTIONS = {
+    "jsonl": ("text_field", "skip_bad_records"),
+    "parquet": ("text_field", "skip_bad_records"),
+    "arrayrecord": ("dtype", "vocab_size", "skip_bad_records"),
+}
 # Compute dtypes a run may use (parameters and states stay float32).
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
@@ -40,7 +47,11 @@ class Experiment:
   rules: str = "fsdp"
   # Training text: "stdlib" (the Python standard library's source),
   # "text:GLOB[,GLOB...]" (files, one document each, byte tokens) or
-  # "tokens:PATH[,dtype=uint16][,eos_id=N]" (a pre-tokenized .npy / .bin).
+  # "tokens:PATH[,dtype=uint16][,eos_id=N]" (a pre-tokenized .npy / .bin),
+  # "jsonl:GLOB[,GLOB...][,text_field=text]" (a document per line),
+  # "parquet:GLOB[,GLOB...][,text_field=text]" (a document per row) or
+  # "arrayrecord:GLOB[,GLOB...][,dtype=uint32]" (token records); the record
+  # specs also take skip_bad_records=true (docs/training.md).
   data: str = "stdlib"
   # Fraction of the documents held out for evaluation (by a hash of names).
   heldout_fraction: float = 0.02
@@ -93,13 +104,42 @@ def parse_data(spec: str) -> tuple[str, object, dict]:
     return "text", [p for p in rest.split(",") if p], {}
   if kind == "tokens" and rest:
     path, *pairs = rest.split(",")
-    options = {}
-    for pair in pairs:
-      key, sep, value = pair.partition("=")
-      if not sep or key not in TOKEN_FILE_OPTIONS:
-        raise ValueError(f"token file option {pair!r} is not dtype=..., "
-                         "eos_id=N or doc_len=N")
-      options[key] = value if key == "dtype" else int(value)
-    return "tokens", path, options
-  raise ValueError("data must be stdlib, text:GLOB[,GLOB...] or "
-                   f"tokens:PATH[,dtype=uint16][,eos_id=N]; got {spec!r}")
+    return "tokens", path, _options(pairs, TOKEN_FILE_OPTIONS, spec)
+  if kind in RECORD_OPTIONS and rest:
+    parts = [p for p in rest.split(",") if p]
+    patterns = [p for p in parts if "=" not in p]
+    if not patterns:
+      raise ValueError(f"data spec {spec!r} names no file pattern")
+    options = _options([p for p in parts if "=" in p], RECORD_OPTIONS[kind],
+                       spec)
+    return kind, patterns, options
+  raise ValueError("data must be stdlib, text:GLOB[,GLOB...], "
+                   "tokens:PATH[,dtype=uint16][,eos_id=N], "
+                   "jsonl:GLOB[,text_field=NAME], "
+                   "parquet:GLOB[,text_field=NAME] or "
+                   f"arrayrecord:GLOB[,dtype=uint16]; got {spec!r}")
+
+
+def _options(pairs: list[str], allowed: tuple[str, ...], spec: str) -> dict:
+  """``{key: value}`` of ``key=value`` parts of a data spec: ints, the
+  booleans true / false, strings."""
+  options = {}
+  for pair in pairs:
+    key, sep, value = pair.partition("=")
+    if not sep or key not in allowed:
+      raise ValueError(f"data option {pair!r} of {spec!r} is not one of "
+                       f"{', '.join(k + '=...' for k in allowed)}")
+    if key in ("eos_id", "doc_len", "vocab_size"):
+      try:
+        options[key] = int(value)
+      except ValueError:
+        raise ValueError(f"data option {pair!r} of {spec!r} is not an "
+                         "int") from None
+    elif key == "skip_bad_records":
+      if value not in ("true", "false"):
+        raise ValueError(f"data option {pair!r} of {spec!r} is not true or "
+                         "false")
+      options[key] = value == "true"
+    else:
+      options[key] = value
+  return options

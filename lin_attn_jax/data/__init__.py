@@ -2,6 +2,8 @@
 
 - ``corpus``: documents as token arrays (the Python standard library's own
   source files by default, text files, pre-tokenized token files);
+- ``sources``: corpora from jsonl, parquet and ArrayRecord shards, with
+  errors naming the file and record;
 - ``packing``: documents packed into fixed-length rows with segment ids, a
   pure function of (seed, row index);
 - ``pipeline``: per-process batches for a step, as a grain dataset, and
@@ -12,8 +14,11 @@
 from lin_attn_jax.data.corpus import (Corpus, stdlib_corpus, text_corpus,
                                       token_file_corpus)
 from lin_attn_jax.data.packing import PackedRows, model_inputs
+from lin_attn_jax.data.sources import (array_record_corpus, jsonl_corpus,
+                                       parquet_corpus)
 from lin_attn_jax.data.pipeline import BatchSource, global_batch_to_device
 
-__all__ = ["BatchSource", "Corpus", "PackedRows", "global_batch_to_device",
-           "model_inputs", "stdlib_corpus", "text_corpus",
+__all__ = ["BatchSource", "Corpus", "PackedRows", "array_record_corpus",
+           "global_batch_to_device", "jsonl_corpus", "model_inputs",
+           "parquet_corpus", "stdlib_corpus", "text_corpus",
            "token_file_corpus"]

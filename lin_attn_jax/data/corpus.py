@@ -76,18 +76,29 @@ class Corpus:
     return h.hexdigest()[:16]
 
 
-def in_split(key: str, split: str, heldout_fraction: float) -> bool:
-  """Whether the document named ``key`` belongs to ``split``."""
+def document_key(data: bytes) -> int:
+  """The 64-bit split key of a document: the first 8 bytes of the SHA-1 of
+  ``data`` (its name, or its text as UTF-8), big-endian."""
+  return int.from_bytes(hashlib.sha1(data).digest()[:8], "big")
+
+
+def key_in_split(key: int, split: str, heldout_fraction: float) -> bool:
+  """Whether the document with split key ``key`` (``document_key``)
+  belongs to ``split``: held out when ``key / 2**64 < heldout_fraction``."""
   if split not in SPLITS:
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
   if split == "all":
     return True
-  digest = hashlib.sha1(key.encode()).digest()
-  heldout = int.from_bytes(digest[:8], "big") / 2.0**64 < heldout_fraction
+  heldout = int(key) / 2.0**64 < heldout_fraction
   return heldout == (split == "heldout")
 
 
-def _check_fraction(heldout_fraction: float) -> None:
+def in_split(key: str, split: str, heldout_fraction: float) -> bool:
+  """Whether the document named ``key`` belongs to ``split``."""
+  return key_in_split(document_key(key.encode()), split, heldout_fraction)
+
+
+def check_fraction(heldout_fraction: float) -> None:
   if not 0 <= heldout_fraction < 1:
     raise ValueError(f"heldout_fraction must be in [0, 1), got "
                      f"{heldout_fraction}")
@@ -111,7 +122,7 @@ def stdlib_corpus(split: str = "train", heldout_fraction: float = 0.02,
   """Every ``.py`` file of the standard library (not site-packages) as a
   document of byte tokens; ``split`` is ``"train"``, ``"heldout"`` or
   ``"all"``."""
-  _check_fraction(heldout_fraction)
+  check_fraction(heldout_fraction)
   root = os.path.abspath(root or stdlib_root())
   paths = []
   for dirpath, dirnames, filenames in os.walk(root):
@@ -140,7 +151,7 @@ def text_corpus(patterns: str | list[str], split: str = "train",
                 heldout_fraction: float = 0.02) -> Corpus:
   """Text files named by paths or glob patterns (``**`` recurses), one
   document per file, byte tokens."""
-  _check_fraction(heldout_fraction)
+  check_fraction(heldout_fraction)
   if isinstance(patterns, str):
     patterns = [p for p in patterns.split(",") if p]
   paths = set()
@@ -165,11 +176,14 @@ def token_file_corpus(path: str, *, dtype: str | None = None,
   """A pre-tokenized file: ``.npy`` (1-D, uint16/uint32) or raw ``.bin``
   (``dtype`` required), memory-mapped.
 
-  Documents end after each ``eos_id`` token when it is given, else the file
-  is cut into blocks of ``doc_len`` tokens. ``vocab_size`` defaults to the
+  Documents are those of the shard index ``index_path(path)`` when it
+  exists (``python -m experiments.tokenize`` writes one; the split is then
+  by its keys, the documents' texts), else they end after each ``eos_id``
+  token when it is given, else the file is cut into blocks of ``doc_len``
+  tokens (the split is then by document number). ``vocab_size`` defaults to the
   largest token + 1 (one pass over the file).
   """
-  _check_fraction(heldout_fraction)
+  check_fraction(heldout_fraction)
   if path.endswith(".npy"):
     tokens = np.load(path, mmap_mode="r")
   elif path.endswith(".bin"):
@@ -184,7 +198,12 @@ def token_file_corpus(path: str, *, dtype: str | None = None,
                      f"{tokens.dtype} with shape {tokens.shape}")
   if not len(tokens):
     raise ValueError(f"{path} holds no tokens")
-  if eos_id is not None:
+  index = index_path(path)
+  keys = None
+  if os.path.exists(index):
+    offsets, keys = read_index(index, len(tokens))
+    ends = offsets[1:]
+  elif eos_id is not None:
     ends = np.flatnonzero(np.asarray(tokens) == eos_id) + 1
     if not len(ends) or ends[-1] != len(tokens):
       ends = np.append(ends, len(tokens))
@@ -194,11 +213,46 @@ def token_file_corpus(path: str, *, dtype: str | None = None,
     ends = np.append(np.arange(doc_len, len(tokens), doc_len), len(tokens))
   starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
   lengths = (ends - starts).astype(np.int64)
-  keep = np.array([in_split(f"{i}", split, heldout_fraction)
-                   for i in range(len(starts))], bool)
+  if keys is None:
+    keep = np.array([in_split(f"{i}", split, heldout_fraction)
+                     for i in range(len(starts))], bool)
+  else:
+    keep = np.array([key_in_split(k, split, heldout_fraction) for k in keys],
+                    bool)
   if not keep.any():
     raise ValueError(f"{path} has no documents in split {split!r}")
   if vocab_size is None:
     vocab_size = int(np.max(tokens)) + 1
   return Corpus(f"{os.path.basename(path)}:{split}", tokens, starts[keep],
                 lengths[keep], vocab_size)
+
+
+def index_path(shard: str) -> str:
+  """The index beside a token shard: ``shard-00003.bin`` ->
+  ``shard-00003.index.npz``."""
+  return os.path.splitext(shard)[0] + ".index.npz"
+
+
+def write_index(path: str, lengths: np.ndarray, keys: np.ndarray) -> None:
+  """A shard index: ``offsets`` ``[n_docs + 1]`` int64 (document ``i`` is
+  tokens ``offsets[i]:offsets[i + 1]``) and ``keys`` ``[n_docs]`` uint64
+  (``document_key`` of each document's text)."""
+  offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+  with open(path, "wb") as f:
+    np.savez(f, offsets=offsets, keys=np.asarray(keys, np.uint64))
+
+
+def read_index(path: str, num_tokens: int | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+  """``(offsets, keys)`` of a shard index (``write_index``), checked
+  against the shard's ``num_tokens`` when given."""
+  with np.load(path) as index:
+    offsets, keys = index["offsets"], index["keys"]
+  if (offsets.ndim != 1 or len(offsets) != len(keys) + 1 or offsets[0] != 0
+      or np.any(np.diff(offsets) < 1)):
+    raise ValueError(f"{path}: offsets must start at 0 and increase, one "
+                     f"more than the {len(keys)} keys")
+  if num_tokens is not None and offsets[-1] != num_tokens:
+    raise ValueError(f"{path}: offsets end at {offsets[-1]}, the shard holds "
+                     f"{num_tokens} tokens")
+  return offsets, keys
