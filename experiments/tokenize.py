@@ -49,6 +49,13 @@ TEXT_KINDS = ("text", "jsonl", "parquet")
 MANIFEST = "manifest.json"
 
 
+def load_tokenizer(name: str):
+  """The tokenizer ``name`` names: ``"bytes"``."""
+  if name == "bytes":
+    return sources.BYTES
+  raise ValueError(f"tokenizer must be 'bytes', got {name!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class TokenizeConfig:
   """What to tokenize, with what, and into which shards."""
@@ -88,13 +95,6 @@ class TokenizeConfig:
 
 
 PRESETS = {"default": TokenizeConfig()}
-
-
-def load_tokenizer(name: str):
-  """The tokenizer ``name`` names: ``"bytes"``."""
-  if name == "bytes":
-    return sources.BYTES
-  raise ValueError(f"tokenizer must be 'bytes', got {name!r}")
 
 
 def file_texts(path: str, _text_field: str):
