@@ -6,14 +6,23 @@
   pure function of (seed, row index);
 - ``pipeline``: per-process batches for a step, as a grain dataset, and
   their placement on a device mesh;
-- ``mqar``: Zoology's multi-query associative recall task (numpy).
+- ``mqar``: Zoology's multi-query associative recall task (numpy);
+- ``tokenizers``: one ``Tokenizer`` interface over bytes (the default),
+  Hugging Face ``tokenizer.json`` and SentencePiece models.
 """
 
 from lin_attn_jax.data.corpus import (Corpus, stdlib_corpus, text_corpus,
                                       token_file_corpus)
 from lin_attn_jax.data.packing import PackedRows, model_inputs
 from lin_attn_jax.data.pipeline import BatchSource, global_batch_to_device
+from lin_attn_jax.data.tokenizers import (ByteTokenizer, HFTokenizer,
+                                          IncrementalDecoder,
+                                          SentencePieceTokenizer, Tokenizer,
+                                          check_vocab, load_tokenizer,
+                                          train_bpe)
 
-__all__ = ["BatchSource", "Corpus", "PackedRows", "global_batch_to_device",
-           "model_inputs", "stdlib_corpus", "text_corpus",
-           "token_file_corpus"]
+__all__ = ["BatchSource", "ByteTokenizer", "Corpus", "HFTokenizer",
+           "IncrementalDecoder", "PackedRows", "SentencePieceTokenizer",
+           "Tokenizer", "check_vocab", "global_batch_to_device",
+           "load_tokenizer", "model_inputs", "stdlib_corpus", "text_corpus",
+           "token_file_corpus", "train_bpe"]
