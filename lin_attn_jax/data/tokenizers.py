@@ -32,10 +32,10 @@ HF_FILE = "tokenizer.json"
 SENTENCEPIECE_FILE = "tokenizer.model"
 # Files beside a tokenizer that name its special tokens, read in this order
 # (a later file fills only what the earlier ones left unset).
+# ``hf_config.json`` is the source checkpoint's config.json, which
+# experiments.convert keeps in a workdir.
 SPECIAL_TOKEN_FILES = ("tokenizer_config.json", "special_tokens_map.json",
-                       "config.json")
-# The files experiments.convert copies from a checkpoint into a workdir.
-TOKENIZER_FILES = (HF_FILE, SENTENCEPIECE_FILE) + SPECIAL_TOKEN_FILES[:2]
+                       "config.json", "hf_config.json")
 
 
 @runtime_checkable
@@ -300,11 +300,19 @@ def load_tokenizer(path: str | None) -> Tokenizer:
   return tokenizer
 
 
-def has_tokenizer(directory: str) -> bool:
-  """Whether ``directory`` holds a file ``load_tokenizer`` reads."""
-  return (any(os.path.isfile(os.path.join(directory, name))
-              for name in (HF_FILE, SENTENCEPIECE_FILE))
-          or bool(glob.glob(os.path.join(directory, "*.model"))))
+def tokenizer_files(directory: str) -> list[str]:
+  """The tokenizer files of a checkpoint directory (empty when it has no
+  tokenizer): the model file ``load_tokenizer`` picks and the
+  ``tokenizer_config.json`` and ``special_tokens_map.json`` beside it."""
+  model = [os.path.join(directory, name) for name in
+           (HF_FILE, SENTENCEPIECE_FILE)
+           if os.path.isfile(os.path.join(directory, name))]
+  model = model or sorted(glob.glob(os.path.join(directory, "*.model")))
+  if not model:
+    return []
+  return model[:1] + [os.path.join(directory, name)
+                      for name in SPECIAL_TOKEN_FILES[:2]
+                      if os.path.isfile(os.path.join(directory, name))]
 
 
 def check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
