@@ -17,7 +17,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(PY) setup.cfg pyproject.toml constraints.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,analysis,tensorboard,parquet]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test,analysis,tensorboard,parquet,tokenizers,sentencepiece]'
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -8,7 +8,10 @@ architectures: ``lin_attn_jax.convert.SUPPORTED``. WORKDIR (new) receives
 
 - ``config.json``: the ``LMConfig`` (``LMConfig.to_dict``);
 - ``hf_config.json``: the source config, for exporting back;
-- ``params/``: the parameters, ``lin_attn_jax.models.checkpoints.save_params``.
+- ``params/``: the parameters, ``lin_attn_jax.models.checkpoints.save_params``;
+- the checkpoint's tokenizer files when it has them (``tokenizer.json`` or
+  a SentencePiece ``.model``, with ``tokenizer_config.json`` and
+  ``special_tokens_map.json``), checked against its vocabulary.
 
 ``python -m experiments.generate --workdir=WORKDIR`` continues a prompt with it.
 Every tensor is checked before anything is written; on bad input the error
@@ -25,6 +28,7 @@ from absl import app, flags
 import jax.numpy as jnp
 
 from lin_attn_jax.convert import load_pretrained
+from lin_attn_jax.data import tokenizers
 from lin_attn_jax.models.checkpoints import save_params
 
 FLAGS = flags.FLAGS
@@ -39,7 +43,10 @@ def convert(source: str, workdir: str, param_dtype=None) -> None:
   workdir = os.path.abspath(workdir)
   if os.path.exists(workdir):
     raise ValueError(f"{workdir} exists; convert writes a new workdir")
-  lm, config, hf = load_pretrained(source, param_dtype=param_dtype)
+  # The tokenizer is loaded to check it against the vocabulary; its files
+  # are copied below.
+  lm, config, hf, _ = load_pretrained(source, param_dtype=param_dtype,
+                                      with_tokenizer=True)
   partial = f"{workdir}.partial-{os.getpid()}"
   os.makedirs(partial)
   try:
@@ -48,6 +55,8 @@ def convert(source: str, workdir: str, param_dtype=None) -> None:
     with open(os.path.join(partial, "hf_config.json"), "w") as f:
       json.dump(hf, f, indent=2)
     save_params(os.path.join(partial, "params"), lm)
+    for path in tokenizers.tokenizer_files(source):
+      shutil.copy(path, partial)
     os.rename(partial, workdir)
   except BaseException:
     shutil.rmtree(partial, ignore_errors=True)

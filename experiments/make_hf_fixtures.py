@@ -10,6 +10,14 @@ token decoding with the reference's own cache. Needs the ``hf`` extra
   pip install -e '.[hf]'
   python -m experiments.make_hf_fixtures --out=tests/fixtures/hf
 
+Every fixture also gets a ``tokenizer.json``: a byte-level BPE of at most
+``VOCAB`` ids (40 most frequent byte symbols, the rest ``<unk>``) trained
+with ``tokenizers`` on the standard library's source; its special ids come
+from the fixture's ``config.json``. ``--tokenizer_only`` writes only these
+(no torch needed):
+
+  python -m experiments.make_hf_fixtures --tokenizer_only
+
 flash-linear-attention's models run their Triton kernels, which need a GPU;
 on CPU the script swaps each kernel the models call (norms, short
 convolutions, token shift, the recurrences) for a plain torch version of
@@ -33,9 +41,24 @@ flags.DEFINE_string("out", os.path.join(os.path.dirname(__file__), "..",
                     "Directory of the fixtures (one folder per model).")
 flags.DEFINE_list("only", [], "Make only these fixtures (names as in "
                   "FIXTURES).")
+flags.DEFINE_bool("tokenizer_only", False, "Write only the tokenizer.json of "
+                  "the fixtures (needs tokenizers, not torch).")
 
 BATCH, LENGTH, PREFILL, VOCAB = 2, 12, 5, 64
 SEED = 0
+# Byte symbols the fixtures' BPE keeps; merges fill the rest of VOCAB.
+TOKENIZER_ALPHABET = 40
+
+
+def write_tokenizer(path: str, vocab_size: int = VOCAB) -> None:
+  """Writes ``path/tokenizer.json``: a BPE of at most ``vocab_size`` ids
+  trained on the standard library's held-out source files."""
+  from lin_attn_jax.data import stdlib_corpus, train_bpe
+  corpus = stdlib_corpus("heldout")
+  texts = [bytes(corpus.document(i)).decode("utf-8", "replace")
+           for i in range(corpus.num_documents)]
+  tokenizer = train_bpe(texts, vocab_size, limit_alphabet=TOKENIZER_ALPHABET)
+  tokenizer.save(path, special_tokens=False)
 
 
 def fla_cpu_reference():
@@ -392,6 +415,7 @@ def make_fixture(name: str, out_dir: str) -> dict:
   for extra in ("generation_config.json",):
     if os.path.exists(os.path.join(path, extra)):
       os.remove(os.path.join(path, extra))
+  write_tokenizer(path, VOCAB)
   np.savez(os.path.join(path, "reference.npz"), tokens=tokens.numpy(),
            full=full.float().numpy(), decode=decode.float().numpy(),
            prefill=np.int64(PREFILL))
@@ -403,6 +427,12 @@ def make_fixture(name: str, out_dir: str) -> dict:
 
 def main(argv):
   del argv
+  names = FLAGS.only or list(FIXTURES)
+  if FLAGS.tokenizer_only:
+    for name in names:
+      write_tokenizer(os.path.join(FLAGS.out, name), VOCAB)
+      print(f"wrote {os.path.join(FLAGS.out, name, 'tokenizer.json')}")
+    return
   warnings.filterwarnings("ignore")
   sys.setrecursionlimit(10000)
   # Qwen3-Next picks fla's Triton kernels at import when fla is importable;
@@ -412,7 +442,6 @@ def main(argv):
   del sys.modules["fla"]
   fla_cpu_reference()
   os.makedirs(FLAGS.out, exist_ok=True)
-  names = FLAGS.only or list(FIXTURES)
   for name in names:
     info = make_fixture(name, FLAGS.out)
     print(json.dumps(info))

@@ -42,7 +42,7 @@ import numpy as np
 from experiments import config_flags
 from experiments.configs.base import parse_data
 from lin_attn_jax.data import corpus as corpus_lib
-from lin_attn_jax.data import sources
+from lin_attn_jax.data import sources, tokenizers
 
 FORMATS = {"array_record": ".array_record", "bin": ".bin"}
 TEXT_KINDS = ("text", "jsonl", "parquet")
@@ -50,10 +50,9 @@ MANIFEST = "manifest.json"
 
 
 def load_tokenizer(name: str):
-  """The tokenizer ``name`` names: ``"bytes"``."""
-  if name == "bytes":
-    return sources.BYTES
-  raise ValueError(f"tokenizer must be 'bytes', got {name!r}")
+  """The tokenizer ``name`` names (``tokenizers.load_tokenizer``: ``"bytes"``,
+  a ``tokenizer.json``, a SentencePiece ``.model`` or a directory)."""
+  return tokenizers.load_tokenizer(name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +64,8 @@ class TokenizeConfig:
   data: str = ""
   # Where the shards and manifest.json go.
   out_dir: str = ""
-  # The tokenizer: "bytes" (UTF-8 bytes, no eos).
+  # The tokenizer: "bytes" (UTF-8 bytes, no eos), a tokenizer.json, a
+  # SentencePiece .model or a directory holding one.
   tokenizer: str = "bytes"
   # "array_record" or "bin".
   format: str = "array_record"

@@ -19,9 +19,8 @@ from experiments.config_flags import FlagError
 from experiments.configs.base import Experiment, parse_data
 from lin_attn_jax import sharding as shd
 from lin_attn_jax.data import (sources, stdlib_corpus, text_corpus,
-                               token_file_corpus)
+                               token_file_corpus, tokenizers)
 from lin_attn_jax.data.corpus import BYTE_VOCAB
-from lin_attn_jax.data.sources import BYTES
 from lin_attn_jax.models.lm import LM
 from lin_attn_jax.train import Trainer
 
@@ -61,10 +60,35 @@ def resolve(base: Experiment, overrides: Mapping[str, str | None],
   return experiment
 
 
-def load_corpora(experiment: Experiment, tokenizer=None):
-  """``(train, held-out)`` corpora of ``experiment.data``; jsonl and
-  parquet text is tokenized with ``tokenizer`` (UTF-8 bytes when None)."""
+def load_tokenizer(experiment: Experiment) -> tokenizers.Tokenizer:
+  """The tokenizer of ``experiment.tokenizer``, checked against the model's
+  vocabulary (``tokenizers.check_vocab``)."""
+  try:
+    tokenizer = tokenizers.load_tokenizer(experiment.tokenizer)
+  except (ValueError, ImportError) as error:
+    raise FlagError(f"{config_flags.PREFIX}.tokenizer", str(error)) from None
+  try:
+    tokenizers.check_vocab(tokenizer, experiment.model.vocab_size)
+  except ValueError as error:
+    raise FlagError(f"{config_flags.PREFIX}.model.vocab_size",
+                    str(error)) from None
+  return tokenizer
+
+
+def load_corpora(experiment: Experiment):
+  """``(train, held-out)`` corpora of ``experiment.data``: jsonl and parquet
+  text tokenized with ``experiment.tokenizer`` (``load_tokenizer``);
+  ``stdlib`` and ``text:`` data are bytes, so they take the byte tokenizer
+  only, and token files and ArrayRecord shards are tokenized already."""
+  tokenizer = load_tokenizer(experiment)
   kind, what, options = parse_data(experiment.data)
+  if (kind in ("stdlib", "text")
+      and not isinstance(tokenizer, tokenizers.ByteTokenizer)):
+    raise FlagError(
+        f"{config_flags.PREFIX}.tokenizer",
+        f"{kind} data is read as UTF-8 bytes; use jsonl: or parquet: data "
+        f"(or python -m experiments.tokenize) with "
+        f"tokenizer {experiment.tokenizer!r}")
   fraction = experiment.heldout_fraction
   try:
     if kind == "stdlib":
@@ -81,7 +105,7 @@ def load_corpora(experiment: Experiment, tokenizer=None):
     else:
       read = (sources.jsonl_corpus if kind == "jsonl"
               else sources.parquet_corpus)
-      pair = [read(what, tokenizer or BYTES, split=s,
+      pair = [read(what, tokenizer, split=s,
                    heldout_fraction=fraction, **options)
               for s in ("train", "heldout")]
   except (ValueError, OSError, ImportError) as error:
@@ -122,10 +146,15 @@ class Sampler:
 
   def __init__(self, trainer: Trainer, experiment: Experiment):
     self.trainer = trainer
+    self.tokenizer = None
+    if experiment.tokenizer != "bytes":
+      self.tokenizer = load_tokenizer(experiment)
     self.bytes = experiment.model.vocab_size == BYTE_VOCAB
-    prompt = (list(experiment.prompt.encode("utf-8")) if self.bytes
-              else [0]) or [0]
-    self.prompt = jnp.asarray([prompt], jnp.int32)
+    if self.tokenizer is not None:
+      prompt = self.tokenizer.encode(experiment.prompt)
+    else:
+      prompt = list(experiment.prompt.encode("utf-8")) if self.bytes else [0]
+    self.prompt = jnp.asarray([prompt or [0]], jnp.int32)
     self.tokens = experiment.sample_tokens
 
   def __call__(self, params, rest) -> str:
@@ -133,6 +162,9 @@ class Sampler:
       lm = nnx.merge(self.trainer.graphdef, params, rest)
       out = lm.generate(self.prompt, self.tokens)
     tokens = host_array(out)[0].tolist()
+    if self.tokenizer is not None:
+      vocab = self.tokenizer.vocab_size
+      return self.tokenizer.decode([t for t in tokens if t < vocab])
     if self.bytes:
       return bytes(tokens).decode("utf-8", "replace")
     return " ".join(str(t) for t in tokens)

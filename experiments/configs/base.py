@@ -53,6 +53,11 @@ class Experiment:
   # "arrayrecord:GLOB[,GLOB...][,dtype=uint32]" (token records); the record
   # specs also take skip_bad_records=true (docs/training.md).
   data: str = "stdlib"
+  # Tokenizer of the text: "bytes" (UTF-8 bytes, vocabulary 256) or a path
+  # to a tokenizer.json, a SentencePiece .model or a directory holding one
+  # (lin_attn_jax.data.load_tokenizer); model.vocab_size must be at least
+  # its vocabulary (larger is padding).
+  tokenizer: str = "bytes"
   # Fraction of the documents held out for evaluation (by a hash of names).
   heldout_fraction: float = 0.02
   # Held-out loss every this many steps (0: only at the end) ...
@@ -63,7 +68,8 @@ class Experiment:
   sample_every: int = 0
   # ... of this many new tokens ...
   sample_tokens: int = 64
-  # ... continuing this prompt (UTF-8 bytes; byte-token models only).
+  # ... continuing this prompt (encoded with the tokenizer; with "bytes",
+  # byte-token models only).
   prompt: str = "def "
   # A progress line every this many steps when stdout is not a terminal.
   log_every: int = 10

@@ -8,6 +8,7 @@ dense MLPs) from transformers, and flash-linear-attention's ``gla``,
 ``delta_net``, ``gated_deltanet``, ``rwkv6`` and ``rwkv7``.
 
   >>> lm, config, hf_config = load_pretrained("/path/to/checkpoint")
+  >>> tokenizer = checkpoint_tokenizer("/path/to/checkpoint")  # or None
   >>> logits = lm(tokens)
   >>> export_pretrained(lm, hf_config, "/path/to/new_checkpoint")
 
@@ -26,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from lin_attn_jax.convert import architectures, core, safetensors_io
+from lin_attn_jax.data import tokenizers
 from lin_attn_jax.models.lm import LM, LMConfig
 
 SUPPORTED = tuple(sorted(architectures.ARCHITECTURES))
@@ -68,14 +70,35 @@ def convert_checkpoint(path: str):
   return config, params, hf
 
 
-def load_pretrained(path: str, *, param_dtype=None):
-  """``(LM, LMConfig, hf_config)`` from the checkpoint at ``path``.
+def load_pretrained(path: str, *, param_dtype=None,
+                    with_tokenizer: bool = False):
+  """``(LM, LMConfig, hf_config)`` from the checkpoint at ``path``, and
+  its tokenizer as a fourth element with ``with_tokenizer``.
 
   ``param_dtype`` (e.g. ``jnp.bfloat16``) casts the float32 conversion.
+  The tokenizer is ``checkpoint_tokenizer(path)``: None when the
+  checkpoint ships none.
   """
   config, params, hf = convert_checkpoint(path)
   lm = core.build_lm(config, params, param_dtype)
+  if with_tokenizer:
+    return lm, lm.config, hf, checkpoint_tokenizer(path)
   return lm, lm.config, hf
+
+
+def checkpoint_tokenizer(path: str) -> tokenizers.Tokenizer | None:
+  """The tokenizer of the checkpoint directory ``path`` (``tokenizer.json``
+  or a SentencePiece ``.model``, special ids from the JSON files beside
+  them, ``config.json`` included), or None when it has none. A tokenizer
+  with more ids than the checkpoint's ``vocab_size`` raises ``ValueError``
+  (``tokenizers.check_vocab``)."""
+  if not tokenizers.tokenizer_files(path):
+    return None
+  tokenizer = tokenizers.load_tokenizer(path)
+  vocab_size = core.read_config(path).get("vocab_size")
+  if vocab_size is not None:
+    tokenizers.check_vocab(tokenizer, vocab_size)
+  return tokenizer
 
 
 def export_pretrained(lm: LM, hf: dict, path: str) -> None:
@@ -110,5 +133,6 @@ def export_pretrained(lm: LM, hf: dict, path: str) -> None:
        for name, v in tensors.items()})
 
 
-__all__ = ["SUPPORTED", "convert_checkpoint", "expected_tensors",
+__all__ = ["SUPPORTED", "checkpoint_tokenizer", "convert_checkpoint",
+           "expected_tensors",
            "export_pretrained", "load_pretrained", "plan"]

@@ -8,7 +8,9 @@
   pure function of (seed, row index);
 - ``pipeline``: per-process batches for a step, as a grain dataset, and
   their placement on a device mesh;
-- ``mqar``: Zoology's multi-query associative recall task (numpy).
+- ``mqar``: Zoology's multi-query associative recall task (numpy);
+- ``tokenizers``: one ``Tokenizer`` interface over bytes (the default),
+  Hugging Face ``tokenizer.json`` and SentencePiece models.
 """
 
 from lin_attn_jax.data.corpus import (Corpus, stdlib_corpus, text_corpus,
@@ -17,8 +19,30 @@ from lin_attn_jax.data.packing import PackedRows, model_inputs
 from lin_attn_jax.data.sources import (array_record_corpus, jsonl_corpus,
                                        parquet_corpus)
 from lin_attn_jax.data.pipeline import BatchSource, global_batch_to_device
+from lin_attn_jax.data.tokenizers import (ByteTokenizer, HFTokenizer,
+                                          IncrementalDecoder,
+                                          SentencePieceTokenizer, Tokenizer,
+                                          check_vocab, load_tokenizer,
+                                          train_bpe)
 
-__all__ = ["BatchSource", "Corpus", "PackedRows", "array_record_corpus",
-           "global_batch_to_device", "jsonl_corpus", "model_inputs",
-           "parquet_corpus", "stdlib_corpus", "text_corpus",
-           "token_file_corpus"]
+__all__ = [
+    "BatchSource",
+    "ByteTokenizer",
+    "Corpus",
+    "HFTokenizer",
+    "IncrementalDecoder",
+    "PackedRows",
+    "SentencePieceTokenizer",
+    "Tokenizer",
+    "array_record_corpus",
+    "check_vocab",
+    "global_batch_to_device",
+    "jsonl_corpus",
+    "load_tokenizer",
+    "model_inputs",
+    "parquet_corpus",
+    "stdlib_corpus",
+    "text_corpus",
+    "token_file_corpus",
+    "train_bpe",
+]

@@ -70,18 +70,6 @@ def token_dtype(vocab_size: int) -> type:
   raise ValueError(f"vocab_size {vocab_size} does not fit in uint32")
 
 
-class Utf8Bytes:
-  """Text as its UTF-8 bytes (ids 0..255, no eos): the encoding of
-  ``stdlib_corpus`` and ``text_corpus``."""
-
-  vocab_size = corpus_lib.BYTE_VOCAB
-  eos_id = None
-
-  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    return [list(text.encode("utf-8")) for text in texts]
-
-
-BYTES = Utf8Bytes()
 
 
 def find_files(patterns: str | Sequence[str]) -> list[str]:

@@ -33,6 +33,7 @@ from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from lin_attn_jax import sharding
@@ -435,7 +436,7 @@ class LM(nnx.Module):
 
   def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0,
                top_k: int | None = None, top_p: float | None = None,
-               rng=None):
+               rng=None, prompt_lengths=None, eos_id: int | None = None):
     """Continues ``prompt: [B, P]`` by ``max_new_tokens`` sampled tokens.
 
     The prompt is prefilled with the chunk forms, then every new token is
@@ -445,9 +446,49 @@ class LM(nnx.Module):
     smallest set of probability at least ``top_p``, and sampled with
     ``rng`` (a PRNG key, required).
 
+    Prompts of different lengths share a batch by left padding:
+    ``prompt_lengths: [B]`` int, each row's prompt is its last
+    ``prompt_lengths[b]`` tokens and what comes before is padding (any id).
+    The padding is a document of its own (segment id 0, the prompt 1), so
+    no state or attention crosses into the prompt, and the positions of a
+    row start so that its first prompt token is at position 0: a row
+    continues as its prompt alone would, up to float rounding. (Sparse
+    Transformer patterns lie on the cache's own positions, which count
+    the padding.) With ``eos_id``, a row that has produced it repeats it.
+
     Returns:
       ``[B, P + max_new_tokens]`` int32: the prompt and its continuation.
     """
+    prompt, lengths, rng, options = self._generation_args(
+        prompt, max_new_tokens, temperature, top_k, top_p, rng,
+        prompt_lengths, eos_id)
+    graphdef, state = nnx.split(self)
+    return _generate(graphdef, state, prompt, lengths, rng,
+                     max_new_tokens=max_new_tokens, **options)
+
+  def stream(self, prompt, max_new_tokens: int, *, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, rng=None,
+             prompt_lengths=None, eos_id: int | None = None):
+    """``generate`` one step at a time: yields the ``[B]`` int32 tokens of
+    every step as soon as they are computed (the same tokens ``generate``
+    returns, for the same arguments). Stopping early is closing the
+    generator."""
+    prompt, lengths, rng, options = self._generation_args(
+        prompt, max_new_tokens, temperature, top_k, top_p, rng,
+        prompt_lengths, eos_id)
+    graphdef, state = nnx.split(self)
+    keys = jax.random.split(rng, max_new_tokens)
+    token, cache = _start_jit(graphdef, state, prompt, lengths, keys[0],
+                              max_new_tokens=max_new_tokens, **options)
+    yield token
+    done = _finished(token, options["eos_id"])
+    for key in keys[1:]:
+      token, cache, done = _next_jit(graphdef, state, token, cache, done,
+                                     lengths, key, **options)
+      yield token
+
+  def _generation_args(self, prompt, max_new_tokens, temperature, top_k,
+                       top_p, rng, prompt_lengths, eos_id):
     checks.check_rank("prompt", prompt, 2, "[B, P]")
     if not jnp.issubdtype(jnp.result_type(prompt), jnp.integer):
       raise ValueError(f"prompt must be integer ids, got "
@@ -457,9 +498,19 @@ class LM(nnx.Module):
     if sampling.temperature > 0 and rng is None:
       raise ValueError("sampling with temperature > 0 needs rng (a PRNG key)")
     rng = jax.random.key(0) if rng is None else rng
-    graphdef, state = nnx.split(self)
-    return _generate(graphdef, state, jnp.asarray(prompt, jnp.int32), rng,
-                     max_new_tokens=max_new_tokens, sampling=sampling)
+    batch, length = checks.shape_of(prompt)
+    if prompt_lengths is not None:
+      prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+      checks.check_shape("prompt_lengths", prompt_lengths, (batch,), "[B]")
+      values = checks.concrete(prompt_lengths)
+      if values is not None and not np.all((values >= 1) & (values <= length)):
+        raise ValueError(f"prompt_lengths must be in [1, P = {length}], got "
+                         f"{values.tolist()}")
+    if eos_id is not None and not 0 <= eos_id < self.config.vocab_size:
+      raise ValueError(f"eos_id must be in [0, vocab_size = "
+                       f"{self.config.vocab_size}), got {eos_id}")
+    options = dict(sampling=sampling, eos_id=eos_id)
+    return jnp.asarray(prompt, jnp.int32), prompt_lengths, rng, options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -500,22 +551,80 @@ class Sampling:
     return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens",
-                                             "sampling"))
-def _generate(graphdef, state, prompt, rng, *, max_new_tokens: int,
-              sampling: Sampling):
-  model = nnx.merge(graphdef, state)
+def _left_padded(cache, pads):
+  """``cache`` (of ``LM.init_cache``) with every layer's position starting
+  at ``-pads: [B]``, so that token ``pads[b]`` of row ``b`` is at 0."""
+  if "mixer_cache" in cache:
+    return {**cache, "mixer_cache": _left_padded(cache["mixer_cache"], pads)}
+  return {**cache, "position": cache["position"] - pads}
+
+
+def _prompt_segments(lengths, batch: int, length: int):
+  """``[B, T]`` int32 segment ids: 0 on left padding, 1 on the prompt."""
+  steps = jnp.arange(length, dtype=jnp.int32)[None]             # [1, P]
+  return (steps >= length - lengths[:, None]).astype(jnp.int32)
+
+
+def _finished(token, eos_id):
+  return (jnp.zeros(token.shape, bool) if eos_id is None
+          else token == eos_id)                                 # [B]
+
+
+def _start(model, prompt, lengths, key, *, max_new_tokens, sampling, eos_id):
+  """Prefill; returns the first new token ``[B]`` and the cache."""
+  del eos_id
   batch, length = prompt.shape
   cache = model.init_cache(batch, length + max_new_tokens)
-  logits, cache = model(prompt, cache=cache, mode="chunk")
+  segment_ids = None
+  if lengths is not None:
+    segment_ids = _prompt_segments(lengths, batch, length)
+    cache = tuple(_left_padded(c, length - lengths) for c in cache)
+  logits, cache = model(prompt, segment_ids=segment_ids, cache=cache,
+                        mode="chunk")
+  return sampling(logits[:, -1], key), cache
+
+
+def _next(model, token, cache, done, lengths, key, *, sampling, eos_id):
+  """One decoding step; returns ``(token [B], cache, done [B])``."""
+  segment_ids = (None if lengths is None
+                 else jnp.ones((token.shape[0], 1), jnp.int32))
+  logits, cache = model(token[:, None], segment_ids=segment_ids, cache=cache)
+  following = sampling(logits[:, -1], key)
+  if eos_id is not None:
+    following = jnp.where(done, eos_id, following)
+  return following, cache, done | _finished(following, eos_id)
+
+
+def _merged(fn):
+  """``fn(model, ...)`` as a jitted function of ``(graphdef, state, ...)``."""
+
+  def run(graphdef, state, *args, **kw):
+    return fn(nnx.merge(graphdef, state), *args, **kw)
+
+  return jax.jit(run, static_argnames=("graphdef", "max_new_tokens",
+                                       "sampling", "eos_id"))
+
+
+_start_jit = _merged(_start)
+_next_jit = _merged(_next)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens",
+                                             "sampling", "eos_id"))
+def _generate(graphdef, state, prompt, lengths, rng, *, max_new_tokens: int,
+              sampling: Sampling, eos_id: int | None):
+  model = nnx.merge(graphdef, state)
   keys = jax.random.split(rng, max_new_tokens)
-  first = sampling(logits[:, -1], keys[0])
+  options = dict(sampling=sampling, eos_id=eos_id)
+  first, cache = _start(model, prompt, lengths, keys[0],
+                        max_new_tokens=max_new_tokens, **options)
 
   def step(carry, key):
-    token, cache = carry
-    logits, cache = model(token[:, None], cache=cache)
-    following = sampling(logits[:, -1], key)
-    return (following, cache), following
+    token, cache, done = carry
+    token, cache, done = _next(model, token, cache, done, lengths, key,
+                               **options)
+    return (token, cache, done), token
 
-  _, rest = jax.lax.scan(step, (first, cache), keys[1:])
+  _, rest = jax.lax.scan(step, (first, cache, _finished(first, eos_id)),
+                         keys[1:])
   return jnp.concatenate([prompt, first[:, None], rest.T], axis=1)

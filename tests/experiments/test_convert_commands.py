@@ -27,7 +27,7 @@ def test_convert_command_writes_a_workdir_generate_reads(tmp_path):
   work = str(tmp_path / "work")
   convert_command.convert(os.path.join(FIXTURES, "rwkv6"), work)
   assert sorted(os.listdir(work)) == ["config.json", "hf_config.json",
-                                      "params"]
+                                      "params", "tokenizer.json"]
   lm = generate.load_workdir(work)
   want, _, _ = convert.load_pretrained(os.path.join(FIXTURES, "rwkv6"))
   jax.tree.map(np.testing.assert_array_equal,

@@ -11,7 +11,7 @@ from experiments import tokenize
 from experiments.config_flags import FlagError
 from experiments.configs.base import parse_data
 from lin_attn_jax.data import array_record_corpus, jsonl_corpus
-from lin_attn_jax.data import sources, token_file_corpus
+from lin_attn_jax.data import ByteTokenizer, sources, token_file_corpus
 
 TEXTS = [f"line {i} ünïcode ✓ " * (i % 5 + 1) for i in range(30)]
 
@@ -33,7 +33,7 @@ def test_shards_read_back_and_a_rerun_resumes(tmp_path, fmt):
   manifest = tokenize.tokenize(config)
   assert sorted(manifest["shards"]) == ["0", "1", "2"]
   assert sum(s["documents"] for s in manifest["shards"].values()) == 30
-  expected = jsonl_corpus(str(tmp_path / "*.jsonl"), sources.BYTES,
+  expected = jsonl_corpus(str(tmp_path / "*.jsonl"), ByteTokenizer(),
                           text_field="body", split="train",
                           heldout_fraction=0.2)
   if fmt == "array_record":

@@ -152,3 +152,57 @@ def test_depth_dependent_inits_see_their_layer():
                                   alone.decay_base[...])
   assert not np.array_equal(lm.blocks[0].mixer.decay_base[...],
                             lm.blocks[2].mixer.decay_base[...])
+
+
+def _left_padded(prompts, pad=0):
+  """``([B, P] int32, [B] lengths)`` of token lists, padded on the left."""
+  width = max(len(p) for p in prompts)
+  rows = [[pad] * (width - len(p)) + list(p) for p in prompts]
+  return (jnp.asarray(rows, jnp.int32),
+          jnp.asarray([len(p) for p in prompts], jnp.int32))
+
+
+@pytest.mark.parametrize("mixers,config", [
+    (("gla", "softmax_attn"), {}),
+    (("mamba2", "rwkv6"), {"mlp": "rwkv6"}),
+])
+def test_batched_prompts_of_different_lengths_decode_as_alone(mixers, config):
+  """Left padding with its own segment and shifted positions: every row's
+  greedy continuation is that of its prompt decoded alone (RoPE, short
+  convolutions, token shifts and recurrent states included)."""
+  lm = lm_checks.tiny_lm(mixers, **config)
+  rng = np.random.default_rng(3)
+  prompts = [rng.integers(0, lm_checks.VOCAB, n).tolist() for n in (3, 9, 6)]
+  batch, lengths = _left_padded(prompts, pad=7)
+  out = np.asarray(lm.generate(batch, 8, prompt_lengths=lengths))
+  for row, prompt in enumerate(prompts):
+    alone = np.asarray(lm.generate(jnp.asarray([prompt], jnp.int32), 8))
+    np.testing.assert_array_equal(out[row, -8:], alone[0, len(prompt):],
+                                  err_msg=f"row {row}")
+  # Without the lengths the padding is read as text: the short rows differ.
+  unaware = np.asarray(lm.generate(batch, 8))
+  assert not np.array_equal(unaware[0, -8:], out[0, -8:])
+  streamed = np.stack(list(lm.stream(batch, 8, prompt_lengths=lengths)), 1)
+  np.testing.assert_array_equal(streamed, out[:, -8:])
+
+
+def test_generation_stops_at_eos_and_streams_as_generate():
+  lm = lm_checks.tiny_lm("gla", {"chunk_size": 8})
+  prompt = lm_checks.tokens(length=5)
+  key = jax.random.key(4)
+  kw = dict(temperature=1.0, top_k=20, top_p=0.9, rng=key)
+  out = np.asarray(lm.generate(prompt, 12, **kw))
+  streamed = np.stack(list(lm.stream(prompt, 12, **kw)), 1)
+  np.testing.assert_array_equal(streamed, out[:, 5:])
+  eos = int(out[0, 8])
+  first = int(np.flatnonzero(out[0, 5:] == eos)[0]) + 5
+  stopped = np.asarray(lm.generate(prompt, 12, eos_id=eos, **kw))
+  np.testing.assert_array_equal(stopped[0, :first + 1], out[0, :first + 1])
+  assert np.all(stopped[0, first:] == eos)
+  for row in stopped[:, 5:]:
+    hits = np.flatnonzero(row == eos)
+    assert not len(hits) or np.all(row[hits[0]:] == eos)
+  with pytest.raises(ValueError, match="eos_id"):
+    lm.generate(prompt, 3, eos_id=lm_checks.VOCAB)
+  with pytest.raises(ValueError, match="prompt_lengths"):
+    lm.generate(prompt, 3, prompt_lengths=[0, 5])
