@@ -11,7 +11,7 @@ from experiments import tokenize
 from experiments.config_flags import FlagError
 from experiments.configs.base import parse_data
 from lin_attn_jax.data import array_record_corpus, jsonl_corpus
-from lin_attn_jax.data import ByteTokenizer, sources, token_file_corpus
+from lin_attn_jax.data import ByteTokenizer, token_file_corpus
 
 TEXTS = [f"line {i} ünïcode ✓ " * (i % 5 + 1) for i in range(30)]
 
