@@ -93,7 +93,7 @@ def main(argv):
   del argv
   contexts = [int(c) for c in FLAGS.contexts]
   names = FLAGS.mixers or [n for n in MIXERS if MIXERS[n].causal]
-  head = (f"| mixer | " + " | ".join(f"ms/token @{c}" for c in contexts)
+  head = ("| mixer | " + " | ".join(f"ms/token @{c}" for c in contexts)
           + f" | ratio {contexts[-1]}/{contexts[0]} | "
           + " | ".join(f"cache MiB @{c}" for c in contexts) + " |")
   lines = [
