@@ -59,7 +59,7 @@ import json
 import math
 import os
 
-from absl import app, flags
+from absl import app, flags, logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -92,7 +92,8 @@ class EvaluateConfig:
   data: str = ""
   # Which documents of data: "heldout" or "train" (as training splits).
   split: str = "heldout"
-  # Fraction of the documents in the held-out split.
+  # Fraction of the documents in the held-out split, in (0, 1) (each split
+  # must hold a document, as in training).
   heldout_fraction: float = 0.02
   # Tokens a row predicts (the rows hold seq_len + 1).
   seq_len: int = 256
@@ -115,6 +116,9 @@ class EvaluateConfig:
       raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
     if self.data:
       parse_data(self.data)
+    if not 0 < self.heldout_fraction < 1:
+      raise ValueError("heldout_fraction must be in (0, 1), got "
+                       f"{self.heldout_fraction!r}")
     for name, least in (("seq_len", 1), ("batch_size", 1), ("batches", 0)):
       value = getattr(self, name)
       if not isinstance(value, int) or value < least:
@@ -398,6 +402,9 @@ OVERRIDES: dict = {}
 
 
 def main(argv):
+  if not FLAGS["verbosity"].present:
+    # Orbax logs every restore at INFO.
+    logging.set_verbosity(logging.WARNING)
   config = config_flags.command_config(argv, PRESETS, "default", OVERRIDES)
   try:
     results = evaluate(config)
