@@ -59,10 +59,12 @@ BATCH, LENGTH, D_MODEL, HEADS = 2, 5, 16, 2
 
 
 @functools.lru_cache(maxsize=None)
-def _abstract_mixer(name):
-  """``(graphdef, params, rest)`` of the mixer, abstract (nothing runs)."""
+def _abstract_mixer(name, short_conv=False):
+  """``(graphdef, params, rest)`` of the mixer, abstract (nothing runs);
+  ``short_conv``: with ``use_short_conv=True``."""
+  options = {"use_short_conv": True} if short_conv else {}
   model = nnx.eval_shape(lambda: MIXERS[name](D_MODEL, HEADS,
-                                              rngs=nnx.Rngs(0)))
+                                              rngs=nnx.Rngs(0), **options))
   return nnx.split(model, nnx.Param, ...)
 
 
@@ -94,7 +96,13 @@ MIXER_IDS = [f"{name}.{mode}" for name, mode in MIXER_CASES]
 
 @pytest.mark.parametrize("name, mode", MIXER_CASES, ids=MIXER_IDS)
 def test_mixer_traced(name, mode):
-  graphdef, params, rest = _abstract_mixer(name)
+  _check_mixer_traced(name, mode)
+
+
+def _check_mixer_traced(name, mode, short_conv=False):
+  """The gradient of the mixer's output in ``mode`` with every parameter
+  and input traced, and no custom call in its program."""
+  graphdef, params, rest = _abstract_mixer(name, short_conv)
 
   def loss(params, other):
     rest, x, segment_ids = other
@@ -102,7 +110,21 @@ def test_mixer_traced(name, mode):
     return _total(_run_mode(model, mode, x, segment_ids))
 
   jaxpr = traced_grads(loss, params, (rest,) + _inputs(name))
-  check_custom_calls(f"{name}.{mode}", jaxpr)
+  check_custom_calls(f"{name}.{mode}" + ("+short_conv" if short_conv
+                                        else ""), jaxpr)
+
+
+# The mixers whose ``use_short_conv`` is off by default.
+SHORT_CONV_CASES = [(name, mode)
+                    for name in ("based", "gla", "hgrn2", "linear_attn",
+                                 "retnet")
+                    for mode in MODES + ("cache",)]
+
+
+@pytest.mark.parametrize("name, mode", SHORT_CONV_CASES,
+                         ids=[f"{n}.{m}" for n, m in SHORT_CONV_CASES])
+def test_short_conv_mixer_traced(name, mode):
+  _check_mixer_traced(name, mode, short_conv=True)
 
 
 @pytest.mark.parametrize("name, mode", MIXER_CASES, ids=MIXER_IDS)
