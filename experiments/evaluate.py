@@ -69,8 +69,9 @@ from experiments import config_flags
 from experiments import train_setup
 from experiments.configs.base import Experiment, parse_data
 from experiments.generate import load_workdir
-from lin_attn_jax.data import PackedRows, model_inputs, tokenizers
+from lin_attn_jax.data import PackedRows, tokenizers
 from lin_attn_jax.data.pipeline import BatchSource
+from lin_attn_jax.ops.common import checks
 from lin_attn_jax.train import TrainConfig
 from lin_attn_jax.train.loss import cross_entropy_sums
 
@@ -119,10 +120,10 @@ class EvaluateConfig:
     if not 0 < self.heldout_fraction < 1:
       raise ValueError("heldout_fraction must be in (0, 1), got "
                        f"{self.heldout_fraction!r}")
-    for name, least in (("seq_len", 1), ("batch_size", 1), ("batches", 0)):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    checks.positive_int("seq_len", self.seq_len)
+    checks.positive_int("batch_size", self.batch_size)
+    if self.batches != 0:
+      checks.positive_int("batches", self.batches, also=" or 0")
 
   def to_dict(self) -> dict:
     return config_flags.to_dict(self)

@@ -43,6 +43,7 @@ from experiments import config_flags
 from experiments.configs.base import parse_data
 from lin_attn_jax.data import corpus as corpus_lib
 from lin_attn_jax.data import sources, tokenizers
+from lin_attn_jax.ops.common import checks
 
 FORMATS = {"array_record": ".array_record", "bin": ".bin"}
 TEXT_KINDS = ("text", "jsonl", "parquet")
@@ -82,8 +83,7 @@ class TokenizeConfig:
       raise ValueError(f"format must be one of {', '.join(FORMATS)}, got "
                        f"{self.format!r}")
     for name in ("files_per_shard", "workers"):
-      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-        raise ValueError(f"{name} must be an int >= 1")
+      checks.positive_int(name, getattr(self, name))
     load_tokenizer(self.tokenizer)
 
   def to_dict(self) -> dict:
