@@ -44,6 +44,10 @@ from lin_attn_jax.ops.softmax_attn import (KVCache, chunk_softmax_attn,
 from lin_attn_jax.ops.sparse_attn import (parallel_sparse_attn,
                                           sparse_attn_mask,
                                           sparse_attn_reference)
+from lin_attn_jax.ops.stickbreaking_attn import (chunk_stickbreaking_attn,
+                                                 parallel_stickbreaking_attn,
+                                                 stickbreaking_attn_extend,
+                                                 stickbreaking_attn_step)
 
 # Diagonal-SSM core and the ops on it (Mamba, Mamba-2 SSD, H3, RG-LRU, HGRN),
 # and the short causal convolution.
@@ -111,3 +115,5 @@ from lin_attn_jax.ops.mamba.context_parallel import (
 from lin_attn_jax.ops.rwkv7.context_parallel import context_parallel_rwkv7
 from lin_attn_jax.ops.softmax_attn.context_parallel import (
     context_parallel_softmax_attn)
+from lin_attn_jax.ops.stickbreaking_attn.context_parallel import (
+    context_parallel_stickbreaking_attn)

@@ -302,6 +302,27 @@ def _attention_forms(window_size=None):
   }
 
 
+def _stickbreaking_step(q, k, v, state, reset, scale=None):
+  return ops.stickbreaking_attn_step(q, k, v, state, scale=scale, reset=reset)
+
+
+def _stickbreaking_prefill(q, k, v, *, segment_ids=None, scale=None):
+  return ops.stickbreaking_attn_extend(q, k, v, _empty_cache(None, q, k, v),
+                                       scale=scale,
+                                       segment_ids=segment_ids)[0]
+
+
+def _stickbreaking_forms():
+  return {
+      "naive": o_only(ops.parallel_stickbreaking_attn),
+      "chunk": o_only(ops.chunk_stickbreaking_attn, "block_size"),
+      "step": StepForm(_stickbreaking_step, ("q", "k", "v"),
+                       init_state=functools.partial(_empty_cache, None),
+                       final_state=False),
+      "prefill": o_only(_stickbreaking_prefill),
+  }
+
+
 def _sparse_forms(pattern):
   static = dict(stride=STRIDE, pattern=pattern, summary_size=SUMMARY)
   return {
@@ -317,7 +338,9 @@ def _softmax_specs():
   buffer of ``WINDOW`` entries for the window) or prefill the whole
   sequence into an empty cache. Keys and values have half the query heads
   when ``Dims.heads`` is even. Linformer is not causal and has no form but
-  its definition."""
+  its definition. Stick-breaking attention has the same forms (its dense
+  definition as the reference), with the remaining stick left out (its
+  tests check it); its strong inputs saturate the logits."""
   qkv = ("q", "k", "v")
   attention = spec_inputs.attention
   return [
@@ -337,6 +360,9 @@ def _softmax_specs():
       OpSpec("linformer_attn", {"naive": o_only(ops.linformer_attn)},
              functools.partial(attention, projections=True),
              qkv + ("e", "f"), chunked=()),
+      OpSpec("stickbreaking_attn", _stickbreaking_forms(),
+             spec_inputs.stickbreaking_attn, qkv,
+             context_parallel=("chunk",)),
   ]
 
 

@@ -28,6 +28,9 @@ BASED_FEATURE_DIM = 8
 CONV_WIDTH = 4
 # Linformer: the rank of the key and value projections.
 LINFORMER_RANK = 16
+# Stick-breaking attention: the queries' scale in the strong inputs, so that
+# the logits ``q . k / sqrt(K)`` reach ``|z| ~ 30`` (saturated sigmoids).
+STRONG_LOGITS = 30.0
 
 
 def segments(key, batch, length):
@@ -284,4 +287,13 @@ def attention(key, dims, strong, global_tokens=False, projections=False):
   if global_tokens:
     # Static positions (not an array): the first token and the middle one.
     inputs["global_positions"] = (0, t // 2)
+  return inputs
+
+
+def stickbreaking_attn(key, dims, strong):
+  """``attention``'s inputs (keys and values with half the query heads when
+  ``H`` is even, segment ids); strong: queries times ``STRONG_LOGITS``."""
+  inputs = attention(key, dims, strong)
+  if strong:
+    inputs["q"] = STRONG_LOGITS * inputs["q"]
   return inputs

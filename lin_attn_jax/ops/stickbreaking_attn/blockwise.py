@@ -1,0 +1,219 @@
+r"""Stick-breaking attention over blocks, in linear memory both ways.
+
+Rows (queries) and columns (keys) come in blocks of ``C``, each carrying
+its sequence position (``-1`` for padding), as in the softmax family's
+block-sparse passes (``softmax_attn/blocksparse.py``, whose slot schedule
+this reuses). A query block walks its key blocks *from the nearest
+backwards*, carrying per query the softplus sum of the keys already walked,
+
+    taken_i = sum_{l visible, l in later blocks} softplus(z_il),
+
+so that within key block ``m`` (``sticks.break_sticks``)
+
+    log A_ij = log_sigmoid(z_ij) - taken_i
+               - sum_{l visible in block m, l > j} softplus(z_il),
+
+and after it ``taken_i`` grows by the block's softplus sum. The output
+accumulates ``sum_j A_ij v_j``; the remaining stick is ``exp(-taken_i)``
+after the last block. Every term is a sum of non-negative numbers: no
+cancellation, however strong the logits.
+
+Backward (``custom_vjp``): it keeps ``o`` and ``log rem = -taken`` only,
+walks the blocks in the same order and recomputes each block's weights, so
+no ``[rows, columns]`` array exists in either direction; memory is linear
+in the rows and columns. With ``g_ij = A_ij (do_i . v_j)`` (the cotangent
+of ``log A_ij``), the logit's cotangent is
+
+    dz_ij = g_ij sigmoid(-z_ij)
+            - sigmoid(z_ij) (sum_{j' < j visible} g_ij' + dlogrem_i),
+
+and the prefix sum comes from the row total ``sum_j g_ij = do_i . o_i``
+(flash attention's ``delta``) less the suffix ``sum_{j' >= j} g_ij'``,
+which the walk accumulates from the nearest key: every sum of the backward
+runs in the forward's order, and the prefix is a difference of bounded
+numbers (``|g| <= A |do| |v|``, ``sum_j A_ij <= 1``), never of softplus
+sums.
+
+Letters: b batch, s slot, h key/value head, g query head in a group, i query
+row in a block, j key column in a block, k key channel, v value channel.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lin_attn_jax.ops.softmax_attn.blocksparse import make_schedule
+from lin_attn_jax.ops.stickbreaking_attn.sticks import break_sticks
+
+_F32 = jnp.float32
+
+
+def _mm(subscripts, *operands):
+  return jnp.einsum(subscripts, *operands, preferred_element_type=_F32)
+
+
+def walk_pairs(q_blocks, key_blocks):
+  """``(q_block, k_block)`` lists: each query block of ``q_blocks`` with
+  its key blocks in walking order (nearest first), ``key_blocks(n)``."""
+  qs, ks = [], []
+  for n in q_blocks:
+    keys = list(key_blocks(n))
+    qs += [n] * len(keys)
+    ks += keys
+  return qs, ks
+
+
+def stickbreaking_blocks(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
+                         attend_current: bool, block_size: int, scale: float,
+                         q_offset=0):
+  """Stick-breaking attention of query rows against key columns, by blocks.
+
+  Args:
+    q: ``[B, Rq, H, K]`` float32 query rows, ``Rq`` a multiple of
+      ``block_size``.
+    k, v: ``[B, Rk, Hkv, K]`` and ``[B, Rk, Hkv, V]`` float32 key columns,
+      ``Rk`` a multiple of ``block_size``; ``H`` a multiple of ``Hkv``.
+    doc_q, doc_k: ``[B, Rq]`` and ``[B, Rk]`` document indices, or both
+      None (one document).
+    q_pos, k_pos: static ``[Rq]`` and ``[Rk]`` positions, ``-1`` = padding.
+    pairs: static ``(q_block, k_block)`` lists: for each query block, the
+      key blocks that can hold a visible key, nearest first (positions
+      decreasing from block to block, increasing within a block).
+    attend_current: a query sees the key at its own position.
+    block_size: ``C``.
+    scale: multiplies the logits.
+    q_offset: added to the query positions (an int, traced or not: a
+      device's first position when the sequence is split).
+  Returns:
+    ``(o [B, Rq, H, V] float32, log_rem [B, Rq, H] float32)``, ``log_rem =
+    -sum softplus(z)`` over each query's visible keys (0 for none).
+  """
+  c = block_size
+  b, rq, h, dk = q.shape
+  rk, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
+  g = h // hkv
+  nq, nk = rq // c, rk // c
+  q_block, k_block = (np.asarray(x, np.int32) for x in pairs)
+  sched = make_schedule(q_block, k_block, np.zeros_like(q_block),
+                        num_q_blocks=nq)
+  # A dummy query block (index nq) absorbs the idle slots of a round. The
+  # tables stay numpy here and become arrays inside the traced functions
+  # (see blocksparse.py: a custom_vjp must not close over arrays).
+  pos_q = np.concatenate([np.asarray(q_pos), np.full((c,), -1)]).reshape(
+      nq + 1, c)                                                # [NQ+1, C]
+  pos_k = np.asarray(k_pos).reshape(nk, c)                      # [NK, C]
+  tables = (sched.q_block, sched.k_block, sched.active)
+  with_docs = doc_q is not None
+
+  def q_blocks(x, width):                       # [B, Rq, H, W] -> [B,N+1,h,g,C,W]
+    x = jnp.pad(x, ((0, 0), (0, c), (0, 0), (0, 0)))
+    return x.reshape(b, nq + 1, c, hkv, g, width).transpose(0, 1, 3, 4, 2, 5)
+
+  def k_blocks(x):                              # [B, Rk, Hkv, W] -> [B,NK,h,C,W]
+    return x.reshape(b, nk, c, hkv, x.shape[-1]).transpose(0, 1, 3, 2, 4)
+
+  def row_blocks(x):                            # [B, Rq, H] -> [B,N+1,h,g,C]
+    x = jnp.pad(x, ((0, 0), (0, c), (0, 0)))
+    return x.reshape(b, nq + 1, c, hkv, g).transpose(0, 1, 3, 4, 2)
+
+  def from_row_blocks(x):                       # [B,N+1,h,g,C,...] -> [B,Rq,H,...]
+    x = jnp.moveaxis(x[:, :nq], 4, 2)                           # [B,N,C,h,g,...]
+    return x.reshape((b, rq, h) + x.shape[5:])
+
+  def from_k_blocks(x):                         # [B,NK,h,C,W] -> [B,Rk,Hkv,W]
+    return x.transpose(0, 1, 3, 2, 4).reshape(b, rk, hkv, x.shape[-1])
+
+  def doc_blocks(dq, dk_):
+    dq = jnp.pad(dq, ((0, 0), (0, c))).reshape(b, nq + 1, c)
+    return dq, dk_.reshape(b, nk, c)
+
+  def block_visible(qi, ki, act, dq_b, dk_b, q_offset):
+    """``[B or 1, S, 1, 1, C, C]``: the visible entries of the round's
+    pairs."""
+    i = jnp.asarray(pos_q)[qi][:, :, None]                      # [S, C, 1]
+    j = jnp.asarray(pos_k)[ki][:, None, :]                      # [S, 1, C]
+    before = j <= i + q_offset if attend_current else j < i + q_offset
+    mask = before & (i >= 0) & (j >= 0) & act[:, None, None]    # [S, C, C]
+    if with_docs:
+      same = dq_b[:, qi][..., :, None] == dk_b[:, ki][..., None, :]
+      return (mask[None] & same)[:, :, None, None]              # [B,S,1,1,C,C]
+    return mask[None, :, None, None]
+
+  def block_weights(qs, ks, visible, taken):
+    """Logits ``[B,S,h,g,C,C]``, weights ``A`` and the new ``taken``."""
+    z = scale * _mm("bshgik,bshjk->bshgij", qs, ks)
+    log_a, taken = break_sticks(z, visible, taken)
+    return z, jnp.exp(log_a), taken
+
+  def forward(q, k, v, doc_q, doc_k, q_offset):
+    qb, kb, vb = q_blocks(q, dk), k_blocks(k), k_blocks(v)
+    dq_b, dk_b = doc_blocks(doc_q, doc_k) if with_docs else (None, None)
+    taken0 = jnp.zeros((b, nq + 1, hkv, g, c), _F32)
+    acc0 = jnp.zeros((b, nq + 1, hkv, g, c, dv), _F32)
+
+    def one_round(carry, xs):
+      taken, acc = carry
+      qi, ki, act = xs                                          # [S]
+      visible = block_visible(qi, ki, act, dq_b, dk_b, q_offset)
+      _, a, taken_new = block_weights(qb[:, qi], kb[:, ki], visible,
+                                      taken[:, qi])
+      acc_new = acc[:, qi] + _mm("bshgij,bshjv->bshgiv", a, vb[:, ki])
+      return (taken.at[:, qi].set(taken_new),
+              acc.at[:, qi].set(acc_new)), None
+
+    (taken, acc), _ = jax.lax.scan(one_round, (taken0, acc0),
+                                   tuple(jnp.asarray(x) for x in tables))
+    return from_row_blocks(acc), from_row_blocks(-taken)
+
+  def backward(q, k, v, doc_q, doc_k, q_offset, o, do, dlog_rem):
+    qb, kb, vb = q_blocks(q, dk), k_blocks(k), k_blocks(v)
+    dq_b, dk_b = doc_blocks(doc_q, doc_k) if with_docs else (None, None)
+    do_b = q_blocks(do, dv)                                     # [B,N+1,h,g,C,V]
+    total = row_blocks(jnp.sum(do * o, axis=-1))                # sum_j g_ij
+    dlog_rem = row_blocks(dlog_rem)                             # [B,N+1,h,g,C]
+
+    def one_round(carry, xs):
+      taken, later, dq, dk_, dv_ = carry
+      qi, ki, act = xs
+      qs, ks, vs, dos = qb[:, qi], kb[:, ki], vb[:, ki], do_b[:, qi]
+      visible = block_visible(qi, ki, act, dq_b, dk_b, q_offset)
+      z, a, taken_new = block_weights(qs, ks, visible, taken[:, qi])
+      cot = a * _mm("bshgiv,bshjv->bshgij", dos, vs)            # g_ij
+      suffix = (later[:, qi][..., None]
+                + jax.lax.cumsum(cot, axis=cot.ndim - 1, reverse=True))
+      before = total[:, qi][..., None] - suffix                 # j' < j
+      dz = jnp.where(visible, cot * jax.nn.sigmoid(-z) - jax.nn.sigmoid(z)
+                     * (before + dlog_rem[:, qi][..., None]), 0.0)
+      dq = dq.at[:, qi].add(scale * _mm("bshgij,bshjk->bshgik", dz, ks))
+      dk_ = dk_.at[:, ki].add(scale * _mm("bshgij,bshgik->bshjk", dz, qs))
+      dv_ = dv_.at[:, ki].add(_mm("bshgij,bshgiv->bshjv", a, dos))
+      later_new = later[:, qi] + jnp.sum(cot, axis=-1)
+      return (taken.at[:, qi].set(taken_new), later.at[:, qi].set(later_new),
+              dq, dk_, dv_), None
+
+    rows = jnp.zeros((b, nq + 1, hkv, g, c), _F32)
+    init = (rows, rows, jnp.zeros_like(qb), jnp.zeros_like(kb),
+            jnp.zeros_like(vb))
+    (_, _, dq, dk_, dv_), _ = jax.lax.scan(
+        one_round, init, tuple(jnp.asarray(x) for x in tables))
+    return from_row_blocks(dq), from_k_blocks(dk_), from_k_blocks(dv_)
+
+  @jax.custom_vjp
+  def attend(q, k, v, doc_q, doc_k, q_offset):
+    return forward(q, k, v, doc_q, doc_k, q_offset)
+
+  def attend_fwd(q, k, v, doc_q, doc_k, q_offset):
+    o, log_rem = forward(q, k, v, doc_q, doc_k, q_offset)
+    return (o, log_rem), (q, k, v, doc_q, doc_k, q_offset, o)
+
+  def attend_bwd(res, cotangents):
+    do, dlog_rem = cotangents
+    dq, dk_, dv_ = backward(*res, do, dlog_rem)
+    return dq, dk_, dv_, None, None, None
+
+  attend.defvjp(attend_fwd, attend_bwd)
+  return attend(jnp.asarray(q, _F32), jnp.asarray(k, _F32),
+                jnp.asarray(v, _F32), doc_q, doc_k,
+                jnp.asarray(q_offset, jnp.int32))
