@@ -43,6 +43,48 @@ def fixture(name: str):
   return register
 
 
+# Stick-breaking attention: the cases of the fixture, as (name, query scale,
+# attend_current). A query scale of 30 saturates the logits (|z| ~ 30).
+STICKBREAKING_CASES = (("plain", 1.0, False), ("current", 1.0, True),
+                       ("strong", 30.0, False), ("strong_current", 30.0,
+                                                 True))
+
+
+@fixture("stickbreaking_attn")
+def stickbreaking_attn():
+  """fla's ``naive_stickbreaking_attn`` on grouped heads (4 query heads, 2
+  key/value heads), K != V, T = 19, for each case of
+  ``STICKBREAKING_CASES``: ``<case>_{q,k,v}`` (float32), its ``o`` and
+  ``rem``, and the gradients ``d{q,k,v}`` of ``sum(o * do) + sum(rem *
+  drem)`` for the stored cotangents. The reference runs in float64 on the
+  float32 inputs (fla's naive form keeps float64 inputs in float64)."""
+  import torch
+  from fla.ops.stickbreaking_attn.naive import naive_stickbreaking_attn
+
+  rng = np.random.default_rng(SEED)
+  b, t, h, hkv, dk, dv = 2, 19, 4, 2, 8, 6
+  arrays = {}
+  for name, q_scale, attend_current in STICKBREAKING_CASES:
+    inputs = {"q": q_scale * rng.standard_normal((b, t, h, dk)),
+              "k": rng.standard_normal((b, t, hkv, dk)),
+              "v": rng.standard_normal((b, t, hkv, dv)),
+              "do": rng.standard_normal((b, t, h, dv)),
+              "drem": rng.standard_normal((b, t, h))}
+    inputs = {n: x.astype(np.float32) for n, x in inputs.items()}
+    q, k, v = (torch.tensor(inputs[n], dtype=torch.float64,
+                            requires_grad=True) for n in ("q", "k", "v"))
+    o, rem = naive_stickbreaking_attn(q, k, v, attend_current=attend_current)
+    loss = ((o * torch.tensor(inputs["do"], dtype=torch.float64)).sum()
+            + (rem * torch.tensor(inputs["drem"], dtype=torch.float64)).sum())
+    loss.backward()
+    outputs = {"o": o, "rem": rem, "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    for n, x in {**inputs, **outputs}.items():
+      arrays[f"{name}_{n}"] = np.asarray(
+          x.detach().numpy() if isinstance(x, torch.Tensor) else x,
+          np.float32)
+  return arrays
+
+
 def main(argv):
   del argv
   names = FLAGS.only or sorted(FIXTURES)

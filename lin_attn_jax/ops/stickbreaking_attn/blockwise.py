@@ -27,12 +27,17 @@ of ``log A_ij``), the logit's cotangent is
     dz_ij = g_ij sigmoid(-z_ij)
             - sigmoid(z_ij) (sum_{j' < j visible} g_ij' + dlogrem_i),
 
-and the prefix sum comes from the row total ``sum_j g_ij = do_i . o_i``
-(flash attention's ``delta``) less the suffix ``sum_{j' >= j} g_ij'``,
-which the walk accumulates from the nearest key: every sum of the backward
-runs in the forward's order, and the prefix is a difference of bounded
-numbers (``|g| <= A |do| |v|``, ``sum_j A_ij <= 1``), never of softplus
-sums.
+and the prefix sum is that of the key's own block (a cumulative sum) plus
+that of the farther blocks, which the walk (nearest first) has not reached:
+the row total ``sum_j g_ij = do_i . o_i`` (flash attention's ``delta``)
+less the blocks walked so far. Every sum of the backward runs in the
+forward's order, and that difference is one of bounded numbers (``|g| <= A
+|do| |v|``, ``sum_j A_ij <= 1``), never of softplus sums. Its rounding,
+``eps |do_i . o_i|``, would dwarf the true value once the stick is spent
+(saturated logits): the farther keys share the stick left after the block,
+``exp(-taken_i)``, so the difference is clipped to ``exp(-taken_i) |do_i|
+max_j |v_j|``, a bound the exact value keeps, and it is 0 where that stick
+is 0.
 
 Letters: b batch, s slot, h key/value head, g query head in a group, i query
 row in a block, j key column in a block, k key channel, v value channel.
@@ -173,6 +178,10 @@ def stickbreaking_blocks(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
     do_b = q_blocks(do, dv)                                     # [B,N+1,h,g,C,V]
     total = row_blocks(jnp.sum(do * o, axis=-1))                # sum_j g_ij
     dlog_rem = row_blocks(dlog_rem)                             # [B,N+1,h,g,C]
+    # |do_i . v_j| <= |do_i| max_j |v_j|: [B,N+1,h,g,C].
+    dp_bound = (row_blocks(jnp.sqrt(jnp.sum(do * do, axis=-1)))
+                * jnp.sqrt(jnp.max(jnp.sum(v * v, axis=-1), axis=1))[
+                    :, None, :, None, None])
 
     def one_round(carry, xs):
       taken, later, dq, dk_, dv_ = carry
@@ -181,15 +190,23 @@ def stickbreaking_blocks(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
       visible = block_visible(qi, ki, act, dq_b, dk_b, q_offset)
       z, a, taken_new = block_weights(qs, ks, visible, taken[:, qi])
       cot = a * _mm("bshgiv,bshjv->bshgij", dos, vs)            # g_ij
-      suffix = (later[:, qi][..., None]
-                + jax.lax.cumsum(cot, axis=cot.ndim - 1, reverse=True))
-      before = total[:, qi][..., None] - suffix                 # j' < j
+      block_sum = jnp.sum(cot, axis=-1)                         # [B,S,h,g,C]
+      # The farther blocks' g: the row total less the walked ones. Their
+      # weights share the stick left after this block, exp(-taken_new),
+      # so |farther| <= exp(-taken_new) max |do . v|; the clip keeps the
+      # difference's rounding below that scale once the stick is spent.
+      bound = jnp.exp(-taken_new) * dp_bound[:, qi]
+      farther = jnp.clip(total[:, qi] - later[:, qi] - block_sum, -bound,
+                         bound)
+      inclusive = jax.lax.cumsum(cot, axis=cot.ndim - 1)
+      before = farther[..., None] + jnp.concatenate(            # j' < j
+          [jnp.zeros_like(inclusive[..., :1]), inclusive[..., :-1]], axis=-1)
       dz = jnp.where(visible, cot * jax.nn.sigmoid(-z) - jax.nn.sigmoid(z)
                      * (before + dlog_rem[:, qi][..., None]), 0.0)
       dq = dq.at[:, qi].add(scale * _mm("bshgij,bshjk->bshgik", dz, ks))
       dk_ = dk_.at[:, ki].add(scale * _mm("bshgij,bshgik->bshjk", dz, qs))
       dv_ = dv_.at[:, ki].add(_mm("bshgij,bshgiv->bshjv", a, dos))
-      later_new = later[:, qi] + jnp.sum(cot, axis=-1)
+      later_new = later[:, qi] + block_sum
       return (taken.at[:, qi].set(taken_new), later.at[:, qi].set(later_new),
               dq, dk_, dv_), None
 
