@@ -23,6 +23,7 @@ from lin_attn_jax.layers.rg_lru import RGLRU
 from lin_attn_jax.layers.rwkv import RWKV6, RWKV7
 from lin_attn_jax.layers.softmax import (SlidingWindowAttention,
                                          SoftmaxAttention, SparseAttention)
+from lin_attn_jax.layers.stickbreaking import StickBreakingAttention
 
 MIXERS: dict[str, type[Mixer]] = {
     # Softmax family.
@@ -30,6 +31,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "sliding_window_attn": SlidingWindowAttention,
     "sparse_attn": SparseAttention,
     "linformer": Linformer,
+    "stickbreaking_attn": StickBreakingAttention,
     # Gated-linear-attention core.
     "linear_attn": LinearAttention,
     "performer": Performer,
@@ -54,4 +56,4 @@ __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
            "Context", "DeltaNet", "GatedDeltaNet", "LinearAttention",
            "Linformer", "MIXERS", "MODES", "Mamba", "Mamba2", "Mixer",
            "OpForms", "Performer", "RetNet", "SlidingWindowAttention",
-           "SoftmaxAttention", "SparseAttention"]
+           "SoftmaxAttention", "SparseAttention", "StickBreakingAttention"]
