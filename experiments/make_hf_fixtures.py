@@ -70,12 +70,14 @@ def fla_cpu_reference():
   import fla.layers.gla as fla_gla
   import fla.layers.rwkv6 as fla_rwkv6
   import fla.layers.rwkv7 as fla_rwkv7
+  import fla.layers.stickbreaking_attn as fla_stickbreaking
   import fla.models.rwkv6.modeling_rwkv6 as fla_rwkv6_model
   import fla.models.rwkv7.modeling_rwkv7 as fla_rwkv7_model
   import fla.modules as fla_modules
   from fla.ops.rwkv7.fused_addcmul import torch_addcmul_rwkv7
   from fla.ops.rwkv7.fused_k_update import k_update_ref
   from fla.ops.rwkv7.gate_output_correction import gate_output_correction_ref
+  from fla.ops.stickbreaking_attn.naive import naive_stickbreaking_attn
 
   def prenorm(norm):
     def forward(self, x, residual=None, prenorm=False,
@@ -264,6 +266,23 @@ def fla_cpu_reference():
   fla_rwkv7.gate_output_correction = gate_output_correction_ref
   fla_rwkv7.l2_norm = l2
 
+  def stickbreaking(self, hidden_states, attention_mask=None,
+                    past_key_values=None, output_attentions=False,
+                    use_cache=False, **kwargs):
+    # fla's forward without its GPU, half-precision and padding guards (no
+    # mask here), the Triton op swapped for its naive torch code.
+    b, t, _ = hidden_states.shape
+    q = self.q_proj(hidden_states).reshape(b, t, -1, self.head_dim)
+    k = self.k_proj(hidden_states).reshape(b, t, -1, self.head_dim)
+    v = self.v_proj(hidden_states).reshape(b, t, -1, self.head_dim)
+    if self.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    o, _ = naive_stickbreaking_attn(q, k, v,
+                                    attend_current=self.attend_current)
+    return self.o_proj(o.flatten(-2)), None, None
+
+  fla_stickbreaking.StickBreakingAttention.forward = stickbreaking
+
 
 def _mamba(transformers):
   return transformers.MambaForCausalLM(transformers.MambaConfig(
@@ -334,7 +353,13 @@ FIXTURES = {
     "rwkv7": _fla("RWKV7", hidden_size=32, head_dim=16,
                   decay_low_rank_dim=8, a_low_rank_dim=8,
                   gate_low_rank_dim=16, v_low_rank_dim=8, hidden_ratio=2),
+    "stickbreaking_attn": _fla("StickBreakingAttention", hidden_size=32,
+                               num_heads=4, num_kv_heads=2, qkv_bias=True,
+                               qk_norm=True, attend_current=True,
+                               hidden_ratio=2),
 }
+# fla models without a cache: they generate by running the whole prefix.
+WITHOUT_CACHE = ("stickbreaking_attn",)
 
 
 def _perturb(model, torch):
@@ -351,7 +376,13 @@ def _perturb(model, torch):
 
 def _decode(model, tokens, torch):
   """Logits of a prefill of PREFILL tokens, then one token at a time, with
-  the reference's cache (RecurrentGemma keeps its state inside the model)."""
+  the reference's cache (RecurrentGemma keeps its state inside the model),
+  or, for a model without a cache, with the whole prefix each time."""
+  if model.config.model_type in WITHOUT_CACHE:
+    logits = [model(tokens[:, :PREFILL], use_cache=False).logits]
+    for i in range(PREFILL, tokens.shape[1]):
+      logits.append(model(tokens[:, :i + 1], use_cache=False).logits[:, -1:])
+    return torch.cat(logits, dim=1)
   from_fla = model.config.model_type in ("gla", "delta_net", "gated_deltanet",
                                          "rwkv6", "rwkv7")
   key = "past_key_values" if from_fla else "cache"

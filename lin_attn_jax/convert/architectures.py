@@ -6,7 +6,7 @@ cannot reproduce exactly) and ``entries(hf, config) -> [Entry]`` (see
 ``core.py``). Tensor names are those of ``save_pretrained``: transformers'
 ``mamba``, ``mamba2``, ``recurrent_gemma`` and ``qwen3_next``, and
 flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
-``rwkv6`` and ``rwkv7``.
+``rwkv6``, ``rwkv7`` and ``stickbreaking_attn``.
 
 Norm conventions: RecurrentGemma and Qwen3-Next scale by ``1 + w``; the LM's
 scale is that sum (an export subtracts 1 again). Heads of fla's and
@@ -630,6 +630,34 @@ def rwkv7_entries(hf: dict, config: LMConfig) -> list[Entry]:
   return out
 
 
+def stickbreaking_attn_config(hf: dict) -> LMConfig:
+  heads = int(hf["num_heads"])
+  options = dict(n_kv_heads=int(hf.get("num_kv_heads") or heads),
+                 qkv_bias=bool(hf.get("qkv_bias", False)),
+                 qk_norm=bool(hf.get("qk_norm", False)),
+                 attend_current=bool(hf.get("attend_current", False)),
+                 norm_eps=float(hf.get("norm_eps", 1e-6)))
+  return _fla_swiglu_config(hf, "stickbreaking_attn", heads, options)
+
+
+def stickbreaking_attn_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  """fla's stick-breaking model: the frame of its Transformer, and per
+  layer the q, k, v, o projections and the q/k norms (one ``[head_dim]``
+  weight each, as in the layer)."""
+  out = _fla_frame(hf, config)
+  bias = bool(hf.get("qkv_bias", False))
+  for i in range(config.n_layers):
+    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
+    out += _fla_swiglu_block(i)
+    for name in ("q_proj", "k_proj", "v_proj"):
+      out += linear(f"{a}.{name}", m + (name,), bias)
+    out += linear(f"{a}.o_proj", m + ("o_proj",))
+    if hf.get("qk_norm", False):
+      out += _norm(f"{a}.q_norm", m + ("q_norm",))
+      out += _norm(f"{a}.k_norm", m + ("k_norm",))
+  return out
+
+
 ARCHITECTURES = {
     "mamba": (mamba_config, mamba_entries),
     "mamba2": (mamba2_config, mamba2_entries),
@@ -640,6 +668,8 @@ ARCHITECTURES = {
     "gated_deltanet": (gated_deltanet_config, gated_deltanet_entries),
     "rwkv6": (rwkv6_config, rwkv6_entries),
     "rwkv7": (rwkv7_config, rwkv7_entries),
+    "stickbreaking_attn": (stickbreaking_attn_config,
+                           stickbreaking_attn_entries),
 }
 
 
