@@ -10,6 +10,8 @@ that file (replacing an earlier section for the same ops and shapes).
 
   python -m experiments.bench_forms --ops=gla --lengths=1024,2048,4096,8192 \
       --out=benchmarks/RESULTS.md
+  python -m experiments.bench_forms --ops=stickbreaking_attn \
+      --forms=naive,chunk --lengths=2048,4096,8192 --memory_only
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ flags.DEFINE_integer("max_parallel_length", 8192,
                      "Longest T for the parallel form (its memory is O(T^2)).")
 flags.DEFINE_integer("repeats", 5, "Timed rounds (every form once per round).")
 flags.DEFINE_string("out", "", "Markdown file to write the table into.")
+flags.DEFINE_bool("memory_only", False, "Compile only: the temp memory "
+                  "columns, no timed runs (the time columns read '-').")
 
 
 def _mib(n):
@@ -67,17 +71,19 @@ def main(argv):
         if form == "parallel" and length > FLAGS.max_parallel_length:
           continue
         compiled[form] = compile_form(spec, form, inputs, FLAGS.chunk_size)
-      times = interleaved_min_times(
+      times = {} if FLAGS.memory_only else interleaved_min_times(
           {(form, kind): run for form, runs in compiled.items()
            for kind, run in enumerate(runs[:2])}, FLAGS.repeats)
-      results = {form: (times[form, 0], times[form, 1], mem_f, mem_b)
+      results = {form: (times.get((form, 0)), times.get((form, 1)), mem_f,
+                        mem_b)
                  for form, (_, _, mem_f, mem_b) in compiled.items()}
       base = results.get("chunk")
       for form, (tf, tb, mf, mb) in results.items():
-        rel_t = f"{tb / base[1]:.2f}x" if base else "-"
+        rel_t = f"{tb / base[1]:.2f}x" if base and tb is not None else "-"
         rel_m = f"{mb / max(base[3], 1):.2f}x" if base else "-"
-        row = (f"| {name} | {length} | {form} | {tf * 1e3:.1f} | "
-               f"{tb * 1e3:.1f} | {_mib(mf)} | {_mib(mb)} | {rel_t} | {rel_m} |")
+        tf, tb = (("-" if x is None else f"{x * 1e3:.1f}") for x in (tf, tb))
+        row = (f"| {name} | {length} | {form} | {tf} | {tb} | {_mib(mf)} | "
+               f"{_mib(mb)} | {rel_t} | {rel_m} |")
         lines.append(row)
         print(row, flush=True)
   if FLAGS.out:

@@ -43,7 +43,9 @@ def compile_form(spec, form_name, inputs, chunk_size):
 
   def loss(*diff):
     o, state = forward(*diff)
-    return jnp.sum(o.astype(jnp.float32)) + jnp.sum(state)
+    total = jnp.sum(o.astype(jnp.float32))
+    # The softmax family's forms keep no state (None).
+    return total if state is None else total + jnp.sum(state)
 
   grad = jax.grad(loss, argnums=tuple(range(len(diff_names))))
   args = [inputs[n] for n in diff_names]
