@@ -112,22 +112,22 @@ def stickbreaking_blocks(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
   tables = (sched.q_block, sched.k_block, sched.active)
   with_docs = doc_q is not None
 
-  def q_blocks(x, width):                       # [B, Rq, H, W] -> [B,N+1,h,g,C,W]
+  def q_blocks(x, width):               # [B, Rq, H, W] -> [B,N+1,h,g,C,W]
     x = jnp.pad(x, ((0, 0), (0, c), (0, 0), (0, 0)))
     return x.reshape(b, nq + 1, c, hkv, g, width).transpose(0, 1, 3, 4, 2, 5)
 
-  def k_blocks(x):                              # [B, Rk, Hkv, W] -> [B,NK,h,C,W]
+  def k_blocks(x):                      # [B, Rk, Hkv, W] -> [B,NK,h,C,W]
     return x.reshape(b, nk, c, hkv, x.shape[-1]).transpose(0, 1, 3, 2, 4)
 
-  def row_blocks(x):                            # [B, Rq, H] -> [B,N+1,h,g,C]
+  def row_blocks(x):                    # [B, Rq, H] -> [B,N+1,h,g,C]
     x = jnp.pad(x, ((0, 0), (0, c), (0, 0)))
     return x.reshape(b, nq + 1, c, hkv, g).transpose(0, 1, 3, 4, 2)
 
-  def from_row_blocks(x):                       # [B,N+1,h,g,C,...] -> [B,Rq,H,...]
-    x = jnp.moveaxis(x[:, :nq], 4, 2)                           # [B,N,C,h,g,...]
+  def from_row_blocks(x):               # [B,N+1,h,g,C,...] -> [B,Rq,H,...]
+    x = jnp.moveaxis(x[:, :nq], 4, 2)                   # [B,N,C,h,g,...]
     return x.reshape((b, rq, h) + x.shape[5:])
 
-  def from_k_blocks(x):                         # [B,NK,h,C,W] -> [B,Rk,Hkv,W]
+  def from_k_blocks(x):                 # [B,NK,h,C,W] -> [B,Rk,Hkv,W]
     return x.transpose(0, 1, 3, 2, 4).reshape(b, rk, hkv, x.shape[-1])
 
   def doc_blocks(dq, dk_):
@@ -175,7 +175,7 @@ def stickbreaking_blocks(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
   def backward(q, k, v, doc_q, doc_k, q_offset, o, do, dlog_rem):
     qb, kb, vb = q_blocks(q, dk), k_blocks(k), k_blocks(v)
     dq_b, dk_b = doc_blocks(doc_q, doc_k) if with_docs else (None, None)
-    do_b = q_blocks(do, dv)                                     # [B,N+1,h,g,C,V]
+    do_b = q_blocks(do, dv)                             # [B,N+1,h,g,C,V]
     total = row_blocks(jnp.sum(do * o, axis=-1))                # sum_j g_ij
     dlog_rem = row_blocks(dlog_rem)                             # [B,N+1,h,g,C]
     # |do_i . v_j| <= |do_i| max_j |v_j|: [B,N+1,h,g,C].
