@@ -8,9 +8,10 @@ order and is refused. A step appends the token, then breaks the query's
 stick over every visible entry: the logits of all ``S`` entries, their
 softplus, and the suffix sums of those over the entries (a cumulative sum
 from the newest entry back). There is no running summary to carry instead:
-each query breaks its own stick over the keys, so a step costs ``O(S)``
-(``O(t)`` work in the ``t`` tokens seen, over a buffer of ``S =
-max_length`` entries), as softmax attention's does.
+each query breaks its own stick over the keys. A step costs ``O(S)`` for
+a buffer of ``S = max_length`` entries (those not written yet are masked):
+``O(t)`` in the ``t`` tokens seen when the buffer is sized to the sequence,
+as softmax attention's step.
 """
 
 from __future__ import annotations
