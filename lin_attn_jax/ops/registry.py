@@ -302,6 +302,39 @@ def _attention_forms(window_size=None):
   }
 
 
+def _empty_forgetting_cache(window_size, q, k, v, **unused):
+  """``_empty_cache`` with the gate decays of q's heads."""
+  del unused
+  return ops.init_forgetting_cache(
+      k.shape[0], q.shape[-2], k.shape[-2], k.shape[-1], v.shape[-1],
+      max_length=max(k.shape[:-2], default=1), window_size=window_size,
+      dtype=k.dtype)
+
+
+def _forgetting_step(q, k, v, g, state, reset, scale=None):
+  return ops.forgetting_attn_step(q, k, v, g, state, scale=scale, reset=reset)
+
+
+def _forgetting_prefill(q, k, v, g, *, segment_ids=None, window_size=None,
+                        scale=None):
+  cache = _empty_forgetting_cache(window_size, q, k, v)
+  return ops.forgetting_attn_extend(q, k, v, g, cache, scale=scale,
+                                    segment_ids=segment_ids)[0]
+
+
+def _forgetting_forms(window_size=None):
+  window = dict(window_size=window_size)
+  return {
+      "naive": o_only(ops.parallel_forgetting_attn, **window),
+      "chunk": o_only(ops.chunk_forgetting_attn, "block_size", **window),
+      "step": StepForm(_forgetting_step, ("q", "k", "v", "g"),
+                       init_state=functools.partial(_empty_forgetting_cache,
+                                                    window_size),
+                       final_state=False),
+      "prefill": o_only(_forgetting_prefill, **window),
+  }
+
+
 def _sparse_forms(pattern):
   static = dict(stride=STRIDE, pattern=pattern, summary_size=SUMMARY)
   return {
@@ -317,7 +350,8 @@ def _softmax_specs():
   buffer of ``WINDOW`` entries for the window) or prefill the whole
   sequence into an empty cache. Keys and values have half the query heads
   when ``Dims.heads`` is even. Linformer is not causal and has no form but
-  its definition."""
+  its definition. The Forgetting Transformer's forms have the same shape,
+  with its log forget gate ``g`` and its cache of gate decays."""
   qkv = ("q", "k", "v")
   attention = spec_inputs.attention
   return [
@@ -337,6 +371,12 @@ def _softmax_specs():
       OpSpec("linformer_attn", {"naive": o_only(ops.linformer_attn)},
              functools.partial(attention, projections=True),
              qkv + ("e", "f"), chunked=()),
+      OpSpec("forgetting_attn", _forgetting_forms(),
+             spec_inputs.forgetting_attn, qkv + ("g",),
+             context_parallel=("chunk",)),
+      OpSpec("forgetting_attn_window", _forgetting_forms(WINDOW),
+             spec_inputs.forgetting_attn, qkv + ("g",),
+             context_parallel=("chunk",)),
   ]
 
 
