@@ -371,11 +371,16 @@ def _softmax_specs():
       OpSpec("linformer_attn", {"naive": o_only(ops.linformer_attn)},
              functools.partial(attention, projections=True),
              qkv + ("e", "f"), chunked=()),
+      # Gradients to 3e-5: with strong gates the blockwise and prefill
+      # biases c_i - c_j round by eps |c| (|c| a few hundred per document),
+      # about 2e-5 relative in the weights next to the diagonal that dq and
+      # dk are made of (measured up to 9e-6); outputs and the step's
+      # gradients stay below 1e-6.
       OpSpec("forgetting_attn", _forgetting_forms(),
-             spec_inputs.forgetting_attn, qkv + ("g",),
+             spec_inputs.forgetting_attn, qkv + ("g",), grad_tol=3e-5,
              context_parallel=("chunk",)),
       OpSpec("forgetting_attn_window", _forgetting_forms(WINDOW),
-             spec_inputs.forgetting_attn, qkv + ("g",),
+             spec_inputs.forgetting_attn, qkv + ("g",), grad_tol=3e-5,
              context_parallel=("chunk",)),
   ]
 
