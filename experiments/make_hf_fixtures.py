@@ -66,6 +66,7 @@ def fla_cpu_reference():
   import torch
   import torch.nn.functional as F
   import fla.layers.delta_net as fla_delta_net
+  import fla.layers.forgetting_attn as fla_forgetting
   import fla.layers.gated_deltanet as fla_gdn
   import fla.layers.gla as fla_gla
   import fla.layers.rwkv6 as fla_rwkv6
@@ -74,6 +75,7 @@ def fla_cpu_reference():
   import fla.models.rwkv6.modeling_rwkv6 as fla_rwkv6_model
   import fla.models.rwkv7.modeling_rwkv7 as fla_rwkv7_model
   import fla.modules as fla_modules
+  from fla.ops.forgetting_attn.naive import naive_forgetting_attn
   from fla.ops.rwkv7.fused_addcmul import torch_addcmul_rwkv7
   from fla.ops.rwkv7.fused_k_update import k_update_ref
   from fla.ops.rwkv7.gate_output_correction import gate_output_correction_ref
@@ -105,7 +107,10 @@ def fla_cpu_reference():
   def group(self, x):
     shape = x.shape
     xf = x.float().reshape(*shape[:-1], self.num_groups, -1)
-    y = F.layer_norm(xf, (xf.shape[-1],), None, None, self.eps)
+    if getattr(self, "is_rms_norm", False):
+      y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+    else:
+      y = F.layer_norm(xf, (xf.shape[-1],), None, None, self.eps)
     y = y.reshape(shape)
     if self.weight is not None:
       y = y * self.weight.float()
@@ -259,6 +264,34 @@ def fla_cpu_reference():
   def mul_recurrent_rwkv7(r, w, k, v, kk, a, scale=1.0, **kwargs):
     return recurrent_rwkv7(r, w, k, v, -kk, kk * a, scale=scale, **kwargs)
 
+  def segments(cu_seqlens, total):
+    """``(start, end)`` of each sequence of a flattened batch."""
+    bounds = [0, total] if cu_seqlens is None else cu_seqlens.tolist()
+    return list(zip(bounds[:-1], bounds[1:]))
+
+  def parallel_forgetting(q, k, v, g, scale=None, window_size=None,
+                          cu_seqlens=None):
+    # q: [B, T, HQ, D]; with cu_seqlens B = 1 and T the sequences' tokens.
+    return torch.cat([naive_forgetting_attn(
+        q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], scale=scale,
+        window_size=window_size) for a, b in segments(cu_seqlens, q.shape[1])],
+                     dim=1).to(v.dtype)
+
+  def decoding_step(q, k, v, g=None, scale=None, cu_seqlens=None, **kwargs):
+    # q: [1, N, HQ, D], one query after each sequence's cached keys.
+    out = []
+    for n, (a, b) in enumerate(segments(cu_seqlens, k.shape[1])):
+      # The query is the sequence's last token (its key is cached): the
+      # last row of a naive call with the query in that row.
+      query = torch.zeros_like(q[:, :1]).expand(-1, b - a, -1, -1).clone()
+      query[:, -1] = q[:, n]
+      out.append(naive_forgetting_attn(query, k[:, a:b], v[:, a:b],
+                                       g[:, a:b], scale=scale)[:, -1:])
+    return torch.cat(out, dim=1).to(v.dtype)
+
+  fla_forgetting.parallel_forgetting_attn = parallel_forgetting
+  fla_forgetting.attn_decoding_one_step = decoding_step
+
   fla_rwkv7.chunk_rwkv7 = recurrent_rwkv7
   fla_rwkv7.fused_mul_recurrent_rwkv7 = mul_recurrent_rwkv7
   fla_rwkv7.fused_addcmul_rwkv7 = torch_addcmul_rwkv7
@@ -357,6 +390,10 @@ FIXTURES = {
                                num_heads=4, num_kv_heads=2, qkv_bias=True,
                                qk_norm=True, attend_current=True,
                                hidden_ratio=2),
+    "forgetting_transformer": _fla(
+        "ForgettingTransformer", hidden_size=32, num_heads=4, num_kv_heads=2,
+        qkv_bias=True, qk_norm=True, use_output_gate=True, norm_eps=1e-6,
+        hidden_ratio=2),
 }
 # fla models without a cache: they generate by running the whole prefix.
 WITHOUT_CACHE = ("stickbreaking_attn",)
@@ -384,7 +421,11 @@ def _decode(model, tokens, torch):
       logits.append(model(tokens[:, :i + 1], use_cache=False).logits[:, -1:])
     return torch.cat(logits, dim=1)
   from_fla = model.config.model_type in ("gla", "delta_net", "gated_deltanet",
-                                         "rwkv6", "rwkv7")
+                                         "rwkv6", "rwkv7",
+                                         "forgetting_transformer")
+  # fla's ForgettingAttention decodes from its KV cache only through the
+  # path of an attention mask (all ones here: no padding).
+  masked = model.config.model_type == "forgetting_transformer"
   key = "past_key_values" if from_fla else "cache"
 
   def cache_of(out):
@@ -410,6 +451,8 @@ def _decode(model, tokens, torch):
   if model.config.model_type == "qwen3_next":
     kw["attention_mask"] = masks = {"full_attention": None,
                                     "linear_attention": None}
+  if masked:
+    kw["attention_mask"] = torch.ones((tokens.shape[0], PREFILL), dtype=int)
   out = model(tokens[:, :PREFILL], **kw)
   logits, cache = [out.logits], cache_of(out) or kw.get("cache")
   for i in range(PREFILL, tokens.shape[1]):
@@ -420,6 +463,8 @@ def _decode(model, tokens, torch):
       kw["position_ids"] = torch.tensor([[i]])
     if model.config.model_type == "qwen3_next":
       kw["attention_mask"] = masks
+    if masked:
+      kw["attention_mask"] = torch.ones((tokens.shape[0], i + 1), dtype=int)
     out = model(tokens[:, i:i + 1], **kw)
     logits.append(out.logits)
     cache = cache_of(out) or cache

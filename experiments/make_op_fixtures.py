@@ -83,6 +83,37 @@ def stickbreaking_attn():
           x.detach().numpy() if isinstance(x, torch.Tensor) else x,
           np.float32)
   return arrays
+def _fla_forgetting_attn(rng, *, batch, length, heads, heads_kv, dim,
+                         window_size, scale):
+  """Random inputs and fla's ``naive_forgetting_attn`` of them."""
+  from fla.ops.forgetting_attn.naive import naive_forgetting_attn
+
+  q = rng.standard_normal((batch, length, heads, dim), np.float32)
+  k = rng.standard_normal((batch, length, heads_kv, dim), np.float32)
+  v = rng.standard_normal((batch, length, heads_kv, dim), np.float32)
+  logits = rng.standard_normal((batch, length, heads), np.float32) + 1.0
+  g = -np.logaddexp(0.0, -logits).astype(np.float32)        # log sigmoid
+  o = naive_forgetting_attn(*(torch.from_numpy(x) for x in (q, k, v, g)),
+                            scale=scale, window_size=window_size)
+  return dict(q=q, k=k, v=v, g=g, o=o.numpy(), scale=np.float32(scale),
+              window=np.int64(window_size or 0))
+
+
+@fixture("forgetting_attn")
+def forgetting_attn():
+  """fla's ``naive_forgetting_attn`` (``fla/ops/forgetting_attn/naive.py``)
+  with four query heads on two key/value heads: ``full`` causal attention
+  over 45 tokens, and a ``window`` of 7 over 40 (``window=0``: none)."""
+  cases = {
+      "full": _fla_forgetting_attn(rng, batch=2, length=45, heads=4,
+                                   heads_kv=2, dim=16, window_size=None,
+                                   scale=0.25),
+      "window": _fla_forgetting_attn(rng, batch=2, length=40, heads=4,
+                                     heads_kv=2, dim=8, window_size=7,
+                                     scale=0.3),
+  }
+  return {f"{case}_{name}": x for case, arrays in cases.items()
+          for name, x in arrays.items()}
 
 
 def main(argv):

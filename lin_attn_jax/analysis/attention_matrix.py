@@ -21,7 +21,9 @@ of the matrix):
 
 - softmax attention (full, sliding window, sparse): ``v = x W_v``; ``M`` is
   ``softmax(q k^T / sqrt(K) + mask)`` after RoPE, one row per query head (a
-  key/value head serves its group).
+  key/value head serves its group). Forgetting attention: the same with the
+  decay bias, ``softmax(q k^T / sqrt(K) + D + mask)``, ``D_ij = sum_{j < l
+  <= i} g_l`` (its ``attend`` takes the gates after ``ctx``).
 - linear attention, Performer, Based's Taylor branch: ``v = x W_v``; ``M =
   (phi(q) phi(k)^T) / (row sum + eps)`` with the layer's normalisation
   (none when the layer does not normalise).
@@ -120,10 +122,11 @@ def mixing_calls(mixer: Mixer, x, segment_ids=None) -> list[MixingCall]:
     calls.append(MixingCall(tokens[name], out[0], apply, tokens))
     return out
 
-  def recording_attend(q, k, v, ctx):
+  def recording_attend(q, k, v, ctx, *gates):
     run = originals["attend"]
-    out = run(q, k, v, ctx)
-    calls.append(MixingCall(v, out, lambda values: run(q, k, values, ctx),
+    out = run(q, k, v, ctx, *gates)
+    calls.append(MixingCall(v, out,
+                            lambda values: run(q, k, values, ctx, *gates),
                             dict(q=q, k=k, v=v)))
     return out
 

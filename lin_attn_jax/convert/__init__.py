@@ -5,8 +5,8 @@ A checkpoint directory holds ``config.json`` and safetensors weights
 nothing is downloaded. Supported ``model_type`` values: ``mamba``,
 ``mamba2``, ``recurrent_gemma``, ``qwen3_next`` (every layer Gated DeltaNet,
 dense MLPs) from transformers, and flash-linear-attention's ``gla``,
-``delta_net``, ``gated_deltanet``, ``rwkv6``, ``rwkv7`` and
-``stickbreaking_attn``.
+``delta_net``, ``gated_deltanet``, ``rwkv6``, ``rwkv7``,
+``stickbreaking_attn`` and ``forgetting_transformer``.
 
   >>> lm, config, hf_config = load_pretrained("/path/to/checkpoint")
   >>> tokenizer = checkpoint_tokenizer("/path/to/checkpoint")  # or None

@@ -6,7 +6,7 @@ cannot reproduce exactly) and ``entries(hf, config) -> [Entry]`` (see
 ``core.py``). Tensor names are those of ``save_pretrained``: transformers'
 ``mamba``, ``mamba2``, ``recurrent_gemma`` and ``qwen3_next``, and
 flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
-``rwkv6``, ``rwkv7`` and ``stickbreaking_attn``.
+``rwkv6``, ``rwkv7``, ``stickbreaking_attn`` and ``forgetting_transformer``.
 
 Norm conventions: RecurrentGemma and Qwen3-Next scale by ``1 + w``; the LM's
 scale is that sum (an export subtracts 1 again). Heads of fla's and
@@ -483,6 +483,39 @@ def gated_deltanet_entries(hf, config):
   return _delta_entries(hf, config, gated=True)
 
 
+def forgetting_transformer_config(hf: dict) -> LMConfig:
+  if hf.get("window_size") is not None:
+    raise ValueError(
+        f"config.json has window_size = {hf['window_size']!r}; only None "
+        "loads: fla's ForgettingAttention attends to the whole sequence in "
+        "its forward pass and keeps only the window in its decoding cache, "
+        "so the model has no one meaning to reproduce")
+  heads = int(hf["num_heads"])
+  options = dict(n_kv_heads=int(hf.get("num_kv_heads") or heads),
+                 qkv_bias=bool(hf.get("qkv_bias", False)),
+                 qk_norm=bool(hf.get("qk_norm", False)),
+                 use_output_gate=bool(hf.get("use_output_gate", False)))
+  return _fla_swiglu_config(hf, "forgetting_attn", heads, options)
+
+
+def forgetting_transformer_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  out = _fla_frame(hf, config)
+  options = config.options_for("forgetting_attn")
+  for i in range(config.n_layers):
+    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
+    out += _fla_swiglu_block(i)
+    for name in ("q_proj", "k_proj", "v_proj"):
+      out += linear(f"{a}.{name}", m + (name,), options["qkv_bias"])
+    out += linear(f"{a}.f_proj", m + ("f_proj",), True)
+    out += linear(f"{a}.o_proj", m + ("o_proj",))
+    if options["use_output_gate"]:
+      out += linear(f"{a}.g_proj", m + ("g_proj",))
+    if options["qk_norm"]:
+      out += [copy(f"{a}.q_norm.weight", m + ("q_norm", "scale")),
+              copy(f"{a}.k_norm.weight", m + ("k_norm", "scale"))]
+  return out
+
+
 def _rwkv_config(hf: dict, mixer: str, n_heads: int, options: dict,
                  mlp_dim: int) -> LMConfig:
   _fla_checks(hf)
@@ -670,6 +703,8 @@ ARCHITECTURES = {
     "rwkv7": (rwkv7_config, rwkv7_entries),
     "stickbreaking_attn": (stickbreaking_attn_config,
                            stickbreaking_attn_entries),
+    "forgetting_transformer": (forgetting_transformer_config,
+                               forgetting_transformer_entries),
 }
 
 

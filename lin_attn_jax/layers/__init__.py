@@ -10,6 +10,7 @@ from lin_attn_jax.layers.base import MODES, Context, Mixer, OpForms
 
 from lin_attn_jax.layers.based import Based
 from lin_attn_jax.layers.deltanet import KDA, DeltaNet, GatedDeltaNet
+from lin_attn_jax.layers.forgetting_attn import ForgettingAttention
 from lin_attn_jax.layers.gla import GLA
 from lin_attn_jax.layers.h3 import H3
 from lin_attn_jax.layers.hgrn2 import HGRN2
@@ -32,6 +33,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "sparse_attn": SparseAttention,
     "linformer": Linformer,
     "stickbreaking_attn": StickBreakingAttention,
+    "forgetting_attn": ForgettingAttention,
     # Gated-linear-attention core.
     "linear_attn": LinearAttention,
     "performer": Performer,
@@ -53,7 +55,8 @@ MIXERS: dict[str, type[Mixer]] = {
 }
 
 __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
-           "Context", "DeltaNet", "GatedDeltaNet", "LinearAttention",
+           "Context", "DeltaNet", "ForgettingAttention", "GatedDeltaNet",
+           "LinearAttention",
            "Linformer", "MIXERS", "MODES", "Mamba", "Mamba2", "Mixer",
            "OpForms", "Performer", "RetNet", "SlidingWindowAttention",
            "SoftmaxAttention", "SparseAttention", "StickBreakingAttention"]

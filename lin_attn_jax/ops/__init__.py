@@ -48,6 +48,12 @@ from lin_attn_jax.ops.stickbreaking_attn import (chunk_stickbreaking_attn,
                                                  parallel_stickbreaking_attn,
                                                  stickbreaking_attn_extend,
                                                  stickbreaking_attn_step)
+from lin_attn_jax.ops.forgetting_attn import (ForgettingCache,
+                                              chunk_forgetting_attn,
+                                              forgetting_attn_extend,
+                                              forgetting_attn_step,
+                                              init_forgetting_cache,
+                                              parallel_forgetting_attn)
 
 # Diagonal-SSM core and the ops on it (Mamba, Mamba-2 SSD, H3, RG-LRU, HGRN),
 # and the short causal convolution.
@@ -106,6 +112,8 @@ from lin_attn_jax.ops.conv.context_parallel import (
 from lin_attn_jax.ops.conv.token_shift import token_shift
 from lin_attn_jax.ops.delta_rule.context_parallel import (
     context_parallel_delta_rule)
+from lin_attn_jax.ops.forgetting_attn.context_parallel import (
+    context_parallel_forgetting_attn)
 from lin_attn_jax.ops.diagonal_ssm.context_parallel import (
     context_parallel_linear_scan)
 from lin_attn_jax.ops.gated_linear.context_parallel import (

@@ -297,3 +297,16 @@ def stickbreaking_attn(key, dims, strong):
   if strong:
     inputs["q"] = STRONG_LOGITS * inputs["q"]
   return inputs
+
+
+def forgetting_attn(key, dims, strong):
+  """``attention``'s q, k, v and segment ids, and log forget gates ``g [B,
+  T, H]``: ``log_sigmoid(N(0, 1) + 2)`` (about -0.2 per token), or
+  ``log_sigmoid(N(0, 1)) / 0.05`` when strong (down to about -60)."""
+  key, key_g = jax.random.split(key)
+  inputs = attention(key, dims, strong)
+  shape = (dims.batch, dims.length, dims.heads)
+  inputs["g"] = (_log_gate(key_g, shape, True) if strong
+                 else jax.nn.log_sigmoid(_normal(key_g, shape, shift=2.0)))
+  return inputs
+

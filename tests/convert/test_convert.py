@@ -261,3 +261,22 @@ def test_loading_options_agree_over_modes_and_decoding(variant):
   decoded, _ = lm_checks.decode_logits(lm, lm_checks.tokens(),
                                        lm_checks.segments(True))
   assert rel_rms(decoded, reference) <= lm_checks.TOL
+
+
+def test_forgetting_transformer_exports_and_refuses_a_window(tmp_path):
+  """fla's FoX round-trips (q/k norms, output gate, q/k/v biases, grouped
+  heads); a window does not load: fla's layer attends to every token in its
+  forward pass and only to the window when decoding."""
+  path = os.path.join(FIXTURES, "forgetting_transformer")
+  lm, config, hf = convert.load_pretrained(path)
+  options = config.options_for("forgetting_attn")
+  assert options == {"n_kv_heads": 2, "qkv_bias": True, "qk_norm": True,
+                     "use_output_gate": True}
+  out = str(tmp_path / "fox")
+  convert.export_pretrained(lm, hf, out)
+  original, exported = _stored(path), _stored(out)
+  assert sorted(exported) == sorted(original)
+  for tensor, value in original.items():
+    np.testing.assert_array_equal(exported[tensor], value, err_msg=tensor)
+  with pytest.raises(ValueError, match="window_size = 8"):
+    convert.plan(dict(hf, window_size=8))

@@ -55,7 +55,8 @@ def test_generate_model_takes_dotted_overrides():
     generate.model_config({"mixer": "gla,softmax_attn", "n_layers": "3"})
 
 
-@pytest.mark.parametrize("name", ["mamba", "gla", "rwkv7"])
+@pytest.mark.parametrize("name", ["mamba", "gla", "rwkv7",
+                                  "forgetting_transformer"])
 def test_live_reference(name, tmp_path):
   """Rebuilds the reference with the installed hf extra and compares."""
   pytest.importorskip("torch")

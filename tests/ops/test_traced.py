@@ -116,8 +116,8 @@ def _check_mixer_traced(name, mode, short_conv=False):
 
 # The mixers whose ``use_short_conv`` is off by default.
 SHORT_CONV_CASES = [(name, mode)
-                    for name in ("based", "gla", "hgrn2", "linear_attn",
-                                 "retnet")
+                    for name in ("based", "forgetting_attn", "gla", "hgrn2",
+                                 "linear_attn", "retnet")
                     for mode in MODES + ("cache",)]
 
 

@@ -11,7 +11,11 @@ skipped. Per row it returns the normalised output and the log-sum-exp
     lse_r = log sum_{c allowed} exp(s_rc),   o_r = sum_c exp(s_rc - lse_r) v_c,
 
 so passes that cover disjoint parts of one query's keys merge exactly
-(``merge_passes``).
+(``merge_passes``). An optional bias per row and query head ``a_r`` and per
+column and query head ``b_c`` makes the scores ``s_rc = scale q_r . k_c +
+a_r - b_c`` (the Forgetting Transformer's decay bias, ``a = b`` the
+cumulative log forget gate); it is added before the mask, so no ``exp``
+ever sees a masked entry.
 
 Schedule: the key blocks of each query block are one list; the lists are
 packed into ``S`` slots (first fit, longest first, slot capacity the longest
@@ -105,7 +109,7 @@ RuleFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
                           rule: RuleFn, block_size: int, scale: float,
-                          q_offset=0):
+                          q_offset=0, q_bias=None, k_bias=None):
   """One pass of block-sparse softmax attention.
 
   Args:
@@ -122,6 +126,10 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
     scale: multiplies the scores.
     q_offset: added to the query positions before ``rule`` (an int, traced
       or not: a device's first position when the sequence is split).
+    q_bias, k_bias: ``[B, Rq, H]`` and ``[B, Rk, H]`` float32 (one per
+      query head), both or neither: ``q_bias_r - k_bias_c`` is added to the
+      scores. Differentiated like q, k and v (recomputed per block in the
+      backward pass).
   Returns:
     ``(o [B, Rq, H, V] float32, lse [B, Rq, H] float32)``; rows with no
     allowed key get ``o = 0`` and ``lse = -inf``.
@@ -142,6 +150,8 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
   pos_k = np.asarray(k_pos).reshape(nk, c)                      # [NK, C]
   tables = (sched.q_block, sched.k_block, sched.rule, sched.active)
   with_docs = doc_q is not None
+  if (q_bias is None) != (k_bias is None):
+    raise ValueError("q_bias and k_bias go together: give both or neither")
 
   def q_blocks(x, width):                       # [B, Rq, H, W] -> [B,N+1,h,g,C,W]
     x = jnp.pad(x, ((0, 0), (0, c), (0, 0), (0, 0)))
@@ -159,6 +169,17 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
     x = jnp.moveaxis(x, 4, 2)                                   # [B,N,C,h,g,...]
     return x.reshape((b, rq, h) + x.shape[5:])
 
+  def key_row_blocks(x):                        # [B, Rk, H] -> [B,NK,h,g,C]
+    return x.reshape(b, nk, c, hkv, g).transpose(0, 1, 3, 4, 2)
+
+  def from_key_row_blocks(x):                   # [B,NK,h,g,C] -> [B, Rk, H]
+    return x.transpose(0, 1, 4, 2, 3).reshape(b, rk, h)
+
+  def bias_blocks(bq, bk):
+    if bq is None:
+      return None, None
+    return row_blocks(bq), key_row_blocks(bk)
+
   def doc_blocks(dq, dk_):
     dq = jnp.pad(dq, ((0, 0), (0, c))).reshape(b, nq + 1, c)
     return dq, dk_.reshape(b, nk, c)
@@ -175,12 +196,21 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
       return (mask[None] & same)[:, :, None, None]              # [B,S,1,1,C,C]
     return mask[None, :, None, None]
 
-  def scores(qs, ks, mask):
+  def scores(qs, ks, mask, bias_q, bias_k):
     s = scale * _mm("bshgik,bshjk->bshgij", qs, ks)            # [B,S,h,g,C,C]
+    if bias_q is not None:
+      s = s + (bias_q[..., :, None] - bias_k[..., None, :])
     return jnp.where(mask, s, -jnp.inf)
 
-  def forward(q, k, v, doc_q, doc_k, q_offset):
+  def round_bias(bq_b, bk_b, qi, ki):
+    """The round's row and column biases ``[B,S,h,g,C]``, or Nones."""
+    if bq_b is None:
+      return None, None
+    return bq_b[:, qi], bk_b[:, ki]
+
+  def forward(q, k, v, bq, bk, doc_q, doc_k, q_offset):
     qb, kb, vb = q_blocks(q, dk), k_blocks(k), k_blocks(v)
+    bq_b, bk_b = bias_blocks(bq, bk)
     dq_b, dk_b = doc_blocks(doc_q, doc_k) if with_docs else (None, None)
     m0 = jnp.full((b, nq + 1, hkv, g, c), -jnp.inf, _F32)
     l0 = jnp.zeros((b, nq + 1, hkv, g, c), _F32)
@@ -190,7 +220,8 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
       m, l, acc = carry
       qi, ki, ri, act = xs                                      # [S]
       s = scores(qb[:, qi], kb[:, ki],
-                 block_mask(qi, ki, ri, act, dq_b, dk_b, q_offset))
+                 block_mask(qi, ki, ri, act, dq_b, dk_b, q_offset),
+                 *round_bias(bq_b, bk_b, qi, ki))
       m_old = m[:, qi]                                          # [B,S,h,g,C]
       m_new = jnp.maximum(m_old, jnp.max(s, axis=-1))
       # A row with nothing allowed yet keeps m = -inf; shift it by 0 instead
@@ -211,8 +242,9 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
     lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
     return from_row_blocks(o), from_row_blocks(lse)
 
-  def backward(q, k, v, doc_q, doc_k, q_offset, o, lse, do, dlse):
+  def backward(q, k, v, bq, bk, doc_q, doc_k, q_offset, o, lse, do, dlse):
     qb, kb, vb = q_blocks(q, dk), k_blocks(k), k_blocks(v)
+    bq_b, bk_b = bias_blocks(bq, bk)
     dq_b, dk_b = doc_blocks(doc_q, doc_k) if with_docs else (None, None)
     do_b = q_blocks(do, dv)                                     # [B,N+1,h,g,C,V]
     # d lse_r / d s_rc = p_rc, so dlse enters as a shift of the row term.
@@ -220,43 +252,54 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
     lse_b = row_blocks(jnp.where(jnp.isfinite(lse), lse, 0.0))
 
     def one_round(carry, xs):
-      dq, dk_, dv_ = carry
+      dq, dk_, dv_, dbq, dbk = carry
       qi, ki, ri, act = xs
       qs, ks, vs, dos = qb[:, qi], kb[:, ki], vb[:, ki], do_b[:, qi]
-      s = scores(qs, ks, block_mask(qi, ki, ri, act, dq_b, dk_b, q_offset))
+      s = scores(qs, ks, block_mask(qi, ki, ri, act, dq_b, dk_b, q_offset),
+                 *round_bias(bq_b, bk_b, qi, ki))
       p = jnp.exp(s - lse_b[:, qi][..., None])                  # [B,S,h,g,C,C]
       dp = _mm("bshgiv,bshjv->bshgij", dos, vs)
       ds = p * (dp - delta[:, qi][..., None])
       dq = dq.at[:, qi].add(scale * _mm("bshgij,bshjk->bshgik", ds, ks))
       dk_ = dk_.at[:, ki].add(scale * _mm("bshgij,bshgik->bshjk", ds, qs))
       dv_ = dv_.at[:, ki].add(_mm("bshgij,bshgiv->bshjv", p, dos))
-      return (dq, dk_, dv_), None
+      if dbq is not None:
+        # d s_rc / d a_r = 1 and d s_rc / d b_c = -1.
+        dbq = dbq.at[:, qi].add(jnp.sum(ds, axis=-1))          # [B,S,h,g,C]
+        dbk = dbk.at[:, ki].add(-jnp.sum(ds, axis=-2))
+      return (dq, dk_, dv_, dbq, dbk), None
 
-    init = (jnp.zeros_like(qb), jnp.zeros_like(kb), jnp.zeros_like(vb))
-    (dq, dk_, dv_), _ = jax.lax.scan(one_round, init,
-                                     tuple(jnp.asarray(x) for x in tables))
+    init = (jnp.zeros_like(qb), jnp.zeros_like(kb), jnp.zeros_like(vb),
+            None if bq_b is None else jnp.zeros_like(bq_b),
+            None if bk_b is None else jnp.zeros_like(bk_b))
+    (dq, dk_, dv_, dbq, dbk), _ = jax.lax.scan(
+        one_round, init, tuple(jnp.asarray(x) for x in tables))
 
     def from_k_blocks(x):                       # [B,NK,h,C,W] -> [B,Rk,Hkv,W]
       return x.transpose(0, 1, 3, 2, 4).reshape(b, rk, hkv, x.shape[-1])
 
-    return from_row_blocks(dq), from_k_blocks(dk_), from_k_blocks(dv_)
+    if dbq is not None:
+      dbq, dbk = from_row_blocks(dbq), from_key_row_blocks(dbk)
+    return (from_row_blocks(dq), from_k_blocks(dk_), from_k_blocks(dv_), dbq,
+            dbk)
 
   @jax.custom_vjp
-  def attend(q, k, v, doc_q, doc_k, q_offset):
-    return forward(q, k, v, doc_q, doc_k, q_offset)
+  def attend(q, k, v, bq, bk, doc_q, doc_k, q_offset):
+    return forward(q, k, v, bq, bk, doc_q, doc_k, q_offset)
 
-  def attend_fwd(q, k, v, doc_q, doc_k, q_offset):
-    o, lse = forward(q, k, v, doc_q, doc_k, q_offset)
-    return (o, lse), (q, k, v, doc_q, doc_k, q_offset, o, lse)
+  def attend_fwd(q, k, v, bq, bk, doc_q, doc_k, q_offset):
+    o, lse = forward(q, k, v, bq, bk, doc_q, doc_k, q_offset)
+    return (o, lse), (q, k, v, bq, bk, doc_q, doc_k, q_offset, o, lse)
 
   def attend_bwd(res, cotangents):
     do, dlse = cotangents
-    dq, dk_, dv_ = backward(*res, do, dlse)
-    return dq, dk_, dv_, None, None, None
+    return backward(*res, do, dlse) + (None, None, None)
 
   attend.defvjp(attend_fwd, attend_bwd)
+  bias = [None if x is None else jnp.asarray(x, _F32)
+          for x in (q_bias, k_bias)]
   return attend(jnp.asarray(q, _F32), jnp.asarray(k, _F32),
-                jnp.asarray(v, _F32), doc_q, doc_k,
+                jnp.asarray(v, _F32), *bias, doc_q, doc_k,
                 jnp.asarray(q_offset, jnp.int32))
 
 

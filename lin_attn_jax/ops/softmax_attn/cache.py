@@ -75,8 +75,29 @@ def tokens_seen(cache: KVCache):
   return int(length.max())
 
 
+def store_tokens(cache: KVCache, old, new):
+  """``old [B, S, ...]``, one value per entry of ``cache``, with the values
+  ``new [B, T, ...]`` of the next ``T`` tokens written into the slots they
+  take (token ``t`` at slot ``t``, or ``t mod w`` in a ring buffer; where
+  several share a slot the latest wins). How ``softmax_attn_extend`` and
+  ``softmax_attn_step`` store keys, values and positions, for a cache that
+  keeps more per entry."""
+  size, t = old.shape[1], new.shape[1]
+  pos = cache.length[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+  slot = pos % size if cache.window_size is not None else pos   # [B, T]
+  hits = slot[:, :, None] == jnp.arange(size)[None, None]       # [B, T, S]
+  latest = jnp.max(jnp.where(hits, jnp.arange(t)[None, :, None], -1),
+                   axis=1)                                      # [B, S]
+  src = jnp.maximum(latest, 0)
+  picked = jnp.take_along_axis(
+      new, src.reshape(src.shape + (1,) * (new.ndim - 2)), axis=1)
+  written = (latest >= 0).reshape(latest.shape + (1,) * (new.ndim - 2))
+  return jnp.where(written, picked.astype(old.dtype), old)
+
+
 def softmax_attn_extend(q, k, v, cache: KVCache, *, scale=None,
-                        segment_ids=None, reset=None, mask_fn=None):
+                        segment_ids=None, reset=None, mask_fn=None,
+                        bias=None):
   """Appends ``T`` tokens to the cache; each attends to what it can see.
 
   The multi-token form of ``softmax_attn_step`` (prefill, or a block of
@@ -95,6 +116,9 @@ def softmax_attn_extend(q, k, v, cache: KVCache, *, scale=None,
       arrays), a further pattern every visible entry must satisfy (the
       Sparse Transformer's strided or fixed patterns). It must allow
       ``i == j``.
+    bias: optional ``[B, H, T, S + T]`` float32 (one per query head), added
+      to the scores of the cached entries and the new tokens (in that
+      order) before the mask.
   Returns:
     ``(o [B, T, H, V] in v's dtype, the updated cache)``.
   """
@@ -134,27 +158,15 @@ def softmax_attn_extend(q, k, v, cache: KVCache, *, scale=None,
   qg = jnp.asarray(q, _F32).reshape(b, t, hkv, h // hkv, dk)  # [B,T,h,g,K]
   s = scale * jnp.einsum("bthgk,bjhk->bhgtj", qg, keys,
                          preferred_element_type=_F32)  # [B,h,g,T,S+T]
+  if bias is not None:
+    s = s + jnp.asarray(bias, _F32).reshape(s.shape)
   s = jnp.where(visible[:, None, None], s, -jnp.inf)
   p = jax.nn.softmax(s, axis=-1)
   o = jnp.einsum("bhgtj,bjhv->bthgv", p, values,
                  preferred_element_type=_F32).reshape(b, t, h, dv)
 
-  # Slot of each new token; where several share a slot the latest wins.
-  slot = pos % size if cache.window_size is not None else pos   # [B, T]
-  hits = slot[:, :, None] == jnp.arange(size)[None, None]       # [B, T, S]
-  latest = jnp.max(jnp.where(hits, jnp.arange(t)[None, :, None], -1),
-                   axis=1)                                      # [B, S]
-  written = latest >= 0
-  src = jnp.maximum(latest, 0)
-
-  def store(old, new):
-    picked = jnp.take_along_axis(
-        new, src.reshape(src.shape + (1,) * (new.ndim - 2)), axis=1)
-    mask = written.reshape(written.shape + (1,) * (new.ndim - 2))
-    return jnp.where(mask, picked.astype(old.dtype), old)
-
   new_cache = KVCache(
-      k=store(cache.k, k), v=store(cache.v, v),
-      position=store(cache.position, pos), length=now + t,
+      k=store_tokens(cache, cache.k, k), v=store_tokens(cache, cache.v, v),
+      position=store_tokens(cache, cache.position, pos), length=now + t,
       doc_start=doc_start[:, -1], window_size=cache.window_size)
   return o.astype(v.dtype), new_cache

@@ -42,7 +42,8 @@ def _check_step(q, k, v, cache: KVCache, reset):
   return b, h, hkv, dk, size
 
 
-def softmax_attn_step(q, k, v, cache: KVCache, *, scale=None, reset=None):
+def softmax_attn_step(q, k, v, cache: KVCache, *, scale=None, reset=None,
+                      bias=None):
   """Appends one token to the cache and attends to the visible entries.
 
   Args:
@@ -51,6 +52,9 @@ def softmax_attn_step(q, k, v, cache: KVCache, *, scale=None, reset=None):
     scale: score scale, ``K ** -0.5`` when None.
     reset: ``[B]`` bool, True where this token starts a new document (the
       entries before it become invisible).
+    bias: optional ``[B, H, S]`` float32 (one per query head), added to the
+      scores of the cache's entries (this token's among them, in its slot)
+      before the mask.
   Returns:
     ``(o [B, H, V] in v's dtype, the updated cache)``.
 
@@ -83,6 +87,8 @@ def softmax_attn_step(q, k, v, cache: KVCache, *, scale=None, reset=None):
   qg = jnp.asarray(q, _F32).reshape(b, hkv, h // hkv, dk)       # [B, h, g, K]
   s = scale * jnp.einsum("bhgk,bjhk->bhgj", qg, keys,
                          preferred_element_type=_F32)           # [B, h, g, S]
+  if bias is not None:
+    s = s + jnp.asarray(bias, _F32).reshape(s.shape)
   s = jnp.where(visible[:, None, None], s, -jnp.inf)
   p = jax.nn.softmax(s, axis=-1)
   o = jnp.einsum("bhgj,bjhv->bhgv", p, values,
