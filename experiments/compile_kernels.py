@@ -65,6 +65,9 @@ class Case:
   layers: str = ""  # which layers and d_model give this shape
   heads: int = 2    # H of the compiled program (the grid; speed only)
   length: int = 512  # T of the compiled program
+  kv_heads: int | None = None  # forgetting_attn: key and value heads (None:
+                               # heads)
+  window: int | None = None    # forgetting_attn: window_size
 
 
 # Per-head widths (K, V) at d_model 2048 with each paper's head count, and
@@ -106,6 +109,16 @@ CASES = [
          layers="KDA D=2048 H=16 (Kimi Linear's 128-wide heads)"),
     Case("kda_4096", "delta_rule", "channel", 256, 256,
          layers="KDA D=4096 H=16"),
+    Case("fox_test", "forgetting_attn", "scalar", 16, 24, heads=4,
+         kv_heads=2, window=100, layers="kernel tests (grouped heads, "
+         "window)"),
+    Case("fox_2048", "forgetting_attn", "scalar", 64, 64, length=4096,
+         layers="FoX D=2048 H=32 (fla's forgetting_transformer), T=4096"),
+    Case("fox_4096", "forgetting_attn", "scalar", 128, 128, length=4096,
+         layers="FoX D=4096 H=32, T=4096"),
+    Case("fox_4096_gqa_window", "forgetting_attn", "scalar", 128, 128,
+         heads=4, kv_heads=1, window=1024, length=4096,
+         layers="FoX D=4096 H=32, 8 KV heads, window 1024, T=4096"),
 ]
 CASES_BY_NAME = {case.name: case for case in CASES}
 
@@ -138,6 +151,22 @@ def program(case: Case, dtype: str, backend: str, block_sizes=None):
       return jnp.sum(o.astype(f32)) + jnp.sum(s)
 
     argnums = (0, 1, 2, 3) + ((5,) if g_shape is not None else ())
+  elif case.family == "forgetting_attn":
+    from pallas_kernels.forgetting_attn import forgetting_attention
+    hkv = case.kv_heads or h
+    args = [jax.ShapeDtypeStruct((b, t, h, dk), dt),
+            jax.ShapeDtypeStruct((b, t, hkv, dk), dt),
+            jax.ShapeDtypeStruct((b, t, hkv, dv), dt),
+            jax.ShapeDtypeStruct((b, t, h), f32),
+            jax.ShapeDtypeStruct((b, t), jnp.int32)]
+
+    def loss(q, k, v, c, ids):
+      o = forgetting_attention(q, k, v, c, segment_ids=ids,
+                               window_size=case.window, backend=backend,
+                               block_sizes=block_sizes)
+      return jnp.sum(o.astype(f32))
+
+    argnums = (0, 1, 2, 3)
   elif backend == "gpu" and dtype == "bfloat16":
     # bfloat16 on CUDA: the chunk-parallel kernels (what the op runs).
     from pallas_kernels.delta_rule import chunk_delta_rule_gpu

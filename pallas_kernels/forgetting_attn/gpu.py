@@ -92,7 +92,7 @@ def _forward_kernel(first_ref, q_ref, k_ref, v_ref, c_ref, *refs,
   init = (jnp.full((bq, 1), -jnp.inf, _F32), jnp.zeros((bq, 1), _F32),
           jnp.zeros((bq, v_ref.shape[-1]), _F32))
   carry = lax.fori_loop(first_ref[b * blocks + qb],
-                        ((qb + 1) * bq - 1) // bk + 1, body, init)
+                        lax.div((qb + 1) * bq - 1, bk) + 1, body, init)
   o, lse = bm.finish(*carry)
   o_ref[...] = o.astype(o_ref.dtype)
   lse_ref[...] = lse[:, 0]
@@ -110,9 +110,9 @@ def forward(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
       (arrays["q"], pl.BlockSpec((None, bq, None, lay.k_pad),
                                  lambda qb, b, h: (b, qb, h, 0))),
       (arrays["k"], pl.BlockSpec((None, t, None, lay.k_pad),
-                                 lambda qb, b, h: (b, 0, h // g, 0))),
+                                 lambda qb, b, h: (b, 0, lax.div(h, g), 0))),
       (arrays["v"], pl.BlockSpec((None, t, None, lay.v_pad),
-                                 lambda qb, b, h: (b, 0, h // g, 0))),
+                                 lambda qb, b, h: (b, 0, lax.div(h, g), 0))),
       (arrays["c"], pl.BlockSpec((None, None, t),
                                  lambda qb, b, h: (b, h, 0)))]
   if spec.documents:
@@ -158,7 +158,7 @@ def _dq_kernel(first_ref, q_ref, k_ref, v_ref, do_ref, c_ref, lse_ref,
 
   init = (jnp.zeros((bq, q_ref.shape[-1]), _F32), jnp.zeros((bq, 1), _F32))
   dq, dc = lax.fori_loop(first_ref[b * blocks + qb],
-                         ((qb + 1) * bq - 1) // bk + 1, body, init)
+                         lax.div((qb + 1) * bq - 1, bk) + 1, body, init)
   dq_ref[...] = (spec.scale * dq).astype(dq_ref.dtype)
   dc_ref[...] = dc[:, 0]
 
@@ -175,9 +175,9 @@ def dq(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
       (first, _whole(first)),
       (arrays["q"], pl.BlockSpec((None, bq, None, lay.k_pad), q_block)),
       (arrays["k"], pl.BlockSpec((None, t, None, lay.k_pad),
-                                 lambda qb, b, h: (b, 0, h // g, 0))),
+                                 lambda qb, b, h: (b, 0, lax.div(h, g), 0))),
       (arrays["v"], pl.BlockSpec((None, t, None, lay.v_pad),
-                                 lambda qb, b, h: (b, 0, h // g, 0))),
+                                 lambda qb, b, h: (b, 0, lax.div(h, g), 0))),
       (arrays["do"], pl.BlockSpec((None, bq, None, lay.v_pad), q_block)),
       (arrays["c"], pl.BlockSpec((None, None, t),
                                  lambda qb, b, h: (b, h, 0))),
@@ -208,7 +208,7 @@ def _dkv_kernel(last_ref, q_ref, k_ref, v_ref, do_ref, c_ref, lse_ref,
   k, v = k_ref[...], v_ref[...]                                 # [bk, F]
   pos_k = _positions(kb * bk, bk, 0)
   doc_k = None if doc_ref is None else doc_ref[rows][:, None]
-  first, last = (kb * bk) // bq, last_ref[b * blocks + kb]
+  first, last = lax.div(kb * bk, bq), last_ref[b * blocks + kb]
 
   def head(g, carry):
     c_k = c_ref[g, rows][:, None]

@@ -59,6 +59,12 @@ def _doc_spec(block: int, index):
                       lambda *a: (lambda b, t: (b, 0, t))(*index(*a)))
 
 
+def _div(a, n: int):
+  """``a // n`` of a traced non-negative int (truncating division, which
+  lowers without querying the TPU generation)."""
+  return jax.lax.div(a, n)
+
+
 def _positions(start, n: int, axis: int):
   """int32 ``start + [0, n)`` as a column (``axis`` 0) or a row (1)."""
   shape = (n, 1) if axis == 0 else (1, n)
@@ -116,7 +122,7 @@ def _forward_kernel(first_ref, *refs, spec: bm.Spec, walk: Walk,
     l_sc[...] = jnp.zeros(l_sc.shape, _F32)
     acc_sc[...] = jnp.zeros(acc_sc.shape, _F32)
 
-  @pl.when(kb <= ((qb + 1) * walk.own - 1) // walk.step)
+  @pl.when(kb <= _div((qb + 1) * walk.own - 1, walk.step))
   def _():
     s = bm.scores(spec, q_ref[...], k_ref[...], _column(cq_ref),
                   ck_ref[...])                                  # [bq, bk]
@@ -143,7 +149,7 @@ def _key_step(walk: Walk, blocks: int):
   first one, held at the diagonal past it."""
   def index(b, qb, j, first_ref):
     return jnp.minimum(first_ref[b * blocks + qb] + j,
-                       ((qb + 1) * walk.own - 1) // walk.step)
+                       _div((qb + 1) * walk.own - 1, walk.step))
   return index
 
 
@@ -156,7 +162,7 @@ def forward(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
   blocks = lay.t_pad // bq
   key = _key_step(walk, blocks)
   q_at = lambda b, h, qb, j, f: (b, qb, h)  # noqa: E731
-  k_at = lambda b, h, qb, j, f: (b, key(b, qb, j, f), h // g)  # noqa: E731
+  k_at = lambda b, h, qb, j, f: (b, key(b, qb, j, f), _div(h, g))  # noqa: E731
   inputs = [
       (arrays["q"], _token_spec(bq, lay.k_pad, q_at)),
       (arrays["k"], _token_spec(bk, lay.k_pad, k_at)),
@@ -196,7 +202,7 @@ def _dq_kernel(first_ref, *refs, spec: bm.Spec, walk: Walk, blocks: int):
     dq_sc[...] = jnp.zeros(dq_sc.shape, _F32)
     dc_sc[...] = jnp.zeros(dc_sc.shape, _F32)
 
-  @pl.when(kb <= ((qb + 1) * walk.own - 1) // walk.step)
+  @pl.when(kb <= _div((qb + 1) * walk.own - 1, walk.step))
   def _():
     k = k_ref[...]
     s = bm.scores(spec, q_ref[...], k, _column(cq_ref), ck_ref[...])
@@ -225,7 +231,7 @@ def dq(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
   blocks = lay.t_pad // bq
   key = _key_step(walk, blocks)
   q_at = lambda b, h, qb, j, f: (b, qb, h)  # noqa: E731
-  k_at = lambda b, h, qb, j, f: (b, key(b, qb, j, f), h // g)  # noqa: E731
+  k_at = lambda b, h, qb, j, f: (b, key(b, qb, j, f), _div(h, g))  # noqa: E731
   q_row = lambda b, h, qb, j, f: (b, h, qb)  # noqa: E731
   inputs = [
       (arrays["q"], _token_spec(bq, lay.k_pad, q_at)),
@@ -259,8 +265,8 @@ def _dkv_kernel(last_ref, *refs, spec: bm.Spec, walk: Walk, blocks: int):
       docq_ref, dock_ref), rest = _split(refs, spec.documents, 8)
   dk_ref, dv_ref, dc_ref, dk_sc, dv_sc, dc_sc = rest
   b, kb, step = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-  j = step % walk.steps
-  qb = (kb * walk.own) // walk.step + j
+  j = jax.lax.rem(step, walk.steps)
+  qb = _div(kb * walk.own, walk.step) + j
 
   @pl.when(step == 0)
   def _():
@@ -306,10 +312,10 @@ def dkv(arrays, last, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
   blocks = lay.t_pad // bk
 
   def query(b, kb, s, last_ref):
-    return jnp.minimum((kb * bk) // bq + s % steps,
+    return jnp.minimum(_div(kb * bk, bq) + jax.lax.rem(s, steps),
                        last_ref[b * blocks + kb])
 
-  head = lambda hk, s: hk * g + s // steps  # noqa: E731
+  head = lambda hk, s: hk * g + _div(s, steps)  # noqa: E731
   q_at = lambda b, hk, kb, s, f: (b, query(b, kb, s, f), head(hk, s))  # noqa: E731,E501
   k_at = lambda b, hk, kb, s, f: (b, kb, hk)  # noqa: E731
   q_row = lambda b, hk, kb, s, f: (b, head(hk, s), query(b, kb, s, f))  # noqa: E731,E501
