@@ -14,23 +14,34 @@ from pallas_kernels.common import blocks as common
 
 BACKENDS = common.BACKENDS
 
-# (backend, bfloat16 inputs, K or V wider than 128) -> (block_q, block_k,
-# backward_block_q, backward_block_k, num_warps, num_stages). TPU: 256-token
-# blocks, two lane tiles of every per-token row, one [256, 256] float32 score
-# tile (256 KiB of VMEM) per grid step. GPU: the widest tiles that ptxas
-# compiles without a register spill on sm_80 and sm_90 at the checked
-# shapes (``make compile-check``); float32 inputs hold three TF32 operands
-# per product (``common/dots.py``).
+# (backend, bfloat16 inputs, widest of K and V padded: 64, 128 or more) ->
+# (block_q, block_k, backward_block_q, backward_block_k, num_warps,
+# num_stages). TPU: 256-token blocks, two lane tiles of every per-token row
+# and one [256, 256] float32 score tile per grid step (128-token tiles do
+# not spill vector registers; 256 halves the grid steps; neither is timed).
+# GPU: tiles that ptxas compiles without a register spill on sm_80 and sm_90
+# at the checked shapes (``make compile-check``, K = V <= 128; at most 233
+# registers of 255 per thread); the dk/dv programs, which hold two
+# accumulators beside their key and value blocks, own 64 keys (a Hopper
+# wgmma's 64 rows) and step over 32 queries (64 spilled on sm_80 at K =
+# 128). Float32 inputs run IEEE float32 products (``ops.FLOAT32_MODE``).
 DEFAULTS = {
-    ("tpu", True, False): (256, 256, 256, 256, None, None),
-    ("tpu", True, True): (256, 256, 256, 256, None, None),
-    ("tpu", False, False): (256, 256, 256, 256, None, None),
-    ("tpu", False, True): (256, 256, 256, 256, None, None),
-    ("gpu", True, False): (128, 64, 64, 64, 8, 2),
-    ("gpu", True, True): (64, 32, 32, 32, 8, 2),
-    ("gpu", False, False): (64, 32, 32, 32, 4, 2),
-    ("gpu", False, True): (32, 32, 32, 16, 4, 2),
-}
+    ("tpu", bf16, width): (256, 256, 256, 256, None, None)
+    for bf16 in (True, False) for width in (64, 128, 256)}
+DEFAULTS.update({
+    ("gpu", True, 64): (128, 64, 32, 64, 8, 2),
+    ("gpu", True, 128): (128, 64, 32, 64, 8, 2),
+    ("gpu", True, 256): (64, 32, 32, 32, 8, 2),
+    ("gpu", False, 64): (32, 32, 32, 16, 4, 2),
+    ("gpu", False, 128): (16, 16, 16, 16, 4, 2),
+    ("gpu", False, 256): (16, 16, 16, 16, 4, 2),
+})
+
+
+def width_class(k_pad: int, v_pad: int) -> int:
+  """The ``DEFAULTS`` key of padded widths: 64, 128, or 256 (wider)."""
+  widest = max(k_pad, v_pad)
+  return 64 if widest <= 64 else 128 if widest <= 128 else 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +89,7 @@ class BlockSizes:
   def tiles(self, *, bf16: bool, k_pad: int, v_pad: int) -> Tiles:
     """The tiles for inputs of that dtype and padded widths: the fields
     given, ``DEFAULTS`` for the others."""
-    default = DEFAULTS[(self.backend, bf16, max(k_pad, v_pad) > 128)]
+    default = DEFAULTS[(self.backend, bf16, width_class(k_pad, v_pad))]
     given = (self.block_q, self.block_k, self.backward_block_q,
              self.backward_block_k, self.num_warps, self.num_stages)
     return Tiles(*(d if x is None else x for x, d in zip(given, default)))

@@ -39,11 +39,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.common import blocks as common_blocks
-from pallas_kernels.common import compiler, dispatch, dots
+from pallas_kernels.common import compiler, dispatch
 from pallas_kernels.forgetting_attn import block_math, gpu, layout, tpu
 from pallas_kernels.forgetting_attn.block_sizes import BlockSizes
 
 _F32 = jnp.float32
+# Matmuls of float32 inputs: float32 at the highest precision on TPU, IEEE
+# float32 on the GPU's CUDA cores. 3xTF32 (``common/dots.py``) holds every
+# resident operand three times: its backward kernels reached 255 registers
+# per thread, or spilled, at every tile size tried (16 to 64 tokens, 4 and
+# 8 warps, 1 and 2 stages); IEEE float32 stays under 130 at 16 tokens.
+FLOAT32_MODE = "f32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +71,7 @@ def _setup(cfg: _Config, backend: str, q, k, v):
                            window=cfg.window, segments=cfg.segments)
   spec = block_math.Spec(scale=cfg.scale, window=cfg.window,
                          documents=lay.documents,
-                         mode=dots.mode(bf16=bf16, backend=backend))
+                         mode="bf16" if bf16 else FLOAT32_MODE)
   return lay, spec, jnp.bfloat16 if bf16 else _F32
 
 
@@ -198,7 +204,7 @@ def forgetting_attention(
       Hkv, V]`` values (H a multiple of Hkv: grouped heads). bfloat16
       inputs run bfloat16 matmul operands with float32 accumulation; any
       other float dtype runs in float32 (TPU: highest precision, GPU:
-      3xTF32).
+      IEEE float32).
     c: ``[B, T, H]`` float32, the cumulative log forget gate of every query
       head, ``c_t = sum_{l <= t} log f_l`` (restarting per document, or
       not: only differences within a document enter).
