@@ -40,23 +40,70 @@ from pallas_kernels.forgetting_attn.layout import Layout, Walk
 _F32 = jnp.float32
 
 
-def _token_spec(block: int, width: int, index):
-  """A ``[block, width]`` tile of ``[B, T, Hx width]``; ``index(*grid,
-  bounds) -> (b, token block, head)``."""
-  return pl.BlockSpec((None, block, width), index)
+class _Specs:
+  """Block specs of a kernel's arrays from two index maps of its grid (and
+  bounds ref), ``query_at`` and ``key_at``, each ``-> (b, query head,
+  block)``: the query block and the key block of a grid step. Key and value
+  blocks are those of the query head's key head."""
 
+  def __init__(self, query_at, key_at, lay: Layout, block_q: int,
+               block_k: int):
+    self.query_at, self.key_at, self.lay = query_at, key_at, lay
+    self.block_q, self.block_k = block_q, block_k
 
-def _row_spec(block: int, index):
-  """A row ``[1, block]`` of ``[B, H, 1, T]``; ``index -> (b, h, block)``."""
-  return pl.BlockSpec((None, None, 1, block),
-                      lambda *a: (lambda b, h, t: (b, h, 0, t))(*index(*a)))
+  def queries(self, width: int):
+    """A ``[block_q, width]`` tile of ``[B, T, H width]``."""
+    def index(*grid):
+      b, h, n = self.query_at(*grid)
+      return b, n, h
+    return pl.BlockSpec((None, self.block_q, width), index)
 
+  def keys(self, width: int):
+    """A ``[block_k, width]`` tile of ``[B, T, Hkv width]``."""
+    def index(*grid):
+      b, h, n = self.key_at(*grid)
+      return b, n, _div(h, self.lay.groups)
+    return pl.BlockSpec((None, self.block_k, width), index)
 
-def _doc_spec(block: int, index):
-  """A row ``[1, block]`` of the documents ``[B, 1, T]``; ``index -> (b,
-  block)``."""
-  return pl.BlockSpec((None, 1, block),
-                      lambda *a: (lambda b, t: (b, 0, t))(*index(*a)))
+  def query_rows(self):
+    """A row ``[1, block_q]`` of per-token values ``[B, H, 1, T]``."""
+    def index(*grid):
+      b, h, n = self.query_at(*grid)
+      return b, h, 0, n
+    return pl.BlockSpec((None, None, 1, self.block_q), index)
+
+  def key_rows(self):
+    """A row ``[1, block_k]`` of per-token values ``[B, H, 1, T]``."""
+    def index(*grid):
+      b, h, n = self.key_at(*grid)
+      return b, h, 0, n
+    return pl.BlockSpec((None, None, 1, self.block_k), index)
+
+  def documents(self):
+    """The rows ``[1, block_q]`` and ``[1, block_k]`` of the documents
+    ``[B, 1, T]``."""
+    def query_index(*grid):
+      b, _, n = self.query_at(*grid)
+      return b, 0, n
+
+    def key_index(*grid):
+      b, _, n = self.key_at(*grid)
+      return b, 0, n
+    return [pl.BlockSpec((None, 1, self.block_q), query_index),
+            pl.BlockSpec((None, 1, self.block_k), key_index)]
+
+  def inputs(self, arrays, names, documents: bool):
+    """``[(array, spec)]`` of the named inputs, then the documents'."""
+    spec_of = {"q": lambda: self.queries(self.lay.k_pad),
+               "k": lambda: self.keys(self.lay.k_pad),
+               "v": lambda: self.keys(self.lay.v_pad),
+               "do": lambda: self.queries(self.lay.v_pad),
+               "c_q": self.query_rows, "c_k": self.key_rows,
+               "lse": self.query_rows, "delta": self.query_rows}
+    out = [(arrays[name.split("_")[0]], spec_of[name]()) for name in names]
+    if documents:
+      out += [(arrays["doc"], s) for s in self.documents()]
+    return out
 
 
 def _div(a, n: int):
@@ -144,13 +191,19 @@ def _forward_kernel(first_ref, *refs, spec: bm.Spec, walk: Walk,
     lse_ref[...] = lse.T                                        # [1, bq]
 
 
-def _key_step(walk: Walk, blocks: int):
-  """Index of the key block at step ``j`` of query block ``qb``: from the
-  first one, held at the diagonal past it."""
-  def index(b, qb, j, first_ref):
-    return jnp.minimum(first_ref[b * blocks + qb] + j,
-                       _div((qb + 1) * walk.own - 1, walk.step))
-  return index
+def _walk_over_keys(lay: Layout, walk: Walk) -> _Specs:
+  """The specs of a grid ``(b, h, query block, j)`` whose step ``j``
+  visits key block ``first + j``, held at the diagonal past it (so that no
+  block is fetched again)."""
+  blocks = lay.t_pad // walk.own
+
+  def query_at(b, h, qb, j, first_ref):
+    return b, h, qb
+
+  def key_at(b, h, qb, j, first_ref):
+    return b, h, jnp.minimum(first_ref[b * blocks + qb] + j,
+                             _div((qb + 1) * walk.own - 1, walk.step))
+  return _Specs(query_at, key_at, lay, walk.own, walk.step)
 
 
 def forward(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
@@ -158,36 +211,24 @@ def forward(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
   """``(o [B, T_pad, H V_pad], lse [B, H, 1, T_pad] float32)``;
   ``arrays``: ``q``, ``k``, ``v`` (``[B, T_pad, Hx F]``), ``c`` (rows) and
   ``doc`` (or None); ``first``: ``layout.key_bounds`` of ``walk``."""
-  bq, bk, g = walk.own, walk.step, lay.groups
-  blocks = lay.t_pad // bq
-  key = _key_step(walk, blocks)
-  q_at = lambda b, h, qb, j, f: (b, qb, h)  # noqa: E731
-  k_at = lambda b, h, qb, j, f: (b, key(b, qb, j, f), _div(h, g))  # noqa: E731
-  inputs = [
-      (arrays["q"], _token_spec(bq, lay.k_pad, q_at)),
-      (arrays["k"], _token_spec(bk, lay.k_pad, k_at)),
-      (arrays["v"], _token_spec(bk, lay.v_pad, k_at)),
-      (arrays["c"], _row_spec(bq, lambda b, h, qb, j, f: (b, h, qb))),
-      (arrays["c"], _row_spec(bk, lambda b, h, qb, j, f:
-                              (b, h, key(b, qb, j, f))))]
-  if spec.documents:
-    inputs += [
-        (arrays["doc"], _doc_spec(bq, lambda b, h, qb, j, f: (b, qb))),
-        (arrays["doc"], _doc_spec(bk, lambda b, h, qb, j, f:
-                                  (b, key(b, qb, j, f))))]
-  b, t, h = lay.batch, lay.t_pad, lay.heads
+  specs = _walk_over_keys(lay, walk)
+  b, t, h, bq = lay.batch, lay.t_pad, lay.heads, walk.own
   outputs = [
       (jax.ShapeDtypeStruct((b, t, h * lay.v_pad), arrays["v"].dtype),
-       _token_spec(bq, lay.v_pad, q_at)),
-      (jax.ShapeDtypeStruct((b, h, 1, t), _F32),
-       _row_spec(bq, lambda b, h, qb, j, f: (b, h, qb)))]
+       specs.queries(lay.v_pad)),
+      (jax.ShapeDtypeStruct((b, h, 1, t), _F32), specs.query_rows())]
   kernel = functools.partial(_forward_kernel, spec=spec, walk=walk,
-                             blocks=blocks)
-  return _call(kernel, grid=(b, h, blocks, walk.steps), bounds=first,
-               inputs=inputs, outputs=outputs,
+                             blocks=t // bq)
+  return _call(kernel, grid=(b, h, t // bq, walk.steps), bounds=first,
+               inputs=specs.inputs(arrays, ("q", "k", "v", "c_q", "c_k"),
+                                   spec.documents),
+               outputs=outputs,
                scratch=[((bq, 1), _F32), ((bq, 1), _F32),
                         ((bq, lay.v_pad), _F32)],
                name="forgetting_attn_fwd", cost=cost, interpret=interpret)
+
+
+_BACKWARD_INPUTS = ("q", "k", "v", "do", "c_q", "c_k", "lse", "delta")
 
 
 def _dq_kernel(first_ref, *refs, spec: bm.Spec, walk: Walk, blocks: int):
@@ -227,35 +268,16 @@ def dq(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
        interpret: bool = False):
   """``(dq [B, T_pad, H K_pad], dc row sums [B, H, 1, T_pad] float32)``;
   ``arrays`` as ``forward``'s plus ``do``, ``lse`` and ``delta`` (rows)."""
-  bq, bk, g = walk.own, walk.step, lay.groups
-  blocks = lay.t_pad // bq
-  key = _key_step(walk, blocks)
-  q_at = lambda b, h, qb, j, f: (b, qb, h)  # noqa: E731
-  k_at = lambda b, h, qb, j, f: (b, key(b, qb, j, f), _div(h, g))  # noqa: E731
-  q_row = lambda b, h, qb, j, f: (b, h, qb)  # noqa: E731
-  inputs = [
-      (arrays["q"], _token_spec(bq, lay.k_pad, q_at)),
-      (arrays["k"], _token_spec(bk, lay.k_pad, k_at)),
-      (arrays["v"], _token_spec(bk, lay.v_pad, k_at)),
-      (arrays["do"], _token_spec(bq, lay.v_pad, q_at)),
-      (arrays["c"], _row_spec(bq, q_row)),
-      (arrays["c"], _row_spec(bk, lambda b, h, qb, j, f:
-                              (b, h, key(b, qb, j, f)))),
-      (arrays["lse"], _row_spec(bq, q_row)),
-      (arrays["delta"], _row_spec(bq, q_row))]
-  if spec.documents:
-    inputs += [
-        (arrays["doc"], _doc_spec(bq, lambda b, h, qb, j, f: (b, qb))),
-        (arrays["doc"], _doc_spec(bk, lambda b, h, qb, j, f:
-                                  (b, key(b, qb, j, f))))]
-  b, t, h = lay.batch, lay.t_pad, lay.heads
+  specs = _walk_over_keys(lay, walk)
+  b, t, h, bq = lay.batch, lay.t_pad, lay.heads, walk.own
   outputs = [
       (jax.ShapeDtypeStruct((b, t, h * lay.k_pad), arrays["q"].dtype),
-       _token_spec(bq, lay.k_pad, q_at)),
-      (jax.ShapeDtypeStruct((b, h, 1, t), _F32), _row_spec(bq, q_row))]
-  kernel = functools.partial(_dq_kernel, spec=spec, walk=walk, blocks=blocks)
-  return _call(kernel, grid=(b, h, blocks, walk.steps), bounds=first,
-               inputs=inputs, outputs=outputs,
+       specs.queries(lay.k_pad)),
+      (jax.ShapeDtypeStruct((b, h, 1, t), _F32), specs.query_rows())]
+  kernel = functools.partial(_dq_kernel, spec=spec, walk=walk, blocks=t // bq)
+  return _call(kernel, grid=(b, h, t // bq, walk.steps), bounds=first,
+               inputs=specs.inputs(arrays, _BACKWARD_INPUTS, spec.documents),
+               outputs=outputs,
                scratch=[((bq, lay.k_pad), _F32), ((bq, 1), _F32)],
                name="forgetting_attn_dq", cost=cost, interpret=interpret)
 
@@ -307,43 +329,32 @@ def dkv(arrays, last, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
         interpret: bool = False):
   """``(dk [B, T_pad, Hkv K_pad], dv [B, T_pad, Hkv V_pad], dc column sums
   [B, H, 1, T_pad] float32)``; ``arrays`` as ``dq``'s; ``last``:
-  ``layout.query_bounds`` of ``walk``."""
-  bk, bq, g, steps = walk.own, walk.step, lay.groups, walk.steps
+  ``layout.query_bounds`` of ``walk``. Grid ``(b, key head, key block,
+  s)``: step ``s`` visits query head ``s // steps`` of the group and its
+  query block ``first + s % steps``, held at the last one past it."""
+  g, steps, bk = lay.groups, walk.steps, walk.own
   blocks = lay.t_pad // bk
 
-  def query(b, kb, s, last_ref):
-    return jnp.minimum(_div(kb * bk, bq) + jax.lax.rem(s, steps),
-                       last_ref[b * blocks + kb])
+  def query_at(b, hk, kb, s, last_ref):
+    qb = jnp.minimum(_div(kb * bk, walk.step) + jax.lax.rem(s, steps),
+                     last_ref[b * blocks + kb])
+    return b, hk * g + _div(s, steps), qb
 
-  head = lambda hk, s: hk * g + _div(s, steps)  # noqa: E731
-  q_at = lambda b, hk, kb, s, f: (b, query(b, kb, s, f), head(hk, s))  # noqa: E731,E501
-  k_at = lambda b, hk, kb, s, f: (b, kb, hk)  # noqa: E731
-  q_row = lambda b, hk, kb, s, f: (b, head(hk, s), query(b, kb, s, f))  # noqa: E731,E501
-  k_row = lambda b, hk, kb, s, f: (b, head(hk, s), kb)  # noqa: E731
-  inputs = [
-      (arrays["q"], _token_spec(bq, lay.k_pad, q_at)),
-      (arrays["k"], _token_spec(bk, lay.k_pad, k_at)),
-      (arrays["v"], _token_spec(bk, lay.v_pad, k_at)),
-      (arrays["do"], _token_spec(bq, lay.v_pad, q_at)),
-      (arrays["c"], _row_spec(bq, q_row)),
-      (arrays["c"], _row_spec(bk, k_row)),
-      (arrays["lse"], _row_spec(bq, q_row)),
-      (arrays["delta"], _row_spec(bq, q_row))]
-  if spec.documents:
-    inputs += [
-        (arrays["doc"], _doc_spec(bq, lambda b, hk, kb, s, f:
-                                  (b, query(b, kb, s, f)))),
-        (arrays["doc"], _doc_spec(bk, lambda b, hk, kb, s, f: (b, kb)))]
+  def key_at(b, hk, kb, s, last_ref):
+    return b, hk * g + _div(s, steps), kb
+
+  specs = _Specs(query_at, key_at, lay, walk.step, bk)
   b, t, hkv = lay.batch, lay.t_pad, lay.kv_heads
   outputs = [
       (jax.ShapeDtypeStruct((b, t, hkv * lay.k_pad), arrays["k"].dtype),
-       _token_spec(bk, lay.k_pad, k_at)),
+       specs.keys(lay.k_pad)),
       (jax.ShapeDtypeStruct((b, t, hkv * lay.v_pad), arrays["v"].dtype),
-       _token_spec(bk, lay.v_pad, k_at)),
-      (jax.ShapeDtypeStruct((b, lay.heads, 1, t), _F32), _row_spec(bk, k_row))]
+       specs.keys(lay.v_pad)),
+      (jax.ShapeDtypeStruct((b, lay.heads, 1, t), _F32), specs.key_rows())]
   kernel = functools.partial(_dkv_kernel, spec=spec, walk=walk, blocks=blocks)
   return _call(kernel, grid=(b, hkv, blocks, g * steps), bounds=last,
-               inputs=inputs, outputs=outputs,
+               inputs=specs.inputs(arrays, _BACKWARD_INPUTS, spec.documents),
+               outputs=outputs,
                scratch=[((bk, lay.k_pad), _F32), ((bk, lay.v_pad), _F32),
                         ((bk, 1), _F32)],
                name="forgetting_attn_dkv", cost=cost, interpret=interpret)
