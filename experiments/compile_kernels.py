@@ -3,13 +3,15 @@
 Every kernel of ``pallas_kernels`` (the gated-linear family: ``none``,
 ``scalar`` and ``channel`` gates, Based's Taylor features; the delta rule
 of DeltaNet, Gated DeltaNet and KDA: its sweep kernels, and on GPU in
-bfloat16 its chunk-parallel kernels, which the op runs there) is compiled, forward and
-backward, in float32 and bfloat16, at the kernel tests' shapes and at the
-per-head shapes of the layers' papers, for TPU v4, v5e, v5p, v6e (libtpu)
-and GPU sm_80, sm_90 (jax-cuda12-plugin). Each case's program holds the
-forward kernel and the backward kernels (``jax.value_and_grad`` of a loss
-over the outputs and the final state, with an initial state and segment
-ids, so every optional input and output is there); it is traced once per
+bfloat16 its chunk-parallel kernels, which the op runs there; forgetting
+attention's blockwise kernels) is compiled, forward and backward, in
+float32 and bfloat16, at the kernel tests' shapes and at the per-head
+shapes of the layers' papers, for TPU v4, v5e, v5p, v6e (libtpu) and GPU
+sm_80, sm_90 (jax-cuda12-plugin). Each case's program holds the forward
+kernel and the backward kernels (``jax.value_and_grad`` of a loss over the
+outputs and the final state, with an initial state and segment ids, so
+every optional input and output is there; forgetting attention has no
+state, and a case may add grouped heads and a window); it is traced once per
 toolchain and dtype, and each distinct ``pallas_call`` in it is compiled on
 its own (the XLA around the kernels is not what is checked), once per
 target: a kernel equal to one already compiled for the target (same body,
@@ -430,8 +432,10 @@ def report(paths, out):
   lines += ["## Cases", "", "| case | family | gate | K | V | chunk | shape of |",
             "|---|---|---|---|---|---|---|"]
   for case in CASES:
+    # Forgetting attention has no chunks; its blocks are BlockSizes'.
+    chunk = "-" if case.family == "forgetting_attn" else case.chunk
     lines.append(f"| {case.name} | {case.family} | {case.gate} | {case.dim_k} "
-                 f"| {case.dim_v} | {case.chunk} | {case.layers} |")
+                 f"| {case.dim_v} | {chunk} | {case.layers} |")
   lines.append("")
   for toolchain, targets in compile_targets.TOOLCHAINS.items():
     rows = [r for r in results if r["target"] in targets]
