@@ -46,13 +46,10 @@ def _positions(start, n: int, axis: int):
   return start + lax.broadcasted_iota(jnp.int32, shape, axis)
 
 
-def _split(refs, documents: bool, n_inputs: int):
-  """``(inputs, doc ref or None, rest)`` of a kernel's refs (the document
-  ref, if any, follows the first ``n_inputs`` inputs)."""
-  inputs, rest = refs[:n_inputs], refs[n_inputs:]
-  if documents:
-    return inputs, rest[0], rest[1:]
-  return inputs, None, rest
+def _documents(refs, documents: bool):
+  """``(doc ref or None, outputs)`` of the refs after a kernel's other
+  inputs."""
+  return (refs[0], refs[1:]) if documents else (None, refs)
 
 
 def _call(kernel, *, grid, inputs, outputs, lay: Layout, name, cost,
@@ -73,7 +70,7 @@ def _whole(x):
 
 def _forward_kernel(first_ref, q_ref, k_ref, v_ref, c_ref, *refs,
                     spec: bm.Spec, walk: Walk, blocks: int):
-  _, doc_ref, (o_ref, lse_ref) = _split(refs, spec.documents, 0)
+  doc_ref, (o_ref, lse_ref) = _documents(refs, spec.documents)
   qb, b = pl.program_id(0), pl.program_id(1)
   bq, bk = walk.own, walk.step
   rows = pl.ds(qb * bq, bq)
@@ -134,7 +131,7 @@ def forward(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
 
 def _dq_kernel(first_ref, q_ref, k_ref, v_ref, do_ref, c_ref, lse_ref,
                delta_ref, *refs, spec: bm.Spec, walk: Walk, blocks: int):
-  _, doc_ref, (dq_ref, dc_ref) = _split(refs, spec.documents, 0)
+  doc_ref, (dq_ref, dc_ref) = _documents(refs, spec.documents)
   qb, b = pl.program_id(0), pl.program_id(1)
   bq, bk = walk.own, walk.step
   rows = pl.ds(qb * bq, bq)
@@ -201,7 +198,7 @@ def dq(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
 def _dkv_kernel(last_ref, q_ref, k_ref, v_ref, do_ref, c_ref, lse_ref,
                 delta_ref, *refs, spec: bm.Spec, walk: Walk, blocks: int,
                 groups: int):
-  _, doc_ref, (dk_ref, dv_ref, dc_ref) = _split(refs, spec.documents, 0)
+  doc_ref, (dk_ref, dv_ref, dc_ref) = _documents(refs, spec.documents)
   kb, b = pl.program_id(0), pl.program_id(1)
   bk, bq = walk.own, walk.step
   rows = pl.ds(kb * bk, bk)

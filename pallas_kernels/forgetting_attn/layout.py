@@ -9,7 +9,7 @@ rows, document indices and the key (or query) blocks each program visits.
 - Per-token values of a head (the cumulative gates ``c``, the log-sum-exp,
   ``delta``) are rows ``[B, H, T]`` (TPU: ``[B, H, 1, T]``, lane-major), so
   a block of them is a row ``[1, block]`` (TPU) or a vector (GPU); kernels
-  turn a row into a column where a product needs one.
+  turn a row into a column where the scores need one.
 - Documents: the index of every token's document, float32 ``[B, T]``
   (TPU: ``[B, 1, T]``; exact below 2^24 documents). Padded tokens form one
   more document, so that they see no real key and no real query sees them;
