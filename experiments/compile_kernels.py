@@ -3,13 +3,15 @@
 Every kernel of ``pallas_kernels`` (the gated-linear family: ``none``,
 ``scalar`` and ``channel`` gates, Based's Taylor features; the delta rule
 of DeltaNet, Gated DeltaNet and KDA: its sweep kernels, and on GPU in
-bfloat16 its chunk-parallel kernels, which the op runs there) is compiled, forward and
-backward, in float32 and bfloat16, at the kernel tests' shapes and at the
-per-head shapes of the layers' papers, for TPU v4, v5e, v5p, v6e (libtpu)
-and GPU sm_80, sm_90 (jax-cuda12-plugin). Each case's program holds the
-forward kernel and the backward kernels (``jax.value_and_grad`` of a loss
-over the outputs and the final state, with an initial state and segment
-ids, so every optional input and output is there); it is traced once per
+bfloat16 its chunk-parallel kernels, which the op runs there; forgetting
+attention's blockwise kernels) is compiled, forward and backward, in
+float32 and bfloat16, at the kernel tests' shapes and at the per-head
+shapes of the layers' papers, for TPU v4, v5e, v5p, v6e (libtpu) and GPU
+sm_80, sm_90 (jax-cuda12-plugin). Each case's program holds the forward
+kernel and the backward kernels (``jax.value_and_grad`` of a loss over the
+outputs and the final state, with an initial state and segment ids, so
+every optional input and output is there; forgetting attention has no
+state, and a case may add grouped heads and a window); it is traced once per
 toolchain and dtype, and each distinct ``pallas_call`` in it is compiled on
 its own (the XLA around the kernels is not what is checked), once per
 target: a kernel equal to one already compiled for the target (same body,
@@ -65,6 +67,9 @@ class Case:
   layers: str = ""  # which layers and d_model give this shape
   heads: int = 2    # H of the compiled program (the grid; speed only)
   length: int = 512  # T of the compiled program
+  kv_heads: int | None = None  # forgetting_attn: key and value heads (None:
+                               # heads)
+  window: int | None = None    # forgetting_attn: window_size
 
 
 # Per-head widths (K, V) at d_model 2048 with each paper's head count, and
@@ -106,6 +111,16 @@ CASES = [
          layers="KDA D=2048 H=16 (Kimi Linear's 128-wide heads)"),
     Case("kda_4096", "delta_rule", "channel", 256, 256,
          layers="KDA D=4096 H=16"),
+    Case("fox_test", "forgetting_attn", "scalar", 16, 24, heads=4,
+         kv_heads=2, window=100, layers="kernel tests (grouped heads, "
+         "window)"),
+    Case("fox_2048", "forgetting_attn", "scalar", 64, 64, length=4096,
+         layers="FoX D=2048 H=32 (fla's forgetting_transformer), T=4096"),
+    Case("fox_4096", "forgetting_attn", "scalar", 128, 128, length=4096,
+         layers="FoX D=4096 H=32, T=4096"),
+    Case("fox_4096_gqa_window", "forgetting_attn", "scalar", 128, 128,
+         heads=4, kv_heads=1, window=1024, length=4096,
+         layers="FoX D=4096 H=32, 8 KV heads, window 1024, T=4096"),
 ]
 CASES_BY_NAME = {case.name: case for case in CASES}
 
@@ -138,6 +153,22 @@ def program(case: Case, dtype: str, backend: str, block_sizes=None):
       return jnp.sum(o.astype(f32)) + jnp.sum(s)
 
     argnums = (0, 1, 2, 3) + ((5,) if g_shape is not None else ())
+  elif case.family == "forgetting_attn":
+    from pallas_kernels.forgetting_attn import forgetting_attention
+    hkv = case.kv_heads or h
+    args = [jax.ShapeDtypeStruct((b, t, h, dk), dt),
+            jax.ShapeDtypeStruct((b, t, hkv, dk), dt),
+            jax.ShapeDtypeStruct((b, t, hkv, dv), dt),
+            jax.ShapeDtypeStruct((b, t, h), f32),
+            jax.ShapeDtypeStruct((b, t), jnp.int32)]
+
+    def loss(q, k, v, c, ids):
+      o = forgetting_attention(q, k, v, c, segment_ids=ids,
+                               window_size=case.window, backend=backend,
+                               block_sizes=block_sizes)
+      return jnp.sum(o.astype(f32))
+
+    argnums = (0, 1, 2, 3)
   elif backend == "gpu" and dtype == "bfloat16":
     # bfloat16 on CUDA: the chunk-parallel kernels (what the op runs).
     from pallas_kernels.delta_rule import chunk_delta_rule_gpu
@@ -401,8 +432,10 @@ def report(paths, out):
   lines += ["## Cases", "", "| case | family | gate | K | V | chunk | shape of |",
             "|---|---|---|---|---|---|---|"]
   for case in CASES:
+    # Forgetting attention has no chunks; its blocks are BlockSizes'.
+    chunk = "-" if case.family == "forgetting_attn" else case.chunk
     lines.append(f"| {case.name} | {case.family} | {case.gate} | {case.dim_k} "
-                 f"| {case.dim_v} | {case.chunk} | {case.layers} |")
+                 f"| {case.dim_v} | {chunk} | {case.layers} |")
   lines.append("")
   for toolchain, targets in compile_targets.TOOLCHAINS.items():
     rows = [r for r in results if r["target"] in targets]

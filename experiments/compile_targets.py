@@ -80,7 +80,7 @@ def environment(toolchain: str, dump_dir: str) -> dict:
         "LIBTPU_INIT_ARGS": " ".join([
             f"--xla_jf_dump_to={dump_dir}/llo", "--xla_jf_dump_llo_text=true",
             "--xla_jf_dump_llo_pass_label_regex=post-ra$",
-            "--xla_jf_dump_to_filter=gated_linear|delta_rule"]),
+            "--xla_jf_dump_to_filter=gated_linear|delta_rule|forgetting_attn"]),
     })
   elif toolchain == "cuda":
     env["XLA_FLAGS"] = f"--xla_dump_to={dump_dir}/hlo"
@@ -138,7 +138,7 @@ def clear(dump_dir: str) -> None:
     os.makedirs(path, exist_ok=True)
 
 
-_KERNEL = re.compile(r"((?:gated_linear|delta_rule)_[a-z]+)")
+_KERNEL = re.compile(r"((?:gated_linear|delta_rule|forgetting_attn)_[a-z]+)")
 _VMEM_ALLOCATION = re.compile(r"space=vmem, size = 0x([0-9a-f]+), scoped, "
                               r"tag = '([^']*)'")
 
@@ -193,7 +193,7 @@ def _gpu_resources(dump_dir: str, arch: str):
     with open(path) as f:
       for match in _THUNK.finditer(f.read()):
         name = match.group(1)
-        if "gated_linear" in name or "delta_rule" in name:
+        if _KERNEL.search(name):
           threads = (int(match.group(2)) * int(match.group(3))
                      * int(match.group(4)))
           kernels[name] = KernelResources(name, threads=threads,

@@ -55,7 +55,7 @@ if [ "$test_seconds" != 0 ]; then
   JAX_DEFAULT_MATMUL_PRECISION=highest timeout "$test_seconds" \
     "$PY" -m pytest -q -p no:cacheprovider --maxfail=5 --durations=5 \
     tests/kernels/test_kernels_gated_linear.py tests/kernels/test_kernels_delta_rule.py \
-    -k Compiled 2>&1 | tee "$out/tests_compiled.txt" | tail -n 30
+    tests/kernels/test_forgetting_attn_kernel.py -k Compiled 2>&1 | tee "$out/tests_compiled.txt" | tail -n 30
 fi
 
 if [ "$stages_seconds" != 0 ]; then

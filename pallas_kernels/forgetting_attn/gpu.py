@@ -1,0 +1,273 @@
+"""Triton (GPU) kernels of forgetting attention: forward, dq, dk/dv.
+
+Triton programs have no scratch memory that persists across grid steps, so
+each program walks the blocks of the other kind in a ``fori_loop`` with its
+accumulators in registers, as JAX's and flash-linear-attention's Triton
+attention kernels do:
+
+- ``forward``: grid ``(query blocks, B, H)``, a query block ``[block_q, K]``
+  against the key blocks from its first visible one
+  (``layout.key_bounds``) to the diagonal; ``o`` and the log-sum-exp.
+- ``dq``: the same with the backward tiles; ``dq`` and ``dc``'s row sums.
+- ``dkv``: grid ``(key blocks, B, Hkv)``, a key block against every query
+  head of its group in turn, each over the query blocks from the diagonal
+  to the last that sees the key block (``layout.query_bounds``); ``dk`` and
+  ``dv`` summed over the group in registers, ``dc``'s column sums per query
+  head.
+
+Token arrays keep the public layout ``[B, T, H, F]``: a block of one head
+is a strided load, the whole sequence of keys (or queries) of one head is
+the program's block and the loop reads ``block`` rows of it at a time.
+Per-token values are vectors (``[B, H, T]``, ``[B, T]``), read as a column
+``x[:, None]`` or a row ``x[None, :]`` where the scores need them. The
+query-block axis comes first in the grid, so the programs of one head run
+together and share its keys in L2.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from pallas_kernels.common import compiler
+from pallas_kernels.forgetting_attn import block_math as bm
+from pallas_kernels.forgetting_attn.layout import Layout, Walk
+
+_F32 = jnp.float32
+
+
+def _positions(start, n: int, axis: int):
+  """int32 ``start + [0, n)`` as a column (``axis`` 0) or a row (1)."""
+  shape = (n, 1) if axis == 0 else (1, n)
+  return start + lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def _documents(refs, documents: bool):
+  """``(doc ref or None, outputs)`` of the refs after a kernel's other
+  inputs."""
+  return (refs[0], refs[1:]) if documents else (None, refs)
+
+
+def _call(kernel, *, grid, inputs, outputs, lay: Layout, name, cost,
+          interpret):
+  return pl.pallas_call(
+      kernel, grid=grid, in_specs=[s for _, s in inputs],
+      out_specs=[s for _, s in outputs], out_shape=[x for x, _ in outputs],
+      compiler_params=compiler.gpu_params(lay.tiles.num_warps,
+                                          lay.tiles.num_stages),
+      cost_estimate=cost, interpret=interpret, name=name,
+  )(*[x for x, _ in inputs])
+
+
+def _whole(x):
+  """The whole of a small array as every program's block."""
+  return pl.BlockSpec(x.shape, lambda *_: (0,) * x.ndim)
+
+
+def _forward_kernel(first_ref, q_ref, k_ref, v_ref, c_ref, *refs,
+                    spec: bm.Spec, walk: Walk, blocks: int):
+  doc_ref, (o_ref, lse_ref) = _documents(refs, spec.documents)
+  qb, b = pl.program_id(0), pl.program_id(1)
+  bq, bk = walk.own, walk.step
+  rows = pl.ds(qb * bq, bq)
+  q = q_ref[...]                                                # [bq, K]
+  c_q = c_ref[rows][:, None]
+  pos_q = _positions(qb * bq, bq, 0)
+  doc_q = None if doc_ref is None else doc_ref[rows][:, None]
+
+  def body(kb, carry):
+    cols = pl.ds(kb * bk, bk)
+    s = bm.scores(spec, q, k_ref[cols, :], c_q, c_ref[cols][None, :])
+    mask = bm.visible(spec, pos_q, _positions(kb * bk, bk, 1), doc_q,
+                      None if doc_ref is None else doc_ref[cols][None, :])
+    return bm.online_step(spec, s, mask, *carry, v_ref[cols, :])
+
+  init = (jnp.full((bq, 1), -jnp.inf, _F32), jnp.zeros((bq, 1), _F32),
+          jnp.zeros((bq, v_ref.shape[-1]), _F32))
+  carry = lax.fori_loop(first_ref[b * blocks + qb],
+                        lax.div((qb + 1) * bq - 1, bk) + 1, body, init)
+  o, lse = bm.finish(*carry)
+  o_ref[...] = o.astype(o_ref.dtype)
+  lse_ref[...] = lse[:, 0]
+
+
+def forward(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
+            interpret: bool = False):
+  """``(o [B, T_pad, H, V_pad], lse [B, H, T_pad] float32)``; ``arrays``:
+  ``q``, ``k``, ``v`` (``[B, T_pad, Hx, F]``), ``c`` (rows) and ``doc`` (or
+  None); ``first``: ``layout.key_bounds`` of ``walk``."""
+  bq, g, t = walk.own, lay.groups, lay.t_pad
+  blocks = t // bq
+  inputs = [
+      (first, _whole(first)),
+      (arrays["q"], pl.BlockSpec((None, bq, None, lay.k_pad),
+                                 lambda qb, b, h: (b, qb, h, 0))),
+      (arrays["k"], pl.BlockSpec((None, t, None, lay.k_pad),
+                                 lambda qb, b, h: (b, 0, lax.div(h, g), 0))),
+      (arrays["v"], pl.BlockSpec((None, t, None, lay.v_pad),
+                                 lambda qb, b, h: (b, 0, lax.div(h, g), 0))),
+      (arrays["c"], pl.BlockSpec((None, None, t),
+                                 lambda qb, b, h: (b, h, 0)))]
+  if spec.documents:
+    inputs.append((arrays["doc"], pl.BlockSpec((None, t),
+                                               lambda qb, b, h: (b, 0))))
+  b, h = lay.batch, lay.heads
+  outputs = [
+      (jax.ShapeDtypeStruct((b, t, h, lay.v_pad), arrays["v"].dtype),
+       pl.BlockSpec((None, bq, None, lay.v_pad),
+                    lambda qb, b, h: (b, qb, h, 0))),
+      (jax.ShapeDtypeStruct((b, h, t), _F32),
+       pl.BlockSpec((None, None, bq), lambda qb, b, h: (b, h, qb)))]
+  kernel = functools.partial(_forward_kernel, spec=spec, walk=walk,
+                             blocks=blocks)
+  return _call(kernel, grid=(blocks, b, h), inputs=inputs, outputs=outputs,
+               lay=lay, name="forgetting_attn_fwd", cost=cost,
+               interpret=interpret)
+
+
+def _dq_kernel(first_ref, q_ref, k_ref, v_ref, do_ref, c_ref, lse_ref,
+               delta_ref, *refs, spec: bm.Spec, walk: Walk, blocks: int):
+  doc_ref, (dq_ref, dc_ref) = _documents(refs, spec.documents)
+  qb, b = pl.program_id(0), pl.program_id(1)
+  bq, bk = walk.own, walk.step
+  rows = pl.ds(qb * bq, bq)
+  q, do = q_ref[...], do_ref[...]
+  c_q = c_ref[rows][:, None]
+  lse, delta = lse_ref[...][:, None], delta_ref[...][:, None]
+  pos_q = _positions(qb * bq, bq, 0)
+  doc_q = None if doc_ref is None else doc_ref[rows][:, None]
+
+  def body(kb, carry):
+    dq, dc = carry
+    cols = pl.ds(kb * bk, bk)
+    k = k_ref[cols, :]
+    s = bm.scores(spec, q, k, c_q, c_ref[cols][None, :])        # [bq, bk]
+    mask = bm.visible(spec, pos_q, _positions(kb * bk, bk, 1), doc_q,
+                      None if doc_ref is None else doc_ref[cols][None, :])
+    p = bm.probabilities(s, mask, lse)
+    ds = bm.score_grads(p, bm.dot(do, v_ref[cols, :], bm.NT, spec), delta)
+    return (dq + bm.dot(ds, k, bm.NN, spec),                    # [bq, K]
+            dc + jnp.sum(ds, axis=1, keepdims=True))            # [bq, 1]
+
+  init = (jnp.zeros((bq, q_ref.shape[-1]), _F32), jnp.zeros((bq, 1), _F32))
+  dq, dc = lax.fori_loop(first_ref[b * blocks + qb],
+                         lax.div((qb + 1) * bq - 1, bk) + 1, body, init)
+  dq_ref[...] = (spec.scale * dq).astype(dq_ref.dtype)
+  dc_ref[...] = dc[:, 0]
+
+
+def dq(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
+       interpret: bool = False):
+  """``(dq [B, T_pad, H, K_pad], dc row sums [B, H, T_pad] float32)``;
+  ``arrays`` as ``forward``'s plus ``do``, ``lse`` and ``delta`` (rows)."""
+  bq, g, t = walk.own, lay.groups, lay.t_pad
+  blocks = t // bq
+  q_block = lambda qb, b, h: (b, qb, h, 0)  # noqa: E731
+  q_row = lambda qb, b, h: (b, h, qb)  # noqa: E731
+  inputs = [
+      (first, _whole(first)),
+      (arrays["q"], pl.BlockSpec((None, bq, None, lay.k_pad), q_block)),
+      (arrays["k"], pl.BlockSpec((None, t, None, lay.k_pad),
+                                 lambda qb, b, h: (b, 0, lax.div(h, g), 0))),
+      (arrays["v"], pl.BlockSpec((None, t, None, lay.v_pad),
+                                 lambda qb, b, h: (b, 0, lax.div(h, g), 0))),
+      (arrays["do"], pl.BlockSpec((None, bq, None, lay.v_pad), q_block)),
+      (arrays["c"], pl.BlockSpec((None, None, t),
+                                 lambda qb, b, h: (b, h, 0))),
+      (arrays["lse"], pl.BlockSpec((None, None, bq), q_row)),
+      (arrays["delta"], pl.BlockSpec((None, None, bq), q_row))]
+  if spec.documents:
+    inputs.append((arrays["doc"], pl.BlockSpec((None, t),
+                                               lambda qb, b, h: (b, 0))))
+  b, h = lay.batch, lay.heads
+  outputs = [
+      (jax.ShapeDtypeStruct((b, t, h, lay.k_pad), arrays["q"].dtype),
+       pl.BlockSpec((None, bq, None, lay.k_pad), q_block)),
+      (jax.ShapeDtypeStruct((b, h, t), _F32),
+       pl.BlockSpec((None, None, bq), q_row))]
+  kernel = functools.partial(_dq_kernel, spec=spec, walk=walk, blocks=blocks)
+  return _call(kernel, grid=(blocks, b, h), inputs=inputs, outputs=outputs,
+               lay=lay, name="forgetting_attn_dq", cost=cost,
+               interpret=interpret)
+
+
+def _dkv_kernel(last_ref, q_ref, k_ref, v_ref, do_ref, c_ref, lse_ref,
+                delta_ref, *refs, spec: bm.Spec, walk: Walk, blocks: int,
+                groups: int):
+  doc_ref, (dk_ref, dv_ref, dc_ref) = _documents(refs, spec.documents)
+  kb, b = pl.program_id(0), pl.program_id(1)
+  bk, bq = walk.own, walk.step
+  rows = pl.ds(kb * bk, bk)
+  k, v = k_ref[...], v_ref[...]                                 # [bk, F]
+  pos_k = _positions(kb * bk, bk, 0)
+  doc_k = None if doc_ref is None else doc_ref[rows][:, None]
+  first, last = lax.div(kb * bk, bq), last_ref[b * blocks + kb]
+
+  def head(g, carry):
+    c_k = c_ref[g, rows][:, None]
+
+    def body(qb, carry):
+      dk, dv, dc = carry
+      cols = pl.ds(qb * bq, bq)
+      q, do = q_ref[cols, g, :], do_ref[cols, g, :]
+      st = bm.scores(spec, k, q, c_ref[g, cols][None, :], c_k)  # [bk, bq]
+      mask = bm.visible(spec, _positions(qb * bq, bq, 1), pos_k,
+                        None if doc_ref is None else doc_ref[cols][None, :],
+                        doc_k)
+      pt = bm.probabilities(st, mask, lse_ref[g, cols][None, :])
+      dst = bm.score_grads(pt, bm.dot(v, do, bm.NT, spec),
+                           delta_ref[g, cols][None, :])
+      return (dk + bm.dot(dst, q, bm.NN, spec),                 # [bk, K]
+              dv + bm.dot(pt, do, bm.NN, spec),                 # [bk, V]
+              dc - jnp.sum(dst, axis=1, keepdims=True))         # [bk, 1]
+
+    dk, dv, dc = lax.fori_loop(first, last + 1, body,
+                               (*carry, jnp.zeros((bk, 1), _F32)))
+    dc_ref[g, :] = dc[:, 0]
+    return dk, dv
+
+  dk, dv = lax.fori_loop(0, groups, head,
+                         (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32)))
+  dk_ref[...] = (spec.scale * dk).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def dkv(arrays, last, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
+        interpret: bool = False):
+  """``(dk [B, T_pad, Hkv, K_pad], dv [B, T_pad, Hkv, V_pad], dc column
+  sums [B, H, T_pad] float32)``; ``arrays`` as ``dq``'s; ``last``:
+  ``layout.query_bounds`` of ``walk``."""
+  bk, g, t = walk.own, lay.groups, lay.t_pad
+  blocks = t // bk
+  k_block = lambda kb, b, hk: (b, kb, hk, 0)  # noqa: E731
+  group = lambda kb, b, hk: (b, 0, hk, 0)  # noqa: E731
+  group_rows = lambda kb, b, hk: (b, hk, 0)  # noqa: E731
+  inputs = [
+      (last, _whole(last)),
+      (arrays["q"], pl.BlockSpec((None, t, g, lay.k_pad), group)),
+      (arrays["k"], pl.BlockSpec((None, bk, None, lay.k_pad), k_block)),
+      (arrays["v"], pl.BlockSpec((None, bk, None, lay.v_pad), k_block)),
+      (arrays["do"], pl.BlockSpec((None, t, g, lay.v_pad), group)),
+      (arrays["c"], pl.BlockSpec((None, g, t), group_rows)),
+      (arrays["lse"], pl.BlockSpec((None, g, t), group_rows)),
+      (arrays["delta"], pl.BlockSpec((None, g, t), group_rows))]
+  if spec.documents:
+    inputs.append((arrays["doc"], pl.BlockSpec((None, t),
+                                               lambda kb, b, hk: (b, 0))))
+  b, hkv = lay.batch, lay.kv_heads
+  outputs = [
+      (jax.ShapeDtypeStruct((b, t, hkv, lay.k_pad), arrays["k"].dtype),
+       pl.BlockSpec((None, bk, None, lay.k_pad), k_block)),
+      (jax.ShapeDtypeStruct((b, t, hkv, lay.v_pad), arrays["v"].dtype),
+       pl.BlockSpec((None, bk, None, lay.v_pad), k_block)),
+      (jax.ShapeDtypeStruct((b, lay.heads, t), _F32),
+       pl.BlockSpec((None, g, bk), lambda kb, b, hk: (b, hk, kb)))]
+  kernel = functools.partial(_dkv_kernel, spec=spec, walk=walk, blocks=blocks,
+                             groups=g)
+  return _call(kernel, grid=(blocks, b, hkv), inputs=inputs, outputs=outputs,
+               lay=lay, name="forgetting_attn_dkv", cost=cost,
+               interpret=interpret)
