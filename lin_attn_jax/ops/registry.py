@@ -302,6 +302,47 @@ def _attention_forms(window_size=None):
   }
 
 
+# Native sparse attention: blocks of 4 tokens, 5 selected (the 3 forced
+# ones and 2 ranked), a window of 8.
+NSA = dict(block_size=4, block_counts=5, window_size=8)
+NSA_GATES = ("g_cmp", "g_slc", "g_swa")
+
+
+def _empty_nsa_cache(q, k, v, **unused):
+  """An NSA cache for the whole of ``k`` (read from its ends, as
+  ``_empty_cache``)."""
+  del q, unused
+  return ops.init_nsa_cache(k.shape[0], k.shape[-2], k.shape[-1],
+                            v.shape[-1],
+                            max_length=max(k.shape[:-2], default=1),
+                            block_size=NSA["block_size"],
+                            window_size=NSA["window_size"], dtype=k.dtype)
+
+
+def _nsa_cached_step(q, k, v, g_cmp, g_slc, g_swa, state, reset, scale=None):
+  return ops.nsa_step(q, k, v, g_cmp, g_slc, g_swa, state,
+                      block_counts=NSA["block_counts"], scale=scale,
+                      reset=reset)
+
+
+def _nsa_prefill(q, k, v, g_cmp, g_slc, g_swa, *, segment_ids=None,
+                 scale=None):
+  return ops.nsa_extend(q, k, v, g_cmp, g_slc, g_swa,
+                        _empty_nsa_cache(q, k, v), scale=scale,
+                        block_counts=NSA["block_counts"],
+                        segment_ids=segment_ids)[0]
+
+
+def _nsa_forms():
+  return {
+      "naive": o_only(ops.parallel_nsa, **NSA),
+      "chunk": o_only(ops.chunk_nsa, "chunk_size", **NSA),
+      "step": StepForm(_nsa_cached_step, ("q", "k", "v") + NSA_GATES,
+                       init_state=_empty_nsa_cache, final_state=False),
+      "prefill": o_only(_nsa_prefill),
+  }
+
+
 def _sparse_forms(pattern):
   static = dict(stride=STRIDE, pattern=pattern, summary_size=SUMMARY)
   return {
@@ -317,7 +358,8 @@ def _softmax_specs():
   buffer of ``WINDOW`` entries for the window) or prefill the whole
   sequence into an empty cache. Keys and values have half the query heads
   when ``Dims.heads`` is even. Linformer is not causal and has no form but
-  its definition."""
+  its definition. Native sparse attention's reference is its dense form;
+  its decoding forms keep an ``NSACache``."""
   qkv = ("q", "k", "v")
   attention = spec_inputs.attention
   return [
@@ -337,6 +379,8 @@ def _softmax_specs():
       OpSpec("linformer_attn", {"naive": o_only(ops.linformer_attn)},
              functools.partial(attention, projections=True),
              qkv + ("e", "f"), chunked=()),
+      OpSpec("nsa", _nsa_forms(), spec_inputs.nsa, qkv + NSA_GATES,
+             context_parallel=("chunk",)),
   ]
 
 

@@ -285,3 +285,17 @@ def attention(key, dims, strong, global_tokens=False, projections=False):
     # Static positions (not an array): the first token and the middle one.
     inputs["global_positions"] = (0, t // 2)
   return inputs
+
+
+def nsa(key, dims, strong):
+  """Attention inputs (keys and values with half the query heads when
+  ``Dims.heads`` is even) and the three gates of native sparse attention,
+  sigmoids of normals. Normal queries and keys leave no two blocks of a
+  ranking with equal probabilities."""
+  del strong
+  key, kg = jax.random.split(key)
+  inputs = attention(key, dims, False)
+  shape = (dims.batch, dims.length, dims.heads)
+  for name, kx in zip(("g_cmp", "g_slc", "g_swa"), jax.random.split(kg, 3)):
+    inputs[name] = jax.nn.sigmoid(jax.random.normal(kx, shape, _F32))
+  return inputs

@@ -151,14 +151,17 @@ def nsa_extend(q, k, v, g_cmp, g_slc, g_swa, cache: NSACache, *,
   # The blocks the new tokens complete (at most one per l tokens), pooled
   # from the store into the slots after the last one in use.
   is_end = blocks.is_block_end(pos, doc_start, l)               # [B, T]
-  new_end = blocks.compact_ends(is_end, pos, t // l + 1)        # [B, M]
-  slot = jnp.where(new_end >= 0,
-                   cache.num_blocks[:, None] + jnp.arange(t // l + 1), slots)
-  k_cmp, v_cmp = (
-      old.at[rows, slot].set(blocks.pool_blocks(store, new_end, l),
-                             mode="drop")
-      for old, store in ((cache.k_cmp, k_store), (cache.v_cmp, v_store)))
-  block_end = cache.block_end.at[rows, slot].set(new_end, mode="drop")
+  k_cmp, v_cmp, block_end = cache.k_cmp, cache.v_cmp, cache.block_end
+  if slots:
+    new_end = blocks.compact_ends(is_end, pos, t // l + 1)      # [B, M]
+    slot = jnp.where(new_end >= 0,
+                     cache.num_blocks[:, None] + jnp.arange(t // l + 1),
+                     slots)
+    k_cmp, v_cmp = (
+        old.at[rows, slot].set(blocks.pool_blocks(store, new_end, l),
+                               mode="drop")
+        for old, store in ((k_cmp, k_store), (v_cmp, v_store)))
+    block_end = block_end.at[rows, slot].set(new_end, mode="drop")
 
   chunk = (attention.chunk_length(t, h, hkv, dk, dv, block_size=l,
                                   block_counts=block_counts)

@@ -109,8 +109,9 @@ def parallel_nsa(q, k, v, g_cmp, g_slc, g_swa=None, *, block_size=64,
   # Selection: candidates are the block starts of the query's document at
   # or before it; a block's score is its probability at its last token.
   importance = jnp.sum(jax.lax.stop_gradient(p_cmp), axis=2)  # [B, Hkv, T, T]
-  at_start = jnp.pad(importance[..., l - 1:],
-                     [(0, 0)] * 3 + [(0, l - 1)])           # [B, Hkv, T, T]
+  shift = min(l - 1, t)
+  at_start = jnp.pad(importance[..., shift:],
+                     [(0, 0)] * 3 + [(0, shift)])           # [B, Hkv, T, T]
   candidate = same_doc & causal & (within % l == 0)[:, None, :]
   blk_q, blk_k = block[:, :, None], block[:, None, :]
   forced = candidate & ((blk_k == 0) | (blk_k == blk_q) | (blk_k == blk_q - 1))
