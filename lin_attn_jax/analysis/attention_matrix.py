@@ -22,6 +22,9 @@ of the matrix):
 - softmax attention (full, sliding window, sparse): ``v = x W_v``; ``M`` is
   ``softmax(q k^T / sqrt(K) + mask)`` after RoPE, one row per query head (a
   key/value head serves its group).
+- native sparse attention: ``v = x W_v``; ``M`` is the gated sum of its
+  three branches' softmax weights (a compressed block's weight spread as
+  ``1 / l`` over its ``l`` tokens), one row per query head.
 - linear attention, Performer, Based's Taylor branch: ``v = x W_v``; ``M =
   (phi(q) phi(k)^T) / (row sum + eps)`` with the layer's normalisation
   (none when the layer does not normalise).

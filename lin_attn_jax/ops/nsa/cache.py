@@ -4,10 +4,12 @@ A selected block may be any earlier block of the document, so the cache
 keeps every key and value (a store indexed by position, ``max_length``
 entries); beside it the compressed blocks so far (their means, float32,
 and the last position of each, in order; ``max_length // l`` slots) and,
-with a window, the window branch's own ring buffer of ``w`` entries
-(``softmax_attn``'s ``KVCache``). The block being filled needs nothing
-more: its tokens are the last entries of the store, and when its last
-token arrives its mean is pooled from there into the next slot.
+with a window, the window branch's own ring buffer of ``min(w,
+max_length)`` entries (``softmax_attn``'s ``KVCache``, so that a step of
+the window branch is ``softmax_attn``'s, ``O(w)``; it repeats the store's
+last ``w`` entries). The block being filled needs nothing more: its
+tokens are the last entries of the store, and when its last token
+arrives its mean is pooled from there into the next slot.
 """
 
 from __future__ import annotations
@@ -66,13 +68,21 @@ def init_nsa_cache(batch: int, heads_kv: int, dim_k: int, dim_v: int, *,
       ``ValueError`` outside ``jit`` (under ``jit`` the length cannot be
       inspected, and tokens past it are not stored).
     block_size: ``l``, as in the sequence forms.
-    window_size: ``w`` of the window branch, None for none.
+    window_size: ``w`` of the window branch, None for none; its ring
+      buffer holds ``min(w, max_length)`` entries.
     dtype: dtype of the stored keys and values (the block means are
       float32).
   """
   checks.positive_int("max_length", max_length)
   check_options(block_size, 1, window_size)
   n = max_length // block_size
+  window = None
+  if window_size is not None:
+    # A ring of min(w, max_length) entries: no more tokens are stored.
+    window = dataclasses.replace(
+        init_kv_cache(batch, heads_kv, dim_k, dim_v,
+                      window_size=min(window_size, max_length), dtype=dtype),
+        window_size=window_size)
   return NSACache(
       k=jnp.zeros((batch, max_length, heads_kv, dim_k), dtype),
       v=jnp.zeros((batch, max_length, heads_kv, dim_v), dtype),
@@ -82,9 +92,7 @@ def init_nsa_cache(batch: int, heads_kv: int, dim_k: int, dim_v: int, *,
       num_blocks=jnp.zeros((batch,), jnp.int32),
       length=jnp.zeros((batch,), jnp.int32),
       doc_start=jnp.zeros((batch,), jnp.int32),
-      window=(None if window_size is None else init_kv_cache(
-          batch, heads_kv, dim_k, dim_v, window_size=window_size,
-          dtype=dtype)),
+      window=window,
       block_size=block_size, window_size=window_size)
 
 
