@@ -43,52 +43,6 @@ def fixture(name: str):
   return register
 
 
-def _fla_nsa_on_cpu():
-  """fla's naive NSA with its two non-torch pieces swapped for torch: the
-  Triton mean pooling (blocks of each sequence, the last one the mean of
-  the tokens it has) and flash-attn's sliding window (causal, the query
-  and the ``window_size - 1`` keys before it)."""
-  import torch
-  import fla.ops.nsa.naive as naive
-
-  def mean_pooling(x, chunk_size, cu_seqlens=None, **kwargs):
-    bounds = ([(0, x.shape[1])] if cu_seqlens is None
-              else list(zip(cu_seqlens[:-1].tolist(),
-                            cu_seqlens[1:].tolist())))
-    pooled = [torch.stack([x[:, i:min(i + chunk_size, end)].mean(1)
-                           for i in range(start, end, chunk_size)], 1)
-              for start, end in bounds]
-    return torch.cat(pooled, 1)
-
-  def window(q, k, v, window_size, cu_seqlens=None):
-    g = q.shape[2] // k.shape[2]
-    k, v = (x.repeat_interleave(g, dim=2) for x in (k, v))
-    t = q.shape[1]
-    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
-    allowed = (j <= i) & (i - j <= window_size[0])
-    if cu_seqlens is not None:
-      doc = torch.bucketize(torch.arange(t), cu_seqlens[1:], right=True)
-      allowed &= doc[:, None] == doc[None, :]
-    s = torch.einsum("bihd,bjhd->bhij", q.float(), k.float())
-    s = s * q.shape[-1] ** -0.5
-    p = s.masked_fill(~allowed, float("-inf")).softmax(-1)
-    return torch.einsum("bhij,bjhd->bihd", p, v.float()).to(q.dtype)
-
-  def flash_attn_func(q, k, v, causal, window_size):
-    assert causal
-    return window(q, k, v, window_size)
-
-  def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                             max_seqlen_q, max_seqlen_k, causal, window_size):
-    assert causal
-    return window(q[None], k[None], v[None], window_size, cu_seqlens_q)[0]
-
-  naive.mean_pooling = mean_pooling
-  naive.flash_attn_func = flash_attn_func
-  naive.flash_attn_varlen_func = flash_attn_varlen_func
-  return naive.naive_nsa
-
-
 @fixture("nsa")
 def nsa():
   """fla's ``naive_nsa`` on random inputs: ``dense_*`` two rows of 37
@@ -98,7 +52,8 @@ def nsa():
   16 query heads on one key/value head, 4 selected, a window of 6. Gates
   are sigmoids, the scale the default."""
   import torch
-  naive_nsa = _fla_nsa_on_cpu()
+  from experiments.fla_nsa_reference import naive_nsa_on_cpu
+  naive_nsa = naive_nsa_on_cpu()
   rng = np.random.default_rng(SEED)
   arrays = {}
   for name, (b, t, h, hkv, counts, window, lengths) in {
