@@ -9,6 +9,7 @@ from flax import nnx
 from lin_attn_jax.layers import NativeSparseAttention
 from lin_attn_jax.models import LM, LMConfig
 from lin_attn_jax.testing import lm_checks, rel_rms
+from lin_attn_jax.train import flops
 
 # Blocks of 3 tokens, 4 selected (one ranked), a window of 5, one key/value
 # head: the 24-token test sequences span 8 blocks, and the documents of
@@ -45,6 +46,15 @@ def test_cache_holds_every_token_and_the_blocks():
   assert cache.window.k.shape[1] == 5
   layer = lm.blocks[0].mixer
   assert layer.state_size(length) == 2 * (length + length // 3 + 5) * 16
+
+
+def test_training_flops_count_the_keys_each_branch_reads():
+  mixer = nnx.eval_shape(lambda: NativeSparseAttention(
+      32, 2, rngs=nnx.Rngs(0), block_size=4, block_counts=2, window_size=3))
+  # Positions 1..10 see t // 4 blocks, min(t, 8) selected tokens and
+  # min(t, 3) window keys: 10 + 52 + 27 = 89 over 10 queries.
+  assert flops.mixing_flops_per_token(mixer, 10) == pytest.approx(
+      4 * 8.9 * 2 * 16)
 
 
 def test_bfloat16():

@@ -95,7 +95,8 @@ def compressed_and_selected(q, q_pos, q_doc_start, k_store, v_store, k_cmp,
   rank_key = jnp.where(forced[:, None], jnp.inf,
                        jnp.where(earlier[:, None], importance, -jnp.inf))
   rank_key = jnp.concatenate(
-      [rank_key, jnp.full((b, hkv, c, 1), jnp.inf)], axis=-1)  # [B, Hkv, C, N+1]
+      [rank_key, jnp.full((b, hkv, c, 1), jnp.inf)],
+      axis=-1)                                              # [B, Hkv, C, N+1]
   count = min(block_counts, n + 1)
   top_key, top = jax.lax.top_k(rank_key, count)             # [B, Hkv, C, n]
   starts = jnp.concatenate(
@@ -113,9 +114,9 @@ def compressed_and_selected(q, q_pos, q_doc_start, k_store, v_store, k_cmp,
   keys, values = (
       jnp.take_along_axis(x, index, axis=2).astype(_F32).reshape(
           b, hkv, c, count * l, x.shape[-1])
-      for x in (k_store, v_store))                          # [B, Hkv, C, n l, *]
+      for x in (k_store, v_store))                          # [B,Hkv,C,n l,*]
   s = jnp.einsum("bchgk,bhcjk->bhgcj", qg, keys,
-                 preferred_element_type=_F32)               # [B, Hkv, G, C, n l]
+                 preferred_element_type=_F32)               # [B,Hkv,G,C,n l]
   p = blocks.masked_softmax(
       s, allowed.reshape(b, hkv, 1, c, count * l))
   o_slc = jnp.einsum("bhgcj,bhcjv->bchgv", p, values,

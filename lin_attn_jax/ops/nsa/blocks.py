@@ -58,7 +58,7 @@ def pool_blocks(x, ends, block_size: int):
   offsets = jnp.arange(block_size, dtype=jnp.int32) - (block_size - 1)
   rows = jnp.clip(ends[..., None] + offsets, 0, x.shape[1] - 1)  # [B, N, l]
   picked = jnp.take_along_axis(
-      x, rows.reshape(b, n * block_size, 1, 1), axis=1)         # [B, N l, Hkv, D]
+      x, rows.reshape(b, n * block_size, 1, 1), axis=1)     # [B, N l, Hkv, D]
   mean = jnp.mean(picked.reshape((b, n, block_size) + x.shape[2:])
                   .astype(_F32), axis=2)                        # [B, N, Hkv, D]
   return jnp.where((ends >= 0)[..., None, None], mean, 0.0)
