@@ -17,7 +17,7 @@ go in chunks of ``C``; for each chunk:
    the blocks (equal keys go to the lower index, i.e. the earlier block:
    slots are in position order);
 3. selected: the ``n l`` tokens of the chosen blocks gathered from the
-   store per key/value head, ``[B, Hkv, C, n l, K]``, and one softmax over
+   store per key/value head, ``[B, C, n l, Hkv, K]``, and one softmax over
    them per query, masked to the tokens at or before it (every chosen
    block is whole in the store, so the softmax needs no streaming).
 
@@ -57,7 +57,7 @@ def compressed_and_selected(q, q_pos, q_doc_start, k_store, v_store, k_cmp,
     q: ``[B, C, H, K]`` float32.
     q_pos, q_doc_start: ``[B, C]`` int32: each query's position and the
       position where its document starts.
-    k_store, v_store: ``[B, Hkv, S, *]``, the keys and values of position
+    k_store, v_store: ``[B, S, Hkv, *]``, the keys and values of position
       ``s`` at index ``s`` (any float dtype).
     k_cmp, v_cmp: ``[B, N, Hkv, *]`` float32 block means.
     block_end: ``[B, N]`` int32 last position of each block, ``-1`` empty.
@@ -65,7 +65,7 @@ def compressed_and_selected(q, q_pos, q_doc_start, k_store, v_store, k_cmp,
     ``(o_cmp, o_slc)``, each ``[B, C, H, V]`` float32.
   """
   b, c, h, dk = q.shape
-  hkv, size, dv = k_store.shape[1], k_store.shape[2], v_store.shape[-1]
+  size, hkv, dv = k_store.shape[1], k_store.shape[2], v_store.shape[-1]
   n, l = block_end.shape[1], block_size
   qg = scale * q.reshape(b, c, hkv, h // hkv, dk)           # [B, C, Hkv, G, K]
   within = q_pos - q_doc_start                              # [B, C]
@@ -110,16 +110,18 @@ def compressed_and_selected(q, q_pos, q_doc_start, k_store, v_store, k_cmp,
   tokens = chosen_start[..., None] + jnp.arange(l, dtype=jnp.int32)
   allowed = ((top_key > -jnp.inf)[..., None]
              & (tokens <= q_pos[:, None, :, None, None]))   # [B, Hkv, C, n, l]
-  index = jnp.clip(tokens, 0, size - 1).reshape(b, hkv, c * count * l, 1)
+  # One gather per store, in its own layout: token index per head.
+  index = jnp.moveaxis(jnp.clip(tokens, 0, size - 1), 1, -1).reshape(
+      b, c * count * l, hkv, 1)                             # [B, C n l, Hkv, 1]
   keys, values = (
-      jnp.take_along_axis(x, index, axis=2).astype(_F32).reshape(
-          b, hkv, c, count * l, x.shape[-1])
-      for x in (k_store, v_store))                          # [B,Hkv,C,n l,*]
-  s = jnp.einsum("bchgk,bhcjk->bhgcj", qg, keys,
+      jnp.take_along_axis(x, index, axis=1).astype(_F32).reshape(
+          b, c, count * l, hkv, x.shape[-1])
+      for x in (k_store, v_store))                          # [B,C,n l,Hkv,*]
+  s = jnp.einsum("bchgk,bcjhk->bhgcj", qg, keys,
                  preferred_element_type=_F32)               # [B,Hkv,G,C,n l]
   p = blocks.masked_softmax(
       s, allowed.reshape(b, hkv, 1, c, count * l))
-  o_slc = jnp.einsum("bhgcj,bhcjv->bchgv", p, values,
+  o_slc = jnp.einsum("bhgcj,bcjhv->bchgv", p, values,
                      preferred_element_type=_F32)           # [B, C, Hkv, G, V]
   return o_cmp.reshape(b, c, h, dv), o_slc.reshape(b, c, h, dv)
 
@@ -135,8 +137,6 @@ def over_chunks(q, q_pos, q_doc_start, k_store, v_store, k_cmp, v_cmp,
   Returns:
     ``(o_cmp, o_slc)``, each ``[B, T, H, V]`` float32.
   """
-  k_store, v_store = (jnp.swapaxes(x, 1, 2) for x in (k_store, v_store))
-
   def one_chunk(xs):
     return compressed_and_selected(*xs, k_store, v_store, k_cmp, v_cmp,
                                    block_end, **options)
