@@ -20,8 +20,9 @@ from the fixture's ``config.json``. ``--tokenizer_only`` writes only these
 
 flash-linear-attention's models run their Triton kernels, which need a GPU;
 on CPU the script swaps each kernel the models call (norms, short
-convolutions, token shift, the recurrences) for a plain torch version of
-the same computation (``fla_cpu_reference``). transformers' models run as
+convolutions, token shift, the recurrences, rotary embeddings, native
+sparse attention) for a plain torch version of the same computation
+(``fla_cpu_reference``). transformers' models run as
 they are.
 """
 
@@ -69,17 +70,20 @@ def fla_cpu_reference():
   import fla.layers.forgetting_attn as fla_forgetting
   import fla.layers.gated_deltanet as fla_gdn
   import fla.layers.gla as fla_gla
+  import fla.layers.nsa as fla_nsa
   import fla.layers.rwkv6 as fla_rwkv6
   import fla.layers.rwkv7 as fla_rwkv7
   import fla.layers.stickbreaking_attn as fla_stickbreaking
   import fla.models.rwkv6.modeling_rwkv6 as fla_rwkv6_model
   import fla.models.rwkv7.modeling_rwkv7 as fla_rwkv7_model
   import fla.modules as fla_modules
+  import fla.modules.rotary.ops as fla_rotary
   from fla.ops.forgetting_attn.naive import naive_forgetting_attn
   from fla.ops.rwkv7.fused_addcmul import torch_addcmul_rwkv7
   from fla.ops.rwkv7.fused_k_update import k_update_ref
   from fla.ops.rwkv7.gate_output_correction import gate_output_correction_ref
   from fla.ops.stickbreaking_attn.naive import naive_stickbreaking_attn
+  from experiments.fla_nsa_reference import parallel_nsa_on_cpu
 
   def prenorm(norm):
     def forward(self, x, residual=None, prenorm=False,
@@ -316,6 +320,20 @@ def fla_cpu_reference():
 
   fla_stickbreaking.StickBreakingAttention.forward = stickbreaking
 
+  def rotary(x, cos, sin, interleaved=False, seqlen_offsets=0,
+             cu_seqlens=None, **kwargs):
+    # Positions seqlen_offsets + t; channel i pairs with i + D/2.
+    assert not interleaved and cu_seqlens is None
+    t, half = x.shape[1], cos.shape[-1]
+    cos, sin = (c[seqlen_offsets:seqlen_offsets + t][None, :, None]
+                for c in (cos, sin))
+    x1, x2 = x[..., :half].float(), x[..., half:2 * half].float()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin,
+                      x[..., 2 * half:].float()], -1).to(x.dtype)
+
+  fla_rotary.rotary_embedding = rotary
+  fla_nsa.parallel_nsa = parallel_nsa_on_cpu()
+
 
 def _mamba(transformers):
   return transformers.MambaForCausalLM(transformers.MambaConfig(
@@ -386,6 +404,11 @@ FIXTURES = {
     "rwkv7": _fla("RWKV7", hidden_size=32, head_dim=16,
                   decay_low_rank_dim=8, a_low_rank_dim=8,
                   gate_low_rank_dim=16, v_low_rank_dim=8, hidden_ratio=2),
+    # fla's NSA wants groups of 16 or more query heads per key/value head;
+    # blocks of 2 tokens, 4 selected (one ranked past the three forced).
+    "nsa": _fla("NSA", hidden_size=32, num_heads=16, num_kv_heads=1,
+                head_dim=8, block_size=2, block_counts=4, window_size=3,
+                hidden_ratio=2),
     "stickbreaking_attn": _fla("StickBreakingAttention", hidden_size=32,
                                num_heads=4, num_kv_heads=2, qkv_bias=True,
                                qk_norm=True, attend_current=True,
@@ -422,7 +445,7 @@ def _decode(model, tokens, torch):
     return torch.cat(logits, dim=1)
   from_fla = model.config.model_type in ("gla", "delta_net", "gated_deltanet",
                                          "rwkv6", "rwkv7",
-                                         "forgetting_transformer")
+                                         "forgetting_transformer", "nsa")
   # fla's ForgettingAttention decodes from its KV cache only through the
   # path of an attention mask (all ones here: no padding).
   masked = model.config.model_type == "forgetting_transformer"

@@ -116,6 +116,44 @@ def forgetting_attn():
           for name, x in arrays.items()}
 
 
+@fixture("nsa")
+def nsa():
+  """fla's ``naive_nsa`` on random inputs: ``dense_*`` two rows of 37
+  tokens, 32 query heads in 2 groups of 16 (the group size fla's NSA
+  asserts), blocks of 4, 5 selected, a window of 5; ``docs_*`` one row of
+  three documents (``cu_seqlens``, as ``segment_ids`` for the library),
+  16 query heads on one key/value head, 4 selected, a window of 6. Gates
+  are sigmoids, the scale the default."""
+  import torch
+  from experiments.fla_nsa_reference import naive_nsa_on_cpu
+  naive_nsa = naive_nsa_on_cpu()
+  rng = np.random.default_rng(SEED)
+  arrays = {}
+  for name, (b, t, h, hkv, counts, window, lengths) in {
+      "dense": (2, 37, 32, 2, 5, 5, None),
+      "docs": (1, 41, 16, 1, 4, 6, (11, 19, 11))}.items():
+    dk, dv, block = 8, 6, 4
+    x = {"q": rng.standard_normal((b, t, h, dk)),
+         "k": rng.standard_normal((b, t, hkv, dk)),
+         "v": rng.standard_normal((b, t, hkv, dv))}
+    for gate in ("g_cmp", "g_slc", "g_swa"):
+      x[gate] = 1 / (1 + np.exp(-rng.standard_normal((b, t, h))))
+    x = {n: a.astype(np.float32) for n, a in x.items()}
+    cu_seqlens = None
+    if lengths is not None:
+      cu_seqlens = torch.tensor(np.cumsum((0,) + lengths))
+      x["segment_ids"] = np.repeat(np.arange(len(lengths)),
+                                   lengths)[None].astype(np.int32)
+    o = naive_nsa(*(torch.from_numpy(x[n]) for n in ("q", "k", "v", "g_cmp",
+                                                     "g_slc", "g_swa")),
+                  block_counts=counts, block_size=block, window_size=window,
+                  cu_seqlens=cu_seqlens)
+    x.update(o=o.numpy(), block_size=np.int64(block),
+             block_counts=np.int64(counts), window_size=np.int64(window))
+    arrays.update({f"{name}_{n}": a for n, a in x.items()})
+  return arrays
+
+
 def main(argv):
   del argv
   names = FLAGS.only or sorted(FIXTURES)

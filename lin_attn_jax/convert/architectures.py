@@ -6,7 +6,8 @@ cannot reproduce exactly) and ``entries(hf, config) -> [Entry]`` (see
 ``core.py``). Tensor names are those of ``save_pretrained``: transformers'
 ``mamba``, ``mamba2``, ``recurrent_gemma`` and ``qwen3_next``, and
 flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
-``rwkv6``, ``rwkv7``, ``stickbreaking_attn`` and ``forgetting_transformer``.
+``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``
+and ``nsa``.
 
 Norm conventions: RecurrentGemma and Qwen3-Next scale by ``1 + w``; the LM's
 scale is that sum (an export subtracts 1 again). Heads of fla's and
@@ -691,6 +692,35 @@ def stickbreaking_attn_entries(hf: dict, config: LMConfig) -> list[Entry]:
   return out
 
 
+def nsa_config(hf: dict) -> LMConfig:
+  counts = hf.get("block_counts", 16)
+  if isinstance(counts, bool) or not isinstance(counts, int):
+    raise ValueError(f"config.json has block_counts = {counts!r}; only an "
+                     "int (the same count for every query) can be loaded")
+  window = hf.get("window_size", 512)
+  options = dict(n_kv_heads=int(hf.get("num_kv_heads") or hf["num_heads"]),
+                 head_dim=int(hf.get("head_dim", 32)),
+                 qkv_bias=bool(hf.get("qkv_bias", False)),
+                 block_size=int(hf.get("block_size", 64)),
+                 block_counts=int(counts),
+                 window_size=int(window) if window else None,
+                 rope_base=float(hf.get("rope_theta", 10000.0)))
+  return _fla_swiglu_config(hf, "nsa", int(hf["num_heads"]), options)
+
+
+def nsa_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  out = _fla_frame(hf, config)
+  bias = bool(hf.get("qkv_bias", False))
+  for i in range(config.n_layers):
+    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
+    out += _fla_swiglu_block(i)
+    for name in ("q_proj", "k_proj", "v_proj"):
+      out += linear(f"{a}.{name}", m + (name,), bias)
+    out += linear(f"{a}.g_proj", m + ("g_proj",))
+    out += linear(f"{a}.o_proj", m + ("o_proj",))
+  return out
+
+
 ARCHITECTURES = {
     "mamba": (mamba_config, mamba_entries),
     "mamba2": (mamba2_config, mamba2_entries),
@@ -701,6 +731,7 @@ ARCHITECTURES = {
     "gated_deltanet": (gated_deltanet_config, gated_deltanet_entries),
     "rwkv6": (rwkv6_config, rwkv6_entries),
     "rwkv7": (rwkv7_config, rwkv7_entries),
+    "nsa": (nsa_config, nsa_entries),
     "stickbreaking_attn": (stickbreaking_attn_config,
                            stickbreaking_attn_entries),
     "forgetting_transformer": (forgetting_transformer_config,

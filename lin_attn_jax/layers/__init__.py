@@ -18,6 +18,7 @@ from lin_attn_jax.layers.linear_attn import LinearAttention
 from lin_attn_jax.layers.linformer import Linformer
 from lin_attn_jax.layers.mamba import Mamba
 from lin_attn_jax.layers.mamba2 import Mamba2
+from lin_attn_jax.layers.nsa import NativeSparseAttention
 from lin_attn_jax.layers.performer import Performer
 from lin_attn_jax.layers.retnet import RetNet
 from lin_attn_jax.layers.rg_lru import RGLRU
@@ -31,6 +32,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "softmax_attn": SoftmaxAttention,
     "sliding_window_attn": SlidingWindowAttention,
     "sparse_attn": SparseAttention,
+    "nsa": NativeSparseAttention,
     "linformer": Linformer,
     "stickbreaking_attn": StickBreakingAttention,
     "forgetting_attn": ForgettingAttention,
@@ -56,7 +58,7 @@ MIXERS: dict[str, type[Mixer]] = {
 
 __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
            "Context", "DeltaNet", "ForgettingAttention", "GatedDeltaNet",
-           "LinearAttention",
-           "Linformer", "MIXERS", "MODES", "Mamba", "Mamba2", "Mixer",
-           "OpForms", "Performer", "RetNet", "SlidingWindowAttention",
-           "SoftmaxAttention", "SparseAttention", "StickBreakingAttention"]
+           "LinearAttention", "Linformer", "MIXERS", "MODES", "Mamba",
+           "Mamba2", "Mixer", "NativeSparseAttention", "OpForms", "Performer",
+           "RetNet", "SlidingWindowAttention", "SoftmaxAttention",
+           "SparseAttention", "StickBreakingAttention"]

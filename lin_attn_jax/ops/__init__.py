@@ -33,9 +33,11 @@ from lin_attn_jax.ops.simple_gla import (chunk_simple_gla,
                                          recurrent_simple_gla, simple_gla_step)
 
 # Softmax family: full, sliding window, global tokens, Sparse Transformer,
-# Linformer, KV-cache decoding. These return ``o`` only (decoding returns
-# ``(o, cache)``).
+# Linformer, native sparse attention, KV-cache decoding. These return ``o``
+# only (decoding returns ``(o, cache)``).
 from lin_attn_jax.ops.linformer import linformer_attn, linformer_attn_step
+from lin_attn_jax.ops.nsa import (NSACache, chunk_nsa, init_nsa_cache,
+                                  nsa_extend, nsa_step, parallel_nsa)
 from lin_attn_jax.ops.softmax_attn import (KVCache, chunk_softmax_attn,
                                            init_kv_cache,
                                            parallel_softmax_attn,
@@ -120,6 +122,7 @@ from lin_attn_jax.ops.gated_linear.context_parallel import (
     context_parallel_gated_linear)
 from lin_attn_jax.ops.mamba.context_parallel import (
     context_parallel_selective_scan)
+from lin_attn_jax.ops.nsa.context_parallel import context_parallel_nsa
 from lin_attn_jax.ops.rwkv7.context_parallel import context_parallel_rwkv7
 from lin_attn_jax.ops.softmax_attn.context_parallel import (
     context_parallel_softmax_attn)

@@ -356,6 +356,47 @@ def _forgetting_forms(window_size=None):
   }
 
 
+# Native sparse attention: blocks of 4 tokens, 5 selected (the 3 forced
+# ones and 2 ranked), a window of 8.
+NSA = dict(block_size=4, block_counts=5, window_size=8)
+NSA_GATES = ("g_cmp", "g_slc", "g_swa")
+
+
+def _empty_nsa_cache(q, k, v, **unused):
+  """An NSA cache for the whole of ``k`` (read from its ends, as
+  ``_empty_cache``)."""
+  del q, unused
+  return ops.init_nsa_cache(k.shape[0], k.shape[-2], k.shape[-1],
+                            v.shape[-1],
+                            max_length=max(k.shape[:-2], default=1),
+                            block_size=NSA["block_size"],
+                            window_size=NSA["window_size"], dtype=k.dtype)
+
+
+def _nsa_cached_step(q, k, v, g_cmp, g_slc, g_swa, state, reset, scale=None):
+  return ops.nsa_step(q, k, v, g_cmp, g_slc, g_swa, state,
+                      block_counts=NSA["block_counts"], scale=scale,
+                      reset=reset)
+
+
+def _nsa_prefill(q, k, v, g_cmp, g_slc, g_swa, *, segment_ids=None,
+                 scale=None):
+  return ops.nsa_extend(q, k, v, g_cmp, g_slc, g_swa,
+                        _empty_nsa_cache(q, k, v), scale=scale,
+                        block_counts=NSA["block_counts"],
+                        segment_ids=segment_ids)[0]
+
+
+def _nsa_forms():
+  return {
+      "naive": o_only(ops.parallel_nsa, **NSA),
+      "chunk": o_only(ops.chunk_nsa, "chunk_size", **NSA),
+      "step": StepForm(_nsa_cached_step, ("q", "k", "v") + NSA_GATES,
+                       init_state=_empty_nsa_cache, final_state=False),
+      "prefill": o_only(_nsa_prefill),
+  }
+
+
 def _sparse_forms(pattern):
   static = dict(stride=STRIDE, pattern=pattern, summary_size=SUMMARY)
   return {
@@ -375,7 +416,8 @@ def _softmax_specs():
   definition as the reference), with the remaining stick left out (its
   tests check it); its strong inputs saturate the logits. The Forgetting
   Transformer's forms have the same shape, with its log forget gate ``g``
-  and its cache of gate decays."""
+  and its cache of gate decays. Native sparse attention's reference is its
+  dense form; its decoding forms keep an ``NSACache``."""
   qkv = ("q", "k", "v")
   attention = spec_inputs.attention
   return [
@@ -408,6 +450,8 @@ def _softmax_specs():
              context_parallel=("chunk",)),
       OpSpec("forgetting_attn_window", _forgetting_forms(WINDOW),
              spec_inputs.forgetting_attn, qkv + ("g",), grad_tol=3e-5,
+             context_parallel=("chunk",)),
+      OpSpec("nsa", _nsa_forms(), spec_inputs.nsa, qkv + NSA_GATES,
              context_parallel=("chunk",)),
   ]
 

@@ -310,3 +310,16 @@ def forgetting_attn(key, dims, strong):
                  else jax.nn.log_sigmoid(_normal(key_g, shape, shift=2.0)))
   return inputs
 
+
+def nsa(key, dims, strong):
+  """Attention inputs (keys and values with half the query heads when
+  ``Dims.heads`` is even) and the three gates of native sparse attention,
+  sigmoids of normals. Normal queries and keys leave no two blocks of a
+  ranking with equal probabilities."""
+  del strong
+  key, kg = jax.random.split(key)
+  inputs = attention(key, dims, False)
+  shape = (dims.batch, dims.length, dims.heads)
+  for name, kx in zip(("g_cmp", "g_slc", "g_swa"), jax.random.split(kg, 3)):
+    inputs[name] = jax.nn.sigmoid(jax.random.normal(kx, shape, _F32))
+  return inputs

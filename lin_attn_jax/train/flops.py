@@ -9,7 +9,8 @@ training token (forward + backward = 3 x forward):
 - sequence mixing, per layer: softmax attention reads ``c`` keys and values
   per query head (``4 x c x H x head_dim``, with ``c`` the mean number of
   visible keys: ``(T + 1) / 2`` for causal attention, fewer under a
-  window); every other mixer reads and writes its recurrent state once per
+  window; for native sparse attention the complete blocks, the tokens of
+  the selected blocks and the window); every other mixer reads and writes its recurrent state once per
   token (``4 x`` the floats of its state, ``Mixer.state_size``), the cost
   of the recurrent form, which the chunk forms trade for matmuls (short
   convolutions are counted by their weights, with the projections).
@@ -59,9 +60,25 @@ def _mean_visible_keys(seq_len: int, window: int | None) -> float:
   return float(np.minimum(positions, window).mean())
 
 
+def _nsa_mean_keys(seq_len: int, block_size: int, block_counts: int,
+                   window: int | None) -> float:
+  """Per query at position ``t``: its ``(t + 1) // l`` complete blocks, at
+  most ``n l`` selected tokens and ``min(w, t + 1)`` window keys."""
+  seen = np.arange(1, seq_len + 1)
+  keys = seen // block_size + np.minimum(seen, block_counts * block_size)
+  if window is not None:
+    keys = keys + np.minimum(seen, window)
+  return float(keys.mean())
+
+
 def mixing_flops_per_token(mixer, seq_len: int) -> float:
   """Forward FLOPs of ``mixer``'s sequence mixing per token (module doc)."""
+  from lin_attn_jax.layers.nsa import NativeSparseAttention
   from lin_attn_jax.layers.softmax import CausalAttention
+  if isinstance(mixer, NativeSparseAttention):
+    keys = _nsa_mean_keys(seq_len, mixer.block_size, mixer.block_counts,
+                          mixer.window_size)
+    return 4.0 * keys * mixer.n_heads * mixer.head_dim
   if isinstance(mixer, CausalAttention):
     keys = _mean_visible_keys(seq_len, getattr(mixer, "window_size", None))
     heads = mixer.q_proj.out_features // mixer.head_dim

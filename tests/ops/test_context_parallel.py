@@ -280,6 +280,21 @@ def _forgetting(**kw):
   return make, fn
 
 
+def _nsa():
+  def make():
+    gates = {name: jax.nn.sigmoid(_normal(3 + i, (B, T, 2 * H)))
+             for i, name in enumerate(("g_cmp", "g_slc", "g_swa"))}
+    return (dict(q=_normal(0, (B, T, 2 * H, K)), k=_normal(1, (B, T, H, K)),
+                 v=_normal(2, (B, T, H, V)), **gates), None)
+
+  def fn(initial_state, segment_ids, **inputs):
+    del initial_state
+    return ops.chunk_nsa(**inputs, segment_ids=segment_ids, block_size=3,
+                         block_counts=4, window_size=6,
+                         chunk_size=CHUNK), None
+  return make, fn
+
+
 # name: (case, the P values it runs at with segment ids and initial state).
 # One core form of each kind runs at every P; the other ops reach the same
 # split code through their core and run at one P each.
@@ -306,6 +321,9 @@ CASES = {
     # w - 1 = 5 tokens: a halo for 16 and 8 tokens per device, the gathered
     # path for 4.
     "sliding_window_attn": (_softmax(window_size=6), (2, 4, 8)),
+    # Blocks of 3 straddle the devices; the window takes a halo at P = 2
+    # and the gathered path at P = 8.
+    "nsa": (_nsa(), (2, 8)),
     "stickbreaking_attn": (_stickbreaking(), (2, 8)),
     # The gate sums entering a device: from the previous device, or from
     # several (a document over devices 4 to 7 of 8).
