@@ -22,11 +22,11 @@ of the matrix):
 - softmax attention (full, sliding window, sparse): ``v = x W_v``; ``M`` is
   ``softmax(q k^T / sqrt(K) + mask)`` after RoPE, one row per query head (a
   key/value head serves its group). Forgetting attention: the same with the
+  decay bias, ``softmax(q k^T / sqrt(K) + D + mask)``, ``D_ij = sum_{j < l
+  <= i} g_l`` (its ``attend`` takes the gates after ``ctx``).
 - native sparse attention: ``v = x W_v``; ``M`` is the gated sum of its
   three branches' softmax weights (a compressed block's weight spread as
   ``1 / l`` over its ``l`` tokens), one row per query head.
-  decay bias, ``softmax(q k^T / sqrt(K) + D + mask)``, ``D_ij = sum_{j < l
-  <= i} g_l`` (its ``attend`` takes the gates after ``ctx``).
 - linear attention, Performer, Based's Taylor branch: ``v = x W_v``; ``M =
   (phi(q) phi(k)^T) / (row sum + eps)`` with the layer's normalisation
   (none when the layer does not normalise).
