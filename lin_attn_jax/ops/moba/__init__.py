@@ -6,6 +6,7 @@ against it; see ``parallel.py`` for the definition and README.md for the
 choices and costs of every form.
 """
 
+from lin_attn_jax.ops.moba.chunk import chunk_moba
 from lin_attn_jax.ops.moba.parallel import parallel_moba
 
-__all__ = ["parallel_moba"]
+__all__ = ["chunk_moba", "parallel_moba"]
