@@ -285,3 +285,16 @@ def attention(key, dims, strong, global_tokens=False, projections=False):
     # Static positions (not an array): the first token and the middle one.
     inputs["global_positions"] = (0, t // 2)
   return inputs
+
+
+def moba(key, dims, strong):
+  """Grouped-query attention inputs (as ``attention``) whose documents are
+  a few MoBA blocks long: a new one with probability 0.02 per token. Gates
+  of normal inputs are distinct with probability 1, so the forms select the
+  same blocks (a tie would be broken the same way by all of them, but a
+  gate computed in another order of sums could break it otherwise)."""
+  inputs = attention(key, dims, strong)
+  kseg = jax.random.fold_in(key, 1)
+  starts = jax.random.bernoulli(kseg, 0.02, (dims.batch, dims.length))
+  inputs["segment_ids"] = jnp.cumsum(starts.astype(jnp.int32), axis=1)
+  return inputs
