@@ -22,6 +22,9 @@ of the matrix):
 - softmax attention (full, sliding window, sparse): ``v = x W_v``; ``M`` is
   ``softmax(q k^T / sqrt(K) + mask)`` after RoPE, one row per query head (a
   key/value head serves its group).
+- MoBA: ``v = x W_v``; ``M`` is the softmax over the keys of the blocks
+  each query selected (its own, causally, and the ``top_k - 1`` of largest
+  gate), after RoPE; the selection depends on ``q`` and ``k`` only.
 - linear attention, Performer, Based's Taylor branch: ``v = x W_v``; ``M =
   (phi(q) phi(k)^T) / (row sum + eps)`` with the layer's normalisation
   (none when the layer does not normalise).

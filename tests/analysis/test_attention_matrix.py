@@ -27,6 +27,7 @@ OPTIONS = {
     "mamba2": {"d_state": 4},
     "rg_lru": {"lru_width": 8},
     "hgrn2": {"expand_ratio": 4},
+    "moba": {"block_size": 2, "top_k": 2},
 }
 CAUSAL = sorted(name for name in MIXERS if name != "linformer")
 # Two documents in row 0 (the second starts at token 6), one in row 1.
