@@ -49,6 +49,19 @@ def test_modes_decoding_and_gradients(case, use_segments):
   lm_checks.check_mixer(lm, use_segments=use_segments)
 
 
+def test_moba_in_a_hybrid_lm():
+  """MoBA after a GLA layer: prefill and decoding reproduce the forward."""
+  from lin_attn_jax.models import LM, LMConfig
+
+  lm = LM(LMConfig(vocab_size=lm_checks.VOCAB, d_model=32, n_layers=2,
+                   n_heads=2, mixer=("gla", "moba"),
+                   mixer_options={"gla": {"chunk_size": 8},
+                                  "moba": {"block_size": 3, "top_k": 2,
+                                           "chunk_size": 4}}),
+          rngs=nnx.Rngs(0))
+  lm_checks.check_decoding(lm, use_segments=True)
+
+
 def test_sliding_window_cache_is_a_ring_buffer():
   lm = lm_checks.tiny_lm("sliding_window_attn", {"window_size": WINDOW})
   cache = lm.init_cache(lm_checks.BATCH, lm_checks.LENGTH)
