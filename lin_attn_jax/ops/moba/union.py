@@ -54,7 +54,7 @@ def selected_block_attention(q, kb, vb, sel, *, scale: float, chunk: int):
     nothing gets ``o = 0``, ``lse = -inf``.
   """
   b, r, h, dk = q.shape
-  nf, c, hkv = kb.shape[1], kb.shape[2], kb.shape[3]
+  nf, hkv = kb.shape[1], kb.shape[3]
   dv, n = vb.shape[-1], sel.shape[-1]
   tiles_n = r // chunk
   width = min(nf, chunk * n)
