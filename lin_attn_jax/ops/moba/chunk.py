@@ -9,16 +9,18 @@ count disjoint keys of each query:
    so this is sliding-window attention with window ``C`` under one more
    mask, "same block start" (blocks, like documents, are compared by an id:
    their first position). The block-sparse online softmax of the softmax
-   family runs it (``blocksparse_attention``, key tiles ``n .. n +
-   ceil((C - 1) / c)`` for query tile ``n``): ``O(T (C + c) (K + V))``
-   work per head.
+   family runs it (``blocksparse_attention``, over the key tiles that hold
+   a query tile and the ``C - 1`` positions before it): ``O(T (C + c) (K
+   + V))`` work per head.
 2. **Selected blocks**: the means of the ``NF <= T / C`` full blocks
    (``blocks.full_blocks``), the ``top_k - 1`` gates per query, one tile
    at a time (``selection.select_blocks``, ``O(T NF K)`` work per head),
    then each tile against the union of the blocks its queries selected
-   (``union.selected_block_attention``): between ``(k - 1) T C (K + V)``
-   and ``min(NF, c (k - 1)) T C (K + V)`` work per head, depending on how
-   far the selections of a tile's queries agree.
+   (``union.selected_block_attention``): between ``(top_k - 1) T C (K +
+   V)`` and ``min(NF, c (top_k - 1)) T C (K + V)`` work per head, as the
+   selections of a tile's queries agree or not (on random inputs they do
+   not, and this is the work of causal attention:
+   benchmarks/RESULTS_moba.md).
 
 Both passes keep only outputs and log-sum-exps for their backward and
 recompute the rest, so memory is ``O(T)`` in both directions (plus the

@@ -53,7 +53,7 @@ def select_blocks(q, means, first, doc_of, q_doc, q_start, *, top_k: int,
     picked = jnp.where(jnp.isfinite(values), index, -1)
     return picked.reshape(b, chunk, h, n).astype(jnp.int32)
 
-  def tiles(x):                                   # [B, R, ...] -> [N, B, c, ...]
+  def tiles(x):                                 # [B, R, ...] -> [N, B, c, ...]
     return jnp.moveaxis(x.reshape((b, r // chunk, chunk) + x.shape[2:]), 1, 0)
 
   q = jax.lax.stop_gradient(jnp.asarray(q, _F32))

@@ -3,7 +3,7 @@ selected, with an online softmax.
 
 A tile holds ``c`` queries; per batch row and query head, the full blocks
 that some query of the tile selected form its union (at most ``min(NF, c
-(k - 1))`` blocks, listed in order). Round ``u`` of a loop attends the
+(top_k - 1))`` blocks, listed in order). Round ``u`` of a loop attends the
 tile's queries to the ``u``-th block of each union: one ``[c, C]`` score
 block per row and head, masked to the queries that selected that block
 (-inf before any ``exp``), folded into a running maximum, sum and output
@@ -12,8 +12,9 @@ the tile over rows and heads (a data-dependent trip count), so the work is
 
     sum over tiles of  max_{b, h} |union|  x  B H c C (K + V)
 
-multiply-adds: ``(k - 1) T C (K + V)`` per row and head when the queries of
-a tile agree, ``min(NF, c (k - 1))`` rounds per tile at worst.
+multiply-adds: ``(top_k - 1) T C (K + V)`` per row and head when the
+queries of a tile agree, ``min(NF, c (top_k - 1))`` rounds per tile at
+worst.
 
 The backward pass (``custom_vjp``) keeps only ``o`` and the log-sum-exp and
 recomputes each round's probabilities; the gradients of the blocks'
@@ -64,7 +65,7 @@ def selected_block_attention(q, kb, vb, sel, *, scale: float, chunk: int):
   def rows():
     return jnp.arange(b)[:, None]
 
-  def block_of(x, f):                   # [B, NF, C, Hkv, W], [B, H] -> [B,H,C,W]
+  def block_of(x, f):                   # [B,NF,C,Hkv,W], [B, H] -> [B,H,C,W]
     return x[rows(), jnp.maximum(f, 0), :, jnp.asarray(kv_head)[None]]
 
   def union(sel_t):
