@@ -27,6 +27,9 @@ of the matrix):
 - native sparse attention: ``v = x W_v``; ``M`` is the gated sum of its
   three branches' softmax weights (a compressed block's weight spread as
   ``1 / l`` over its ``l`` tokens), one row per query head.
+- MoBA: ``v = x W_v``; ``M`` is the softmax over the keys of the blocks
+  each query selected (its own, causally, and the ``top_k - 1`` of largest
+  gate), after RoPE; the selection depends on ``q`` and ``k`` only.
 - linear attention, Performer, Based's Taylor branch: ``v = x W_v``; ``M =
   (phi(q) phi(k)^T) / (row sum + eps)`` with the layer's normalisation
   (none when the layer does not normalise).

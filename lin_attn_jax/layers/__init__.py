@@ -19,6 +19,7 @@ from lin_attn_jax.layers.linformer import Linformer
 from lin_attn_jax.layers.mamba import Mamba
 from lin_attn_jax.layers.mamba2 import Mamba2
 from lin_attn_jax.layers.nsa import NativeSparseAttention
+from lin_attn_jax.layers.moba import MoBA
 from lin_attn_jax.layers.performer import Performer
 from lin_attn_jax.layers.retnet import RetNet
 from lin_attn_jax.layers.rg_lru import RGLRU
@@ -36,6 +37,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "linformer": Linformer,
     "stickbreaking_attn": StickBreakingAttention,
     "forgetting_attn": ForgettingAttention,
+    "moba": MoBA,
     # Gated-linear-attention core.
     "linear_attn": LinearAttention,
     "performer": Performer,
@@ -59,6 +61,6 @@ MIXERS: dict[str, type[Mixer]] = {
 __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
            "Context", "DeltaNet", "ForgettingAttention", "GatedDeltaNet",
            "LinearAttention", "Linformer", "MIXERS", "MODES", "Mamba",
-           "Mamba2", "Mixer", "NativeSparseAttention", "OpForms", "Performer",
-           "RetNet", "SlidingWindowAttention", "SoftmaxAttention",
-           "SparseAttention", "StickBreakingAttention"]
+           "Mamba2", "Mixer", "MoBA", "NativeSparseAttention", "OpForms",
+           "Performer", "RetNet", "SlidingWindowAttention",
+           "SoftmaxAttention", "SparseAttention", "StickBreakingAttention"]

@@ -38,6 +38,8 @@ from lin_attn_jax.ops.simple_gla import (chunk_simple_gla,
 from lin_attn_jax.ops.linformer import linformer_attn, linformer_attn_step
 from lin_attn_jax.ops.nsa import (NSACache, chunk_nsa, init_nsa_cache,
                                   nsa_extend, nsa_step, parallel_nsa)
+from lin_attn_jax.ops.moba import (MoBACache, chunk_moba, init_moba_cache,
+                                   moba_extend, moba_step, parallel_moba)
 from lin_attn_jax.ops.softmax_attn import (KVCache, chunk_softmax_attn,
                                            init_kv_cache,
                                            parallel_softmax_attn,
@@ -123,6 +125,7 @@ from lin_attn_jax.ops.gated_linear.context_parallel import (
 from lin_attn_jax.ops.mamba.context_parallel import (
     context_parallel_selective_scan)
 from lin_attn_jax.ops.nsa.context_parallel import context_parallel_nsa
+from lin_attn_jax.ops.moba.context_parallel import context_parallel_moba
 from lin_attn_jax.ops.rwkv7.context_parallel import context_parallel_rwkv7
 from lin_attn_jax.ops.softmax_attn.context_parallel import (
     context_parallel_softmax_attn)

@@ -405,19 +405,57 @@ def _sparse_forms(pattern):
   }
 
 
+# MoBA: keys per block and blocks per query (its own included).
+MOBA_BLOCK = 4
+MOBA_TOP_K = 3
+
+
+def _empty_moba_cache(q, k, v, **unused):
+  """A MoBA cache for the whole of ``k`` [B, T, Hkv, K] (read from its
+  ends, as ``_empty_cache``)."""
+  del q, unused
+  return ops.init_moba_cache(k.shape[0], k.shape[-2], k.shape[-1],
+                             v.shape[-1],
+                             max_length=max(k.shape[:-2], default=1),
+                             block_size=MOBA_BLOCK, dtype=k.dtype)
+
+
+def _moba_cached_step(q, k, v, state, reset, scale=None):
+  return ops.moba_step(q, k, v, state, top_k=MOBA_TOP_K, scale=scale,
+                       reset=reset)
+
+
+def _moba_prefill(q, k, v, *, segment_ids=None, scale=None):
+  return ops.moba_extend(q, k, v, _empty_moba_cache(q, k, v),
+                         top_k=MOBA_TOP_K, scale=scale,
+                         segment_ids=segment_ids)[0]
+
+
+def _moba_forms():
+  moba = dict(block_size=MOBA_BLOCK, top_k=MOBA_TOP_K)
+  return {
+      "naive": o_only(ops.parallel_moba, **moba),
+      "chunk": o_only(ops.chunk_moba, "chunk_size", **moba),
+      "step": StepForm(_moba_cached_step, ("q", "k", "v"),
+                       init_state=_empty_moba_cache, final_state=False),
+      "prefill": o_only(_moba_prefill),
+  }
+
+
 def _softmax_specs():
   """Softmax attention keeps no recurrent state: the forms return ``(o,
   None)`` and the reference is the dense ``[T, T]`` form. The decoding
   forms run ``softmax_attn_step`` over the sequence with a KV cache (a ring
   buffer of ``WINDOW`` entries for the window) or prefill the whole
-  sequence into an empty cache. Keys and values have half the query heads
-  when ``Dims.heads`` is even. Linformer is not causal and has no form but
-  its definition. Stick-breaking attention has the same forms (its dense
-  definition as the reference), with the remaining stick left out (its
-  tests check it); its strong inputs saturate the logits. The Forgetting
-  Transformer's forms have the same shape, with its log forget gate ``g``
-  and its cache of gate decays. Native sparse attention's reference is its
-  dense form; its decoding forms keep an ``NSACache``."""
+  sequence into an empty cache; MoBA's the same with its own cache. Keys
+  and values have half the query heads when ``Dims.heads`` is even.
+  Linformer is not causal and has no form but its definition.
+  Stick-breaking attention has the same forms (its dense definition as the
+  reference), with the remaining stick left out (its tests check it); its
+  strong inputs saturate the logits. The Forgetting Transformer's forms
+  have the same shape, with its log forget gate ``g`` and its cache of gate
+  decays. Native sparse attention's reference is its dense form; its
+  decoding forms keep an ``NSACache``."""
   qkv = ("q", "k", "v")
   attention = spec_inputs.attention
   return [
@@ -434,6 +472,8 @@ def _softmax_specs():
              chunked=("parallel",)),
       OpSpec("sparse_attn_fixed", _sparse_forms("fixed"), attention, qkv,
              chunked=("parallel",)),
+      OpSpec("moba", _moba_forms(), spec_inputs.moba, qkv,
+             context_parallel=("chunk",)),
       OpSpec("linformer_attn", {"naive": o_only(ops.linformer_attn)},
              functools.partial(attention, projections=True),
              qkv + ("e", "f"), chunked=()),

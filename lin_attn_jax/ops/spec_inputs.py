@@ -323,3 +323,16 @@ def nsa(key, dims, strong):
   for name, kx in zip(("g_cmp", "g_slc", "g_swa"), jax.random.split(kg, 3)):
     inputs[name] = jax.nn.sigmoid(jax.random.normal(kx, shape, _F32))
   return inputs
+
+
+def moba(key, dims, strong):
+  """Grouped-query attention inputs (as ``attention``) whose documents are
+  a few MoBA blocks long: a new one with probability 0.02 per token. Gates
+  of normal inputs are distinct with probability 1, so the forms select the
+  same blocks (a tie would be broken the same way by all of them, but a
+  gate computed in another order of sums could break it otherwise)."""
+  inputs = attention(key, dims, strong)
+  kseg = jax.random.fold_in(key, 1)
+  starts = jax.random.bernoulli(kseg, 0.02, (dims.batch, dims.length))
+  inputs["segment_ids"] = jnp.cumsum(starts.astype(jnp.int32), axis=1)
+  return inputs

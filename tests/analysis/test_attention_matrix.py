@@ -28,6 +28,7 @@ OPTIONS = {
     "rg_lru": {"lru_width": 8},
     "hgrn2": {"expand_ratio": 4},
     "nsa": {"block_size": 2, "block_counts": 2, "window_size": 3},
+    "moba": {"block_size": 2, "top_k": 2},
 }
 CAUSAL = sorted(name for name in MIXERS if name != "linformer")
 # Two documents in row 0 (the second starts at token 6), one in row 1.

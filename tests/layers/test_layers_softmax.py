@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from lin_attn_jax.layers import (MIXERS, Linformer, SlidingWindowAttention,
-                                 SoftmaxAttention, SparseAttention)
+from lin_attn_jax.layers import (MIXERS, Linformer, MoBA,
+                                 SlidingWindowAttention, SoftmaxAttention,
+                                 SparseAttention)
 from lin_attn_jax.testing import lm_checks
 from lin_attn_jax.testing import rel_rms
 
@@ -23,6 +24,12 @@ CAUSAL_CASES = {
     "sparse_attn_fixed": ("sparse_attn", {"pattern": "fixed", "stride": 6,
                                           "summary_size": 2,
                                           "block_size": 8}),
+    # Blocks of 3, so that the documents of 5 and 11 tokens have blocks to
+    # choose from; tiles of 4, shorter than some documents' blocks.
+    "moba": ("moba", {"block_size": 3, "top_k": 2, "chunk_size": 4,
+                      "n_kv_heads": 1}),
+    "moba_gated": ("moba", {"block_size": 3, "top_k": 3, "chunk_size": 4,
+                            "qk_norm": True, "use_output_gate": True}),
 }
 # Without segment ids the same modes run on one document: slow only, as for
 # the other mixers (the segment case covers every path and the masks
@@ -40,6 +47,19 @@ def test_modes_decoding_and_gradients(case, use_segments):
   name, options = CAUSAL_CASES[case]
   lm = lm_checks.tiny_lm(name, options)
   lm_checks.check_mixer(lm, use_segments=use_segments)
+
+
+def test_moba_in_a_hybrid_lm():
+  """MoBA after a GLA layer: prefill and decoding reproduce the forward."""
+  from lin_attn_jax.models import LM, LMConfig
+
+  lm = LM(LMConfig(vocab_size=lm_checks.VOCAB, d_model=32, n_layers=2,
+                   n_heads=2, mixer=("gla", "moba"),
+                   mixer_options={"gla": {"chunk_size": 8},
+                                  "moba": {"block_size": 3, "top_k": 2,
+                                           "chunk_size": 4}}),
+          rngs=nnx.Rngs(0))
+  lm_checks.check_decoding(lm, use_segments=True)
 
 
 def test_sliding_window_cache_is_a_ring_buffer():
@@ -97,9 +117,10 @@ def test_linformer_sees_the_future():
 
 
 @pytest.mark.parametrize("name", ["softmax_attn", "sliding_window_attn",
-                                  "sparse_attn", "linformer"])
+                                  "sparse_attn", "linformer", "moba"])
 def test_bfloat16(name):
-  options = {"linformer": {"max_len": 8}, "sparse_attn": {"stride": 2}}
+  options = {"linformer": {"max_len": 8}, "sparse_attn": {"stride": 2},
+             "moba": {"block_size": 2, "top_k": 2}}
   layer = MIXERS[name](16, 2, rngs=nnx.Rngs(0), dtype=jnp.bfloat16,
                        param_dtype=jnp.bfloat16, **options.get(name, {}))
   params = jax.tree.leaves(nnx.state(layer, nnx.Param))
@@ -124,6 +145,10 @@ def test_bfloat16(name):
     (SparseAttention, {"pattern": "fixed", "stride": 4, "summary_size": 5},
      "summary_size"),
     (Linformer, {"projected_length": 0}, "projected_length"),
+    (MoBA, {"block_size": 0}, "block_size"),
+    (MoBA, {"top_k": -1}, "top_k"),
+    (MoBA, {"chunk_size": 2.5}, "chunk_size"),
+    (MoBA, {"n_kv_heads": 3}, "multiple of n_kv_heads"),
 ])
 def test_bad_options(cls, options, message):
   with pytest.raises(ValueError, match=message):

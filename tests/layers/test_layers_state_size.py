@@ -75,6 +75,9 @@ def test_closed_forms():
   assert attention.state_size(7) == 2 * 7 * D
   assert build("softmax_attn", n_heads=4, n_kv_heads=1).state_size(T) == \
       2 * T * D // 4
+  # MoBA: the KV cache and the key sums of T // C blocks and of the
+  # current one.
+  assert build("moba", block_size=16).state_size(T) == (2 * T + 5 + 1) * D
   # A window keeps min(w, T) tokens.
   window = build("sliding_window_attn")
   assert window.state_size(T) == 2 * 16 * D

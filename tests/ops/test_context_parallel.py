@@ -295,6 +295,18 @@ def _nsa():
   return make, fn
 
 
+def _moba():
+  def make():
+    return (dict(q=_normal(0, (B, T, 2 * H, K)), k=_normal(1, (B, T, H, K)),
+                 v=_normal(2, (B, T, H, V))), None)
+
+  def fn(initial_state, segment_ids, **inputs):
+    del initial_state
+    return ops.chunk_moba(**inputs, segment_ids=segment_ids, block_size=3,
+                          top_k=2, chunk_size=CHUNK), None
+  return make, fn
+
+
 # name: (case, the P values it runs at with segment ids and initial state).
 # One core form of each kind runs at every P; the other ops reach the same
 # split code through their core and run at one P each.
@@ -330,13 +342,16 @@ CASES = {
     "forgetting_attn": (_forgetting(), (2, 8)),
     # A halo with the gates for 8 tokens per device, the gathered path for 4.
     "forgetting_attn_window": (_forgetting(window_size=6), (4, 8)),
+    # Blocks of 3: 2 keys before a device's first query for its own block,
+    # at 16 and at 4 tokens per device.
+    "moba": (_moba(), (2, 8)),
 }
 
 # name: the P of a run without initial state and segment ids (compared with
 # the same compiled reference given a zero state and one document).
 PLAIN = {"gla": 4, "gated_delta_rule": 2, "linear_scan": 8,
          "causal_conv1d": 2, "token_shift": 4, "sliding_window_attn": 4,
-         "stickbreaking_attn": 4, "forgetting_attn": 4}
+         "stickbreaking_attn": 4, "forgetting_attn": 4, "moba": 4}
 
 
 def _vjp(fn, diff, segment_ids, cotangents):
