@@ -36,6 +36,9 @@ from lin_attn_jax.ops.simple_gla import (chunk_simple_gla,
 # Linformer, KV-cache decoding. These return ``o`` only (decoding returns
 # ``(o, cache)``).
 from lin_attn_jax.ops.linformer import linformer_attn, linformer_attn_step
+from lin_attn_jax.ops.path_attn import (PaTHCache, chunk_path_attn,
+                                        init_path_cache, parallel_path_attn,
+                                        path_attn_extend, path_attn_step)
 from lin_attn_jax.ops.softmax_attn import (KVCache, chunk_softmax_attn,
                                            init_kv_cache,
                                            parallel_softmax_attn,
@@ -108,6 +111,8 @@ from lin_attn_jax.ops.gated_linear.context_parallel import (
     context_parallel_gated_linear)
 from lin_attn_jax.ops.mamba.context_parallel import (
     context_parallel_selective_scan)
+from lin_attn_jax.ops.path_attn.context_parallel import (
+    context_parallel_path_attn)
 from lin_attn_jax.ops.rwkv7.context_parallel import context_parallel_rwkv7
 from lin_attn_jax.ops.softmax_attn.context_parallel import (
     context_parallel_softmax_attn)

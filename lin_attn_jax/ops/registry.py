@@ -302,6 +302,37 @@ def _attention_forms(window_size=None):
   }
 
 
+def _empty_path_cache(q, k, v, g=None, **unused):
+  """A PaTH cache for the whole of ``k`` [B, T, Hkv, K] (with a gate for
+  ``g`` [B, T, H]); read from the ends of the arrays, as ``_empty_cache``."""
+  del unused
+  return ops.init_path_cache(
+      k.shape[0], k.shape[-2], k.shape[-1], v.shape[-1],
+      max_length=max(k.shape[:-2], default=1),
+      gate_heads=None if g is None else q.shape[-2], dtype=k.dtype)
+
+
+def _path_step(q, k, v, w, beta, g, state, reset, scale=None):
+  return ops.path_attn_step(q, k, v, w, beta, state, g=g, scale=scale,
+                            reset=reset)
+
+
+def _path_prefill(q, k, v, w, beta, g=None, *, segment_ids=None, scale=None):
+  cache = _empty_path_cache(q, k, v, g)
+  return ops.path_attn_extend(q, k, v, w, beta, cache, g=g, scale=scale,
+                              segment_ids=segment_ids)[0]
+
+
+def _path_forms():
+  return {
+      "naive": o_only(ops.parallel_path_attn),
+      "chunk": o_only(ops.chunk_path_attn, "chunk_size"),
+      "step": StepForm(_path_step, ("q", "k", "v", "w", "beta", "g"),
+                       init_state=_empty_path_cache, final_state=False),
+      "prefill": o_only(_path_prefill),
+  }
+
+
 def _sparse_forms(pattern):
   static = dict(stride=STRIDE, pattern=pattern, summary_size=SUMMARY)
   return {
@@ -317,7 +348,8 @@ def _softmax_specs():
   buffer of ``WINDOW`` entries for the window) or prefill the whole
   sequence into an empty cache. Keys and values have half the query heads
   when ``Dims.heads`` is even. Linformer is not causal and has no form but
-  its definition."""
+  its definition. PaTH attention decodes with its own cache (keys moved
+  across every later reflection) and prefills into it."""
   qkv = ("q", "k", "v")
   attention = spec_inputs.attention
   return [
@@ -337,6 +369,9 @@ def _softmax_specs():
       OpSpec("linformer_attn", {"naive": o_only(ops.linformer_attn)},
              functools.partial(attention, projections=True),
              qkv + ("e", "f"), chunked=()),
+      OpSpec("path_attn", _path_forms(), spec_inputs.path_attn,
+             qkv + ("w", "beta", "g"), tol=1e-5, grad_tol=1e-5,
+             context_parallel=("chunk",)),
   ]
 
 
