@@ -243,11 +243,12 @@ def _rounds(init_long, init_short, doc_long, doc_short, tables, terms,
   return long, short
 
 
-def _slot_groups(n_slots: int, rounds: int, terms: ChunkTerms) -> int:
-  """Slots per group: ``PAIR_FLOATS`` over one slot's per-round terms."""
-  _, _, h, g, c, dk = terms.q_start.shape
-  per_slot = rounds * c * h * g * (dk + terms.v.shape[-1] + c)
-  return max(1, min(n_slots, PAIR_FLOATS // max(per_slot, 1)))
+def slots_per_group(n_slots: int, rounds: int, chunk: int, heads: int,
+                    dim_k: int, dim_v: int) -> int:
+  """Slots per group: ``PAIR_FLOATS`` over one slot's terms, ``rounds x C
+  x H x (K + V + C)`` floats."""
+  per_slot = rounds * chunk * heads * (dim_k + dim_v + chunk)
+  return max(1, min(n_slots, PAIR_FLOATS // per_slot))
 
 
 def attend_chunks(terms: ChunkTerms, scale):
@@ -286,8 +287,9 @@ def attend_chunks(terms: ChunkTerms, scale):
 
 def _grouped_rounds(inits, docs, tables, terms, scale):
   """``_rounds`` over groups of slots, each group rematerialised."""
-  n_slots = tables[0].shape[1]
-  group = _slot_groups(n_slots, tables[0].shape[0], terms)
+  rounds, n_slots = tables[0].shape
+  _, _, h, g, c, dk = terms.q_start.shape
+  group = slots_per_group(n_slots, rounds, c, h * g, dk, terms.v.shape[-1])
   if group >= n_slots:
     return _rounds(*inits, *docs, tables, terms, scale)
   steps = -(-n_slots // group)
