@@ -22,6 +22,10 @@ of the matrix):
 - softmax attention (full, sliding window, sparse): ``v = x W_v``; ``M`` is
   ``softmax(q k^T / sqrt(K) + mask)`` after RoPE, one row per query head (a
   key/value head serves its group).
+- PaTH attention: ``v = x W_v``; ``M`` is ``softmax((z + c_i - c_j) /
+  sqrt(K))`` with ``z`` the logits across the accumulated Householder
+  transformations and ``c`` the cumulative forget gate (when the layer has
+  one).
 - linear attention, Performer, Based's Taylor branch: ``v = x W_v``; ``M =
   (phi(q) phi(k)^T) / (row sum + eps)`` with the layer's normalisation
   (none when the layer does not normalise).

@@ -17,6 +17,7 @@ from lin_attn_jax.layers.linear_attn import LinearAttention
 from lin_attn_jax.layers.linformer import Linformer
 from lin_attn_jax.layers.mamba import Mamba
 from lin_attn_jax.layers.mamba2 import Mamba2
+from lin_attn_jax.layers.path_attn import PaTHAttention
 from lin_attn_jax.layers.performer import Performer
 from lin_attn_jax.layers.retnet import RetNet
 from lin_attn_jax.layers.rg_lru import RGLRU
@@ -30,6 +31,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "sliding_window_attn": SlidingWindowAttention,
     "sparse_attn": SparseAttention,
     "linformer": Linformer,
+    "path_attn": PaTHAttention,
     # Gated-linear-attention core.
     "linear_attn": LinearAttention,
     "performer": Performer,
@@ -53,5 +55,5 @@ MIXERS: dict[str, type[Mixer]] = {
 __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
            "Context", "DeltaNet", "GatedDeltaNet", "LinearAttention",
            "Linformer", "MIXERS", "MODES", "Mamba", "Mamba2", "Mixer",
-           "OpForms", "Performer", "RetNet", "SlidingWindowAttention",
-           "SoftmaxAttention", "SparseAttention"]
+           "OpForms", "PaTHAttention", "Performer", "RetNet",
+           "SlidingWindowAttention", "SoftmaxAttention", "SparseAttention"]

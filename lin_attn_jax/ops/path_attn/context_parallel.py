@@ -4,9 +4,10 @@ Device ``p`` holds tokens ``[p L, (p + 1) L)``. A logit between a query
 ``i`` on device ``p`` and a key ``j`` on an earlier device ``p'`` factors
 at the devices' boundaries:
 
-    z_ij = (q_i^T H_i ... H_{pL})  D_{p-1} ... D_{p'+1}  (H_{end p'} ... H_{j+1} k_j)
+    z_ij = (q_i^T H_i ... H_{pL}) D_{p-1} ... D_{p'+1} (H_{e} ... H_{j+1} k_j)
 
-with ``D_d`` the product of device ``d``'s reflections. So:
+with ``D_d`` the product of device ``d``'s reflections and ``e`` the last
+token of device ``p'``. So:
 
 1. each device runs the blockwise form on its own tokens, which also
    gives its queries moved back to its first token and their gate sums
