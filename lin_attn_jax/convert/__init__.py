@@ -5,7 +5,7 @@ A checkpoint directory holds ``config.json`` and safetensors weights
 nothing is downloaded. Supported ``model_type`` values: ``mamba``,
 ``mamba2``, ``recurrent_gemma``, ``qwen3_next`` (every layer Gated DeltaNet,
 dense MLPs) from transformers, and flash-linear-attention's ``gla``,
-``delta_net``, ``gated_deltanet``, ``rwkv6`` and ``rwkv7``.
+``delta_net``, ``gated_deltanet``, ``rwkv6``, ``rwkv7`` and ``path_attn``.
 
   >>> lm, config, hf_config = load_pretrained("/path/to/checkpoint")
   >>> tokenizer = checkpoint_tokenizer("/path/to/checkpoint")  # or None
