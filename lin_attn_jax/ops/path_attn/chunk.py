@@ -41,6 +41,7 @@ group, i query row, j key column, k key channel, v value channel.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -171,6 +172,11 @@ def _first_pass(terms: ChunkTerms, scale):
   return m, jnp.sum(p, axis=-1), acc
 
 
+def _select(which, a, b):
+  """``b`` where ``which [G]`` (along the slot axis, 1), else ``a``."""
+  return jnp.where(which.reshape((1, -1) + (1,) * (a.ndim - 2)), b, a)
+
+
 def _rounds(init_long, init_short, doc_long, doc_short, tables, terms,
             scale):
   """The rounds of a group of slots (see the module docstring).
@@ -180,28 +186,19 @@ def _rounds(init_long, init_short, doc_long, doc_short, tables, terms,
   tables: ``(which, key, active)``, each ``[R, G]``. Returns the final
   ``(long states, short states)``.
   """
-  with_gate = terms.gate_in is not None
-  with_docs = terms.doc is not None
 
   def one_round(carry, xs):
     long, short = carry
     which, kb, active = xs                                      # [G]
-
-    def pick(a, b):                                  # a: long, b: short
-      if a is None:
-        return None
-      sel = which.reshape((1, -1) + (1,) * (a.ndim - 2))
-      return jnp.where(sel, b, a)
-
-    q, gate, m, l, acc = jax.tree.map(pick, long, short,
-                                      is_leaf=lambda x: x is None)
+    on_short = functools.partial(_select, which)
+    q, gate, m, l, acc = jax.tree.map(on_short, long, short)
     k_n, v_n = terms.k_end[:, kb], terms.v[:, kb]               # [B,G,h,C,*]
     z = _mm("bshgik,bshjk->bshgij", q, k_n)                     # [B,G,h,g,C,C]
-    if with_gate:
+    if gate is not None:
       z = z + gate[..., :, None] + terms.gate_out[:, kb][..., None, :]
     allowed = active.reshape(1, -1, 1, 1, 1, 1)
-    if with_docs:
-      doc_q = pick(doc_long, doc_short)                         # [B, G, C]
+    if doc_long is not None:
+      doc_q = on_short(doc_long, doc_short)                     # [B, G, C]
       same = doc_q[..., :, None] == terms.doc[:, kb][..., None, :]
       allowed = allowed & same[:, :, None, None]
     s = jnp.where(allowed, scale * z, -jnp.inf)
@@ -214,29 +211,12 @@ def _rounds(init_long, init_short, doc_long, doc_short, tables, terms,
     # Cross key chunk kb: q <- q (I - W^T R).
     q_new = cross_block(q, terms.w[:, kb][:, :, :, None],
                         terms.r[:, kb][:, :, :, None])          # [B,G,h,g,C,K]
-    gate_new = (None if not with_gate
+    gate_new = (None if gate is None
                 else gate + terms.gate_total[:, kb][..., None])
-
-    def keep(new, old):
-      if new is None:
-        return None
-      on = active.reshape((1, -1) + (1,) * (new.ndim - 2))
-      return jnp.where(on, new, old)
-
-    cur = (q, gate, m, l, acc)
-    new = jax.tree.map(keep, (q_new, gate_new, m_new, l_new, acc_new), cur,
-                       is_leaf=lambda x: x is None)
-
-    def place(a, b, n_):           # long, short, new
-      if a is None:
-        return None
-      sel = which.reshape((1, -1) + (1,) * (a.ndim - 2))
-      return jnp.where(sel, a, n_), jnp.where(sel, n_, b)
-
-    placed = [place(a, b_, n_) for a, b_, n_ in zip(long, short, new)]
-    long = tuple(None if x is None else x[0] for x in placed)
-    short = tuple(None if x is None else x[1] for x in placed)
-    return (long, short), None
+    new = jax.tree.map(functools.partial(_select, active), (q, gate, m, l, acc),
+                       (q_new, gate_new, m_new, l_new, acc_new))
+    return (jax.tree.map(on_short, new, long),
+            jax.tree.map(on_short, short, new)), None
 
   (long, short), _ = jax.lax.scan(one_round, (init_long, init_short),
                                   tuple(jnp.asarray(x) for x in tables))
@@ -265,20 +245,17 @@ def attend_chunks(terms: ChunkTerms, scale):
   if n > 1:
     sched = make_schedule(n)
 
-    def slots_of(ids):
-      return jax.tree.map(lambda x: None if x is None else x[:, ids], state,
-                          is_leaf=lambda x: x is None)
+    def slots_of(ids):                           # [B, N, ...] -> [B, S, ...]
+      return jax.tree.map(lambda x: x[:, ids], (state, terms.doc))
 
-    doc = terms.doc
-    docs = ((None, None) if doc is None
-            else (doc[:, sched.long], doc[:, sched.short]))
-    inits = (slots_of(sched.long), slots_of(sched.short))
-    tables = (sched.which, sched.key, sched.active)
-    long, short = _grouped_rounds(inits, docs, tables, terms, scale)
+    (init_long, doc_long), (init_short, doc_short) = (
+        slots_of(sched.long), slots_of(sched.short))
+    long, short = _grouped_rounds(
+        (init_long, init_short), (doc_long, doc_short),
+        (sched.which, sched.key, sched.active), terms, scale)
     state = jax.tree.map(
-        lambda a, b: None if a is None else jnp.concatenate(
-            [a, b], axis=1)[:, sched.home], long, short,
-        is_leaf=lambda x: x is None)
+        lambda a, b: jnp.concatenate([a, b], axis=1)[:, sched.home], long,
+        short)
   q_first, gate_first, m, l, acc = state
   o = acc / l[..., None]
   lse = m + jnp.log(l)
@@ -312,14 +289,10 @@ def _grouped_rounds(inits, docs, tables, terms, scale):
     inits, docs, tables = xs
     return _rounds(*inits, *docs, tables, terms, scale)
 
-  is_none = lambda x: x is None                       # noqa: E731
-  grouped = jax.tree.map(lambda x: None if x is None else to_groups(x),
-                         (inits, docs), is_leaf=is_none)
   group_tables = tuple(jnp.asarray(table_groups(x)) for x in tables)
-  long, short = jax.lax.map(jax.checkpoint(one_group),
-                            (*grouped, group_tables))
-  return jax.tree.map(lambda x: None if x is None else from_groups(x),
-                      (long, short), is_leaf=is_none)
+  out = jax.lax.map(jax.checkpoint(one_group),
+                    (*jax.tree.map(to_groups, (inits, docs)), group_tables))
+  return jax.tree.map(from_groups, out)
 
 
 def blockwise(q, k, v, w, beta, g, doc, *, scale, chunk: int):
