@@ -53,7 +53,6 @@ from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.path_attn import context_parallel as split
 from lin_attn_jax.ops.path_attn.householder import (block_transforms,
                                                     cross_block,
-                                                    cross_block_keys,
                                                     exclusive_suffix_sums)
 from lin_attn_jax.ops.path_attn.inputs import default_scale, validate
 
@@ -92,7 +91,7 @@ def chunk_terms(q, k, v, w, beta, g, doc, chunk: int) -> ChunkTerms:
   multiple of ``chunk`` (zeros: a padded token's reflection is the
   identity, its gate 0); ``doc [B, T]`` a document index or None."""
   b, t, h, dk = q.shape
-  hkv, dv = k.shape[2], v.shape[-1]
+  hkv = k.shape[2]
   gq = h // hkv
   qp, kp, vp, wp, bp = (pad_time(jnp.asarray(x, _F32), chunk)
                         for x in (q, k, v, w, beta))
