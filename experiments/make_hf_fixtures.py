@@ -21,9 +21,10 @@ from the fixture's ``config.json``. ``--tokenizer_only`` writes only these
 flash-linear-attention's models run their Triton kernels, which need a GPU;
 on CPU the script swaps each kernel the models call (norms, short
 convolutions, token shift, the recurrences, rotary embeddings, native
-sparse attention) for a plain torch version of the same computation
-(``fla_cpu_reference``). transformers' models run as
-they are.
+sparse attention, PaTH's attention, decoding step and L2 norm) for a
+plain torch version of the same computation (``fla_cpu_reference``;
+PaTH's attention is fla's own ``naive_path_attn``). transformers' models
+run as they are.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def fla_cpu_reference():
   import fla.layers.gated_deltanet as fla_gdn
   import fla.layers.gla as fla_gla
   import fla.layers.nsa as fla_nsa
+  import fla.layers.path_attn as fla_path_attn
   import fla.layers.rwkv6 as fla_rwkv6
   import fla.layers.rwkv7 as fla_rwkv7
   import fla.layers.stickbreaking_attn as fla_stickbreaking
@@ -81,6 +83,7 @@ def fla_cpu_reference():
   from fla.ops.forgetting_attn.naive import naive_forgetting_attn
   from fla.ops.rwkv7.fused_addcmul import torch_addcmul_rwkv7
   from fla.ops.rwkv7.fused_k_update import k_update_ref
+  from fla.ops.path_attn.naive import naive_path_attn
   from fla.ops.rwkv7.gate_output_correction import gate_output_correction_ref
   from fla.ops.stickbreaking_attn.naive import naive_stickbreaking_attn
   from experiments.fla_nsa_reference import parallel_nsa_on_cpu
@@ -141,7 +144,15 @@ def fla_cpu_reference():
 
   def short_conv(self, x, residual=None, cache=None, output_final_state=False,
                  cu_seqlens=None, **kwargs):
-    # cache: the last W - 1 inputs, [B, W - 1, D].
+    # cache: the last W - 1 inputs, [B, W - 1, D]; with cu_seqlens, x is
+    # [1, total, D] and each sequence is convolved (and cached) alone.
+    if cu_seqlens is not None:
+      outs = [short_conv(self, x[:, a:b], output_final_state=True)
+              for a, b in zip(cu_seqlens[:-1].tolist(),
+                              cu_seqlens[1:].tolist())]
+      y = torch.cat([o for o, _ in outs], dim=1)
+      states = torch.cat([c for _, c in outs], dim=0)
+      return y, (states if output_final_state else None)
     width = self.weight.shape[-1]
     past = (x.new_zeros(x.shape[0], width - 1, x.shape[-1]) if cache is None
             else cache)
@@ -296,6 +307,60 @@ def fla_cpu_reference():
   fla_forgetting.parallel_forgetting_attn = parallel_forgetting
   fla_forgetting.attn_decoding_one_step = decoding_step
 
+  def sequences(x, cu_seqlens):
+    """``[B, T, ...]`` rows, or the sequences of ``[1, total, ...]``."""
+    if x is None:
+      return None
+    if cu_seqlens is None:
+      return list(x.split(1, dim=0))
+    bounds = cu_seqlens.tolist()
+    return [x[:, a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+  def path_attn(q, k, v, w, beta, g=None, scale=None, cu_seqlens=None,
+                use_cache=False):
+    # fla's naive reference (its UT transform in chunks; it needs a gate),
+    # and the keys moved across every later reflection for the cache.
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    outs, caches = [], []
+    parts = [sequences(x, cu_seqlens) for x in (q, k, v, w, beta, g)]
+    for q_s, k_s, v_s, w_s, beta_s, g_s in zip(*[
+        p if p is not None else [None] * len(parts[0]) for p in parts]):
+      if g_s is None:
+        g_s = q_s.new_zeros(q_s.shape[:-1], dtype=torch.float32)
+      outs.append(naive_path_attn(q_s, k_s, v_s, w_s, beta_s, g_s, scale))
+      keys = k_s.float().clone()
+      for t in range(1, keys.shape[1]):
+        w_t = w_s[:, t].float()                                 # [1, H, K]
+        along = (keys[:, :t] * w_t[:, None]).sum(-1, keepdim=True)
+        keys[:, :t] = keys[:, :t] - beta_s[:, t, None, :, None].float() * (
+            along * w_t[:, None])
+      caches.append(keys.to(k.dtype))
+    return torch.cat(outs, dim=1 if cu_seqlens is not None else 0), (
+        torch.cat(caches, dim=1 if cu_seqlens is not None else 0)
+        if use_cache else None)
+
+  def attn_decoding(q, k, v, g=None, scale=None, cu_seqlens=None,
+                    do_gate_scale=False, **kwargs):
+    # One query [1, N, HQ, K] at the end of each of N sequences of k, v.
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    bounds = cu_seqlens.tolist()
+    group = q.shape[2] // k.shape[2]
+    out = []
+    for n, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+      keys = k[0, a:b].float().repeat_interleave(group, dim=1)  # [S, HQ, K]
+      values = v[0, a:b].float().repeat_interleave(group, dim=1)
+      s = torch.einsum("hk,shk->hs", q[0, n].float(), keys) * scale
+      if g is not None:
+        c = g[0, a:b].float().cumsum(0)                         # [S, HQ]
+        bias = (c[-1][None] - c).T                              # [HQ, S]
+        s = s + (bias * scale if do_gate_scale else bias)
+      out.append(torch.einsum("hs,shv->hv", s.softmax(-1), values))
+    return torch.stack(out)[None].to(v.dtype)
+
+  fla_path_attn.parallel_path_attn = path_attn
+  fla_path_attn.attn_decoding_one_step = attn_decoding
+  fla_path_attn.l2_norm = lambda x, output_dtype=None, **kw: l2(
+      x.float()).to(output_dtype or x.dtype)
   fla_rwkv7.chunk_rwkv7 = recurrent_rwkv7
   fla_rwkv7.fused_mul_recurrent_rwkv7 = mul_recurrent_rwkv7
   fla_rwkv7.fused_addcmul_rwkv7 = torch_addcmul_rwkv7
@@ -417,6 +482,12 @@ FIXTURES = {
         "ForgettingTransformer", hidden_size=32, num_heads=4, num_kv_heads=2,
         qkv_bias=True, qk_norm=True, use_output_gate=True, norm_eps=1e-6,
         hidden_ratio=2),
+    "path_attn": _fla("PaTHAttention", hidden_size=32, num_heads=2,
+                      norm_eps=1e-6, hidden_ratio=2),
+    "path_attn_forget_gate": _fla(
+        "PaTHAttention", hidden_size=32, num_heads=4, num_kv_heads=2,
+        use_forget_gate=True, use_low_rank_w=False, use_w_shortconv=False,
+        norm_eps=1e-6, hidden_ratio=2),
 }
 # fla models without a cache: they generate by running the whole prefix.
 WITHOUT_CACHE = ("stickbreaking_attn",)
@@ -445,10 +516,14 @@ def _decode(model, tokens, torch):
     return torch.cat(logits, dim=1)
   from_fla = model.config.model_type in ("gla", "delta_net", "gated_deltanet",
                                          "rwkv6", "rwkv7",
-                                         "forgetting_transformer", "nsa")
+                                         "forgetting_transformer", "nsa",
+                                         "path_attn")
   # fla's ForgettingAttention decodes from its KV cache only through the
-  # path of an attention mask (all ones here: no padding).
-  masked = model.config.model_type == "forgetting_transformer"
+  # path of an attention mask (all ones here: no padding); fla's PaTH layer
+  # prefills into its cache and decodes only when given one (without one it
+  # runs its training path).
+  masked = model.config.model_type in ("forgetting_transformer",
+                                       "path_attn")
   key = "past_key_values" if from_fla else "cache"
 
   def cache_of(out):
@@ -480,6 +555,8 @@ def _decode(model, tokens, torch):
   logits, cache = [out.logits], cache_of(out) or kw.get("cache")
   for i in range(PREFILL, tokens.shape[1]):
     kw = {key: cache, "use_cache": True}
+    if masked:
+      kw["attention_mask"] = torch.ones(tokens.shape[0], i + 1).long()
     if not from_fla:
       kw["cache_position"] = torch.tensor([i])
     if positions:

@@ -268,6 +268,43 @@ def moba():
   return out
 
 
+@fixture("path_attn")
+def path_attn():
+  """fla's ``naive_path_attn`` (its chunked UT-transform reference) on
+  random inputs: T = 37 (not a multiple of its chunk of 16), 4 query heads
+  on 2 key/value heads, with a forget gate (``o_gate``) and without one
+  (``o``: fla's reference needs a gate, given as zeros), and the gradients
+  of the gated output for a random cotangent ``do``."""
+  import torch
+  from fla.ops.path_attn.naive import naive_path_attn
+
+  rng = np.random.default_rng(SEED)
+  b, t, h, hkv, dk, dv, chunk = 2, 37, 4, 2, 8, 8, 16
+  w = rng.standard_normal((b, t, hkv, dk))
+  arrays = dict(
+      q=rng.standard_normal((b, t, h, dk)),
+      k=rng.standard_normal((b, t, hkv, dk)),
+      v=rng.standard_normal((b, t, hkv, dv)),
+      w=w / np.linalg.norm(w, axis=-1, keepdims=True),
+      beta=2.0 / (1.0 + np.exp(-rng.standard_normal((b, t, hkv)))),
+      g=-np.logaddexp(0.0, -rng.standard_normal((b, t, h))),
+      do=rng.standard_normal((b, t, h, dv)))
+  arrays = {n: x.astype(np.float32) for n, x in arrays.items()}
+  scale = dk ** -0.5
+  grads = ("q", "k", "v", "w", "beta", "g")
+  inputs = {n: torch.tensor(arrays[n], requires_grad=n in grads)
+            for n in ("q", "k", "v", "w", "beta", "g")}
+  o_gate = naive_path_attn(**inputs, scale=scale, chunk_size=chunk)
+  o_gate.backward(torch.tensor(arrays["do"]))
+  with torch.no_grad():
+    o = naive_path_attn(**{**inputs, "g": torch.zeros_like(inputs["g"])},
+                        scale=scale, chunk_size=chunk)
+  arrays.update(o=o.numpy(), o_gate=o_gate.detach().numpy(),
+                scale=np.float32(scale))
+  arrays.update({f"d{n}": inputs[n].grad.numpy() for n in grads})
+  return arrays
+
+
 def main(argv):
   del argv
   names = FLAGS.only or sorted(FIXTURES)

@@ -30,6 +30,10 @@ of the matrix):
 - MoBA: ``v = x W_v``; ``M`` is the softmax over the keys of the blocks
   each query selected (its own, causally, and the ``top_k - 1`` of largest
   gate), after RoPE; the selection depends on ``q`` and ``k`` only.
+- PaTH attention: ``v = x W_v``; ``M`` is ``softmax((z + c_i - c_j) /
+  sqrt(K))`` with ``z`` the logits across the accumulated Householder
+  transformations and ``c`` the cumulative forget gate (when the layer has
+  one).
 - linear attention, Performer, Based's Taylor branch: ``v = x W_v``; ``M =
   (phi(q) phi(k)^T) / (row sum + eps)`` with the layer's normalisation
   (none when the layer does not normalise).

@@ -6,7 +6,8 @@ nothing is downloaded. Supported ``model_type`` values: ``mamba``,
 ``mamba2``, ``recurrent_gemma``, ``qwen3_next`` (every layer Gated DeltaNet,
 dense MLPs) from transformers, and flash-linear-attention's ``gla``,
 ``delta_net``, ``gated_deltanet``, ``rwkv6``, ``rwkv7``,
-``stickbreaking_attn``, ``forgetting_transformer`` and ``nsa``.
+``stickbreaking_attn``, ``forgetting_transformer``, ``nsa`` and
+``path_attn``.
 
   >>> lm, config, hf_config = load_pretrained("/path/to/checkpoint")
   >>> tokenizer = checkpoint_tokenizer("/path/to/checkpoint")  # or None

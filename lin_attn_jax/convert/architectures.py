@@ -6,8 +6,8 @@ cannot reproduce exactly) and ``entries(hf, config) -> [Entry]`` (see
 ``core.py``). Tensor names are those of ``save_pretrained``: transformers'
 ``mamba``, ``mamba2``, ``recurrent_gemma`` and ``qwen3_next``, and
 flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
-``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``
-and ``nsa``.
+``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
+``nsa`` and ``path_attn``.
 
 Norm conventions: RecurrentGemma and Qwen3-Next scale by ``1 + w``; the LM's
 scale is that sum (an export subtracts 1 again). Heads of fla's and
@@ -721,6 +721,39 @@ def nsa_entries(hf: dict, config: LMConfig) -> list[Entry]:
   return out
 
 
+def path_attn_config(hf: dict) -> LMConfig:
+  """fla's PaTH attention model: its blocks build the layer with the
+  default short convolution (3 taps, no bias), rank-32 ``w`` projection
+  and no q/k norms."""
+  heads = int(hf["num_heads"])
+  options = dict(n_kv_heads=int(hf.get("num_kv_heads") or heads),
+                 use_forget_gate=bool(hf.get("use_forget_gate", False)),
+                 use_w_shortconv=bool(hf.get("use_w_shortconv", True)),
+                 use_low_rank_w=bool(hf.get("use_low_rank_w", True)))
+  return _fla_swiglu_config(hf, "path_attn", heads, options)
+
+
+def path_attn_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  out = _fla_frame(hf, config)
+  options = config.options_for(config.layer_mixers[0])
+  for i in range(config.n_layers):
+    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
+    out += _fla_swiglu_block(i)
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+      out += linear(f"{a}.{name}", m + (name,))
+    if options["use_low_rank_w"]:
+      out += linear(f"{a}.w_proj.0", m + ("w_down",))
+      out += linear(f"{a}.w_proj.1", m + ("w_up",))
+    else:
+      out += linear(f"{a}.w_proj", m + ("w_proj",))
+    if options["use_w_shortconv"]:
+      out += [conv(f"{a}.w_conv1d.weight", m + ("w_conv", "weight"))]
+    out += linear(f"{a}.bt_proj", m + ("b_proj",), True)
+    if options["use_forget_gate"]:
+      out += linear(f"{a}.g_proj", m + ("g_proj",), True)
+  return out
+
+
 ARCHITECTURES = {
     "mamba": (mamba_config, mamba_entries),
     "mamba2": (mamba2_config, mamba2_entries),
@@ -736,6 +769,7 @@ ARCHITECTURES = {
                            stickbreaking_attn_entries),
     "forgetting_transformer": (forgetting_transformer_config,
                                forgetting_transformer_entries),
+    "path_attn": (path_attn_config, path_attn_entries),
 }
 
 

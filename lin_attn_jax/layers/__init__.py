@@ -20,6 +20,7 @@ from lin_attn_jax.layers.mamba import Mamba
 from lin_attn_jax.layers.mamba2 import Mamba2
 from lin_attn_jax.layers.nsa import NativeSparseAttention
 from lin_attn_jax.layers.moba import MoBA
+from lin_attn_jax.layers.path_attn import PaTHAttention
 from lin_attn_jax.layers.performer import Performer
 from lin_attn_jax.layers.retnet import RetNet
 from lin_attn_jax.layers.rg_lru import RGLRU
@@ -38,6 +39,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "stickbreaking_attn": StickBreakingAttention,
     "forgetting_attn": ForgettingAttention,
     "moba": MoBA,
+    "path_attn": PaTHAttention,
     # Gated-linear-attention core.
     "linear_attn": LinearAttention,
     "performer": Performer,
@@ -62,5 +64,5 @@ __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
            "Context", "DeltaNet", "ForgettingAttention", "GatedDeltaNet",
            "LinearAttention", "Linformer", "MIXERS", "MODES", "Mamba",
            "Mamba2", "Mixer", "MoBA", "NativeSparseAttention", "OpForms",
-           "Performer", "RetNet", "SlidingWindowAttention",
+           "PaTHAttention", "Performer", "RetNet", "SlidingWindowAttention",
            "SoftmaxAttention", "SparseAttention", "StickBreakingAttention"]

@@ -40,6 +40,9 @@ from lin_attn_jax.ops.nsa import (NSACache, chunk_nsa, init_nsa_cache,
                                   nsa_extend, nsa_step, parallel_nsa)
 from lin_attn_jax.ops.moba import (MoBACache, chunk_moba, init_moba_cache,
                                    moba_extend, moba_step, parallel_moba)
+from lin_attn_jax.ops.path_attn import (PaTHCache, chunk_path_attn,
+                                        init_path_cache, parallel_path_attn,
+                                        path_attn_extend, path_attn_step)
 from lin_attn_jax.ops.softmax_attn import (KVCache, chunk_softmax_attn,
                                            init_kv_cache,
                                            parallel_softmax_attn,
@@ -126,6 +129,8 @@ from lin_attn_jax.ops.mamba.context_parallel import (
     context_parallel_selective_scan)
 from lin_attn_jax.ops.nsa.context_parallel import context_parallel_nsa
 from lin_attn_jax.ops.moba.context_parallel import context_parallel_moba
+from lin_attn_jax.ops.path_attn.context_parallel import (
+    context_parallel_path_attn)
 from lin_attn_jax.ops.rwkv7.context_parallel import context_parallel_rwkv7
 from lin_attn_jax.ops.softmax_attn.context_parallel import (
     context_parallel_softmax_attn)

@@ -397,6 +397,37 @@ def _nsa_forms():
   }
 
 
+def _empty_path_cache(q, k, v, g=None, **unused):
+  """A PaTH cache for the whole of ``k`` [B, T, Hkv, K] (with a gate for
+  ``g`` [B, T, H]); read from the ends of the arrays, as ``_empty_cache``."""
+  del unused
+  return ops.init_path_cache(
+      k.shape[0], k.shape[-2], k.shape[-1], v.shape[-1],
+      max_length=max(k.shape[:-2], default=1),
+      gate_heads=None if g is None else q.shape[-2], dtype=k.dtype)
+
+
+def _path_step(q, k, v, w, beta, g, state, reset, scale=None):
+  return ops.path_attn_step(q, k, v, w, beta, state, g=g, scale=scale,
+                            reset=reset)
+
+
+def _path_prefill(q, k, v, w, beta, g=None, *, segment_ids=None, scale=None):
+  cache = _empty_path_cache(q, k, v, g)
+  return ops.path_attn_extend(q, k, v, w, beta, cache, g=g, scale=scale,
+                              segment_ids=segment_ids)[0]
+
+
+def _path_forms():
+  return {
+      "naive": o_only(ops.parallel_path_attn),
+      "chunk": o_only(ops.chunk_path_attn, "chunk_size"),
+      "step": StepForm(_path_step, ("q", "k", "v", "w", "beta", "g"),
+                       init_state=_empty_path_cache, final_state=False),
+      "prefill": o_only(_path_prefill),
+  }
+
+
 def _sparse_forms(pattern):
   static = dict(stride=STRIDE, pattern=pattern, summary_size=SUMMARY)
   return {
@@ -455,7 +486,8 @@ def _softmax_specs():
   strong inputs saturate the logits. The Forgetting Transformer's forms
   have the same shape, with its log forget gate ``g`` and its cache of gate
   decays. Native sparse attention's reference is its dense form; its
-  decoding forms keep an ``NSACache``."""
+  decoding forms keep an ``NSACache``. PaTH attention decodes with its own
+  cache (keys moved across every later reflection) and prefills into it."""
   qkv = ("q", "k", "v")
   attention = spec_inputs.attention
   return [
@@ -492,6 +524,9 @@ def _softmax_specs():
              spec_inputs.forgetting_attn, qkv + ("g",), grad_tol=3e-5,
              context_parallel=("chunk",)),
       OpSpec("nsa", _nsa_forms(), spec_inputs.nsa, qkv + NSA_GATES,
+             context_parallel=("chunk",)),
+      OpSpec("path_attn", _path_forms(), spec_inputs.path_attn,
+             qkv + ("w", "beta", "g"), tol=1e-5, grad_tol=1e-5,
              context_parallel=("chunk",)),
   ]
 

@@ -336,3 +336,19 @@ def moba(key, dims, strong):
   starts = jax.random.bernoulli(kseg, 0.02, (dims.batch, dims.length))
   inputs["segment_ids"] = jnp.cumsum(starts.astype(jnp.int32), axis=1)
   return inputs
+
+
+def path_attn(key, dims, strong):
+  """Attention inputs (keys and values with half the query heads when
+  ``Dims.heads`` is even), unit-norm Householder directions ``w [B, T,
+  Hkv, K]``, strengths ``beta = 2 sigmoid(N(0, 1))`` in (0, 2) and a forget
+  gate ``g [B, T, H]`` per query head, as the PaTH layer makes them."""
+  key, kw, kb, kg = jax.random.split(key, 4)
+  inputs = attention(key, dims, strong)
+  shape = inputs["k"].shape
+  w = jax.random.normal(kw, shape, _F32)
+  inputs["w"] = w / jnp.linalg.norm(w, axis=-1, keepdims=True)
+  inputs["beta"] = 2.0 * jax.nn.sigmoid(jax.random.normal(kb, shape[:-1],
+                                                          _F32))
+  inputs["g"] = _log_gate(kg, inputs["q"].shape[:-1], strong)
+  return inputs

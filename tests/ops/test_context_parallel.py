@@ -307,6 +307,22 @@ def _moba():
   return make, fn
 
 
+def _path(gate=True):
+  def make():
+    inputs = dict(q=_normal(0, (B, T, 2 * H, K)), k=_normal(1, (B, T, H, K)),
+                  v=_normal(2, (B, T, H, V)), w=_unit(5, (B, T, H, K)),
+                  beta=2.0 * jax.nn.sigmoid(_normal(6, (B, T, H))))
+    if gate:
+      inputs["g"] = _log_gate(3, (B, T, 2 * H))
+    return inputs, None
+
+  def fn(initial_state, segment_ids, **inputs):
+    del initial_state
+    return ops.chunk_path_attn(**inputs, segment_ids=segment_ids,
+                               chunk_size=CHUNK), None
+  return make, fn
+
+
 # name: (case, the P values it runs at with segment ids and initial state).
 # One core form of each kind runs at every P; the other ops reach the same
 # split code through their core and run at one P each.
@@ -345,13 +361,18 @@ CASES = {
     # Blocks of 3: 2 keys before a device's first query for its own block,
     # at 16 and at 4 tokens per device.
     "moba": (_moba(), (2, 8)),
+    # Earlier devices' keys moved across the later devices' reflections
+    # (without documents, across up to 7 devices: PLAIN).
+    "path_attn": (_path(), (2, 8)),
+    "path_attn_without_gate": (_path(gate=False), ()),
 }
 
 # name: the P of a run without initial state and segment ids (compared with
 # the same compiled reference given a zero state and one document).
 PLAIN = {"gla": 4, "gated_delta_rule": 2, "linear_scan": 8,
          "causal_conv1d": 2, "token_shift": 4, "sliding_window_attn": 4,
-         "stickbreaking_attn": 4, "forgetting_attn": 4, "moba": 4}
+         "stickbreaking_attn": 4, "forgetting_attn": 4, "moba": 4,
+         "path_attn": 4, "path_attn_without_gate": 8}
 
 
 def _vjp(fn, diff, segment_ids, cotangents):
