@@ -15,7 +15,8 @@ instead.
 
 The forms of every mode:
 
-- no cache, ``"chunk"``: the blockwise online-softmax op (never ``[T, T]``);
+- no cache, ``"chunk"``: the blockwise online-softmax op (never ``[T, T]``),
+  in XLA or on the Pallas kernels as ``impl`` says;
 - no cache, ``"parallel"``: the dense reference op;
 - ``"recurrent"``: a ``lax.scan`` of one-token decoding steps over a fresh
   cache (or over the given one);
@@ -35,7 +36,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, Mixer
+from lin_attn_jax.layers.base import Context, Mixer, checked_impl
 from lin_attn_jax.layers.softmax import head_layout
 from lin_attn_jax.ops import (chunk_forgetting_attn, forgetting_attn_extend,
                               forgetting_attn_step, init_forgetting_cache,
@@ -82,8 +83,11 @@ class ForgettingAttention(Mixer):
       with SiLU right after its projection (``modules.QKVShortConv``;
       False). conv_size: its taps (4). conv_bias: its bias (False).
     norm_eps: epsilon of the q/k norms (1e-5, fla's ``GroupNorm``).
-    block_size: query and key positions per block of the chunk form (speed
-      only).
+    block_size: query and key positions per block of the chunk form's XLA
+      implementation (speed only).
+    impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
+      implementation (``chunk_forgetting_attn``,
+      ``lin_attn_jax.ops.common.dispatch``).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
@@ -92,12 +96,14 @@ class ForgettingAttention(Mixer):
                use_output_gate: bool = False, use_short_conv: bool = False,
                conv_size: int = 4, conv_bias: bool = False,
                norm_eps: float = 1e-5, block_size: int = 128,
-               dtype=jnp.float32, param_dtype=jnp.float32):
+               impl: str = "auto", dtype=jnp.float32,
+               param_dtype=jnp.float32):
     self.n_kv_heads, self.head_dim = head_layout(d_model, n_heads, n_kv_heads)
     check_window(window_size)
     checks.positive_int("block_size", block_size)
     self.n_heads, self.window_size = n_heads, window_size
     self.block_size = block_size
+    self.impl = checked_impl(impl)
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     q_dim, kv_dim = n_heads * self.head_dim, self.n_kv_heads * self.head_dim
     self.q_proj = modules.dense(d_model, q_dim, use_bias=qkv_bias, **kw)
@@ -143,7 +149,7 @@ class ForgettingAttention(Mixer):
     options = dict(window_size=self.window_size, segment_ids=ctx.segment_ids)
     if ctx.mode == "chunk":
       return chunk_forgetting_attn(q, k, v, g, block_size=self.block_size,
-                                   **options)
+                                   impl=self.impl, **options)
     return parallel_forgetting_attn(q, k, v, g, **options)
 
   def attend_with_cache(self, ctx: Context, q, k, v, g, cache):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -112,3 +113,39 @@ def test_gpu_chunk_kernels_run_per_shard(op, monkeypatch):
   monkeypatch.setattr(delta_rule_chunk, "chunk_delta_rule_gpu",
                       functools.partial(chunk_delta_rule_gpu, interpret=True))
   test_kernel_runs_per_shard(op)
+
+
+def test_forgetting_attn_kernels_run_per_shard():
+  """Forgetting attention's kernels under the mesh, batch over ``data x
+  fsdp`` and the key/value heads (and with them their query heads) over
+  ``tensor``: outputs and the gradients of q, k, v and g, with grouped
+  heads and segment ids, equal the single-device kernel call; the program
+  holds no all-gather."""
+  mesh = _mesh()
+  keys = jax.random.split(jax.random.PRNGKey(0), 5)
+  args = (jax.random.normal(keys[0], (B, T, 2 * H, 8)),
+          jax.random.normal(keys[1], (B, T, H, 8)),
+          jax.random.normal(keys[2], (B, T, H, 12)),
+          jax.nn.log_sigmoid(2.0 + jax.random.normal(keys[3],
+                                                      (B, T, 2 * H))),
+          jnp.repeat(jnp.array([[0, 1], [0, 0], [3, 1], [2, 2]]), T // 2,
+                     axis=1),
+          jax.random.normal(keys[4], (B, T, 2 * H, 12)))
+  layouts = ("bthk", "bthk", "bthv", "bth", "bt", "bthv")
+
+  def run(q, k, v, g, ids, cotangent):
+    o, vjp = jax.vjp(lambda *x: ops.chunk_forgetting_attn(
+        *x, segment_ids=ids, window_size=7, impl="pallas"), q, k, v, g)
+    return o, vjp(cotangent)
+
+  expected = jax.jit(run)(*args)
+  with jax.set_mesh(mesh):
+    placed = [jax.device_put(x, NamedSharding(mesh, _spec(l)))
+              for x, l in zip(args, layouts)]
+    compiled = jax.jit(run).lower(*placed).compile()
+  assert "all-gather" not in compiled.as_text()
+  o, grads = compiled(*placed)
+  assert o.sharding.spec == _spec("bthv")
+  for name, got, want in zip(("o", "dq", "dk", "dv", "dg"),
+                             (o,) + grads, (expected[0],) + expected[1]):
+    assert rel_rms(got, want) < 1e-6, name

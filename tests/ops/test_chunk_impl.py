@@ -127,7 +127,8 @@ def test_auto_on_an_accelerator_picks_by_platform(backend, monkeypatch):
     assert _custom_calls(exported_text(grad, platform, *_inputs())) == calls
 
 
-@pytest.mark.parametrize("family", ["gated_linear", "delta_rule"])
+@pytest.mark.parametrize("family", ["gated_linear", "delta_rule",
+                                    "forgetting_attn"])
 def test_auto_on_cuda_follows_the_family_table(family, monkeypatch):
   """Flipping a family's entry flips what impl="auto" lowers to on cuda (the
   branches return constants that the lowered module shows)."""

@@ -405,8 +405,11 @@ def _reference(name):
   return jit(functools.partial(_vjp, CASES[name][0][1]))
 
 
-def _check(name, parts, plain=False):
-  (_, fn), _ = CASES[name]
+def _check(name, parts, plain=False, fn=None):
+  """The split form of case ``name`` (or ``fn`` on its inputs) on ``parts``
+  devices against the case's single-device reference."""
+  if fn is None:
+    (_, fn), _ = CASES[name]
   inputs, initial, cotangents = _case(name)
   diff, ids = dict(inputs), None if plain else jnp.asarray(IDS)
   if initial is not None and not plain:
@@ -558,3 +561,18 @@ def test_pallas_kernels_run_per_device():
       actual = run("pallas")
     for got, want in zip(actual, expected):
       assert rel_rms(got, want) <= TOL, name
+
+
+def test_forgetting_attn_kernels_in_the_split():
+  """``impl="pallas"`` under a ``sequence`` axis: the halo path (P = 4, 8
+  tokens per device, ``w - 1 = 5``) runs the kernels on every device (and
+  per batch shard: ``data = 2``), the gathered path (P = 8) stays XLA; both
+  equal the single-device XLA form, outputs and gradients."""
+  _, fn = _forgetting(window_size=6, impl="pallas")
+  for parts, kernels in ((4, True), (8, False)):
+    with jax.set_mesh(mesh(parts)):
+      jaxpr = jax.make_jaxpr(functools.partial(_vjp, fn))(
+          _case("forgetting_attn_window")[0], jnp.asarray(IDS),
+          _case("forgetting_attn_window")[2])
+    assert ("pallas_call" in str(jaxpr)) == kernels, parts
+    _check("forgetting_attn_window", parts, fn=fn)

@@ -32,9 +32,12 @@ _default_backend = jax.default_backend
 # docs/performance.md): the chunk-parallel gated-linear kernels and the
 # delta-rule sweep kernels; ``impl="auto"`` keeps running the sweeps for the
 # delta rule until the chunk-parallel delta-rule kernels (what
-# ``impl="pallas"`` runs there in bfloat16) are measured. ``impl="pallas"``
-# runs the kernel anywhere.
-AUTO_ON_CUDA = {"gated_linear": "pallas", "delta_rule": "pallas"}
+# ``impl="pallas"`` runs there in bfloat16) are measured. The
+# forgetting-attention kernels have not run on a GPU yet: the XLA blockwise
+# form until a measurement backs them. ``impl="pallas"`` runs the kernel
+# anywhere.
+AUTO_ON_CUDA = {"gated_linear": "pallas", "delta_rule": "pallas",
+                "forgetting_attn": "xla"}
 
 
 def check_impl(impl) -> None:

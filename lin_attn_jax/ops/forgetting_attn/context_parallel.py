@@ -26,6 +26,14 @@ the device's first document begins on an earlier device. Two paths:
   mask offset by the device's first position.
 
 Both paths give the single-device results up to float32 rounding.
+
+``impl`` reaches the halo path: the blockwise pass on the halo and the
+device's tokens is ``chunk_forgetting_attn``'s, kernels included (per shard
+of batch and heads), since it attends one stretch of tokens to itself, as
+the kernels do. The gathered path stays XLA whatever ``impl`` says: its
+queries are the device's ``L`` tokens and its keys the whole sequence, at
+an offset the kernels do not take, and running them on the gathered
+sequence would compute the outputs of all ``T`` queries on every device.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lin_attn_jax.ops.common import context_parallel as cp
+from lin_attn_jax.ops.common import dispatch
 from lin_attn_jax.ops.common.chunking import pad_time
 from lin_attn_jax.ops.common.segments import document_index, reset_flags
 from lin_attn_jax.ops.forgetting_attn import chunk
@@ -153,20 +162,23 @@ def _gathered(q, k, v, g, segment_ids, *, scale, window_size, block_size,
 
 def context_parallel_forgetting_attn(q, k, v, g, *, scale=None,
                                      window_size=None, segment_ids=None,
-                                     block_size=128,
+                                     block_size=128, impl="auto",
                                      axis_name=cp.SEQUENCE_AXIS, mesh=None):
   """``chunk_forgetting_attn`` with T split over the devices of
   ``axis_name``.
 
   Arguments and result as in ``chunk_forgetting_attn``, plus ``axis_name``
   (T a multiple of its size) and ``mesh`` (None for the current one). A
-  window with ``w - 1 <= T / P`` takes a halo from the previous device;
-  everything else gathers the keys, values and gate sums (see the module
-  docstring). ``chunk_forgetting_attn`` calls this itself when the current
-  mesh has a ``"sequence"`` axis of size > 1.
+  window with ``w - 1 <= T / P`` takes a halo from the previous device and
+  runs the blockwise form of ``impl`` on it and the device's tokens;
+  everything else gathers the keys, values and gate sums and runs the XLA
+  block-sparse pass, whatever ``impl`` (see the module docstring).
+  ``chunk_forgetting_attn`` calls this itself when the current mesh has a
+  ``"sequence"`` axis of size > 1.
   """
   _, t, _, _, dk, _ = validate(q, k, v, g, segment_ids, window_size)
   check_block_size(block_size)
+  dispatch.check_impl(impl)
   local = cp.local_length(t, cp.axis_size(axis_name, mesh), axis_name)
   scale = default_scale(scale, dk)
   halo = window_size is not None and window_size - 1 <= local
@@ -176,7 +188,8 @@ def context_parallel_forgetting_attn(q, k, v, g, *, scale=None,
     q, k, v, g, ids = split
     if halo:
       return _with_halo(q, k, v, g, ids, window_size=window_size,
-                        options=dict(scale=scale, block_size=block_size),
+                        options=dict(scale=scale, block_size=block_size,
+                                     impl=impl),
                         axis_name=axis_name), None
     return _gathered(q, k, v, g, ids, scale=scale, window_size=window_size,
                      block_size=block_size, axis_name=axis_name), None
