@@ -10,7 +10,8 @@ The input is a data spec of text (``text:GLOB``, a document per file;
 ``skip_bad_records=true`` on the last two). Its files, in sorted order, are
 cut into groups of ``files_per_shard``; group ``i`` becomes shard
 ``shard-{i:05d}`` in ``out_dir``, tokenized by one of ``workers``
-processes:
+processes (several each tokenize in one thread; a single one lets the
+``tokenizers`` library use its threads):
 
 - ``format=array_record``: ``shard-XXXXX.array_record``, a record of
   ``dtype`` token ids per document (``arrayrecord:OUT_DIR/*.array_record``
@@ -161,6 +162,7 @@ def write_shard(job: tuple) -> dict:
   """Tokenizes the files of one shard and writes it and its index; returns
   its manifest entry."""
   config, number, paths, dtype = job
+  began = time.perf_counter()
   kind, _, options = parse_data(config.data)
   tokenizer = load_tokenizer(config.tokenizer)
   records = sources.Records(f"shard {number}",
@@ -187,7 +189,15 @@ def write_shard(job: tuple) -> dict:
   return {"shard": os.path.basename(shard), "inputs": paths,
           "input_stamps": stamps(paths),
           "documents": len(lengths), "tokens": int(lengths.sum()),
-          "skipped": records.skipped, "bytes_read": read_bytes}
+          "skipped": records.skipped, "bytes_read": read_bytes,
+          "seconds": time.perf_counter() - began}
+
+
+def one_thread_each() -> None:
+  """The initializer of each of several worker processes: the
+  ``tokenizers`` library then works in the calling thread, a core per
+  process."""
+  os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
 def read_manifest(config: TokenizeConfig, dtype: str) -> dict:
@@ -229,7 +239,9 @@ def tokenize(config: TokenizeConfig) -> dict:
                len(plan), len(plan) - len(jobs), len(jobs), config.workers)
   start, done_bytes = time.perf_counter(), 0
   context = multiprocessing.get_context("spawn")
-  with context.Pool(min(config.workers, max(len(jobs), 1))) as pool:
+  workers = min(config.workers, max(len(jobs), 1))
+  with context.Pool(workers, one_thread_each if workers > 1 else None
+                    ) as pool:
     for done, entry in enumerate(pool.imap_unordered(write_shard, jobs), 1):
       number = int(entry["shard"][len("shard-"):].split(".")[0])
       manifest["shards"][str(number)] = entry
