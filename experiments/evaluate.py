@@ -40,15 +40,11 @@ whose best score divided by the continuation's length in characters is
 gold's (lm-eval's ``acc`` and ``acc_norm``).
 
 lm-evaluation-harness: its ``lm_eval.api.model.LM`` base class imports no
-torch (abc, tqdm and ``lm_eval.utils``); a subclass needs
-``loglikelihood`` (``score_requests`` here), ``loglikelihood_rolling``
-(the rolling windows over a document, which ``PackedRows`` scoring of one
-document per row gives) and ``generate_until`` (``experiments.generate``'s
-``continue_prompts`` with ``stops``), so our model can be wrapped without
-torch. ``TemplateLM``'s ``_encode_pair`` imports transformers, which is why
-the encoding above is done here instead. No adapter ships: lm-eval is not a
-dependency, and its task files, saved locally as the item shape above, are
-what this command reads.
+torch (abc, tqdm and ``lm_eval.utils``), so ``experiments.lm_eval_model``
+(the ``lm_eval`` extra) wraps a workdir's model in it with the scorer here
+(``score_requests``) and ``experiments.generate``'s ``continue_prompts``.
+This command needs no lm-eval: it reads items saved locally in the shape
+above.
 
 The results print as a markdown table and go to ``out`` as JSON.
 """
