@@ -23,8 +23,9 @@ of the training loop. ``batches=N`` scores the first ``N`` batches of
 document), ``n`` their count and ``b`` the UTF-8 bytes of text they cover:
 ``nats_per_token = L / n``, ``perplexity = exp(L / n)``,
 ``bits_per_byte = L / (b ln 2)``; a token covers the bytes of its own text
-(``token_bytes``: 1 for byte tokens, 0 for special tokens such as eos), so
-bits per byte is comparable across tokenizers.
+(``lin_attn_jax.data.token_bytes``: 1 for byte tokens, 0 for special
+tokens such as eos), so bits per byte is comparable across tokenizers; the
+training loop reports the same number as its held-out bits per byte.
 
 Multiple choice (``choices``): a jsonl file, one item a line,
 ``{"context": str, "continuations": [str, ...], "gold": int}``: the
@@ -39,15 +40,11 @@ whose best score divided by the continuation's length in characters is
 gold's (lm-eval's ``acc`` and ``acc_norm``).
 
 lm-evaluation-harness: its ``lm_eval.api.model.LM`` base class imports no
-torch (abc, tqdm and ``lm_eval.utils``); a subclass needs
-``loglikelihood`` (``score_requests`` here), ``loglikelihood_rolling``
-(the rolling windows over a document, which ``PackedRows`` scoring of one
-document per row gives) and ``generate_until`` (``experiments.generate``'s
-``continue_prompts`` with ``stops``), so our model can be wrapped without
-torch. ``TemplateLM``'s ``_encode_pair`` imports transformers, which is why
-the encoding above is done here instead. No adapter ships: lm-eval is not a
-dependency, and its task files, saved locally as the item shape above, are
-what this command reads.
+torch (abc, tqdm and ``lm_eval.utils``), so ``experiments.lm_eval_model``
+(the ``lm_eval`` extra) wraps a workdir's model in it with the scorer here
+(``score_requests``) and ``experiments.generate``'s ``continue_prompts``.
+This command needs no lm-eval: it reads items saved locally in the shape
+above.
 
 The results print as a markdown table and go to ``out`` as JSON.
 """
@@ -134,47 +131,6 @@ class EvaluateConfig:
 
 
 PRESETS = {"default": EvaluateConfig()}
-
-
-def token_bytes(tokenizer) -> np.ndarray:
-  """``[vocab_size]`` int64: the UTF-8 bytes of each id's own text.
-
-  Bytes: 1 each. A byte-level ``tokenizer.json`` (GPT-2's alphabet, one
-  symbol a byte): its token's symbols; a SentencePiece model: its piece
-  with ``▁`` a space and ``<0xNN>`` one byte. Special ids (bos, eos, pad,
-  added special tokens, control pieces): 0. Other tokenizers: the bytes of
-  ``decode([id])``.
-  """
-  vocab = tokenizer.vocab_size
-  if isinstance(tokenizer, tokenizers.ByteTokenizer):
-    return np.ones(vocab, np.int64)
-  special = {i for i in (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id)
-             if i is not None}
-  counts = np.zeros(vocab, np.int64)
-  if isinstance(tokenizer, tokenizers.HFTokenizer):
-    from tokenizers import decoders
-    hf = tokenizer.tokenizer
-    byte_level = isinstance(hf.decoder, decoders.ByteLevel)
-    added = {i for i, token in hf.get_added_tokens_decoder().items()
-             if token.special}
-    for i in range(vocab):
-      if i in special or i in added:
-        continue
-      counts[i] = (len(hf.id_to_token(i)) if byte_level else
-                   len(tokenizer.decode([i]).encode("utf-8")))
-    return counts
-  if isinstance(tokenizer, tokenizers.SentencePieceTokenizer):
-    sp = tokenizer.processor
-    for i in range(vocab):
-      if i in special or sp.is_control(i) or sp.is_unknown(i):
-        continue
-      counts[i] = 1 if sp.is_byte(i) else len(
-          sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
-    return counts
-  for i in range(vocab):
-    if i not in special:
-      counts[i] = len(tokenizer.decode([i]).encode("utf-8"))
-  return counts
 
 
 @nnx.jit
@@ -290,7 +246,9 @@ def encode_pair(tokenizer, context: str, continuation: str):
 def _token_logprobs(lm, inputs, targets):
   logits = lm(inputs).astype(jnp.float32)                      # [B, T, V]
   logp = jax.nn.log_softmax(logits, axis=-1)
-  return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+  picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+  greedy = jnp.argmax(logits, axis=-1) == targets              # [B, T]
+  return picked, greedy
 
 
 def _bucket(length: int) -> int:
@@ -299,12 +257,9 @@ def _bucket(length: int) -> int:
   return max(16, 1 << (length - 1).bit_length())
 
 
-def score_requests(lm, tokenizer, requests, batch_size: int = 8
-                   ) -> list[float]:
-  """The summed log-probability of each ``(context, continuation)``
-  continuation given its context (lm-eval's ``loglikelihood``). Rows are
-  right-padded: a causal model's scores of a row's tokens do not depend on
-  what follows them."""
+def encode_requests(tokenizer, requests) -> list[tuple[list[int], int]]:
+  """``(ids, n)`` of each ``(context, continuation)`` request: the ids of
+  both (``encode_pair``) and the continuation's count."""
   encoded = []
   for context, continuation in requests:
     context_ids, continuation_ids = encode_pair(tokenizer, context,
@@ -313,21 +268,45 @@ def score_requests(lm, tokenizer, requests, batch_size: int = 8
       raise ValueError(f"continuation {continuation!r} of {context!r} "
                        "encodes to no tokens")
     encoded.append((context_ids + continuation_ids, len(continuation_ids)))
+  return encoded
+
+
+def score_tokens(lm, encoded, batch_size: int = 8
+                 ) -> list[tuple[float, bool]]:
+  """For each ``(ids, n)`` (``len(ids) > n >= 1``): the summed
+  log-probability of the last ``n`` ids given the ones before them, and
+  whether every one of them is the model's most likely next token
+  (lm-eval's ``(logprob, is_greedy)``). Rows are right-padded to a
+  power-of-two width: a causal model's scores of a row's tokens do not
+  depend on what follows them."""
   scores = []
   for start in range(0, len(encoded), batch_size):
     chunk = encoded[start:start + batch_size]
     width = _bucket(max(len(ids) for ids, _ in chunk) - 1)
     inputs = np.zeros((batch_size, width), np.int32)
     targets = np.zeros((batch_size, width), np.int32)
-    for row, (ids, _) in enumerate(chunk):
+    for row, (ids, n) in enumerate(chunk):
+      if not 1 <= n < len(ids):
+        raise ValueError(f"a request scores n = {n} of its {len(ids)} ids; "
+                         "it needs 1 <= n < len(ids)")
       inputs[row, :len(ids) - 1] = ids[:-1]
       targets[row, :len(ids) - 1] = ids[1:]
-    logp = np.asarray(_token_logprobs(lm, jnp.asarray(inputs),
-                                      jnp.asarray(targets)))
+    logp, greedy = _token_logprobs(lm, jnp.asarray(inputs),
+                                   jnp.asarray(targets))
+    logp, greedy = np.asarray(logp), np.asarray(greedy)
     for row, (ids, n) in enumerate(chunk):
       end = len(ids) - 1
-      scores.append(float(np.sum(logp[row, end - n:end], dtype=np.float64)))
+      scores.append((float(np.sum(logp[row, end - n:end], dtype=np.float64)),
+                     bool(np.all(greedy[row, end - n:end]))))
   return scores
+
+
+def score_requests(lm, tokenizer, requests, batch_size: int = 8
+                   ) -> list[tuple[float, bool]]:
+  """lm-eval's ``loglikelihood``: for each ``(context, continuation)``, the
+  summed log-probability of the continuation given the context and whether
+  it is the greedy continuation (``encode_requests``, ``score_tokens``)."""
+  return score_tokens(lm, encode_requests(tokenizer, requests), batch_size)
 
 
 def multiple_choice(lm, tokenizer, items: list[dict], batch_size: int = 8,
@@ -337,7 +316,8 @@ def multiple_choice(lm, tokenizer, items: list[dict], batch_size: int = 8,
   ``length_normalized``)."""
   requests = [(item["context"], option) for item in items
               for option in item["continuations"]]
-  flat = score_requests(lm, tokenizer, requests, batch_size)
+  flat = [score for score, _ in score_requests(lm, tokenizer, requests,
+                                                batch_size)]
   acc = acc_norm = 0
   results = []
   for item in items:
@@ -373,8 +353,7 @@ def evaluate(config: EvaluateConfig) -> dict:
   if config.data:
     corpus = corpus_of(config, lm, tokenizer_name or "bytes")
     rows = PackedRows(corpus, config.seq_len, seed=0)
-    counts = np.zeros(lm.config.vocab_size, np.int64)
-    counts[:tokenizer.vocab_size] = token_bytes(tokenizer)
+    counts = tokenizers.token_bytes(tokenizer, lm.config.vocab_size)
     results["perplexity"] = {"data": config.data, "split": config.split,
                              **perplexity(lm, rows, config.batch_size,
                                           config.batches, counts)}

@@ -147,7 +147,8 @@ class EventWriter:
              "learning_rate": "train/learning_rate",
              "tokens_per_second": "train/tokens_per_second",
              "eval_loss": "heldout/loss",
-             "eval_bits_per_token": "heldout/bits_per_token"}
+             "eval_bits_per_token": "heldout/bits_per_token",
+             "eval_bits_per_byte": "heldout/bits_per_byte"}
 
   def __init__(self, directory: str, enabled: bool = True):
     self.directory = directory

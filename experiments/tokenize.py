@@ -10,7 +10,8 @@ The input is a data spec of text (``text:GLOB``, a document per file;
 ``skip_bad_records=true`` on the last two). Its files, in sorted order, are
 cut into groups of ``files_per_shard``; group ``i`` becomes shard
 ``shard-{i:05d}`` in ``out_dir``, tokenized by one of ``workers``
-processes:
+processes (several each tokenize in one thread; a single one lets the
+``tokenizers`` library use its threads):
 
 - ``format=array_record``: ``shard-XXXXX.array_record``, a record of
   ``dtype`` token ids per document (``arrayrecord:OUT_DIR/*.array_record``
@@ -23,14 +24,17 @@ the documents' texts (``lin_attn_jax/data/corpus.py``), so that the
 held-out split is the one of the text. Documents are tokenized as the
 training data readers do (``lin_attn_jax/data/sources.py``).
 
-``manifest.json`` in ``out_dir`` lists the settings and every finished
-shard; a rerun with the same settings skips those shards, and one with
-other settings is refused. A line per finished shard reports the progress.
+``manifest.json`` in ``out_dir`` lists the settings (the tokenizer's
+files' hash among them) and every finished shard with the size and
+modification time of its inputs; a rerun with the same settings skips the
+shards whose inputs are unchanged, and one with other settings is refused.
+A line per finished shard reports the progress.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import multiprocessing
 import os
@@ -120,17 +124,45 @@ def shard_plan(config: TokenizeConfig) -> list[list[str]]:
   return [paths[i:i + k] for i in range(0, len(paths), k)]
 
 
+def tokenizer_fingerprint(name: str) -> str:
+  """A SHA-1 of the tokenizer's files (``"bytes"`` for bytes), so that a
+  tokenizer retrained at the same path is not taken for the old one."""
+  if name == "bytes":
+    return name
+  path = os.path.expanduser(name)
+  if os.path.isdir(path):
+    files = tokenizers.tokenizer_files(path)
+  else:
+    folder = os.path.dirname(path)
+    files = [path] + [os.path.join(folder, f)
+                      for f in tokenizers.SPECIAL_TOKEN_FILES[:2]
+                      if os.path.isfile(os.path.join(folder, f))]
+  digest = hashlib.sha1()
+  for file in files:
+    with open(file, "rb") as f:
+      digest.update(f.read())
+  return digest.hexdigest()
+
+
 def settings(config: TokenizeConfig, dtype: str) -> dict:
   """What a manifest's shards depend on."""
   return {"data": config.data, "tokenizer": config.tokenizer,
+          "tokenizer_sha1": tokenizer_fingerprint(config.tokenizer),
           "format": config.format, "files_per_shard": config.files_per_shard,
           "dtype": dtype}
+
+
+def stamps(paths: list[str]) -> list[list[int]]:
+  """``[size, mtime_ns]`` of each input file: a shard whose inputs changed
+  since it was written is written again."""
+  return [[os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in paths]
 
 
 def write_shard(job: tuple) -> dict:
   """Tokenizes the files of one shard and writes it and its index; returns
   its manifest entry."""
   config, number, paths, dtype = job
+  began = time.perf_counter()
   kind, _, options = parse_data(config.data)
   tokenizer = load_tokenizer(config.tokenizer)
   records = sources.Records(f"shard {number}",
@@ -155,8 +187,17 @@ def write_shard(job: tuple) -> dict:
                          np.array(records.keys, np.uint64))
   os.replace(part, shard)
   return {"shard": os.path.basename(shard), "inputs": paths,
+          "input_stamps": stamps(paths),
           "documents": len(lengths), "tokens": int(lengths.sum()),
-          "skipped": records.skipped, "bytes_read": read_bytes}
+          "skipped": records.skipped, "bytes_read": read_bytes,
+          "seconds": time.perf_counter() - began}
+
+
+def one_thread_each() -> None:
+  """The initializer of each of several worker processes: the
+  ``tokenizers`` library then works in the calling thread, a core per
+  process."""
+  os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
 def read_manifest(config: TokenizeConfig, dtype: str) -> dict:
@@ -192,12 +233,15 @@ def tokenize(config: TokenizeConfig) -> dict:
   plan = shard_plan(config)
   jobs = [(config, i, paths, dtype) for i, paths in enumerate(plan)
           if str(i) not in manifest["shards"]
-          or manifest["shards"][str(i)]["inputs"] != paths]
+          or manifest["shards"][str(i)]["inputs"] != paths
+          or manifest["shards"][str(i)].get("input_stamps") != stamps(paths)]
   logging.info("%d shards, %d done before, %d to write with %d workers",
                len(plan), len(plan) - len(jobs), len(jobs), config.workers)
   start, done_bytes = time.perf_counter(), 0
   context = multiprocessing.get_context("spawn")
-  with context.Pool(min(config.workers, max(len(jobs), 1))) as pool:
+  workers = min(config.workers, max(len(jobs), 1))
+  with context.Pool(workers, one_thread_each if workers > 1 else None
+                    ) as pool:
     for done, entry in enumerate(pool.imap_unordered(write_shard, jobs), 1):
       number = int(entry["shard"][len("shard-"):].split(".")[0])
       manifest["shards"][str(number)] = entry

@@ -28,13 +28,15 @@ converted model (``python -m experiments.convert``: ``config.json`` +
 is then theirs.
 
 On a terminal a progress bar shows the loss, tokens/s and the ETA (plain
-lines otherwise). Held-out bits per token (per byte, with byte tokens) are
+lines otherwise). Held-out bits per byte (the loss over the UTF-8 bytes of
+text the held-out tokens stand for, comparable across tokenizers; bits per
+token for token files of unknown text) are
 measured at the start, every ``config.eval_every`` steps and at the end; a
 greedy sample is printed every ``config.sample_every`` steps and, at the
 end, from the parameters read back from the saved checkpoint. The work
 directory gets ``metrics.jsonl``, ``loss.png`` (matplotlib),
 ``tensorboard/`` (tensorboardX), the checkpoints, and the final model as
-``config.json`` + ``params/``.
+``config.json`` + ``params/`` with the tokenizer's files.
 
 Several processes (TPU pod slices, GPU clusters, local CPU processes) run
 the same command: ``--coordinator_address``, ``--num_processes`` and
@@ -49,6 +51,7 @@ import time
 
 from absl import app, flags, logging
 import jax
+import numpy as np
 
 from experiments import config_flags, configs, run_output, workdirs
 from experiments import train_setup as setup
@@ -115,12 +118,23 @@ class Run:
   checkpoint_dir: str
   # Step of the newest checkpoint (None: a new run).
   resume_step: int | None
+  # [vocab_size] UTF-8 bytes of text each token id stands for (held-out
+  # bits per byte), or None when they are not known.
+  token_bytes: np.ndarray | None = None
 
   @property
   def unit(self) -> str:
-    """What the held-out loss is measured in."""
+    """What the loss curves (per token) are measured in."""
     return ("bits/byte" if self.experiment.model.vocab_size == BYTE_VOCAB
             else "bits/token")
+
+
+def held_out(record: dict) -> tuple[float, str]:
+  """``(value, unit)`` of an evaluation record: bits per byte when the
+  bytes are known, else bits per token."""
+  if "eval_bits_per_byte" in record:
+    return record["eval_bits_per_byte"], "bits/byte"
+  return record["eval_bits_per_token"], "bits/token"
 
 
 def prepare() -> Run:
@@ -159,7 +173,8 @@ def prepare() -> Run:
     fixed_by = f"--init_from={FLAGS.init_from}"
   experiment = setup.resolve(base, OVERRIDES, fixed_model, fixed_by)
   return Run(experiment, preset, setup.build_trainer(experiment),
-             setup.load_corpora(experiment), checkpoint_dir, resume_step)
+             setup.load_corpora(experiment), checkpoint_dir, resume_step,
+             setup.token_bytes(experiment))
 
 
 def announce(run: Run, say) -> None:
@@ -234,9 +249,13 @@ class Reporter:
         self.sample(state.params, state.rest, step, f"sample at step {step}")
     elif "eval_loss" in record:
       self.eval_seconds.append(now - self.last)
+      value, unit = held_out(record)
+      per_token = ("" if record.get("eval_bytes") == record["eval_tokens"]
+                   or unit == "bits/token" else
+                   f"{record['eval_bits_per_token']:.3f} bits/token, ")
       self.console.message(
-          f"step {step}: held-out {record['eval_bits_per_token']:.3f} "
-          f"{self.run.unit} (loss {record['eval_loss']:.4f} nats/token)")
+          f"step {step}: held-out {value:.3f} {unit} ({per_token}loss "
+          f"{record['eval_loss']:.4f} nats/token)")
     self.last = time.perf_counter()
 
 
@@ -247,7 +266,9 @@ def export(run: Run, state) -> tuple[str | None, str | None]:
                                     else None)
   if not export_dir:
     return None, None
-  return export_dir, workdirs.export_model(export_dir, run.trainer, state)
+  params = workdirs.export_model(export_dir, run.trainer, state)
+  workdirs.export_tokenizer(run.experiment.tokenizer, export_dir)
+  return export_dir, params
 
 
 def plot(run: Run, metrics: str) -> tuple[str, bool]:
@@ -279,9 +300,14 @@ def summarize(run: Run, say, *, seconds: float, reporter: Reporter,
       f"{sum(reporter.eval_seconds):.1f} s; samples: "
       f"{sum(reporter.sample_seconds):.1f} s)")
   if evals:
-    say(f"held-out {run.unit}: {evals[0]['eval_bits_per_token']:.3f} at step "
-        f"{evals[0]['step']} -> {evals[-1]['eval_bits_per_token']:.3f} at "
-        f"step {evals[-1]['step']}")
+    (first, unit), (last, last_unit) = held_out(evals[0]), held_out(evals[-1])
+    if unit != last_unit:
+      # A run resumed across the change of its held-out unit.
+      first, last = (evals[0]["eval_bits_per_token"],
+                     evals[-1]["eval_bits_per_token"])
+      unit = run.unit
+    say(f"held-out {unit}: {first:.3f} at step {evals[0]['step']} -> "
+        f"{last:.3f} at step {evals[-1]['step']}")
   plot_path, drawn = plotted
   say(f"checkpoint:  {checkpoint}")
   say(f"metrics:     {metrics}")
@@ -332,7 +358,7 @@ def train(run: Run) -> None:
                  eval_every=experiment.eval_every,
                  eval_batches=experiment.eval_batches,
                  callbacks=[reporter], log=say, init_params=init_params,
-                 eval_at_start=True)
+                 eval_at_start=True, token_bytes=run.token_bytes)
   finally:
     console.close()
   seconds = time.perf_counter() - began

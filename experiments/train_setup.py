@@ -118,6 +118,21 @@ def load_corpora(experiment: Experiment):
   return pair
 
 
+def token_bytes(experiment: Experiment) -> np.ndarray | None:
+  """``[model.vocab_size]``: the UTF-8 bytes of text each id of the
+  experiment's tokenizer stands for (``lin_attn_jax.data.token_bytes``),
+  which turns the held-out loss into bits per byte; None when they are not
+  known: token files or ArrayRecord shards with the byte tokenizer and a
+  vocabulary other than 256 were tokenized by something else."""
+  tokenizer = load_tokenizer(experiment)
+  kind = parse_data(experiment.data)[0]
+  if (isinstance(tokenizer, tokenizers.ByteTokenizer)
+      and kind in ("tokens", "arrayrecord")
+      and experiment.model.vocab_size != BYTE_VOCAB):
+    return None
+  return tokenizers.token_bytes(tokenizer, experiment.model.vocab_size)
+
+
 def build_trainer(experiment: Experiment) -> Trainer:
   """The mesh and the trainer. A mesh that the devices cannot form, or
   that does not divide the batch or the model's widths, raises

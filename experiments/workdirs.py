@@ -9,7 +9,9 @@ A training work directory (``python -m experiments.train --workdir=DIR``) holds
 - ``metrics.jsonl``, ``loss.png``, ``tensorboard/``: what it measured;
 - ``config.json`` and ``params/``: the final model in the format of
   ``python -m experiments.convert`` (``LMConfig.to_dict`` and
-  ``models.checkpoints.save_params``).
+  ``models.checkpoints.save_params``), with the run's tokenizer files
+  (none for bytes), which ``experiments.evaluate`` and
+  ``experiments.generate`` read.
 
 ``--init_from`` takes either kind of directory: a converted (params-only)
 one, or a training one (its newest checkpoint's parameters).
@@ -19,10 +21,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import jax
 from flax import nnx
 
+from lin_attn_jax.data import tokenizers
 from lin_attn_jax.models.checkpoints import load_params, save_params
 from lin_attn_jax.models.lm import LMConfig
 from lin_attn_jax.train import Checkpointer, Trainer
@@ -140,3 +144,37 @@ def export_model(workdir: str, trainer: Trainer, state) -> str:
   with jax.set_mesh(trainer.mesh):
     save_params(path, trainer.model(state), force=True)
   return path
+
+
+def export_tokenizer(name: str, directory: str) -> None:
+  """Copies the tokenizer ``name`` (``Experiment.tokenizer``: ``"bytes"``,
+  a file or a directory) into ``directory``, so that
+  ``tokenizers.load_tokenizer(directory)`` reads the same tokenizer: its
+  model file (a ``tokenizer.json`` under that name) and a
+  ``tokenizer_config.json``, the source's with the special ids that
+  ``load_tokenizer`` found written in. Nothing for bytes, nothing from
+  processes other than 0."""
+  if name == "bytes" or jax.process_index() != 0:
+    return
+  tokenizer = tokenizers.load_tokenizer(name)
+  path = os.path.expanduser(name)
+  source = path if os.path.isdir(path) else os.path.dirname(path)
+  model = (tokenizers.tokenizer_files(path)[0] if os.path.isdir(path)
+           else path)
+  target = (tokenizers.HF_FILE if model.endswith(".json")
+            else os.path.basename(model))
+  if os.path.abspath(source) == os.path.abspath(directory):
+    return
+  os.makedirs(directory, exist_ok=True)
+  shutil.copy(model, os.path.join(directory, target))
+  special = read_json(os.path.join(source, "special_tokens_map.json"))
+  if special is not None:
+    write_json(os.path.join(directory, "special_tokens_map.json"), special)
+  config = read_json(os.path.join(source,
+                                  tokenizers.SPECIAL_TOKEN_FILES[0])) or {}
+  for key in ("bos", "eos", "pad"):
+    value = getattr(tokenizer, f"{key}_id")
+    if value is not None:
+      config[f"{key}_token_id"] = value
+  write_json(os.path.join(directory, tokenizers.SPECIAL_TOKEN_FILES[0]),
+             config)

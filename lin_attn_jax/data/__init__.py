@@ -10,7 +10,8 @@
   their placement on a device mesh;
 - ``mqar``: Zoology's multi-query associative recall task (numpy);
 - ``tokenizers``: one ``Tokenizer`` interface over bytes (the default),
-  Hugging Face ``tokenizer.json`` and SentencePiece models.
+  Hugging Face ``tokenizer.json`` and SentencePiece models, and the bytes
+  of text each token id stands for (``token_bytes``).
 """
 
 from lin_attn_jax.data.corpus import (Corpus, stdlib_corpus, text_corpus,
@@ -23,7 +24,7 @@ from lin_attn_jax.data.tokenizers import (ByteTokenizer, HFTokenizer,
                                           IncrementalDecoder,
                                           SentencePieceTokenizer, Tokenizer,
                                           check_vocab, load_tokenizer,
-                                          train_bpe)
+                                          token_bytes, train_bpe)
 
 __all__ = [
     "BatchSource",
@@ -43,6 +44,7 @@ __all__ = [
     "parquet_corpus",
     "stdlib_corpus",
     "text_corpus",
+    "token_bytes",
     "token_file_corpus",
     "train_bpe",
 ]

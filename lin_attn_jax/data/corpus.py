@@ -124,6 +124,13 @@ def stdlib_corpus(split: str = "train", heldout_fraction: float = 0.02,
   ``"all"``."""
   check_fraction(heldout_fraction)
   root = os.path.abspath(root or stdlib_root())
+  return _read_files(f"stdlib:{split}", root, python_files(root), split,
+                     heldout_fraction)
+
+
+def python_files(root: str) -> list[str]:
+  """The ``.py`` files under ``root`` (outside ``site-packages``,
+  ``dist-packages`` and ``__pycache__``), sorted."""
   paths = []
   for dirpath, dirnames, filenames in os.walk(root):
     dirnames[:] = sorted(d for d in dirnames
@@ -131,8 +138,7 @@ def stdlib_corpus(split: str = "train", heldout_fraction: float = 0.02,
                                       "__pycache__"))
     paths += [os.path.join(dirpath, f) for f in sorted(filenames)
               if f.endswith(".py")]
-  return _read_files(f"stdlib:{split}", root, sorted(paths), split,
-                     heldout_fraction)
+  return sorted(paths)
 
 
 def _read_files(name, root, paths, split, heldout_fraction) -> Corpus:

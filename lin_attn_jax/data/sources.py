@@ -45,6 +45,7 @@ import numpy as np
 
 from lin_attn_jax.data import corpus as corpus_lib
 from lin_attn_jax.data.corpus import Corpus
+from lin_attn_jax.data.tokenizers import ByteTokenizer
 
 # How many texts go to one encode_batch call.
 ENCODE_BATCH = 256
@@ -150,12 +151,18 @@ def tokenize_texts(records: Records, texts: Iterator[tuple[str, object]],
   pending: list[tuple[str, str]] = []
 
   def flush():
-    ids = tokenizer.encode_batch([text for _, text in pending])
-    for (where, text), doc in zip(pending, ids):
+    texts = [text.encode("utf-8") for _, text in pending]
+    if isinstance(tokenizer, ByteTokenizer):
+      # The bytes are the ids: no list of Python ints.
+      ids = [np.frombuffer(text, np.uint8) for text in texts]
+    else:
+      ids = tokenizer.encode_batch([text for _, text in pending])
+    for (where, _), text, doc in zip(pending, texts, ids):
+      if not isinstance(doc, np.ndarray):
+        doc = np.asarray(doc, np.int64)
       if eos is not None:
-        doc = list(doc) + [eos]
-      records.add(np.asarray(doc, np.int64),
-                  corpus_lib.document_key(text.encode("utf-8")), where,
+        doc = np.append(doc.astype(np.int64), eos)
+      records.add(doc, corpus_lib.document_key(text), where,
                   tokenizer.vocab_size)
     pending.clear()
 

@@ -14,9 +14,10 @@ bos/eos/pad ids from ``tokenizer_config.json``, ``special_tokens_map.json``
 or ``config.json`` beside them. ``check_vocab`` compares a model's
 vocabulary with a tokenizer's: a larger model vocabulary is padding (ids the
 tokenizer never produces), a smaller one cannot embed every id.
-``IncrementalDecoder`` turns ids arriving one by one into text without
-breaking a character whose bytes span several tokens. Nothing here
-downloads anything.
+``token_bytes`` counts the UTF-8 bytes of text each id stands for, so that
+a loss per byte compares across tokenizers. ``IncrementalDecoder`` turns
+ids arriving one by one into text without breaking a character whose
+bytes span several tokens. Nothing here downloads anything.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import glob
 import json
 import os
 from typing import Iterable, Protocol, Sequence, runtime_checkable
+
+import numpy as np
 
 BYTE_VOCAB = 256
 # The file names load_tokenizer recognises, in order of preference.
@@ -324,6 +327,58 @@ def check_vocab(tokenizer: Tokenizer, vocab_size: int) -> None:
                      f"the tokenizer's vocabulary of {tokenizer.vocab_size} "
                      f"({tokenizer!r}); set vocab_size >= "
                      f"{tokenizer.vocab_size}")
+
+
+def token_bytes(tokenizer: Tokenizer, vocab_size: int | None = None
+                ) -> np.ndarray:
+  """``[vocab_size]`` int64: the UTF-8 bytes of text each id stands for.
+
+  Bytes: 1 each. A byte-level ``tokenizer.json`` (GPT-2's alphabet, one
+  symbol a byte): its token's symbols; a SentencePiece model: its piece
+  with ``▁`` a space and ``<0xNN>`` one byte. Special ids (bos, eos,
+  pad, added special tokens, control and unknown pieces) count 0, and so do
+  the ids from ``tokenizer.vocab_size`` to ``vocab_size`` (a model's
+  padding; default ``tokenizer.vocab_size``). Other tokenizers: the bytes
+  of ``decode([id])``. With bytes and a byte-level BPE the counts of a
+  text's ids add up to its UTF-8 length (a SentencePiece model's, up to
+  what its normalisation changes), so a summed loss divided by them is a
+  loss per byte of text, comparable across tokenizers.
+  """
+  vocab = tokenizer.vocab_size
+  if vocab_size is None:
+    vocab_size = vocab
+  if vocab_size < vocab:
+    raise ValueError(f"vocab_size = {vocab_size} is smaller than the "
+                     f"tokenizer's vocabulary of {vocab}")
+  counts = np.zeros(vocab_size, np.int64)
+  if isinstance(tokenizer, ByteTokenizer):
+    counts[:vocab] = 1
+    return counts
+  special = {i for i in (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id)
+             if i is not None}
+  if isinstance(tokenizer, HFTokenizer):
+    from tokenizers import decoders
+    hf = tokenizer.tokenizer
+    byte_level = isinstance(hf.decoder, decoders.ByteLevel)
+    special |= {i for i, token in hf.get_added_tokens_decoder().items()
+                if token.special}
+    for i in range(vocab):
+      if i not in special:
+        counts[i] = (len(hf.id_to_token(i)) if byte_level else
+                     len(tokenizer.decode([i]).encode("utf-8")))
+    return counts
+  if isinstance(tokenizer, SentencePieceTokenizer):
+    sp = tokenizer.processor
+    for i in range(vocab):
+      if i in special or sp.is_control(i) or sp.is_unknown(i):
+        continue
+      counts[i] = 1 if sp.is_byte(i) else len(
+          sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+    return counts
+  for i in range(vocab):
+    if i not in special:
+      counts[i] = len(tokenizer.decode([i]).encode("utf-8"))
+  return counts
 
 
 class IncrementalDecoder:

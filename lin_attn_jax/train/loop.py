@@ -10,8 +10,9 @@ checkpoint in ``workdir`` when there is one, to ``config.steps``:
   where the devices have a known peak) go to the callbacks and, from
   process 0, to ``<workdir>/metrics.jsonl`` (lines of steps that a resumed
   run repeats are replaced);
-- held-out loss (nats and bits per token) is measured every ``eval_every``
-  steps and at the end on fixed held-out batches;
+- held-out loss (nats and bits per token, and bits per byte given the
+  bytes each token id stands for) is measured every ``eval_every`` steps
+  and at the end on fixed held-out batches;
 - checkpoints every ``checkpoint_every`` steps and at the end.
 """
 
@@ -25,6 +26,7 @@ import time
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from flax import nnx
@@ -73,21 +75,50 @@ def _check_data_record(stored: dict, expected: dict, log) -> None:
 
 
 class Evaluator:
-  """Held-out loss on ``num_batches`` fixed batches of ``rows``."""
+  """Held-out loss on ``num_batches`` fixed batches of ``rows``.
 
-  def __init__(self, trainer: Trainer, rows: PackedRows, num_batches: int):
+  Returns nats and bits per token; with ``token_bytes`` (``[vocab_size]``,
+  the UTF-8 bytes of text each id stands for, ``data.token_bytes``) also
+  bits per byte: the summed loss over the bytes the counted targets cover,
+  comparable across tokenizers (with byte tokens, every count 1, it is bits
+  per token exactly).
+  """
+
+  def __init__(self, trainer: Trainer, rows: PackedRows, num_batches: int,
+               token_bytes: np.ndarray | None = None):
     self.trainer, self.num_batches = trainer, num_batches
     self.positions = process_rows(trainer.mesh, trainer.config.batch_size)
     self.source = BatchSource(rows, trainer.config.batch_size,
                               self.positions)
+    if token_bytes is not None:
+      token_bytes = np.asarray(token_bytes)
+      vocab = trainer.model_config.vocab_size
+      if token_bytes.shape != (vocab,):
+        raise ValueError(f"token_bytes must have shape [vocab_size] = "
+                         f"({vocab},), got {token_bytes.shape}")
+    self.token_bytes = token_bytes
     self._batches = None
+    self._bytes = 0
 
   def batches(self):
     if self._batches is None:
+      local = [self.source.batch(i) for i in range(self.num_batches)]
       self._batches = [global_batch_to_device(
-          self.source.batch(i), self.positions, self.trainer.mesh,
-          self.trainer.config.batch_size) for i in range(self.num_batches)]
+          batch, self.positions, self.trainer.mesh,
+          self.trainer.config.batch_size) for batch in local]
+      if self.token_bytes is not None:
+        self._bytes = sum(self._covered(batch) for batch in local)
     return self._batches
+
+  def _covered(self, local: dict) -> int:
+    """The bytes the counted targets of a batch cover, over the rows of
+    every process (this process holds ``local``)."""
+    counts = np.where(local["weights"] > 0,
+                      self.token_bytes[local["targets"]], 0)     # [b, T]
+    placed = global_batch_to_device(
+        {"bytes": counts.astype(np.int32)}, self.positions,
+        self.trainer.mesh, self.trainer.config.batch_size)["bytes"]
+    return int(_total(placed))
 
   def __call__(self, state: TrainState) -> dict:
     loss_sum = tokens = 0.0
@@ -96,8 +127,18 @@ class Evaluator:
       loss_sum += float(sums["loss_sum"])
       tokens += float(sums["tokens"])
     loss = loss_sum / max(tokens, 1.0)
-    return {"eval_loss": loss, "eval_bits_per_token": loss / math.log(2),
-            "eval_tokens": tokens}
+    out = {"eval_loss": loss, "eval_bits_per_token": loss / math.log(2),
+           "eval_tokens": tokens}
+    if self.token_bytes is not None:
+      out["eval_bits_per_byte"] = (loss_sum / self._bytes / math.log(2)
+                                   if self._bytes else float("nan"))
+      out["eval_bytes"] = self._bytes
+    return out
+
+
+@jax.jit
+def _total(x):
+  return jnp.sum(x)
 
 
 class MetricsLog:
@@ -139,7 +180,8 @@ def fit(trainer: Trainer, train_rows: PackedRows, *,
         log: Callable[[str], Any] | None = None,
         init_params: Any = None,
         checkpoint_dir: str | None = None,
-        eval_at_start: bool = False) -> FitResult:
+        eval_at_start: bool = False,
+        token_bytes: np.ndarray | None = None) -> FitResult:
   """Trains to ``trainer.config.steps``; see the module docstring.
 
   Args:
@@ -160,6 +202,9 @@ def fit(trainer: Trainer, train_rows: PackedRows, *,
       ``<workdir>/checkpoints`` (a local path or a ``gs://`` URL).
     eval_at_start: also evaluate the starting model of a new run (step 0),
       so that the held-out curve starts where training does.
+    token_bytes: ``[vocab_size]``, the UTF-8 bytes of text each token id
+      stands for (``data.token_bytes``); the evaluations then report
+      ``eval_bits_per_byte`` and ``eval_bytes`` too (see ``Evaluator``).
   """
   log = log or logging.info
   config = trainer.config
@@ -191,7 +236,7 @@ def fit(trainer: Trainer, train_rows: PackedRows, *,
                                            trainer.state_shardings.params))
     metrics_log.truncate_after(0)
   evaluator = (None if heldout_rows is None else
-               Evaluator(trainer, heldout_rows, eval_batches))
+               Evaluator(trainer, heldout_rows, eval_batches, token_bytes))
   abstract = nnx.eval_shape(lambda: LM(trainer.model_config,
                                        rngs=nnx.Rngs(0)))
   flops_token = flops.flops_per_token(abstract, config.seq_len)

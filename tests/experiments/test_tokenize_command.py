@@ -11,7 +11,7 @@ from experiments import tokenize
 from experiments.config_flags import FlagError
 from experiments.configs.base import parse_data
 from lin_attn_jax.data import array_record_corpus, jsonl_corpus
-from lin_attn_jax.data import ByteTokenizer, token_file_corpus
+from lin_attn_jax.data import ByteTokenizer, token_file_corpus, train_bpe
 
 TEXTS = [f"line {i} ünïcode ✓ " * (i % 5 + 1) for i in range(30)]
 
@@ -53,14 +53,33 @@ def test_shards_read_back_and_a_rerun_resumes(tmp_path, fmt):
   tokenize.write_manifest(config, manifest)
   stamps = {n: os.stat(out / f"shard-0000{n}{tokenize.FORMATS[fmt]}")
             .st_mtime_ns for n in (0, 2)}
+  # An input that changed since its shard was written: that shard again.
+  with open(tmp_path / "c-2.jsonl", "a") as f:
+    f.write(json.dumps({"body": "one more"}) + "\n")
   again = tokenize.tokenize(config)
   assert sorted(again["shards"]) == ["0", "1", "2"]
-  assert {n: os.stat(out / f"shard-0000{n}{tokenize.FORMATS[fmt]}")
-          .st_mtime_ns for n in (0, 2)} == stamps
+  assert os.stat(out / f"shard-00000{tokenize.FORMATS[fmt]}"
+                 ).st_mtime_ns == stamps[0]
+  assert os.stat(out / f"shard-00002{tokenize.FORMATS[fmt]}"
+                 ).st_mtime_ns != stamps[2]
+  assert again["shards"]["2"]["documents"] == 11
   assert os.path.exists(out / f"shard-00001{tokenize.FORMATS[fmt]}")
   with pytest.raises(ValueError, match="was written with"):
     tokenize.tokenize(tokenize.TokenizeConfig(
         data=data, out_dir=str(out), format=fmt, files_per_shard=2))
+
+
+def test_a_tokenizer_retrained_in_place_is_refused(tmp_path):
+  data = write_jsonl(tmp_path)
+  train_bpe(TEXTS, 280).save(str(tmp_path / "bpe"))
+  config = tokenize.TokenizeConfig(data=data, out_dir=str(tmp_path / "out"),
+                                   tokenizer=str(tmp_path / "bpe"))
+  os.makedirs(config.out_dir)
+  tokenize.write_manifest(config, tokenize.read_manifest(config, "uint16"))
+  tokenize.read_manifest(config, "uint16")
+  train_bpe(TEXTS[:10], 270).save(str(tmp_path / "bpe"))
+  with pytest.raises(ValueError, match="was written with"):
+    tokenize.tokenize(config)
 
 
 def test_bad_settings():

@@ -304,7 +304,8 @@ def test_two_processes_train_as_one(tmp_path):
   address = f"localhost:{free_port()}"
   processes = [subprocess.Popen(
       worker(tmp_path / "multi", steps, f"--coordinator={address}",
-             "--num_processes=2", f"--process_id={i}", devices=4),
+             "--num_processes=2", f"--process_id={i}", "--heldout",
+             devices=4),
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
       for i in range(2)]
   outputs = [p.communicate(timeout=600) for p in processes]
@@ -316,9 +317,20 @@ def test_two_processes_train_as_one(tmp_path):
   trainer = Trainer(model, train, mesh=shd.make_mesh("fsdp=8"),
                     compiler_options=FAST)
   rows = PackedRows(stdlib_corpus("train"), train.seq_len, seed=train.seed)
-  result = fit(trainer, rows)
+  result = fit(trainer, rows,
+               heldout_rows=PackedRows(stdlib_corpus("heldout"),
+                                       train.seq_len, seed=0),
+               eval_batches=1, token_bytes=train_worker.held_out_bytes())
   single = [r["loss"] for r in result.history if "loss" in r]
   np.testing.assert_allclose([multi[s] for s in range(1, steps + 1)], single,
+                             rtol=1e-5)
+  # The held-out bytes add up over both processes' rows.
+  with open(tmp_path / "multi" / METRICS_FILE) as f:
+    evals = [r for r in map(json.loads, f) if "eval_loss" in r]
+  assert evals[-1]["eval_bytes"] == result.last_eval["eval_bytes"]
+  assert evals[-1]["eval_bytes"] > evals[-1]["eval_tokens"]
+  np.testing.assert_allclose(evals[-1]["eval_bits_per_byte"],
+                             result.last_eval["eval_bits_per_byte"],
                              rtol=1e-5)
 
 

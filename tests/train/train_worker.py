@@ -3,9 +3,11 @@ restart it, or start several processes.
 
   python -m tests.train.train_worker --workdir=DIR --steps=8 [--mesh=fsdp=-1]
       [--devices=N] [--coordinator=localhost:PORT --num_processes=2
-      --process_id=0] [--compilation_cache=DIR]
+      --process_id=0] [--compilation_cache=DIR] [--heldout]
 
-Prints ``step <n> <loss>`` after every step (flushed), then ``done``.
+Prints ``step <n> <loss>`` after every step (flushed), then ``done``. With
+``--heldout`` the run ends with a held-out evaluation of one batch, in bits
+per byte with ``HELD_OUT_BYTES`` as the bytes of each id.
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ import os
 MIXERS = ("gla",)
 # Tests compile many small programs: faster compilation, slower code.
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def held_out_bytes():
+  """Bytes per id for --heldout: 1, 2 or 3, so that a count of only some
+  processes' rows, or of tokens, is off."""
+  import numpy as np
+  return np.arange(256) % 3 + 1
 
 
 def model_and_train_config(steps: int, batch_size: int = 8, seq_len: int = 16,
@@ -43,6 +52,7 @@ def main():
   parser.add_argument("--num_processes", type=int)
   parser.add_argument("--process_id", type=int)
   parser.add_argument("--compilation_cache")
+  parser.add_argument("--heldout", action="store_true")
   args = parser.parse_args()
   os.environ["XLA_FLAGS"] = (
       f"--xla_force_host_platform_device_count={args.devices}")
@@ -72,8 +82,12 @@ def main():
     if "loss" in record:
       print(f"step {record['step']} {record['loss']!r}", flush=True)
 
+  heldout = None
+  if args.heldout:
+    heldout = PackedRows(stdlib_corpus("heldout"), train.seq_len, seed=0)
   fit(trainer, rows, workdir=args.workdir, callbacks=[report],
-      log=lambda line: print(line, flush=True))
+      log=lambda line: print(line, flush=True), heldout_rows=heldout,
+      eval_batches=1, token_bytes=held_out_bytes() if args.heldout else None)
   print("done", flush=True)
 
 
