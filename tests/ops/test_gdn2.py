@@ -17,6 +17,7 @@ from lin_attn_jax import ops, testing
 from lin_attn_jax.ops import registry
 from lin_attn_jax.ops.registry import Dims
 from lin_attn_jax.testing import assert_close_errors, rel_rms
+from tests.kernels.test_kernels_gated_linear import CUSTOM_CALLS, exported_text
 
 FIXTURE = (pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "ops"
            / "gdn2.npz")
@@ -146,3 +147,21 @@ def test_bad_step_input_raises():
     ops.gdn2_step(**token, state=jnp.zeros((2, 4, 6, 8)))
   with pytest.raises(ValueError, match="impl must be one of"):
     ops.chunk_gdn2(**_inputs(), impl="triton")
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_pallas_exports_the_sweep_kernels(platform):
+  """``impl="pallas"`` lowers the forward and backward to the core's sweep
+  kernels on TPU (Mosaic) and CUDA (Triton), from a CPU-only machine."""
+  inputs = SPEC.make_inputs(jax.random.PRNGKey(4), Dims(batch=1, length=20,
+                                                        dim_k=16, dim_v=16),
+                            False)
+  inputs.pop("segment_ids")
+
+  def loss(inputs):
+    o, state = ops.chunk_gdn2(**inputs, impl="pallas", chunk_size=16,
+                              output_final_state=True, use_qk_l2norm=True)
+    return jnp.sum(o) + jnp.sum(state)
+
+  text = exported_text(jax.grad(loss), platform, inputs)
+  assert CUSTOM_CALLS[platform] in text
