@@ -305,6 +305,60 @@ def path_attn():
   return arrays
 
 
+# Gated DeltaNet-2: the cases of the fixture, as (name, gate strength, erase
+# gate's upper bound, initial state).
+GDN2_CASES = (("gentle", 1.0, 1.0, True), ("strong", 20.0, 2.0, False))
+
+
+@fixture("gdn2")
+def gdn2():
+  """fla's ``naive_recurrent_gdn2`` (torch, float32) on unit-norm keys,
+  ``H = 2``, K != V, T = 19, for each case of ``GDN2_CASES``:
+  ``<case>_{q,k,v,g,b,w}`` (``g = log_sigmoid(x) * strength``, ``b`` in
+  (0, bound)), ``<case>_h0`` (zeros when the case has no initial state),
+  the output ``o``, the final state ``ht`` and the gradients ``d{q,k,v,g,
+  b,w,h0}`` of ``sum(o * do) + sum(ht * dht)`` for the stored
+  cotangents."""
+  import torch
+  from fla.ops.gdn2.naive import naive_recurrent_gdn2
+
+  rng = np.random.default_rng(SEED)
+  b, t, h, dk, dv = 2, 19, 2, 8, 6
+  sigmoid = lambda x: 1.0 / (1.0 + np.exp(-x))
+  arrays = {}
+  for case, strength, bound, initial in GDN2_CASES:
+    k = rng.standard_normal((b, t, h, dk))
+    inputs = {
+        "q": rng.standard_normal((b, t, h, dk)),
+        "k": k / np.linalg.norm(k, axis=-1, keepdims=True),
+        "v": rng.standard_normal((b, t, h, dv)),
+        "g": -np.logaddexp(0.0, -rng.standard_normal((b, t, h, dk)))
+             * strength,
+        "b": bound * sigmoid(rng.standard_normal((b, t, h, dk))),
+        "w": sigmoid(rng.standard_normal((b, t, h, dv))),
+        "h0": (rng.standard_normal((b, h, dk, dv)) if initial
+               else np.zeros((b, h, dk, dv))),
+        "do": rng.standard_normal((b, t, h, dv)),
+        "dht": rng.standard_normal((b, h, dk, dv)),
+    }
+    inputs = {n: x.astype(np.float32) for n, x in inputs.items()}
+    names = ("q", "k", "v", "g", "b", "w", "h0")
+    tensors = {n: torch.tensor(inputs[n], requires_grad=True) for n in names}
+    o, ht = naive_recurrent_gdn2(
+        *(tensors[n] for n in names[:-1]),
+        initial_state=tensors["h0"] if initial else None,
+        output_final_state=True)
+    ((o * torch.tensor(inputs["do"])).sum()
+     + (ht * torch.tensor(inputs["dht"])).sum()).backward()
+    arrays.update({f"{case}_{n}": x for n, x in inputs.items()})
+    arrays[f"{case}_initial"] = np.bool_(initial)
+    arrays[f"{case}_o"] = o.detach().numpy()
+    arrays[f"{case}_ht"] = ht.detach().numpy()
+    arrays.update({f"{case}_d{n}": tensors[n].grad.numpy() for n in names
+                   if tensors[n].grad is not None})
+  return arrays
+
+
 def main(argv):
   del argv
   names = FLAGS.only or sorted(FIXTURES)

@@ -11,6 +11,7 @@ from lin_attn_jax.layers.base import MODES, Context, Mixer, OpForms
 from lin_attn_jax.layers.based import Based
 from lin_attn_jax.layers.deltanet import KDA, DeltaNet, GatedDeltaNet
 from lin_attn_jax.layers.forgetting_attn import ForgettingAttention
+from lin_attn_jax.layers.gdn2 import GatedDeltaNet2
 from lin_attn_jax.layers.gla import GLA
 from lin_attn_jax.layers.h3 import H3
 from lin_attn_jax.layers.hgrn2 import HGRN2
@@ -58,10 +59,12 @@ MIXERS: dict[str, type[Mixer]] = {
     "kda": KDA,
     "rwkv6": RWKV6,
     "rwkv7": RWKV7,
+    "gdn2": GatedDeltaNet2,
 }
 
 __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
            "Context", "DeltaNet", "ForgettingAttention", "GatedDeltaNet",
+           "GatedDeltaNet2",
            "LinearAttention", "Linformer", "MIXERS", "MODES", "Mamba",
            "Mamba2", "Mixer", "MoBA", "NativeSparseAttention", "OpForms",
            "PaTHAttention", "Performer", "RetNet", "SlidingWindowAttention",

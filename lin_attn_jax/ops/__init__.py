@@ -109,6 +109,8 @@ from lin_attn_jax.ops.rwkv6 import (chunk_rwkv6, naive_recurrent_rwkv6,
 from lin_attn_jax.ops.rwkv7 import (chunk_rwkv7, naive_recurrent_rwkv7,
                                     parallel_rwkv7, recurrent_rwkv7,
                                     rwkv7_step)
+from lin_attn_jax.ops.gdn2 import (chunk_gdn2, gdn2_step, naive_recurrent_gdn2,
+                                   parallel_gdn2, recurrent_gdn2)
 
 # Context parallelism: the chunk forms above split the sequence by themselves
 # under a mesh with a "sequence" axis of size > 1 (jax.set_mesh); these take
@@ -136,3 +138,4 @@ from lin_attn_jax.ops.softmax_attn.context_parallel import (
     context_parallel_softmax_attn)
 from lin_attn_jax.ops.stickbreaking_attn.context_parallel import (
     context_parallel_stickbreaking_attn)
+from lin_attn_jax.ops.gdn2.context_parallel import context_parallel_gdn2

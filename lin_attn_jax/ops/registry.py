@@ -205,6 +205,11 @@ def _delta_rule_specs():
                             step_tokens=("r", "w", "k", "v", "a", "b")),
              spec_inputs.rwkv7, ("r", "w", "k", "v", "a", "b", "initial_state"),
              tol=1e-4, grad_tol=1e-4, context_parallel=("chunk",)),
+      OpSpec("gdn2",
+             sequence_forms("gdn2",
+                            step_tokens=("q", "k", "v", "g", "b", "w"), **l2),
+             spec_inputs.gdn2, ("q", "k", "v", "g", "b", "w", "initial_state"),
+             context_parallel=("chunk",)),
   ]
 
 

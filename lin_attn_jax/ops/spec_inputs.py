@@ -133,6 +133,21 @@ def delta_rule(key, dims, strong, gate=None):
   return inputs
 
 
+def gdn2(key, dims, strong):
+  """Gated DeltaNet-2: q, k, v, a log-decay ``g`` per key channel, the
+  erase gate ``b`` in (0, 1) (in (0, 2) when strong) per key channel and
+  the write gate ``w`` in (0, 1) per value channel."""
+  key, kg, kb, kw = jax.random.split(key, 4)
+  inputs = qkv(key, dims)
+  b, t, h = dims.batch, dims.length, dims.heads
+  inputs["g"] = _log_gate(kg, (b, t, h, dims.dim_k), strong)
+  erase = jax.nn.sigmoid(jax.random.normal(kb, (b, t, h, dims.dim_k), _F32))
+  inputs["b"] = 2.0 * erase if strong else erase
+  inputs["w"] = jax.nn.sigmoid(jax.random.normal(kw, (b, t, h, dims.dim_v),
+                                                 _F32))
+  return inputs
+
+
 def rwkv6(key, dims, strong):
   key, kw, ku = jax.random.split(key, 3)
   inputs = qkv(key, dims)

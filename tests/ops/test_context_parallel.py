@@ -177,6 +177,21 @@ def _rwkv7():
   return make, fn
 
 
+def _gdn2():
+  hv = 2 * H
+  def make():
+    return (dict(q=_normal(0, (B, T, H, K)), k=_normal(1, (B, T, H, K)),
+                 v=_normal(2, (B, T, hv, V)), g=_log_gate(3, (B, T, hv, K)),
+                 b=2.0 * jax.nn.sigmoid(_normal(4, (B, T, hv, K))),
+                 w=jax.nn.sigmoid(_normal(5, (B, T, hv, V)))), (B, hv, K, V))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_gdn2(**inputs, initial_state=initial_state,
+                          output_final_state=True, segment_ids=segment_ids,
+                          chunk_size=CHUNK, sub_chunk_size=2,
+                          use_qk_l2norm=True)
+  return make, fn
+
 def _diagonal(name):
   d = 6
   def make():
@@ -365,6 +380,8 @@ CASES = {
     # (without documents, across up to 7 devices: PLAIN).
     "path_attn": (_path(), (2, 8)),
     "path_attn_without_gate": (_path(gate=False), ()),
+    # Grouped value heads and erase gates up to 2.
+    "gdn2": (_gdn2(), (2, 8)),
 }
 
 # name: the P of a run without initial state and segment ids (compared with
