@@ -106,6 +106,10 @@ from lin_attn_jax.ops.rwkv6 import (chunk_rwkv6, naive_recurrent_rwkv6,
 from lin_attn_jax.ops.rwkv7 import (chunk_rwkv7, naive_recurrent_rwkv7,
                                     parallel_rwkv7, recurrent_rwkv7,
                                     rwkv7_step)
+from lin_attn_jax.ops.gated_delta_product import (
+    chunk_gated_delta_product, gated_delta_product_step,
+    naive_recurrent_gated_delta_product, parallel_gated_delta_product,
+    recurrent_gated_delta_product)
 
 # Context parallelism: the chunk forms above split the sequence by themselves
 # under a mesh with a "sequence" axis of size > 1 (jax.set_mesh); these take
