@@ -11,6 +11,7 @@ from lin_attn_jax.layers.base import MODES, Context, Mixer, OpForms
 from lin_attn_jax.layers.based import Based
 from lin_attn_jax.layers.deltanet import KDA, DeltaNet, GatedDeltaNet
 from lin_attn_jax.layers.forgetting_attn import ForgettingAttention
+from lin_attn_jax.layers.gated_deltaproduct import GatedDeltaProduct
 from lin_attn_jax.layers.gla import GLA
 from lin_attn_jax.layers.h3 import H3
 from lin_attn_jax.layers.hgrn2 import HGRN2
@@ -56,6 +57,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "kda": KDA,
     "rwkv6": RWKV6,
     "rwkv7": RWKV7,
+    "gated_deltaproduct": GatedDeltaProduct,
 }
 
 __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
@@ -63,4 +65,5 @@ __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
            "LinearAttention", "Linformer", "MIXERS", "MODES", "Mamba",
            "Mamba2", "Mixer", "MoBA", "NativeSparseAttention", "OpForms",
            "Performer", "RetNet", "SlidingWindowAttention",
-           "SoftmaxAttention", "SparseAttention", "StickBreakingAttention"]
+           "SoftmaxAttention", "SparseAttention", "StickBreakingAttention",
+           "GatedDeltaProduct"]

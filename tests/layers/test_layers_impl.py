@@ -15,7 +15,8 @@ from lin_attn_jax.testing import rel_rms
 
 # The mixers whose chunk form has a Pallas kernel.
 KERNEL_MIXERS = ("linear_attn", "performer", "based", "retnet", "gla",
-                 "hgrn2", "mamba2", "deltanet", "gated_deltanet", "kda")
+                 "hgrn2", "mamba2", "deltanet", "gated_deltanet", "kda",
+                 "gated_deltaproduct")
 
 
 @pytest.mark.parametrize("name", KERNEL_MIXERS)
