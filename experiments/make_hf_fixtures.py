@@ -70,6 +70,7 @@ def fla_cpu_reference():
   import fla.layers.delta_net as fla_delta_net
   import fla.layers.forgetting_attn as fla_forgetting
   import fla.layers.gated_deltanet as fla_gdn
+  import fla.layers.gated_deltaproduct as fla_gdp
   import fla.layers.gla as fla_gla
   import fla.layers.nsa as fla_nsa
   import fla.layers.path_attn as fla_path_attn
@@ -81,6 +82,8 @@ def fla_cpu_reference():
   import fla.modules as fla_modules
   import fla.modules.rotary.ops as fla_rotary
   from fla.ops.forgetting_attn.naive import naive_forgetting_attn
+  from fla.ops.gated_delta_product.naive import (
+      naive_recurrent_gated_delta_product)
   from fla.ops.rwkv7.fused_addcmul import torch_addcmul_rwkv7
   from fla.ops.rwkv7.fused_k_update import k_update_ref
   from fla.ops.path_attn.naive import naive_path_attn
@@ -247,6 +250,23 @@ def fla_cpu_reference():
   fla_delta_net.fused_recurrent_delta_rule = recurrent_delta
   fla_gdn.chunk_gated_delta_rule = recurrent_delta
   fla_gdn.fused_recurrent_gated_delta_rule = recurrent_delta
+
+  def delta_product(q, k, v, g, beta, num_householder, scale=None,
+                    initial_state=None, output_final_state=False,
+                    use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
+    # k, v, beta: [B, T N, ...], the N steps of token t at t N + j.
+    assert cu_seqlens is None
+    if use_qk_l2norm_in_kernel:
+      q, k = l2(q.float()), l2(k.float())
+    o, s = naive_recurrent_gated_delta_product(
+        q, k, v, g, beta, scale=q.shape[-1] ** -0.5 if scale is None
+        else scale, initial_state=initial_state,
+        output_final_state=output_final_state,
+        num_householder=num_householder)
+    return o.to(v.dtype), (s if output_final_state else None)
+
+  fla_gdp.chunk_gated_delta_product = delta_product
+  fla_gdp.fused_recurrent_gated_delta_rule = recurrent_delta
 
   def recurrent_rwkv6(r, k, v, w, u, scale=1.0, initial_state=None,
                       output_final_state=False, **kwargs):
@@ -464,6 +484,11 @@ FIXTURES = {
     "gated_deltanet": _fla("GatedDeltaNet", hidden_size=32, num_heads=2,
                            num_v_heads=4, head_dim=8, expand_v=1.5,
                            norm_eps=1e-5, hidden_ratio=2),
+    "gated_deltaproduct": _fla("GatedDeltaProduct", hidden_size=32,
+                               num_heads=2, head_dim=8, expand_v=1.5,
+                               num_householder=2, use_forget_gate=True,
+                               allow_neg_eigval=True, norm_eps=1e-5,
+                               hidden_ratio=2),
     "rwkv6": _fla("RWKV6", hidden_size=32, num_heads=2, expand_k=0.5,
                   proj_low_rank_dim=8, gate_low_rank_dim=16, hidden_ratio=2),
     "rwkv7": _fla("RWKV7", hidden_size=32, head_dim=16,
@@ -517,7 +542,7 @@ def _decode(model, tokens, torch):
   from_fla = model.config.model_type in ("gla", "delta_net", "gated_deltanet",
                                          "rwkv6", "rwkv7",
                                          "forgetting_transformer", "nsa",
-                                         "path_attn")
+                                         "path_attn", "gated_deltaproduct")
   # fla's ForgettingAttention decodes from its KV cache only through the
   # path of an attention mask (all ones here: no padding); fla's PaTH layer
   # prefills into its cache and decodes only when given one (without one it

@@ -359,6 +359,44 @@ def gdn2():
   return arrays
 
 
+@fixture("gated_delta_product")
+def gated_delta_product():
+  """fla's ``naive_recurrent_gated_delta_product``
+  (``fla/ops/gated_delta_product/naive.py``) on two rows of 23 tokens, 3
+  Householder steps per token, 2 heads, K = 8 != V = 6, strong-ish gates
+  (``log_sigmoid(x) / 0.2``), ``beta`` in (0, 2), unit keys (fla's naive
+  form takes normalised keys), a random initial state, the default scale.
+  ``gated_*`` has the decay, ``plain_*`` none (``g=None``). Inputs are kept
+  in fla's interleaved layout, ``k, v, beta [B, T N, ...]`` (``(t n)``
+  order); each case holds ``o`` and the final state ``s``."""
+  import torch
+  from fla.ops.gated_delta_product.naive import (
+      naive_recurrent_gated_delta_product)
+
+  rng = np.random.default_rng(SEED)
+  b, t, n, h, dk, dv = 2, 23, 3, 2, 8, 6
+  arrays = {}
+  for case in ("gated", "plain"):
+    k = rng.standard_normal((b, t * n, h, dk))
+    x = {"q": rng.standard_normal((b, t, h, dk)),
+         "k": k / np.linalg.norm(k, axis=-1, keepdims=True),
+         "v": rng.standard_normal((b, t * n, h, dv)),
+         "beta": 2 / (1 + np.exp(-rng.standard_normal((b, t * n, h)))),
+         "h0": rng.standard_normal((b, h, dk, dv))}
+    if case == "gated":
+      x["g"] = -np.logaddexp(0.0, -rng.standard_normal((b, t, h))) / 0.2
+    x = {name: a.astype(np.float32) for name, a in x.items()}
+    o, s = naive_recurrent_gated_delta_product(
+        *(torch.from_numpy(x[name]) for name in ("q", "k", "v")),
+        None if case == "plain" else torch.from_numpy(x["g"]),
+        torch.from_numpy(x["beta"]), scale=dk ** -0.5,
+        initial_state=torch.from_numpy(x["h0"]), output_final_state=True,
+        num_householder=n)
+    x.update(o=o.numpy(), s=s.numpy())
+    arrays.update({f"{case}_{name}": a for name, a in x.items()})
+  return arrays
+
+
 def main(argv):
   del argv
   names = FLAGS.only or sorted(FIXTURES)

@@ -7,7 +7,7 @@ cannot reproduce exactly) and ``entries(hf, config) -> [Entry]`` (see
 ``mamba``, ``mamba2``, ``recurrent_gemma`` and ``qwen3_next``, and
 flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
 ``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
-``nsa`` and ``path_attn``.
+``nsa``, ``path_attn`` and ``gated_deltaproduct``.
 
 Norm conventions: RecurrentGemma and Qwen3-Next scale by ``1 + w``; the LM's
 scale is that sum (an export subtracts 1 again). Heads of fla's and
@@ -484,6 +484,27 @@ def gated_deltanet_entries(hf, config):
   return _delta_entries(hf, config, gated=True)
 
 
+def gated_deltaproduct_config(hf: dict) -> LMConfig:
+  """fla's ``gated_deltaproduct``: the model config's defaults (one step, no
+  forget gate, beta in (0, 1)) where the file leaves a key out."""
+  heads, head_dim = int(hf["num_heads"]), int(hf.get("head_dim", 256))
+  value_width = head_dim * float(hf.get("expand_v", 2))
+  if value_width != int(value_width):
+    raise ValueError(f"config.json has head_dim * expand_v = {value_width}, "
+                     "not an integer")
+  options = dict(_delta_common(hf), head_k_dim=head_dim,
+                 head_v_dim=int(value_width),
+                 num_householder=int(hf.get("num_householder", 1)),
+                 use_forget_gate=bool(hf.get("use_forget_gate", False)),
+                 use_output_gate=bool(hf.get("use_output_gate", True)))
+  return _fla_swiglu_config(hf, "gated_deltaproduct", heads, options)
+
+
+def gated_deltaproduct_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  options = config.options_for(config.layer_mixers[0])
+  return _delta_entries(hf, config, gated=options["use_forget_gate"])
+
+
 def forgetting_transformer_config(hf: dict) -> LMConfig:
   if hf.get("window_size") is not None:
     raise ValueError(
@@ -770,6 +791,8 @@ ARCHITECTURES = {
     "forgetting_transformer": (forgetting_transformer_config,
                                forgetting_transformer_entries),
     "path_attn": (path_attn_config, path_attn_entries),
+    "gated_deltaproduct": (gated_deltaproduct_config,
+                           gated_deltaproduct_entries),
 }
 
 

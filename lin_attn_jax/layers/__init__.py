@@ -12,6 +12,7 @@ from lin_attn_jax.layers.based import Based
 from lin_attn_jax.layers.deltanet import KDA, DeltaNet, GatedDeltaNet
 from lin_attn_jax.layers.forgetting_attn import ForgettingAttention
 from lin_attn_jax.layers.gdn2 import GatedDeltaNet2
+from lin_attn_jax.layers.gated_deltaproduct import GatedDeltaProduct
 from lin_attn_jax.layers.gla import GLA
 from lin_attn_jax.layers.h3 import H3
 from lin_attn_jax.layers.hgrn2 import HGRN2
@@ -60,12 +61,13 @@ MIXERS: dict[str, type[Mixer]] = {
     "rwkv6": RWKV6,
     "rwkv7": RWKV7,
     "gdn2": GatedDeltaNet2,
+    "gated_deltaproduct": GatedDeltaProduct,
 }
 
 __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
            "Context", "DeltaNet", "ForgettingAttention", "GatedDeltaNet",
-           "GatedDeltaNet2",
-           "LinearAttention", "Linformer", "MIXERS", "MODES", "Mamba",
+           "GatedDeltaNet2", "LinearAttention", "Linformer", "MIXERS", "MODES", "Mamba",
            "Mamba2", "Mixer", "MoBA", "NativeSparseAttention", "OpForms",
            "PaTHAttention", "Performer", "RetNet", "SlidingWindowAttention",
-           "SoftmaxAttention", "SparseAttention", "StickBreakingAttention"]
+           "SoftmaxAttention", "SparseAttention", "StickBreakingAttention",
+           "GatedDeltaProduct"]

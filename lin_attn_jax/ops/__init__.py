@@ -111,6 +111,10 @@ from lin_attn_jax.ops.rwkv7 import (chunk_rwkv7, naive_recurrent_rwkv7,
                                     rwkv7_step)
 from lin_attn_jax.ops.gdn2 import (chunk_gdn2, gdn2_step, naive_recurrent_gdn2,
                                    parallel_gdn2, recurrent_gdn2)
+from lin_attn_jax.ops.gated_delta_product import (
+    chunk_gated_delta_product, gated_delta_product_step,
+    naive_recurrent_gated_delta_product, parallel_gated_delta_product,
+    recurrent_gated_delta_product)
 
 # Context parallelism: the chunk forms above split the sequence by themselves
 # under a mesh with a "sequence" axis of size > 1 (jax.set_mesh); these take

@@ -148,6 +148,20 @@ def gdn2(key, dims, strong):
   return inputs
 
 
+def gated_delta_product(key, dims, strong, householder=2):
+  """The delta rule's inputs with ``householder`` keys, values and steps
+  per token (``k [B, T, N, H, K]``, ``v [B, T, N, H, V]``, ``beta [B, T, N,
+  H]``) and a scalar log-decay ``g [B, T, H]`` per token."""
+  key, kk, kv, kb = jax.random.split(key, 4)
+  inputs = delta_rule(key, dims, strong, gate="scalar")
+  b, t, h, n = dims.batch, dims.length, dims.heads, householder
+  inputs["k"] = jax.random.normal(kk, (b, t, n, h, dims.dim_k), _F32)
+  inputs["v"] = jax.random.normal(kv, (b, t, n, h, dims.dim_v), _F32)
+  beta = jax.nn.sigmoid(jax.random.normal(kb, (b, t, n, h), _F32))
+  inputs["beta"] = 2.0 * beta if strong else beta
+  return inputs
+
+
 def rwkv6(key, dims, strong):
   key, kw, ku = jax.random.split(key, 3)
   inputs = qkv(key, dims)

@@ -25,6 +25,7 @@ MIXER_OPTIONS = {
     "kda": {"chunk_size": 8},
     "rwkv6": {"chunk_size": 8},
     "rwkv7": {"chunk_size": 8, "zero_init_output": False},
+    "gated_deltaproduct": {"chunk_size": 8, "zero_init_gate": False},
 }
 # RWKV-7's reference init (zero LoRA inputs, keys scaled by 0.05, small
 # gates) puts about 1% of the logits on its mixers at these sizes: the LM

@@ -160,6 +160,23 @@ def _delta(form, gate):
   return make, fn
 
 
+def _gated_delta_product():
+  """2 Householder steps per token, 2 value heads per key head."""
+  hv, n = 2 * H, 2
+  def make():
+    return (dict(q=_normal(0, (B, T, H, K)), k=_normal(1, (B, T, n, H, K)),
+                 v=_normal(2, (B, T, n, hv, V)), g=_log_gate(3, (B, T, hv)),
+                 beta=2 * jax.nn.sigmoid(_normal(4, (B, T, n, hv)))),
+            (B, hv, K, V))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_gated_delta_product(
+        **inputs, initial_state=initial_state, output_final_state=True,
+        segment_ids=segment_ids, chunk_size=CHUNK, sub_chunk_size=2,
+        use_qk_l2norm=True)
+  return make, fn
+
+
 def _rwkv7():
   def make():
     kappa = _unit(5, (B, T, H, K))
@@ -382,6 +399,9 @@ CASES = {
     "path_attn_without_gate": (_path(gate=False), ()),
     # Grouped value heads and erase gates up to 2.
     "gdn2": (_gdn2(), (2, 8)),
+    # The core splits the interleaved sub-steps: a device's share is its
+    # tokens' sub-steps.
+    "gated_delta_product": (_gated_delta_product(), (2, 8)),
 }
 
 # name: the P of a run without initial state and segment ids (compared with
