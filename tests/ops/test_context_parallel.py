@@ -307,6 +307,19 @@ def _moba():
   return make, fn
 
 
+
+def _mlstm():
+  def make():
+    return (dict(q=_normal(0, (B, T, H, K)), k=_normal(1, (B, T, H, K)),
+                 v=_normal(2, (B, T, H, V)), i=_normal(3, (B, T, H), 4.0),
+                 f=_normal(4, (B, T, H)) + 2.0), (B, H, K, V + 2))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_mlstm(**inputs, initial_state=initial_state,
+                           output_final_state=True, segment_ids=segment_ids,
+                           chunk_size=CHUNK)
+  return make, fn
+
 # name: (case, the P values it runs at with segment ids and initial state).
 # One core form of each kind runs at every P; the other ops reach the same
 # split code through their core and run at one P each.
@@ -345,6 +358,9 @@ CASES = {
     # Blocks of 3: 2 keys before a device's first query for its own block,
     # at 16 and at 4 tokens per device.
     "moba": (_moba(), (2, 8)),
+    # The max state entering a device: composed over the devices before it,
+    # reset where a document starts at a device boundary.
+    "mlstm": (_mlstm(), (2, 8)),
 }
 
 # name: the P of a run without initial state and segment ids (compared with
