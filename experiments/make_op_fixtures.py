@@ -397,6 +397,83 @@ def gated_delta_product():
   return arrays
 
 
+def _xlstm_native(inputs, chunk_size=None):
+  """transformers' native mLSTM on ``inputs`` (our layout, float32): the
+  token-by-token ``mlstm_recurrent_sequence_native`` (or, with
+  ``chunk_size``, ``mlstm_chunkwise_native_autograd``) in float64 from the
+  stored initial ``(C, n, m)``; ``h``, the final state and the gradients of
+  ``sum(h * dh) + sum(C * dC) + sum(n * dn) + sum(m * dm)``."""
+  import torch
+  from transformers.models.xlstm import modeling_xlstm as xlstm
+
+  def heads_first(x):
+    return torch.tensor(np.moveaxis(x, 1, 2), dtype=torch.float64,
+                        requires_grad=True)
+
+  q, k, v = (heads_first(inputs[n]) for n in ("q", "k", "v"))
+  i, f = (heads_first(inputs[n]) for n in ("i", "f"))
+  c0, n0, m0 = (torch.tensor(inputs[n], dtype=torch.float64,
+                             requires_grad=True) for n in ("c0", "n0", "m0"))
+  if chunk_size is None:
+    h, (c, n, m) = xlstm.mlstm_recurrent_sequence_native(
+        q, k, v, i, f, c_initial=c0, n_initial=n0, m_initial=m0[..., None],
+        return_last_states=True, eps=1e-6, dtype_state=torch.float64)
+  else:
+    h, (c, n, m) = xlstm.mlstm_chunkwise_native_autograd(
+        q, k, v, i, f, c_initial=c0, n_initial=n0, m_initial=m0[..., None],
+        return_last_states=True, eps=1e-6, chunk_size=chunk_size)
+  h = h.transpose(1, 2)                                       # [B, T, H, V]
+  m = m[..., 0]
+  loss = sum((x * torch.tensor(inputs[name], dtype=torch.float64)).sum()
+             for x, name in ((h, "dh"), (c, "dc"), (n, "dn"), (m, "dm")))
+  loss.backward()
+  out = {"h": h, "c": c, "n": n, "m": m}
+  out.update({"d" + name: x.grad.transpose(1, 2) if x.ndim >= 3 and name in
+              ("q", "k", "v", "i", "f") else x.grad
+              for name, x in (("q", q), ("k", k), ("v", v), ("i", i),
+                              ("f", f), ("c0", c0), ("n0", n0), ("m0", m0))})
+  return {name: np.asarray(x.detach().numpy(), np.float32)
+          for name, x in out.items()}
+
+
+@fixture("mlstm")
+def mlstm():
+  """transformers' native mLSTM of xLSTM-7B (``models/xlstm``, the code
+  its inference and training modes run without the ``xlstm`` package),
+  in float64 on float32 inputs, K != V, from a random initial ``(C, n,
+  m)``: ``<case>_*`` for ``gentle`` (T = 19, gates ``i ~ N(0, 1)``, ``f ~
+  N(2, 1)``) and ``strong`` (T = 19, ``i ~ N(0, 8)``, ``f ~ N(0, 10)``),
+  token by token, and ``chunkwise`` (T = 32, chunks of 16, gentle gates)
+  through its chunkwise form. Each holds the inputs (``q, k, v, i, f`` in
+  the layout ``[B, T, H, ...]``, ``c0, n0, m0``), the cotangents ``dh, dc,
+  dn, dm``, the outputs ``h, c, n, m`` and the gradients ``d{q, k, v, i,
+  f, c0, n0, m0}``."""
+  rng = np.random.default_rng(SEED)
+  b, h, dk, dv = 2, 2, 8, 6
+  arrays = {}
+  for case, t, i_scale, f_shift, f_scale, chunk_size in (
+      ("gentle", 19, 1.0, 2.0, 1.0, None),
+      ("strong", 19, 8.0, 0.0, 10.0, None),
+      ("chunkwise", 32, 1.0, 2.0, 1.0, 16)):
+    inputs = {"q": rng.standard_normal((b, t, h, dk)),
+              "k": rng.standard_normal((b, t, h, dk)),
+              "v": rng.standard_normal((b, t, h, dv)),
+              "i": i_scale * rng.standard_normal((b, t, h)),
+              "f": f_shift + f_scale * rng.standard_normal((b, t, h)),
+              "c0": rng.standard_normal((b, h, dk, dv)),
+              "n0": rng.standard_normal((b, h, dk)),
+              "m0": rng.standard_normal((b, h)),
+              "dh": rng.standard_normal((b, t, h, dv)),
+              "dc": rng.standard_normal((b, h, dk, dv)),
+              "dn": rng.standard_normal((b, h, dk)),
+              "dm": rng.standard_normal((b, h))}
+    inputs = {n: x.astype(np.float32) for n, x in inputs.items()}
+    outputs = _xlstm_native(inputs, chunk_size)
+    arrays.update({f"{case}_{n}": x for n, x in {**inputs,
+                                                  **outputs}.items()})
+  return arrays
+
+
 def main(argv):
   del argv
   names = FLAGS.only or sorted(FIXTURES)

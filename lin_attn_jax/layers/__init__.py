@@ -20,6 +20,7 @@ from lin_attn_jax.layers.linear_attn import LinearAttention
 from lin_attn_jax.layers.linformer import Linformer
 from lin_attn_jax.layers.mamba import Mamba
 from lin_attn_jax.layers.mamba2 import Mamba2
+from lin_attn_jax.layers.mlstm import MLSTM
 from lin_attn_jax.layers.nsa import NativeSparseAttention
 from lin_attn_jax.layers.moba import MoBA
 from lin_attn_jax.layers.path_attn import PaTHAttention
@@ -49,6 +50,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "retnet": RetNet,
     "gla": GLA,
     "hgrn2": HGRN2,
+    "mlstm": MLSTM,
     # Diagonal-SSM core.
     "mamba": Mamba,
     "mamba2": Mamba2,

@@ -22,6 +22,10 @@ from lin_attn_jax.ops.linear_attn import (chunk_linear_attn, linear_attn_step,
                                           naive_recurrent_linear_attn,
                                           parallel_linear_attn,
                                           recurrent_linear_attn)
+from lin_attn_jax.ops.mlstm import (chunk_mlstm, mlstm_step,
+                                    naive_recurrent_mlstm, pack_mlstm_state,
+                                    parallel_mlstm, recurrent_mlstm,
+                                    unpack_mlstm_state)
 from lin_attn_jax.ops.performer import chunk_favor_attn, favor_features
 from lin_attn_jax.ops.retention import (chunk_retention,
                                         naive_recurrent_retention,

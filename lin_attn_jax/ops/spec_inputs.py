@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from lin_attn_jax import feature_maps
+from lin_attn_jax.ops.mlstm import pack_mlstm_state
 
 _F32 = jnp.float32
 # Diagonal SSMs: the strongest per-token log-decay of the strong inputs.
@@ -119,6 +120,23 @@ def based(key, dims, strong):
       ks, dims, lambda x: feature_maps.taylor(0.5 * x), dk)
   return inputs
 
+
+def mlstm(key, dims, strong):
+  """q, k, v, segment ids, the gate pre-activations ``i`` (``N(0, 1)``, or
+  ``N(0, 8)`` when strong: input gates from ``e^-20`` to ``e^20``) and
+  ``f`` (``N(2, 1)``, forget gates near 0.9; when strong ``N(0, 20)``, log
+  forget gates down to about -60), and an initial ``[C | n | m]`` with
+  ``m ~ N(0, 1)``."""
+  key, ki, kf, kn, km = jax.random.split(key, 5)
+  inputs = qkv(key, dims)
+  b, t, h, dk = dims.batch, dims.length, dims.heads, dims.dim_k
+  inputs["i"] = _normal(ki, (b, t, h), 8.0 if strong else 1.0)
+  inputs["f"] = (_normal(kf, (b, t, h), 20.0) if strong
+                 else _normal(kf, (b, t, h), 1.0, 2.0))
+  inputs["initial_state"] = pack_mlstm_state(
+      inputs["initial_state"], _normal(kn, (b, h, dk)),
+      _normal(km, (b, h)))
+  return inputs
 
 def delta_rule(key, dims, strong, gate=None):
   key, kg, kb = jax.random.split(key, 3)

@@ -21,6 +21,7 @@ MIXER_OPTIONS = {
     "based": {"chunk_size": 8, "window_size": 6},
     "retnet": {"chunk_size": 8},
     "hgrn2": {"chunk_size": 8, "expand_ratio": 16},
+    "mlstm": {"chunk_size": 8},
 }
 
 

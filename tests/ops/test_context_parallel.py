@@ -68,6 +68,7 @@ def _unit(seed, shape):
 # segment_ids) -> (o, final state or None)). Every float input is
 # differentiated.
 
+
 def _gated_linear(form, gate, **kw):
   def make():
     inputs = dict(q=_normal(0, (B, T, H, K)), k=_normal(1, (B, T, H, K)),
@@ -208,6 +209,7 @@ def _gdn2():
                           chunk_size=CHUNK, sub_chunk_size=2,
                           use_qk_l2norm=True)
   return make, fn
+
 
 def _diagonal(name):
   d = 6
@@ -355,6 +357,19 @@ def _path(gate=True):
   return make, fn
 
 
+def _mlstm():
+  def make():
+    return (dict(q=_normal(0, (B, T, H, K)), k=_normal(1, (B, T, H, K)),
+                 v=_normal(2, (B, T, H, V)), i=_normal(3, (B, T, H), 4.0),
+                 f=_normal(4, (B, T, H)) + 2.0), (B, H, K, V + 2))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_mlstm(**inputs, initial_state=initial_state,
+                           output_final_state=True, segment_ids=segment_ids,
+                           chunk_size=CHUNK)
+  return make, fn
+
+
 # name: (case, the P values it runs at with segment ids and initial state).
 # One core form of each kind runs at every P; the other ops reach the same
 # split code through their core and run at one P each.
@@ -402,6 +417,9 @@ CASES = {
     # The core splits the interleaved sub-steps: a device's share is its
     # tokens' sub-steps.
     "gated_delta_product": (_gated_delta_product(), (2, 8)),
+    # The max state entering a device: composed over the devices before it,
+    # reset where a document starts at a device boundary.
+    "mlstm": (_mlstm(), (2, 8)),
 }
 
 # name: the P of a run without initial state and segment ids (compared with

@@ -42,6 +42,7 @@ CASES_BY_OP = {
     "retention": [CASES[0], CASES[3], CASES[6]],
     "linear_attn_normalized": [CASES[1], CASES[6]],
     "based": [CASES[3], CASES[5], CASES[6]],
+    "mlstm": [CASES[0], CASES[1], CASES[5]],
 }
 
 
