@@ -45,6 +45,9 @@ flags.DEFINE_list("only", [], "Make only these fixtures (names as in "
                   "FIXTURES).")
 flags.DEFINE_bool("tokenizer_only", False, "Write only the tokenizer.json of "
                   "the fixtures (needs tokenizers, not torch).")
+flags.DEFINE_bool("tokenizer", True, "Also write the tokenizer.json of each "
+                  "fixture (needs the project's dependencies; without them, "
+                  "pass --notokenizer and run --tokenizer_only afterwards).")
 
 BATCH, LENGTH, PREFILL, VOCAB = 2, 12, 5, 64
 SEED = 0
@@ -459,6 +462,47 @@ def _qwen3_next(transformers):
       tie_word_embeddings=False))
 
 
+def _xlstm(weight_mode):
+  """xLSTM-7B's architecture at a small size: its native torch kernels
+  (chunkwise for whole chunks of 4, the recurrent sequence kernel for the
+  rest, the step kernel when decoding) in float32, with K = 32 != V = 64
+  per head. The query/key and value widths are multiples of 64, so that
+  the cache's rounded head widths are those of the layer's weights."""
+  def make(transformers):
+    import transformers.models.xlstm.modeling_xlstm as xlstm
+    init = xlstm.xLSTMPreTrainedModel._init_weights
+
+    def init_as_single(self, module):
+      # transformers' fused-mode gate init subtracts a [2H] tensor from an
+      # [H] slice and fails; the fused weights are initialised as in the
+      # single mode instead (_perturb then moves every one of them).
+      mode = self.config.weight_mode
+      self.config.weight_mode = "single"
+      try:
+        init(self, module)
+      finally:
+        self.config.weight_mode = mode
+
+    if weight_mode == "fused":
+      xlstm.xLSTMPreTrainedModel._init_weights = init_as_single
+    try:
+      return make_model(transformers)
+    finally:
+      xlstm.xLSTMPreTrainedModel._init_weights = init
+
+  def make_model(transformers):
+    return transformers.xLSTMForCausalLM(transformers.xLSTMConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_heads=2,
+        qk_dim_factor=1.0, v_dim_factor=2.0, ffn_proj_factor=2.667,
+        ffn_round_up_to_multiple_of=64, gate_soft_cap=15.0,
+        output_logit_soft_cap=30.0, norm_eps=1e-6, eps=1e-6, chunk_size=4,
+        mode="inference", chunkwise_kernel="chunkwise--native_autograd",
+        sequence_kernel="native_sequence__native", step_kernel="native",
+        autocast_kernel_dtype="float32", inference_state_dtype="float32",
+        weight_mode=weight_mode, tie_word_embeddings=False))
+  return make
+
+
 def _fla(name, **kw):
   def make(transformers):
     import fla.models as fla_models
@@ -474,6 +518,8 @@ FIXTURES = {
     "mamba2": _mamba2,
     "recurrent_gemma": _recurrent_gemma,
     "qwen3_next": _qwen3_next,
+    "xlstm": _xlstm("single"),
+    "xlstm_fused": _xlstm("fused"),
     "gla": _fla("GLA", hidden_size=32, num_heads=2, expand_k=0.5,
                 norm_eps=1e-6, hidden_ratio=2),
     "gla_short_conv": _fla("GLA", hidden_size=32, num_heads=2, expand_k=0.5,
@@ -567,7 +613,9 @@ def _decode(model, tokens, torch):
     kw["cache"] = transformers.DynamicCache(config=model.config)
     model._setup_cache(model.config, tokens.shape[0], tokens.device,
                        torch.float32)
-  if not from_fla:
+  # xLSTM counts cached tokens in its own cache.
+  counted = from_fla or model.config.model_type == "xlstm"
+  if not counted:
     kw["cache_position"] = torch.arange(PREFILL)
   if positions:
     kw["position_ids"] = torch.arange(PREFILL)[None]
@@ -582,7 +630,7 @@ def _decode(model, tokens, torch):
     kw = {key: cache, "use_cache": True}
     if masked:
       kw["attention_mask"] = torch.ones(tokens.shape[0], i + 1).long()
-    if not from_fla:
+    if not counted:
       kw["cache_position"] = torch.tensor([i])
     if positions:
       kw["position_ids"] = torch.tensor([[i]])
@@ -616,7 +664,8 @@ def make_fixture(name: str, out_dir: str) -> dict:
   for extra in ("generation_config.json",):
     if os.path.exists(os.path.join(path, extra)):
       os.remove(os.path.join(path, extra))
-  write_tokenizer(path, VOCAB)
+  if FLAGS.tokenizer:
+    write_tokenizer(path, VOCAB)
   np.savez(os.path.join(path, "reference.npz"), tokens=tokens.numpy(),
            full=full.float().numpy(), decode=decode.float().numpy(),
            prefill=np.int64(PREFILL))

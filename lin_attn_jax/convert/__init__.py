@@ -4,10 +4,10 @@ A checkpoint directory holds ``config.json`` and safetensors weights
 (``model.safetensors``, or shards named by ``model.safetensors.index.json``);
 nothing is downloaded. Supported ``model_type`` values: ``mamba``,
 ``mamba2``, ``recurrent_gemma``, ``qwen3_next`` (every layer Gated DeltaNet,
-dense MLPs) from transformers, and flash-linear-attention's ``gla``,
-``delta_net``, ``gated_deltanet``, ``rwkv6``, ``rwkv7``,
-``stickbreaking_attn``, ``forgetting_transformer``, ``nsa`` and
-``path_attn``.
+dense MLPs) and ``xlstm`` (xLSTM-7B: mLSTM layers) from transformers, and
+flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
+``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
+``nsa``, ``path_attn`` and ``gated_deltaproduct``.
 
   >>> lm, config, hf_config = load_pretrained("/path/to/checkpoint")
   >>> tokenizer = checkpoint_tokenizer("/path/to/checkpoint")  # or None

@@ -4,8 +4,8 @@ Each architecture is keyed by the ``model_type`` of its ``config.json``:
 ``lm_config(hf) -> LMConfig`` (raising ``ValueError`` for options the LM
 cannot reproduce exactly) and ``entries(hf, config) -> [Entry]`` (see
 ``core.py``). Tensor names are those of ``save_pretrained``: transformers'
-``mamba``, ``mamba2``, ``recurrent_gemma`` and ``qwen3_next``, and
-flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
+``mamba``, ``mamba2``, ``recurrent_gemma``, ``qwen3_next`` and ``xlstm``,
+and flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
 ``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
 ``nsa``, ``path_attn`` and ``gated_deltaproduct``.
 
@@ -327,6 +327,102 @@ def qwen3_next_entries(hf: dict, config: LMConfig) -> list[Entry]:
             copy(f"{a}.A_log", m + ("A_log",)),
             head_shared(f"{a}.norm.weight", m + ("norm", "scale"), nv)]
     out += linear(f"{a}.out_proj", m + ("o_proj",))
+  return out + _head(hf, config)
+
+
+# --- transformers: xLSTM (xLSTM-7B) ---------------------------------------
+
+def xlstm_config(hf: dict) -> LMConfig:
+  """transformers' ``xlstm``: every block an mLSTM layer and a SwiGLU MLP
+  of width ``ffn_proj_factor * hidden_size`` rounded up to a multiple of
+  ``ffn_round_up_to_multiple_of``, RMS norms (the final one always, whatever
+  ``add_out_norm`` says, as in transformers), logits soft-capped. The
+  reference's kernel dtype (``autocast_kernel_dtype``, bfloat16 by default)
+  is a precision setting, not a parameter: the LM computes in its own
+  ``dtype``."""
+  _unsupported(hf, "use_bias", (False, None),
+               "the blocks' RMS norms would have biases, which the LM's RMS "
+               "norms do not have")
+  _unsupported(hf, "weight_mode", ("single", "fused", None))
+  d = int(hf["hidden_size"])
+  for key, want in (("embedding_dim", d),
+                    ("num_blocks", int(hf["num_hidden_layers"]))):
+    if hf.get(key) is not None and int(hf[key]) != want:
+      raise ValueError(f"config.json has {key} = {hf[key]}, not {want}; "
+                       "transformers builds the model from both")
+  multiple = int(hf.get("ffn_round_up_to_multiple_of", 64))
+  width = d * float(hf.get("ffn_proj_factor", 2.667))
+  mlp_dim = int((width + multiple - 1) // multiple * multiple)
+  norm_eps = float(hf.get("norm_eps", 1e-6))
+  cap = hf.get("gate_soft_cap", 15.0)
+  options = dict(qk_dim_factor=float(hf.get("qk_dim_factor", 0.5)),
+                 v_dim_factor=float(hf.get("v_dim_factor", 1.0)),
+                 gate_soft_cap=None if cap is None else float(cap),
+                 norm_eps=norm_eps, eps=float(hf.get("eps", 1e-6)),
+                 n_blocks=int(hf["num_hidden_layers"]))
+  logits_cap = hf.get("output_logit_soft_cap", 30.0)
+  return LMConfig(**_common(hf), n_heads=int(hf.get("num_heads", 8)),
+                  mixer="mlstm", mixer_options={"mlstm": options},
+                  mlp_dim=mlp_dim, norm_eps=norm_eps,
+                  logits_soft_cap=(None if logits_cap is None
+                                   else float(logits_cap)))
+
+
+def _split_rows(hf_name: str, ours, sizes) -> Entry:
+  """A fused ``[sum(sizes), ...]`` weight (a ``Linear`` weight or bias)
+  <-> one parameter per part (kernels ``[in, part]`` transposed, biases
+  as they are)."""
+  cuts = np.cumsum(sizes)[:-1]
+
+  def to_ours(w):
+    parts = jnp.split(w, cuts, axis=0)
+    return tuple(p.T if p.ndim == 2 else p for p in parts)
+
+  def to_hf(*parts):
+    return (jnp.concatenate([p.T if p.ndim == 2 else p for p in parts],
+                            axis=0),)
+
+  return Entry((hf_name,), tuple(ours), to_ours, to_hf)
+
+
+def xlstm_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  options = config.options_for("mlstm")
+  d, heads = config.d_model, config.n_heads
+  qk = int(d * options["qk_dim_factor"])
+  v = int(d * options["v_dim_factor"])
+  fused = hf.get("weight_mode", "single") == "fused"
+  out = [copy("backbone.embeddings.weight", ("embed", "embedding"))]
+  out += _norm("backbone.out_norm", ("final_norm",))
+  for i in range(config.n_layers):
+    p, m, mlp = f"backbone.blocks.{i}", _block(i, "mixer"), _block(i, "mlp")
+    a = f"{p}.mlstm_layer"
+    out += _norm(f"{p}.norm_mlstm", _block(i, "mixer_norm"))
+    out += _norm(f"{p}.norm_ffn", _block(i, "mlp_norm"))
+    if fused:
+      out += [_split_rows(f"{a}.qkv_opreact.weight",
+                          [m + (n, "kernel") for n in
+                           ("q_proj", "k_proj", "v_proj", "o_gate")],
+                          (qk, qk, v, v)),
+              _split_rows(f"{a}.ifgate_preact.weight",
+                          [m + (n, "kernel") for n in ("i_gate", "f_gate")],
+                          (heads, heads)),
+              _split_rows(f"{a}.ifgate_preact.bias",
+                          [m + (n, "bias") for n in ("i_gate", "f_gate")],
+                          (heads, heads)),
+              _split_rows(f"{p}.ffn.proj_up_gate_z.weight",
+                          [mlp + (n, "kernel") for n in ("gate", "up")],
+                          (config.mlp_dim, config.mlp_dim))]
+    else:
+      for hf_name, ours in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"),
+                            ("ogate_preact", "o_gate")):
+        out += linear(f"{a}.{hf_name}", m + (ours,))
+      out += linear(f"{a}.igate_preact", m + ("i_gate",), True)
+      out += linear(f"{a}.fgate_preact", m + ("f_gate",), True)
+      out += linear(f"{p}.ffn.proj_up_gate", mlp + ("gate",))
+      out += linear(f"{p}.ffn.proj_up", mlp + ("up",))
+    out += [copy(f"{a}.multihead_norm.weight", m + ("norm", "scale"))]
+    out += linear(f"{a}.out_proj", m + ("out_proj",))
+    out += linear(f"{p}.ffn.proj_down", mlp + ("down",))
   return out + _head(hf, config)
 
 
@@ -780,6 +876,7 @@ ARCHITECTURES = {
     "mamba2": (mamba2_config, mamba2_entries),
     "recurrent_gemma": (recurrent_gemma_config, recurrent_gemma_entries),
     "qwen3_next": (qwen3_next_config, qwen3_next_entries),
+    "xlstm": (xlstm_config, xlstm_entries),
     "gla": (gla_config, gla_entries),
     "delta_net": (delta_net_config, delta_net_entries),
     "gated_deltanet": (gated_deltanet_config, gated_deltanet_entries),

@@ -40,7 +40,8 @@ TOL = 1e-5
 # the reference's full forward.
 DECODE_AGAINST_FULL = {"mamba2"}
 # Fixtures of a variant of an architecture, named for the variant.
-MODEL_TYPE = {"gla_short_conv": "gla", "path_attn_forget_gate": "path_attn"}
+MODEL_TYPE = {"gla_short_conv": "gla", "path_attn_forget_gate": "path_attn",
+              "xlstm_fused": "xlstm"}
 
 
 def _logits(lm, tokens, prefill):
@@ -87,7 +88,7 @@ def _stored(path):
 def test_export_writes_the_same_tensors(tmp_path):
   # The architectures whose tables go beyond transposes and copies.
   for name in ("gla_short_conv", "path_attn", "qwen3_next", "rwkv6", "rwkv7",
-               "gated_deltaproduct"):
+               "gated_deltaproduct", "xlstm_fused"):
     path = os.path.join(FIXTURES, name)
     lm, _, hf = convert.load_pretrained(path)
     out = str(tmp_path / name)
