@@ -18,6 +18,10 @@ from the fixture's ``config.json``. ``--tokenizer_only`` writes only these
 
   python -m experiments.make_hf_fixtures --tokenizer_only
 
+(so an environment with torch but without the project's dependencies runs
+``--notokenizer --only=NAME`` and then ``--tokenizer_only --only=NAME``
+with them). transformers' xLSTM runs its native torch kernels in float32.
+
 flash-linear-attention's models run their Triton kernels, which need a GPU;
 on CPU the script swaps each kernel the models call (norms, short
 convolutions, token shift, the recurrences, rotary embeddings, native
@@ -644,7 +648,8 @@ def _decode(model, tokens, torch):
   return torch.cat(logits, dim=1)
 
 
-def make_fixture(name: str, out_dir: str) -> dict:
+def make_fixture(name: str, out_dir: str,
+                 tokenizer: bool = True) -> dict:
   import numpy as np
   import torch
   import transformers
@@ -664,7 +669,7 @@ def make_fixture(name: str, out_dir: str) -> dict:
   for extra in ("generation_config.json",):
     if os.path.exists(os.path.join(path, extra)):
       os.remove(os.path.join(path, extra))
-  if FLAGS.tokenizer:
+  if tokenizer:
     write_tokenizer(path, VOCAB)
   np.savez(os.path.join(path, "reference.npz"), tokens=tokens.numpy(),
            full=full.float().numpy(), decode=decode.float().numpy(),
@@ -693,7 +698,7 @@ def main(argv):
   fla_cpu_reference()
   os.makedirs(FLAGS.out, exist_ok=True)
   for name in names:
-    info = make_fixture(name, FLAGS.out)
+    info = make_fixture(name, FLAGS.out, FLAGS.tokenizer)
     print(json.dumps(info))
 
 

@@ -282,3 +282,23 @@ def test_forgetting_transformer_exports_and_refuses_a_window(tmp_path):
     np.testing.assert_array_equal(exported[tensor], value, err_msg=tensor)
   with pytest.raises(ValueError, match="window_size = 8"):
     convert.plan(dict(hf, window_size=8))
+
+
+def test_xlstm_maps_its_options_and_refuses_what_the_lm_lacks():
+  """transformers' xLSTM: the mLSTM options (the Wang init's block count
+  included), the rounded SwiGLU width and the logit cap reach the LM; norm
+  biases and mismatched widths or block counts do not load."""
+  with open(os.path.join(FIXTURES, "xlstm", "config.json")) as f:
+    hf = json.load(f)
+  config, _, _ = convert.plan(hf)
+  assert config.options_for("mlstm") == {
+      "qk_dim_factor": 1.0, "v_dim_factor": 2.0, "gate_soft_cap": 15.0,
+      "norm_eps": 1e-6, "eps": 1e-6, "n_blocks": 2}
+  assert (config.mlp_dim, config.logits_soft_cap, config.norm_eps,
+          config.tie_embeddings) == (192, 30.0, 1e-6, False)
+  for update, match in (({"use_bias": True}, "use_bias = True"),
+                        ({"weight_mode": "packed"}, "weight_mode"),
+                        ({"embedding_dim": 32}, "embedding_dim = 32"),
+                        ({"num_blocks": 3}, "num_blocks = 3")):
+    with pytest.raises(ValueError, match=match):
+      convert.plan(dict(hf, **update))
