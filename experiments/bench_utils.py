@@ -28,11 +28,15 @@ def interleaved_min_times(fns, repeats: int):
   return {name: min(ts) for name, ts in times.items()}
 
 
-def compile_form(spec, form_name, inputs, chunk_size):
+def compile_form(spec, form_name, inputs, chunk_size, options=None):
   """Returns (fwd run, fwd+bwd run, fwd temp bytes, fwd+bwd temp bytes);
-  a run is a no-argument call of the compiled function."""
+  a run is a no-argument call of the compiled function. ``options``: more
+  keyword arguments of the form (replacing the registry's own, such as
+  MoBA's ``block_size``)."""
   form = spec.forms[form_name]
-  kwargs = {"chunk_size": chunk_size} if form_name in spec.chunked else {}
+  kwargs = dict(options or {})
+  if form_name in spec.chunked:
+    kwargs["chunk_size"] = chunk_size
   diff_names = [n for n in spec.grad_args if inputs.get(n) is not None]
   fixed = {n: x for n, x in inputs.items() if n not in diff_names}
 

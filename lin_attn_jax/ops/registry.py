@@ -276,7 +276,8 @@ SUMMARY = 2
 
 def o_only(fn, block_arg=None, **static):
   """``fn`` returning ``o`` as a form returning ``(o, None)``; a
-  ``chunk_size`` goes to ``block_arg``."""
+  ``chunk_size`` goes to ``block_arg``. ``static`` are defaults: a keyword
+  of the call replaces one of the same name (as ``functools.partial``)."""
   def form(*, initial_state=None, output_final_state=False, chunk_size=None,
            **inputs):
     del output_final_state
@@ -284,7 +285,7 @@ def o_only(fn, block_arg=None, **static):
       raise ValueError("softmax attention has no initial state")
     if chunk_size is not None:
       inputs[block_arg] = chunk_size
-    return fn(**inputs, **static), None
+    return fn(**{**static, **inputs}), None
   return form
 
 

@@ -20,7 +20,7 @@ count disjoint keys of each query:
    V)`` and ``min(NF, c (top_k - 1)) T C (K + V)`` work per head, as the
    selections of a tile's queries agree or not (on random inputs they do
    not, and this is the work of causal attention:
-   benchmarks/RESULTS_moba.md).
+   benchmarks/RESULTS_softmax.md).
 
 Both passes keep only outputs and log-sum-exps for their backward and
 recompute the rest, so memory is ``O(T)`` in both directions (plus the
