@@ -34,28 +34,36 @@ from experiments.bench_utils import (compile_form, interleaved_min_times,
 from lin_attn_jax.ops.registry import Dims, all_specs
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("ops", ["gla"], "Ops to time.")
-flags.DEFINE_list("forms", ["parallel", "chunk", "recurrent"], "Forms to time.")
-flags.DEFINE_list("lengths", ["1024", "2048", "4096", "8192", "16384", "32768"],
-                  "Sequence lengths T.")
-flags.DEFINE_integer("batch", 1, "B.")
-flags.DEFINE_integer("heads", 4, "H.")
-flags.DEFINE_integer("dim_k", 64, "K.")
-flags.DEFINE_integer("dim_v", 64, "V.")
-flags.DEFINE_integer("chunk_size", 64, "Chunk size of the chunk forms.")
-flags.DEFINE_integer("max_parallel_length", 8192,
-                     "Longest T for the parallel form (its memory is O(T^2)).")
-flags.DEFINE_integer("repeats", 5, "Timed rounds (every form once per round).")
-flags.DEFINE_string("out", "", "Markdown file to write the table into.")
-flags.DEFINE_bool("memory_only", False, "Compile only: the temp memory "
-                  "columns, no timed runs (the time columns read '-').")
-flags.DEFINE_list("untimed_forms", [], "Forms compiled for their temp "
-                  "memory but never run (their time columns read '-').")
-flags.DEFINE_multi_string(
-    "options", [], "Keyword arguments of one op's forms, "
-    "'op:name=value,name=value' (values are Python literals, else strings), "
-    "replacing the registry's; a chunk_size here replaces --chunk_size for "
-    "that op (None: the chunk form's own default). Repeat for more ops.")
+
+
+def define_flags() -> None:
+  """The command's absl flags, defined when it runs (importing the module
+  defines none, so that tests can import ``parse_options``)."""
+  flags.DEFINE_list("ops", ["gla"], "Ops to time.")
+  flags.DEFINE_list("forms", ["parallel", "chunk", "recurrent"],
+                    "Forms to time.")
+  flags.DEFINE_list("lengths",
+                    ["1024", "2048", "4096", "8192", "16384", "32768"],
+                    "Sequence lengths T.")
+  flags.DEFINE_integer("batch", 1, "B.")
+  flags.DEFINE_integer("heads", 4, "H.")
+  flags.DEFINE_integer("dim_k", 64, "K.")
+  flags.DEFINE_integer("dim_v", 64, "V.")
+  flags.DEFINE_integer("chunk_size", 64, "Chunk size of the chunk forms.")
+  flags.DEFINE_integer("max_parallel_length", 8192, "Longest T for the "
+                       "parallel form (its memory is O(T^2)).")
+  flags.DEFINE_integer("repeats", 5,
+                       "Timed rounds (every form once per round).")
+  flags.DEFINE_string("out", "", "Markdown file to write the table into.")
+  flags.DEFINE_bool("memory_only", False, "Compile only: the temp memory "
+                    "columns, no timed runs (the time columns read '-').")
+  flags.DEFINE_list("untimed_forms", [], "Forms compiled for their temp "
+                    "memory but never run (their time columns read '-').")
+  flags.DEFINE_multi_string(
+      "options", [], "Keyword arguments of one op's forms, "
+      "'op:name=value,name=value' (values are Python literals, else strings), "
+      "replacing the registry's; a chunk_size here replaces --chunk_size for "
+      "that op (None: the chunk form's own default). Repeat for more ops.")
 
 
 def _mib(n):
@@ -146,4 +154,5 @@ def _write_section(path, lines):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
