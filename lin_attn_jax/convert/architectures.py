@@ -616,22 +616,36 @@ def forgetting_transformer_config(hf: dict) -> LMConfig:
   return _fla_swiglu_config(hf, "forgetting_attn", heads, options)
 
 
-def forgetting_transformer_entries(hf: dict, config: LMConfig) -> list[Entry]:
+def _fla_attention_entries(hf: dict, config: LMConfig, qkv_bias: bool,
+                           layer_entries) -> list[Entry]:
+  """An fla attention model's frame and, per layer, its SwiGLU block, the
+  q, k, v projections (with a bias when ``qkv_bias``) and
+  ``layer_entries(a, m)``, the rest of the layer from fla's prefix ``a``
+  to the mixer's path ``m``."""
   out = _fla_frame(hf, config)
-  options = config.options_for("forgetting_attn")
   for i in range(config.n_layers):
     a, m = f"model.layers.{i}.attn", _block(i, "mixer")
     out += _fla_swiglu_block(i)
     for name in ("q_proj", "k_proj", "v_proj"):
-      out += linear(f"{a}.{name}", m + (name,), options["qkv_bias"])
-    out += linear(f"{a}.f_proj", m + ("f_proj",), True)
+      out += linear(f"{a}.{name}", m + (name,), qkv_bias)
+    out += layer_entries(a, m)
+  return out
+
+
+def forgetting_transformer_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  options = config.options_for("forgetting_attn")
+
+  def layer(a, m):
+    out = linear(f"{a}.f_proj", m + ("f_proj",), True)
     out += linear(f"{a}.o_proj", m + ("o_proj",))
     if options["use_output_gate"]:
       out += linear(f"{a}.g_proj", m + ("g_proj",))
     if options["qk_norm"]:
       out += [copy(f"{a}.q_norm.weight", m + ("q_norm", "scale")),
               copy(f"{a}.k_norm.weight", m + ("k_norm", "scale"))]
-  return out
+    return out
+
+  return _fla_attention_entries(hf, config, options["qkv_bias"], layer)
 
 
 def _rwkv_config(hf: dict, mixer: str, n_heads: int, options: dict,
@@ -795,18 +809,15 @@ def stickbreaking_attn_entries(hf: dict, config: LMConfig) -> list[Entry]:
   """fla's stick-breaking model: the frame of its Transformer, and per
   layer the q, k, v, o projections and the q/k norms (one ``[head_dim]``
   weight each, as in the layer)."""
-  out = _fla_frame(hf, config)
-  bias = bool(hf.get("qkv_bias", False))
-  for i in range(config.n_layers):
-    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
-    out += _fla_swiglu_block(i)
-    for name in ("q_proj", "k_proj", "v_proj"):
-      out += linear(f"{a}.{name}", m + (name,), bias)
-    out += linear(f"{a}.o_proj", m + ("o_proj",))
+  def layer(a, m):
+    out = linear(f"{a}.o_proj", m + ("o_proj",))
     if hf.get("qk_norm", False):
       out += _norm(f"{a}.q_norm", m + ("q_norm",))
       out += _norm(f"{a}.k_norm", m + ("k_norm",))
-  return out
+    return out
+
+  return _fla_attention_entries(hf, config, bool(hf.get("qkv_bias", False)),
+                                layer)
 
 
 def nsa_config(hf: dict) -> LMConfig:
@@ -826,16 +837,10 @@ def nsa_config(hf: dict) -> LMConfig:
 
 
 def nsa_entries(hf: dict, config: LMConfig) -> list[Entry]:
-  out = _fla_frame(hf, config)
-  bias = bool(hf.get("qkv_bias", False))
-  for i in range(config.n_layers):
-    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
-    out += _fla_swiglu_block(i)
-    for name in ("q_proj", "k_proj", "v_proj"):
-      out += linear(f"{a}.{name}", m + (name,), bias)
-    out += linear(f"{a}.g_proj", m + ("g_proj",))
-    out += linear(f"{a}.o_proj", m + ("o_proj",))
-  return out
+  return _fla_attention_entries(
+      hf, config, bool(hf.get("qkv_bias", False)),
+      lambda a, m: (linear(f"{a}.g_proj", m + ("g_proj",))
+                    + linear(f"{a}.o_proj", m + ("o_proj",))))
 
 
 def path_attn_config(hf: dict) -> LMConfig:
@@ -851,13 +856,10 @@ def path_attn_config(hf: dict) -> LMConfig:
 
 
 def path_attn_entries(hf: dict, config: LMConfig) -> list[Entry]:
-  out = _fla_frame(hf, config)
   options = config.options_for(config.layer_mixers[0])
-  for i in range(config.n_layers):
-    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
-    out += _fla_swiglu_block(i)
-    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-      out += linear(f"{a}.{name}", m + (name,))
+
+  def layer(a, m):
+    out = linear(f"{a}.o_proj", m + ("o_proj",))
     if options["use_low_rank_w"]:
       out += linear(f"{a}.w_proj.0", m + ("w_down",))
       out += linear(f"{a}.w_proj.1", m + ("w_up",))
@@ -868,7 +870,9 @@ def path_attn_entries(hf: dict, config: LMConfig) -> list[Entry]:
     out += linear(f"{a}.bt_proj", m + ("b_proj",), True)
     if options["use_forget_gate"]:
       out += linear(f"{a}.g_proj", m + ("g_proj",), True)
-  return out
+    return out
+
+  return _fla_attention_entries(hf, config, False, layer)
 
 
 ARCHITECTURES = {

@@ -133,6 +133,11 @@ class DeltaNet(Mixer):
       implementation (``lin_attn_jax.ops.common.dispatch``).
   """
 
+  @property
+  def forms(self) -> OpForms:
+    """The op's forms that ``mix`` runs."""
+    return DELTA_RULE_FORMS
+
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 1.0, expand_v: float = 1.0,
                use_short_conv: bool = True, conv_size: int = 4,
@@ -142,6 +147,24 @@ class DeltaNet(Mixer):
                head_v_dim: int | None = None, chunk_size: int | None = None,
                impl: str = "auto", zero_init_gate: bool = True,
                dtype=_F32, param_dtype=_F32):
+    key_dim, value_dim = self.init_heads(
+        d_model, n_heads, expand_k=expand_k, expand_v=expand_v,
+        n_v_heads=n_v_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim,
+        chunk_size=chunk_size, impl=impl, allow_neg_eigval=allow_neg_eigval)
+    self.zero_init_gate = zero_init_gate
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    self.init_qkv(d_model, key_dim, value_dim, use_short_conv=use_short_conv,
+                  conv_size=conv_size, conv_bias=conv_bias, **kw)
+    self.b_proj = modules.dense(d_model, self.n_v_heads, **kw)
+    self.init_decay(d_model, **kw)
+    self.init_output_gate(d_model, use_output_gate, **kw)
+    self.init_readout(d_model, norm_eps, **kw)
+
+  def init_heads(self, d_model, n_heads, *, expand_k, expand_v, n_v_heads,
+                 head_k_dim, head_v_dim, chunk_size, impl, allow_neg_eigval):
+    """Checks and sets the heads, their widths, ``chunk_size``, ``impl``
+    and ``allow_neg_eigval`` (arguments as in ``DeltaNet``); returns
+    ``(key_dim, value_dim) = (H K, HV V)``."""
     for name, value in (("n_v_heads", n_v_heads), ("head_k_dim", head_k_dim),
                         ("head_v_dim", head_v_dim)):
       checks.positive_int(name, value, allow_none=True)
@@ -158,23 +181,29 @@ class DeltaNet(Mixer):
     self.chunk_size = chunk_size
     self.impl = checked_impl(impl)
     self.allow_neg_eigval = allow_neg_eigval
-    self.zero_init_gate = zero_init_gate
-    key_dim, value_dim = n_heads * self.head_k, n_v_heads * self.head_v
+    return n_heads * self.head_k, n_v_heads * self.head_v
+
+  def init_qkv(self, d_model, key_dim, value_dim, *, use_short_conv,
+               conv_size, conv_bias, rngs, dtype, param_dtype, copies=1):
+    """Creates ``q_proj: D -> key_dim``, ``k_proj: D -> copies key_dim``,
+    ``v_proj: D -> copies value_dim`` and their short convolutions."""
+    checks.positive_int("conv_size", conv_size)
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.q_proj = modules.dense(d_model, key_dim, **kw)
-    self.k_proj = modules.dense(d_model, key_dim, **kw)
-    self.v_proj = modules.dense(d_model, value_dim, **kw)
-    checks.positive_int("conv_size", conv_size)
+    self.k_proj = modules.dense(d_model, copies * key_dim, **kw)
+    self.v_proj = modules.dense(d_model, copies * value_dim, **kw)
     self.short_conv = modules.qkv_short_conv(
-        use_short_conv, (key_dim, key_dim, value_dim), conv_size, conv_bias,
-        rngs=rngs, param_dtype=param_dtype)
-    self.b_proj = modules.dense(d_model, n_v_heads, **kw)
-    self.init_decay(d_model, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.init_output_gate(d_model, use_output_gate, rngs=rngs, dtype=dtype,
-                          param_dtype=param_dtype)
-    self.norm = modules.HeadNorm(n_v_heads, self.head_v, rngs=rngs,
+        use_short_conv, (key_dim, copies * key_dim, copies * value_dim),
+        conv_size, conv_bias, rngs=rngs, param_dtype=param_dtype)
+
+  def init_readout(self, d_model, norm_eps, *, rngs, dtype, param_dtype):
+    """Creates the per-head RMSNorm of the ``HV`` heads and ``o_proj: HV V
+    -> D``."""
+    self.norm = modules.HeadNorm(self.n_v_heads, self.head_v, rngs=rngs,
                                  eps=norm_eps, param_dtype=param_dtype)
-    self.o_proj = modules.dense(value_dim, d_model, ("heads", "embed"), **kw)
+    self.o_proj = modules.dense(self.n_v_heads * self.head_v, d_model,
+                                ("heads", "embed"), rngs=rngs, dtype=dtype,
+                                param_dtype=param_dtype)
 
   def init_decay(self, d_model, *, rngs, dtype, param_dtype):
     """Creates the decay's parameters (DeltaNet has none)."""
@@ -199,6 +228,11 @@ class DeltaNet(Mixer):
     """``norm(o)`` with the output gate: ``[B, T, H, V] -> [B, T, H * V]``."""
     return self.norm(o, None if self.g_proj is None else self.g_proj(x))
 
+  def op_gates(self, x):
+    """The op's per-token inputs besides q, k and v, by argument name of
+    ``forms``."""
+    return dict(beta=self.beta(x), g=self.log_decay(x))
+
   def beta(self, x):
     """Writing strength ``[B, T, HV]`` float32, in (0, 1) (or (0, 2))."""
     beta = jax.nn.sigmoid(self.b_proj(x).astype(_F32))
@@ -210,9 +244,9 @@ class DeltaNet(Mixer):
         batch_size, self.n_v_heads, self.head_k, self.head_v))
 
   def recurrent_state_floats(self, seq_len):
-    """``H x K x V``."""
+    """``HV x K x V``."""
     del seq_len
-    return self.n_heads * self.head_k * self.head_v
+    return self.n_v_heads * self.head_k * self.head_v
 
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
@@ -225,9 +259,8 @@ class DeltaNet(Mixer):
     # S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T
     # o_t = S_t^T q_t / sqrt(K), q and k L2-normalised by the op
     o, state = self.apply_forms(
-        ctx, DELTA_RULE_FORMS,
-        dict(q=q, k=k, v=v, beta=self.beta(x), g=self.log_decay(x)),
-        cache, use_qk_l2norm=True)                              # [B, T, HV, V]
+        ctx, self.forms, dict(q=q, k=k, v=v, **self.op_gates(x)), cache,
+        use_qk_l2norm=True)                                     # [B, T, HV, V]
     y = self.o_proj(self.gated_norm(o, x))                      # [B, T, D]
     return y, self.joined_cache(conv, state)
 
@@ -334,6 +367,7 @@ class KDA(DeltaNet):
   """
 
   no_weight_decay = ("A_log", "dt_bias")
+  dt_bias_init = staticmethod(nnx.initializers.zeros_init())
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 1.0, expand_v: float = 1.0,
@@ -355,15 +389,15 @@ class KDA(DeltaNet):
     self.f_up = modules.dense(self.head_v, key_dim, ("rank", "heads"), **kw)
     self.A_log = modules.param(rngs, a_log_init(), (self.n_heads,),
                                ("heads",), param_dtype)
-    self.dt_bias = modules.param(rngs, nnx.initializers.zeros_init(),
-                                 (key_dim,), ("heads",), param_dtype)
+    self.dt_bias = modules.param(rngs, self.dt_bias_init, (key_dim,),
+                                 ("heads",), param_dtype)
 
   def init_output_gate(self, d_model, use_output_gate, *, rngs, dtype,
                        param_dtype):
     del use_output_gate
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.g_down = modules.dense(d_model, self.head_v, ("embed", "rank"), **kw)
-    self.g_up = modules.dense(self.head_v, self.n_heads * self.head_v,
+    self.g_up = modules.dense(self.head_v, self.n_v_heads * self.head_v,
                               ("rank", "heads"), use_bias=True, **kw)
 
   def log_decay(self, x):

@@ -37,31 +37,21 @@ from flax import nnx
 
 from lin_attn_jax.layers import modules
 from lin_attn_jax.layers.base import Context, Mixer, checked_impl
-from lin_attn_jax.layers.softmax import head_layout
+from lin_attn_jax.layers.softmax import head_layout, scan_steps
 from lin_attn_jax.ops import (chunk_forgetting_attn, forgetting_attn_extend,
                               forgetting_attn_step, init_forgetting_cache,
                               parallel_forgetting_attn)
 from lin_attn_jax.ops.common import checks
-from lin_attn_jax.ops.common.segments import reset_flags
 from lin_attn_jax.ops.softmax_attn.inputs import check_window
 
 
 def token_by_token(ctx: Context, q, k, v, g, cache):
   """``forgetting_attn_step`` scanned over T; a token resets where its
   document starts. Returns ``(o [B, T, H, V], cache)``."""
-  b, t = q.shape[:2]
-  resets = reset_flags(ctx.segment_ids, b, t)                   # [B, T]
-  if ctx.restart is not None:
-    resets = resets.at[:, 0].set(ctx.restart)
-
-  def one_token(cache, xs):
-    q_t, k_t, v_t, g_t, reset_t = xs
-    o, cache = forgetting_attn_step(q_t, k_t, v_t, g_t, cache, reset=reset_t)
-    return cache, o
-
-  xs = tuple(jnp.swapaxes(x, 0, 1) for x in (q, k, v, g, resets))
-  cache, o = jax.lax.scan(one_token, cache, xs)                 # [T, B, H, V]
-  return jnp.swapaxes(o, 0, 1), cache
+  return scan_steps(
+      lambda cache, reset, **token: forgetting_attn_step(
+          **token, cache=cache, reset=reset),
+      dict(q=q, k=k, v=v, g=g), cache, ctx.segment_ids, ctx.restart)
 
 
 class ForgettingAttention(Mixer):

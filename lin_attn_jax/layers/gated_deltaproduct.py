@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
-from lin_attn_jax.layers.base import Context, OpForms, checked_impl
-from lin_attn_jax.layers.deltanet import GatedDeltaNet, head_dims
+from lin_attn_jax.layers.base import Context, OpForms
+from lin_attn_jax.layers.deltanet import GatedDeltaNet
 from lin_attn_jax.ops import (chunk_gated_delta_product,
                               gated_delta_product_step,
                               parallel_gated_delta_product,
@@ -81,53 +81,26 @@ class GatedDeltaProduct(GatedDeltaNet):
                head_v_dim: int | None = None, chunk_size: int | None = None,
                impl: str = "auto", zero_init_gate: bool = True,
                dtype=_F32, param_dtype=_F32):
-    for name, value in (("n_v_heads", n_v_heads), ("head_k_dim", head_k_dim),
-                        ("head_v_dim", head_v_dim)):
-      checks.positive_int(name, value, allow_none=True)
     checks.positive_int("num_householder", num_householder)
-    checks.positive_int("conv_size", conv_size)
-    if head_k_dim is None or head_v_dim is None:
-      self.head_k, self.head_v = head_dims(d_model, n_heads, expand_k,
-                                           expand_v)
-    self.head_k = self.head_k if head_k_dim is None else head_k_dim
-    self.head_v = self.head_v if head_v_dim is None else head_v_dim
-    n_v_heads = n_heads if n_v_heads is None else n_v_heads
-    if n_v_heads % n_heads:
-      raise ValueError(f"n_v_heads = {n_v_heads} must be a multiple of "
-                       f"n_heads = {n_heads}")
-    self.n_heads, self.n_v_heads = n_heads, n_v_heads
+    key_dim, value_dim = self.init_heads(
+        d_model, n_heads, expand_k=expand_k, expand_v=expand_v,
+        n_v_heads=n_v_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim,
+        chunk_size=chunk_size, impl=impl, allow_neg_eigval=allow_neg_eigval)
     self.num_householder = n = num_householder
     self.use_forget_gate = use_forget_gate
-    self.chunk_size = chunk_size
-    self.impl = checked_impl(impl)
-    self.allow_neg_eigval = allow_neg_eigval
     self.zero_init_gate = zero_init_gate
-    key_dim, value_dim = n_heads * self.head_k, n_v_heads * self.head_v
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.q_proj = modules.dense(d_model, key_dim, **kw)
-    self.k_proj = modules.dense(d_model, n * key_dim, **kw)
-    self.v_proj = modules.dense(d_model, n * value_dim, **kw)
-    self.short_conv = modules.qkv_short_conv(
-        use_short_conv, (key_dim, n * key_dim, n * value_dim), conv_size,
-        conv_bias, rngs=rngs, param_dtype=param_dtype)
-    self.b_proj = modules.dense(d_model, n * n_v_heads, **kw)
+    self.init_qkv(d_model, key_dim, value_dim, use_short_conv=use_short_conv,
+                  conv_size=conv_size, conv_bias=conv_bias, copies=n, **kw)
+    self.b_proj = modules.dense(d_model, n * self.n_v_heads, **kw)
     if use_forget_gate:
-      self.init_decay(d_model, rngs=rngs, dtype=dtype,
-                      param_dtype=param_dtype)
-    self.init_output_gate(d_model, use_output_gate, rngs=rngs, dtype=dtype,
-                          param_dtype=param_dtype)
-    self.norm = modules.HeadNorm(n_v_heads, self.head_v, rngs=rngs,
-                                 eps=norm_eps, param_dtype=param_dtype)
-    self.o_proj = modules.dense(value_dim, d_model, ("heads", "embed"), **kw)
+      self.init_decay(d_model, **kw)
+    self.init_output_gate(d_model, use_output_gate, **kw)
+    self.init_readout(d_model, norm_eps, **kw)
 
   def log_decay(self, x):
     """``[B, T, HV]`` float32 ``<= 0``, or None without the forget gate."""
     return super().log_decay(x) if self.use_forget_gate else None
-
-  def recurrent_state_floats(self, seq_len):
-    """``HV x K x V``."""
-    del seq_len
-    return self.n_v_heads * self.head_k * self.head_v
 
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape

@@ -37,11 +37,10 @@ from flax import nnx
 
 from lin_attn_jax.layers import modules
 from lin_attn_jax.layers.base import Context, Mixer
-from lin_attn_jax.layers.softmax import head_layout
+from lin_attn_jax.layers.softmax import head_layout, scan_steps
 from lin_attn_jax.ops import (chunk_moba, init_moba_cache, moba_extend,
                               moba_step, parallel_moba)
 from lin_attn_jax.ops.common import checks
-from lin_attn_jax.ops.common.segments import reset_flags
 
 _F32 = jnp.float32
 
@@ -137,19 +136,11 @@ class MoBA(Mixer):
     b, t = q.shape[:2]
     cache = (self.init_mixer_cache(b, t, k.dtype) if ctx.cache is None
              else ctx.cache)
-    resets = reset_flags(ctx.segment_ids, b, t)                 # [B, T]
-    if ctx.restart is not None:
-      resets = resets.at[:, 0].set(ctx.restart)
-
-    def one_token(cache, xs):
-      q_t, k_t, v_t, reset_t = xs
-      o, cache = moba_step(q_t, k_t, v_t, cache, top_k=self.top_k,
-                           reset=reset_t)
-      return cache, o
-
-    xs = tuple(jnp.swapaxes(x, 0, 1) for x in (q, k, v, resets))
-    cache, o = jax.lax.scan(one_token, cache, xs)               # [T, B, H, V]
-    return jnp.swapaxes(o, 0, 1), None if ctx.cache is None else cache
+    o, cache = scan_steps(
+        lambda cache, reset, **token: moba_step(
+            **token, cache=cache, top_k=self.top_k, reset=reset),
+        dict(q=q, k=k, v=v), cache, ctx.segment_ids, ctx.restart)
+    return o, None if ctx.cache is None else cache
 
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape

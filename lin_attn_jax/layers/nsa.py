@@ -31,11 +31,10 @@ from flax import nnx
 
 from lin_attn_jax.layers import modules
 from lin_attn_jax.layers.base import Context, Mixer, OpForms
-from lin_attn_jax.layers.softmax import head_layout
+from lin_attn_jax.layers.softmax import head_layout, scan_steps
 from lin_attn_jax.ops import (chunk_nsa, init_nsa_cache, nsa_extend, nsa_step,
                               parallel_nsa)
 from lin_attn_jax.ops.common import checks
-from lin_attn_jax.ops.common.segments import reset_flags
 from lin_attn_jax.ops.nsa.inputs import check_options
 
 GATES = ("g_cmp", "g_slc", "g_swa")
@@ -54,21 +53,10 @@ def token_by_token(tokens, cache, *, block_counts, segment_ids=None,
   """``nsa_step`` scanned over T from ``cache``; a token resets where its
   document starts (``restart``: ``[B]``, the first token's). Returns ``(o
   [B, T, H, V], cache)``."""
-  b, t = tokens["q"].shape[:2]
-  resets = reset_flags(segment_ids, b, t)                       # [B, T]
-  if restart is not None:
-    resets = resets.at[:, 0].set(resets[:, 0] | restart)
-
-  def one_token(cache, xs):
-    token, reset_t = xs
-    o, cache = nsa_step(**token, cache=cache, block_counts=block_counts,
-                        reset=reset_t)
-    return cache, o
-
-  token_major = {n: None if x is None else jnp.swapaxes(x, 0, 1)
-                 for n, x in tokens.items()}
-  cache, o = jax.lax.scan(one_token, cache, (token_major, resets.T))
-  return jnp.swapaxes(o, 0, 1), cache
+  return scan_steps(
+      lambda cache, reset, **token: nsa_step(
+          **token, cache=cache, block_counts=block_counts, reset=reset),
+      tokens, cache, segment_ids, restart)
 
 
 def _recurrent(*, initial_state=None, output_final_state=False,

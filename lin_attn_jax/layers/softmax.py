@@ -74,22 +74,41 @@ def cache_step(q, k, v, cache, reset, mask_fn=None):
   return o[:, 0], cache
 
 
+def scan_steps(step, tokens: dict, cache, segment_ids=None, restart=None):
+  """A decoding step scanned over T tokens from ``cache``.
+
+  Args:
+    step: ``step(cache, reset [B], **token) -> (o [B, ...], cache)``.
+    tokens: the step's per-token inputs by argument name, ``[B, T, ...]``
+      arrays (``"q"`` among them) or None.
+    segment_ids: ``[B, T]`` or None: a token resets where its document
+      starts. restart: ``[B]`` bool or None, whether the first one does.
+  Returns:
+    ``(o [B, T, ...], cache)``.
+  """
+  b, t = tokens["q"].shape[:2]
+  resets = reset_flags(segment_ids, b, t)                       # [B, T]
+  if restart is not None:
+    resets = resets.at[:, 0].set(restart)
+
+  def one_token(cache, xs):
+    token, reset_t = xs
+    o, cache = step(cache, reset_t, **token)
+    return cache, o
+
+  token_major = {name: None if x is None else jnp.swapaxes(x, 0, 1)
+                 for name, x in tokens.items()}
+  cache, o = jax.lax.scan(one_token, cache, (token_major, resets.T))
+  return jnp.swapaxes(o, 0, 1), cache                           # [B, T, ...]
+
+
 def token_by_token(ctx: Context, q, k, v, cache, mask_fn=None):
   """``cache_step`` scanned over T; a token resets where its document
   starts. Returns ``(o [B, T, H, V], cache)``."""
-  b, t = q.shape[:2]
-  resets = reset_flags(ctx.segment_ids, b, t)                   # [B, T]
-  if ctx.restart is not None:
-    resets = resets.at[:, 0].set(ctx.restart)
-
-  def one_token(cache, xs):
-    q_t, k_t, v_t, reset_t = xs
-    o, cache = cache_step(q_t, k_t, v_t, cache, reset_t, mask_fn)
-    return cache, o
-
-  xs = tuple(jnp.swapaxes(x, 0, 1) for x in (q, k, v, resets))
-  cache, o = jax.lax.scan(one_token, cache, xs)                 # [T, B, H, V]
-  return jnp.swapaxes(o, 0, 1), cache
+  return scan_steps(
+      lambda cache, reset, q, k, v: cache_step(q, k, v, cache, reset,
+                                               mask_fn),
+      dict(q=q, k=k, v=v), cache, ctx.segment_ids, ctx.restart)
 
 
 def window_attend(q, k, v, ctx: Context, *, window_size: int | None,

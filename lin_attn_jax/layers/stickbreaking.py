@@ -36,19 +36,17 @@ its document, so it costs ``O(max_len)``, as full attention's does.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from lin_attn_jax.layers import modules
 from lin_attn_jax.layers.base import Context, Mixer
-from lin_attn_jax.layers.softmax import head_layout
+from lin_attn_jax.layers.softmax import head_layout, scan_steps
 from lin_attn_jax.ops import (chunk_stickbreaking_attn, init_kv_cache,
                               parallel_stickbreaking_attn,
                               stickbreaking_attn_extend,
                               stickbreaking_attn_step)
 from lin_attn_jax.ops.common import checks
-from lin_attn_jax.ops.common.segments import reset_flags
 from lin_attn_jax.ops.stickbreaking_attn.inputs import check_attend_current
 
 
@@ -110,21 +108,11 @@ class StickBreakingAttention(Mixer):
   def token_by_token(self, q, k, v, cache, ctx: Context):
     """One-token steps scanned over T; a token resets where its document
     starts. Returns ``(o [B, T, H, V], cache)``."""
-    b, t = q.shape[:2]
-    resets = reset_flags(ctx.segment_ids, b, t)                 # [B, T]
-    if ctx.restart is not None:
-      resets = resets.at[:, 0].set(ctx.restart)
-
-    def one_token(cache, xs):
-      q_t, k_t, v_t, reset_t = xs
-      o, cache = stickbreaking_attn_step(
-          q_t, k_t, v_t, cache, attend_current=self.attend_current,
-          reset=reset_t)
-      return cache, o
-
-    xs = tuple(jnp.swapaxes(x, 0, 1) for x in (q, k, v, resets))
-    cache, o = jax.lax.scan(one_token, cache, xs)               # [T, B, H, V]
-    return jnp.swapaxes(o, 0, 1), cache
+    return scan_steps(
+        lambda cache, reset, **token: stickbreaking_attn_step(
+            **token, cache=cache, attend_current=self.attend_current,
+            reset=reset),
+        dict(q=q, k=k, v=v), cache, ctx.segment_ids, ctx.restart)
 
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape

@@ -33,7 +33,7 @@ def test_registered_with_the_reference_gates_and_init():
 
   x = jnp.asarray(np.random.default_rng(0).normal(size=(1, 6, 32)),
                   jnp.float32)
-  g, b, w = layer.gates(x)
+  g, b, w = layer.op_gates(x).values()
   assert g.shape == b.shape == (1, 6, 4, 16) and w.shape == (1, 6, 4, 16)
   g, b = np.asarray(g), np.asarray(b)
   assert np.all(g < 0) and np.all((b > 0) & (b < 1))
@@ -43,4 +43,5 @@ def test_registered_with_the_reference_gates_and_init():
   assert not np.array_equal(b[:, :, 1], b[:, :, 2])
   wide = GatedDeltaNet2(32, 2, rngs=nnx.Rngs(0), n_v_heads=4,
                         allow_neg_eigval=True)
-  np.testing.assert_allclose(np.asarray(wide.gates(x)[1]), 2 * b, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(wide.op_gates(x)["b"]), 2 * b,
+                             rtol=1e-6)

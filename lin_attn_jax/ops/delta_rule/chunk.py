@@ -279,15 +279,20 @@ def invert_unit_lower(a):
   return inverse[..., 0, :c, :c]
 
 
-def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk):
+def chunk_terms(q, k, erase, written, g, *, segment_ids, length, chunk):
   """Steps 1-3: the WY terms of every chunk (no dependence on the state).
 
+  The update of token i is "decay, read the state along the erase key
+  ``e_i``, write ``k_i (x_i - S'_i^T e_i)^T``"; the delta rule's erase key
+  is ``beta_i k_i`` and its written value ``x_i = beta_i v_i``, Gated
+  DeltaNet-2's ``b_i * k_i`` and ``w_i * v_i`` (``../gdn2/README.md``).
+
   Args:
-    q, k: ``[B, T_pad, HV, K]``, v: ``[B, T_pad, HV, V]``, beta: ``[B,
-      T_pad, HV]``, g: ``[B, T_pad, HV, G]``, all float32, padded to whole
-      chunks of ``chunk`` tokens with zeros (a zero key and beta write
-      nothing, a zero log-decay decays nothing);
-    scale: query scale; segment_ids: ``[B, T]`` or None; length: ``T``.
+    q (scaled), k, erase: ``[B, T_pad, HV, K]``; written: ``[B, T_pad, HV,
+      V]``; g: ``[B, T_pad, HV, G]``; all float32, padded to whole chunks
+      of ``chunk`` tokens with zeros (a zero key writes nothing, a zero
+      log-decay decays nothing).
+    segment_ids: ``[B, T]`` or None; length: ``T``.
   Returns:
     ``ChunkTerms`` (head-major ``[B, N, HV, C, .]``): ``w``, ``u`` (before
     subtracting ``W S_in``), the queries ``q`` and keys ``k`` with their
@@ -298,7 +303,7 @@ def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk):
   def head_major(x):                                            # [B,N,H,C,...]
     return jnp.moveaxis(split_chunks(x, chunk), 3, 2)
 
-  operands = tuple(head_major(x) for x in (scale * q, k, v, g, beta)) + docs
+  operands = tuple(head_major(x) for x in (q, k, erase, written, g)) + docs
   if g.shape[-1] == 1 or chunk <= MAX_BATCHED_SIZE:
     return _local_terms(*operands)
   # A decay per key channel in long chunks: the halving's levels make many
@@ -307,27 +312,28 @@ def chunk_terms(q, k, v, beta, g, *, scale, segment_ids, length, chunk):
   return map_chunk_groups(
       _local_terms, operands,
       chunks_in_budget(chunk, q.shape[2] * max(chunk, *q.shape[3:],
-                                                  *v.shape[3:])))
+                                                  *written.shape[3:])))
 
 
-def _local_terms(q_h, k_h, v_h, g_h, beta_h, *docs):
+def _local_terms(q_h, k_h, e_h, x_h, g_h, *docs):
   """``chunk_terms`` of the chunks given, head-major (``[B, N, HV, C,
-  .]``), with ``chunk_documents``' ``docs`` or none."""
+  .]``; ``e`` the erase key, ``x`` the written value), with
+  ``chunk_documents``' ``docs`` or none."""
   same_doc, reached, in_last_doc, passes = document_masks(docs or None)
   chunk = q_h.shape[-2]
 
   # Steps 1 and 2: intra-chunk scores, [B, N, H, C, C] each, and the
   # log-decays from the chunk start to i and from j to the chunk end.
   strictly_lower = jnp.tril(jnp.ones((chunk, chunk), dtype=bool), -1)
-  ((kk,), (qk,)), (from_start, to_end, total) = intra_chunk_scores(
-      (k_h, q_h), (k_h,), g_h, with_decays=True)
-  a = jnp.where(strictly_lower & same_doc, kk, 0.0) * beta_h[..., None]
+  ((ek,), (qk,)), (from_start, to_end, total) = intra_chunk_scores(
+      (e_h, q_h), (k_h,), g_h, with_decays=True)
+  a = jnp.where(strictly_lower & same_doc, ek, 0.0)             # [B,N,H,C,C]
   qk = jnp.where(same_doc, qk, 0.0)
 
   # Step 3: W and U from one triangular inverse per chunk.
   dk = k_h.shape[-1]
-  k_from_start = jnp.where(reached, k_h * jnp.exp(from_start), 0.0)
-  rhs = beta_h[..., None] * jnp.concatenate([k_from_start, v_h], axis=-1)
+  e_from_start = jnp.where(reached, e_h * jnp.exp(from_start), 0.0)
+  rhs = jnp.concatenate([e_from_start, x_h], axis=-1)           # [B,N,H,C,K+V]
   w, u = jnp.split(mm_nn(invert_unit_lower(a), rhs), [dk], axis=-1)
   return ChunkTerms(
       w=w, u=u,                                                 # [B,N,H,C,*]
@@ -351,6 +357,46 @@ def sweep_xla(terms: ChunkTerms, state0):
   u = terms.u - mm_nn(terms.w, entering)                        # [B,N,H,C,V]
   o = mm_nn(terms.scores, u) + mm_nn(terms.q, entering)         # [B,N,H,C,V]
   return o, final_state
+
+
+def sweep_forms(terms: ChunkTerms, *, initial_state, output_final_state,
+                length, out_dtype, bf16_dots):
+  """Steps 4-5 of the chunk forms: ``(xla, sweep_kernels)``, two callables
+  that return ``(o [B, T, HV, V] in out_dtype, final state [B, HV, K, V]
+  float32 or None)``, the sweep in XLA (``sweep_xla``) or as the Pallas
+  sweep kernels (``pallas_kernels.delta_rule.chunk_delta_rule_sweep``,
+  bfloat16 matmul operands when ``bf16_dots``).
+
+  Args:
+    terms: ``chunk_terms``' ``ChunkTerms``; initial_state: ``[B, HV, K,
+      V]`` or None for zeros; length: ``T``, the tokens before padding.
+  """
+  bs, _, hv, _, dk = terms.k.shape
+  dv = terms.u.shape[-1]
+
+  def finish(o, final_state):
+    o = merge_chunks(jnp.moveaxis(o, 2, 3))[:, :length]         # [B,T,HV,V]
+    return (o.astype(out_dtype),
+            final_state if output_final_state else None)
+
+  def xla():
+    state0 = (jnp.zeros((bs, hv, dk, dv), _F32) if initial_state is None
+              else jnp.asarray(initial_state, _F32))
+    return finish(*sweep_xla(terms, state0))
+
+  def sweep_kernels():
+    layouts = ChunkTerms(w="bnhck", u="bnhcv", q="bnhck", scores="bnhcc",
+                         k="bnhck", decay="bnhg")
+    return finish(*kernel_sharding.per_shard(
+        lambda terms, initial_state: chunk_delta_rule_sweep(
+            terms, initial_state=initial_state,
+            output_final_state=output_final_state, bf16_dots=bf16_dots),
+        dict(terms=terms, initial_state=initial_state),
+        dict(terms=layouts, initial_state="bhkv"),
+        ("bnhcv", "bhkv" if output_final_state else None), batch=bs,
+        heads=hv))
+
+  return xla, sweep_kernels
 
 
 # The input dtypes that run the chunk-parallel kernels on CUDA
@@ -429,32 +475,16 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
   gpu_inputs = dict(q=q.astype(out_dtype), k=k.astype(out_dtype), v=v,
                     beta=beta, g=g_given, initial_state=initial_state,
                     segment_ids=segment_ids)
-  q, k, v, beta, g = (pad_time(jnp.asarray(x, _F32), chunk)
-                      for x in (q, k, v, beta, g))
-  terms = chunk_terms(q, k, v, beta, g, scale=scale, segment_ids=segment_ids,
+  beta = jnp.asarray(beta, _F32)[..., None]                     # [B,T,HV,1]
+  vf = jnp.asarray(v, _F32)
+  q, k, erase, written, g = (pad_time(x, chunk) for x in (
+      scale * q, k, beta * k, beta * vf, jnp.asarray(g, _F32)))
+  terms = chunk_terms(q, k, erase, written, g, segment_ids=segment_ids,
                       length=t, chunk=chunk)
-
-  def finish(o, final_state):
-    o = merge_chunks(jnp.moveaxis(o, 2, 3))[:, :t]              # [B,T,HV,V]
-    return (o.astype(out_dtype),
-            final_state if output_final_state else None)
-
-  def xla():
-    state0 = (jnp.zeros((b, hv, dk, dv), _F32) if initial_state is None
-              else jnp.asarray(initial_state, _F32))
-    return finish(*sweep_xla(terms, state0))
-
-  def sweep_kernels():
-    layouts = ChunkTerms(w="bnhck", u="bnhcv", q="bnhck", scores="bnhcc",
-                         k="bnhck", decay="bnhg")
-    return finish(*kernel_sharding.per_shard(
-        lambda terms, initial_state: chunk_delta_rule_sweep(
-            terms, initial_state=initial_state,
-            output_final_state=output_final_state, bf16_dots=bf16),
-        dict(terms=terms, initial_state=initial_state),
-        dict(terms=layouts, initial_state="bhkv"),
-        ("bnhcv", "bhkv" if output_final_state else None), batch=b,
-        heads=hv))
+  xla, sweep_kernels = sweep_forms(
+      terms, initial_state=initial_state,
+      output_final_state=output_final_state, length=t, out_dtype=out_dtype,
+      bf16_dots=bf16)
 
   def gpu_kernels():
     o, final_state = kernel_sharding.per_shard(

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, normalise_gate
 
-__all__ = ["default_scale", "expand_query_key", "gate_before_beta",
-           "l2_normalize", "validate", "validate_step"]
+__all__ = ["check_value_heads", "default_scale", "expand_query_key",
+           "gate_before_beta", "l2_normalize", "validate", "validate_step"]
 
 L2_EPS = 1e-6
 
@@ -26,8 +26,9 @@ def l2_normalize(x, eps: float = L2_EPS):
   return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
-def _check_heads(q, k, v, lead_layout):
-  """Shared shape checks of q/k ``lead + [H, K]`` and v ``lead + [HV, V]``."""
+def check_value_heads(q, k, v, lead_layout):
+  """Shape checks of q/k ``lead + [H, K]`` and v ``lead + [HV, V]``, ``HV``
+  a multiple of ``H``; returns ``(lead, H, HV, K, V)``."""
   rank = len(lead_layout) + 2
   lead = ", ".join(lead_layout)
   for name, x, tail in (("q", q, "H, K"), ("k", k, "H, K"), ("v", v, "HV, V")):
@@ -60,7 +61,7 @@ def validate(q, k, v, beta, g, initial_state, segment_ids, *,
     ``(B, T, H, HV, K, V, g)`` with ``g`` float32 ``[B, T, HV, G]`` (``G`` 1
     or ``K``) or None.
   """
-  (b, t), h, hv, dk, dv = _check_heads(q, k, v, ("B", "T"))
+  (b, t), h, hv, dk, dv = check_value_heads(q, k, v, ("B", "T"))
   _check_beta(beta, (b, t, hv), "[B, T, HV]")
   g = normalise_gate(g, (b, t, hv), dk, "g", gate_kinds, "[B, T, HV]")
   checks.check_state("initial_state", initial_state, (b, hv, dk, dv),
@@ -72,7 +73,7 @@ def validate(q, k, v, beta, g, initial_state, segment_ids, *,
 def validate_step(q, k, v, beta, g, state, reset, *,
                   gate_kinds=("scalar", "channel")):
   """Checks a decoding step; returns ``(B, H, HV, K, V, g [B, HV, G])``."""
-  (b,), h, hv, dk, dv = _check_heads(q, k, v, ("B",))
+  (b,), h, hv, dk, dv = check_value_heads(q, k, v, ("B",))
   _check_beta(beta, (b, hv), "[B, HV]")
   g = normalise_gate(g, (b, hv), dk, "g", gate_kinds, "[B, HV]")
   checks.check_state("state", state, (b, hv, dk, dv), "[B, HV, K, V]")

@@ -25,18 +25,37 @@ def delta_rule_step(q, k, v, beta, g=None, state=None, *, scale=None,
   Returns:
     ``(o [B, HV, V] in v's dtype, new state [B, HV, K, V] float32)``.
   """
-  b, h, hv, dk, dv, g = validate_step(q, k, v, beta, g, state, reset)
+  _, _, hv, dk, _, g = validate_step(q, k, v, beta, g, state, reset)
   scale = default_scale(scale, dk)
   q, k = expand_query_key(q, k, hv, use_qk_l2norm)              # [B, HV, K]
-  state = (jnp.zeros((b, hv, dk, dv), _F32) if state is None
+  beta = jnp.asarray(beta, _F32)[..., None]                     # [B, HV, 1]
+  o, state = erase_write(scale * q, k, beta * k, beta * jnp.asarray(v, _F32),
+                         g, state, reset)
+  return o.astype(v.dtype), state
+
+
+def erase_write(q, k, erase, written, g, state, reset):
+  """One step from the erase key and the written value, in float32.
+
+  ``S' = diag(exp(g)) S``, ``S_new = S' + k (x - S'^T e)^T``, ``o = S_new^T
+  q``: the delta rule with ``e = beta k`` and ``x = beta v``, Gated
+  DeltaNet-2 with ``e = b * k`` and ``x = w * v``.
+
+  Args:
+    q (scaled), k, erase: ``[B, HV, K]``; written: ``[B, HV, V]``; g:
+      ``[B, HV, G]`` or None; state: ``[B, HV, K, V]`` or None for zeros;
+      reset: ``[B]`` bool or None.
+  Returns:
+    ``(o [B, HV, V], new state [B, HV, K, V])``, float32.
+  """
+  bs, hv, dk = k.shape
+  state = (jnp.zeros((bs, hv, dk, written.shape[-1]), _F32) if state is None
            else jnp.asarray(state, _F32))
   if reset is not None:
     state = jnp.where(jnp.asarray(reset)[:, None, None, None], 0.0, state)
   if g is not None:
     state = jnp.exp(g)[..., None] * state                       # [B, HV, K, V]
-  predicted = jnp.einsum("bhk,bhkv->bhv", k, state)
-  delta = jnp.asarray(beta, _F32)[..., None] * (jnp.asarray(v, _F32)
-                                                - predicted)   # [B, HV, V]
-  state = state + k[..., :, None] * delta[..., None, :]
-  o = jnp.einsum("bhk,bhkv->bhv", scale * q, state)
-  return o.astype(v.dtype), state
+  erased = jnp.einsum("bhk,bhkv->bhv", erase, state)            # [B, HV, V]
+  state = state + k[..., :, None] * (written - erased)[..., None, :]
+  o = jnp.einsum("bhk,bhkv->bhv", q, state)                     # [B, HV, V]
+  return o, state

@@ -51,31 +51,11 @@ from lin_attn_jax.ops.forgetting_attn.gate_sums import gate_cumsum
 from lin_attn_jax.ops.forgetting_attn.inputs import validate
 from lin_attn_jax.ops.softmax_attn.blocksparse import blocksparse_attention
 from lin_attn_jax.ops.softmax_attn.chunk import padded_positions
+from lin_attn_jax.ops.softmax_attn.context_parallel import (gather_keys,
+                                                            gathered_pairs,
+                                                            with_halo)
 from lin_attn_jax.ops.softmax_attn.inputs import (check_block_size,
                                                   default_scale)
-
-
-def _with_halo(q, k, v, g, segment_ids, *, window_size, options, axis_name):
-  """The sliding-window path, on one device's ``[B, L, ...]`` blocks."""
-  width = window_size - 1
-  if width == 0:
-    return chunk.chunk_forgetting_attn(q, k, v, g, window_size=window_size,
-                                       segment_ids=segment_ids, **options)
-  b, length = q.shape[:2]
-  ids = (jnp.zeros((b, length), jnp.int32) if segment_ids is None
-         else segment_ids)
-  # Device 0 has no keys before its first token: give its halo another id.
-  halo_ids = jnp.where(cp.first_device(axis_name), ids[:, :1] - 1,
-                       cp.previous_tokens(ids, width, axis_name))
-  halo_k, halo_v, halo_g = (cp.previous_tokens(x, width, axis_name)
-                            for x in (k, v, g))
-  queries = jnp.concatenate([jnp.zeros_like(q[:, :width]), q], axis=1)
-  o = chunk.chunk_forgetting_attn(
-      queries, jnp.concatenate([halo_k, k], axis=1),
-      jnp.concatenate([halo_v, v], axis=1),
-      jnp.concatenate([halo_g, g], axis=1), window_size=window_size,
-      segment_ids=jnp.concatenate([halo_ids, ids], axis=1), **options)
-  return o[:, width:]
 
 
 def entering_gate_sum(c_local, segment_ids, axis_name):
@@ -104,49 +84,22 @@ def entering_gate_sum(c_local, segment_ids, axis_name):
   return entering[cp.device_index(axis_name)]
 
 
-def _key_blocks(n: int, *, block: int, length: int, parts: int,
-                window_size) -> list[int]:
-  """Key blocks of the whole sequence that query block ``n`` of some device
-  may attend to (causal, within the window)."""
-  num_k = -(-parts * length // block)
-  needed = set()
-  for p in range(parts):
-    lo = p * length + n * block
-    hi = p * length + min(length, (n + 1) * block) - 1
-    start = 0 if window_size is None else max(0, lo - window_size + 1)
-    needed.update(range(start // block, min(num_k - 1, hi // block) + 1))
-  return sorted(needed)
-
-
 def _gathered(q, k, v, g, segment_ids, *, scale, window_size, block_size,
               axis_name):
   """The gathered path, on one device's ``[B, L, ...]`` blocks."""
   b, length = q.shape[:2]
   parts = jax.lax.axis_size(axis_name)
   total = parts * length
-  offset = cp.device_index(axis_name) * length
   c_local = gate_cumsum(g, segment_ids)                         # [B, L, H]
   first_document = document_index(segment_ids, b, length) == 0  # [B, L]
   gates = c_local + jnp.where(
       first_document[..., None],
       entering_gate_sum(c_local, segment_ids, axis_name)[:, None], 0.0)
-  k_all, v_all, gates_all = jax.lax.all_gather((k, v, gates), axis_name,
-                                               axis=1, tiled=True)
   c = min(block_size, length)
-  doc_q = doc_k = None
-  if segment_ids is not None:
-    doc_all = document_index(
-        jax.lax.all_gather(segment_ids, axis_name, axis=1, tiled=True),
-        b, total)                                               # [B, T]
-    doc_q = pad_time(jax.lax.dynamic_slice_in_dim(doc_all, offset, length,
-                                                  axis=1), c, mode="edge")
-    doc_k = pad_time(doc_all, c, mode="edge")
-  q_blocks, k_blocks = [], []
-  for n in range(-(-length // c)):
-    keys = _key_blocks(n, block=c, length=length, parts=parts,
-                       window_size=window_size)
-    q_blocks += [n] * len(keys)
-    k_blocks += keys
+  offset, (k_all, v_all, gates_all), doc_q, doc_k = gather_keys(
+      (k, v, gates), segment_ids, block=c, axis_name=axis_name)
+  q_blocks, k_blocks = gathered_pairs(block=c, length=length, parts=parts,
+                                      window_size=window_size)
   o, _ = blocksparse_attention(
       pad_time(jnp.asarray(q, jnp.float32), c),
       pad_time(jnp.asarray(k_all, jnp.float32), c),
@@ -187,10 +140,12 @@ def context_parallel_forgetting_attn(q, k, v, g, *, scale=None,
     del whole
     q, k, v, g, ids = split
     if halo:
-      return _with_halo(q, k, v, g, ids, window_size=window_size,
-                        options=dict(scale=scale, block_size=block_size,
-                                     impl=impl),
-                        axis_name=axis_name), None
+      return with_halo(
+          lambda q, keys, ids: chunk.chunk_forgetting_attn(
+              q, *keys, window_size=window_size, segment_ids=ids,
+              scale=scale, block_size=block_size, impl=impl),
+          q, (k, v, g), ids, width=window_size - 1,
+          axis_name=axis_name), None
     return _gathered(q, k, v, g, ids, scale=scale, window_size=window_size,
                      block_size=block_size, axis_name=axis_name), None
 

@@ -4,7 +4,9 @@ key and a written value (README.md).
 Per chunk, with the erase key ``e = b * k`` and the written value
 ``w * v``, the pseudo-values that token i writes, ``u_i = w_i * v_i -
 S'_i^T e_i``, solve one unit-lower-triangular system whose rows are the
-erase keys; everything else is the core's. Steps:
+erase keys; everything else is the core's: steps 1-3 are
+``delta_rule.chunk.chunk_terms`` with these inputs, steps 4-5
+``delta_rule.chunk.sweep_forms``.
 
 1. and 2. Intra-chunk scores (``common.chunk_scores``, by halving, no
    ``[C, C, K]`` tensor) with the log-decays from the chunk start and to
@@ -25,76 +27,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import (checks, context_parallel, dispatch,
-                                    kernel_sharding)
-from lin_attn_jax.ops.common.chunk_scores import (MAX_BATCHED_SIZE,
-                                                  intra_chunk_scores)
-from lin_attn_jax.ops.common.chunking import (chunk_layout, chunks_in_budget,
-                                             map_chunk_groups, merge_chunks,
-                                             pad_time, split_chunks)
-from lin_attn_jax.ops.common.products import mm_nn
-from lin_attn_jax.ops.common.segments import chunk_documents
-from lin_attn_jax.ops.delta_rule.chunk import (document_masks,
-                                               invert_unit_lower, sweep_xla)
+from lin_attn_jax.ops.common import checks, context_parallel, dispatch
+from lin_attn_jax.ops.common.chunking import chunk_layout, pad_time
+from lin_attn_jax.ops.delta_rule.chunk import chunk_terms, sweep_forms
 from lin_attn_jax.ops.gdn2 import context_parallel as split
 from lin_attn_jax.ops.gdn2.inputs import core_inputs, default_scale, validate
-from pallas_kernels.delta_rule import ChunkTerms, chunk_delta_rule_sweep
-
-_F32 = jnp.float32
-
-
-def _local_terms(q_h, k_h, e_h, u_h, g_h, *docs):
-  """Steps 1-3 of the chunks given, head-major (``[B, N, HV, C, .]``; q
-  scaled, ``e`` the erase key, ``u`` the written value), with
-  ``chunk_documents``' ``docs`` or none: the core's ``ChunkTerms``."""
-  same_doc, reached, in_last_doc, passes = document_masks(docs or None)
-  chunk = q_h.shape[-2]
-
-  # Steps 1 and 2: intra-chunk scores, [B, N, H, C, C] each, and the
-  # log-decays from the chunk start to i and from j to the chunk end.
-  strictly_lower = jnp.tril(jnp.ones((chunk, chunk), dtype=bool), -1)
-  ((ek,), (qk,)), (from_start, to_end, total) = intra_chunk_scores(
-      (e_h, q_h), (k_h,), g_h, with_decays=True)
-  a = jnp.where(strictly_lower & same_doc, ek, 0.0)             # [B,N,H,C,C]
-  qk = jnp.where(same_doc, qk, 0.0)
-
-  # Step 3: W and U from one triangular inverse per chunk.
-  dk = k_h.shape[-1]
-  e_from_start = jnp.where(reached, e_h * jnp.exp(from_start), 0.0)
-  rhs = jnp.concatenate([e_from_start, u_h], axis=-1)           # [B,N,H,C,K+V]
-  w, u = jnp.split(mm_nn(invert_unit_lower(a), rhs), [dk], axis=-1)
-  return ChunkTerms(
-      w=w, u=u,                                                 # [B,N,H,C,*]
-      q=jnp.where(reached, q_h * jnp.exp(from_start), 0.0),     # [B,N,H,C,K]
-      scores=qk,
-      k=jnp.where(in_last_doc, k_h * jnp.exp(to_end), 0.0),     # [B,N,H,C,K]
-      decay=jnp.where(passes, jnp.exp(total), 0.0))             # [B,N,H,K]
-
-
-def chunk_terms(q, k, erase, written, g, *, segment_ids, length, chunk):
-  """Steps 1-3 for every chunk: ``ChunkTerms`` (head-major).
-
-  Args:
-    q (scaled), k, erase: ``[B, T_pad, HV, K]``; written: ``[B, T_pad, HV,
-      V]``; g: ``[B, T_pad, HV, K]``; all float32, padded with zeros to
-      whole chunks of ``chunk`` tokens (a zero key writes nothing, a zero
-      log-decay decays nothing).
-    segment_ids: ``[B, T]`` or None; length: ``T``.
-  """
-  docs = chunk_documents(segment_ids, q.shape[0], length, chunk) or ()
-
-  def head_major(x):                                            # [B,N,H,C,*]
-    return jnp.moveaxis(split_chunks(x, chunk), 3, 2)
-
-  operands = tuple(head_major(x) for x in (q, k, erase, written, g)) + docs
-  if chunk <= MAX_BATCHED_SIZE:
-    return _local_terms(*operands)
-  # Long chunks: the halving's intermediates of the size of the keys run
-  # over groups of chunks that fit in cache, rematerialised (as for KDA).
-  return map_chunk_groups(
-      _local_terms, operands,
-      chunks_in_budget(chunk, q.shape[2] * max(chunk, *q.shape[3:],
-                                                  *written.shape[3:])))
 
 
 @context_parallel.splits_sequence(lambda: split.context_parallel_gdn2)
@@ -141,8 +78,8 @@ def chunk_gdn2(q, k, v, g, b, w, *, scale=None, initial_state=None,
     >>> o.shape, s.shape
     ((1, 100, 2, 32), (1, 2, 16, 32))
   """
-  bs, t, _, hv, dk, dv = validate(q, k, v, g, b, w, initial_state,
-                                  segment_ids)
+  _, t, _, hv, dk, _ = validate(q, k, v, g, b, w, initial_state,
+                                segment_ids)
   checks.check_chunk_sizes(chunk_size, sub_chunk_size)
   dispatch.check_impl(impl)
   scale = default_scale(scale, dk)
@@ -154,27 +91,8 @@ def chunk_gdn2(q, k, v, g, b, w, *, scale=None, initial_state=None,
       for x in core_inputs(q, k, v, g, b, w, hv, use_qk_l2norm))
   terms = chunk_terms(scale * q, k, erase, written, g,
                       segment_ids=segment_ids, length=t, chunk=chunk)
-
-  def finish(o, final_state):
-    o = merge_chunks(jnp.moveaxis(o, 2, 3))[:, :t]              # [B,T,HV,V]
-    return (o.astype(out_dtype),
-            final_state if output_final_state else None)
-
-  def xla():
-    state0 = (jnp.zeros((bs, hv, dk, dv), _F32) if initial_state is None
-              else jnp.asarray(initial_state, _F32))
-    return finish(*sweep_xla(terms, state0))
-
-  def sweep_kernels():
-    layouts = ChunkTerms(w="bnhck", u="bnhcv", q="bnhck", scores="bnhcc",
-                         k="bnhck", decay="bnhg")
-    return finish(*kernel_sharding.per_shard(
-        lambda terms, initial_state: chunk_delta_rule_sweep(
-            terms, initial_state=initial_state,
-            output_final_state=output_final_state, bf16_dots=bf16),
-        dict(terms=terms, initial_state=initial_state),
-        dict(terms=layouts, initial_state="bhkv"),
-        ("bnhcv", "bhkv" if output_final_state else None), batch=bs,
-        heads=hv))
-
+  xla, sweep_kernels = sweep_forms(
+      terms, initial_state=initial_state,
+      output_final_state=output_final_state, length=t, out_dtype=out_dtype,
+      bf16_dots=bf16)
   return dispatch.run(impl, xla, sweep_kernels, family="delta_rule")

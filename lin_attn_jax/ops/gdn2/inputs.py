@@ -11,7 +11,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
-from lin_attn_jax.ops.delta_rule.inputs import (default_scale,
+from lin_attn_jax.ops.delta_rule.inputs import (check_value_heads,
+                                                default_scale,
                                                 expand_query_key)
 from lin_attn_jax.ops.gated_linear.inputs import normalise_gate
 
@@ -19,28 +20,6 @@ __all__ = ["core_inputs", "default_scale", "expand_query_key", "validate",
            "validate_step"]
 
 _F32 = jnp.float32
-
-
-def _check_heads(q, k, v, lead_layout):
-  """q, k ``lead + [H, K]``, v ``lead + [HV, V]``; returns ``(lead, H,
-  HV, K, V)``."""
-  rank = len(lead_layout) + 2
-  lead = ", ".join(lead_layout)
-  for name, x, tail in (("q", q, "H, K"), ("k", k, "H, K"), ("v", v, "HV, V")):
-    checks.check_rank(name, x, rank, f"[{lead}, {tail}]")
-    checks.check_float(name, x)
-  qs, vs = checks.shape_of(q), checks.shape_of(v)
-  if checks.shape_of(k) != qs:
-    raise ValueError(f"k must have the shape of q [{lead}, H, K] = {qs}, got "
-                     f"{checks.shape_of(k)}")
-  if vs[:-2] != qs[:-2]:
-    raise ValueError(f"v must agree with q on [{lead}] = {qs[:-2]}, got v of "
-                     f"shape {vs}")
-  h, hv = qs[-2], vs[-2]
-  if hv % h:
-    raise ValueError(f"v has HV={hv} heads, which must be a multiple of the "
-                     f"H={h} heads of q and k (q {qs}, v {vs})")
-  return qs[:-2], h, hv, qs[-1], vs[-1]
 
 
 def _check_gates(g, b, w, lead, lead_layout, hv, dk, dv):
@@ -55,7 +34,7 @@ def _check_gates(g, b, w, lead, lead_layout, hv, dk, dv):
 
 def validate(q, k, v, g, b, w, initial_state, segment_ids):
   """Checks a sequence call; returns ``(B, T, H, HV, K, V)``."""
-  (bs, t), h, hv, dk, dv = _check_heads(q, k, v, ("B", "T"))
+  (bs, t), h, hv, dk, dv = check_value_heads(q, k, v, ("B", "T"))
   _check_gates(g, b, w, (bs, t), ("B", "T"), hv, dk, dv)
   checks.check_state("initial_state", initial_state, (bs, hv, dk, dv),
                      "[B, HV, K, V]")
@@ -65,7 +44,7 @@ def validate(q, k, v, g, b, w, initial_state, segment_ids):
 
 def validate_step(q, k, v, g, b, w, state, reset):
   """Checks a decoding step; returns ``(B, H, HV, K, V)``."""
-  (bs,), h, hv, dk, dv = _check_heads(q, k, v, ("B",))
+  (bs,), h, hv, dk, dv = check_value_heads(q, k, v, ("B",))
   _check_gates(g, b, w, (bs,), ("B",), hv, dk, dv)
   checks.check_state("state", state, (bs, hv, dk, dv), "[B, HV, K, V]")
   checks.check_reset(reset, bs)

@@ -1,13 +1,12 @@
-"""One Gated DeltaNet-2 decoding step, O(1) in the context length."""
+"""One Gated DeltaNet-2 decoding step, O(1) in the context length: the
+delta-rule core's ``erase_write`` with the erase key ``b * k`` and the
+written value ``w * v``."""
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
+from lin_attn_jax.ops.delta_rule.step import erase_write
 from lin_attn_jax.ops.gdn2.inputs import (core_inputs, default_scale,
                                           validate_step)
-
-_F32 = jnp.float32
 
 
 def gdn2_step(q, k, v, g, b, w, state=None, *, scale=None, reset=None,
@@ -25,15 +24,8 @@ def gdn2_step(q, k, v, g, b, w, state=None, *, scale=None, reset=None,
   Returns:
     ``(o [B, HV, V] in v's dtype, new state [B, HV, K, V] float32)``.
   """
-  bs, _, hv, dk, dv = validate_step(q, k, v, g, b, w, state, reset)
+  _, _, hv, dk, _ = validate_step(q, k, v, g, b, w, state, reset)
   scale = default_scale(scale, dk)
   q, k, erase, written, g = core_inputs(q, k, v, g, b, w, hv, use_qk_l2norm)
-  state = (jnp.zeros((bs, hv, dk, dv), _F32) if state is None
-           else jnp.asarray(state, _F32))
-  if reset is not None:
-    state = jnp.where(jnp.asarray(reset)[:, None, None, None], 0.0, state)
-  state = jnp.exp(g)[..., None] * state                         # [B,HV,K,V]
-  erased = jnp.einsum("bhk,bhkv->bhv", erase, state)            # [B, HV, V]
-  state = state + k[..., :, None] * (written - erased)[..., None, :]
-  o = jnp.einsum("bhk,bhkv->bhv", scale * q, state)             # [B, HV, V]
+  o, state = erase_write(scale * q, k, erase, written, g, state, reset)
   return o.astype(v.dtype), state

@@ -21,12 +21,11 @@ import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
-from lin_attn_jax.ops.common.segments import reset_flags
 from lin_attn_jax.ops.moba import blocks
 from lin_attn_jax.ops.moba.inputs import check_options
 from lin_attn_jax.ops.moba.parallel import masked_attention, moba_mask
-from lin_attn_jax.ops.softmax_attn.inputs import (check_grouped_qkv,
-                                                  default_scale)
+from lin_attn_jax.ops.softmax_attn.cache import check_extend, new_positions
+from lin_attn_jax.ops.softmax_attn.inputs import default_scale
 
 _F32 = jnp.float32
 
@@ -130,25 +129,14 @@ def moba_extend(q, k, v, cache: MoBACache, *, top_k: int, scale=None,
   Returns:
     ``(o [B, T, H, V] in v's dtype, the updated cache)``.
   """
-  b, t, _, _, dk, _ = check_grouped_qkv(q, k, v)
-  checks.check_shape("k", k, (b, t) + cache.k.shape[2:],
-                     "[B, T, Hkv, K] of the cache")
-  checks.check_shape("v", v, (b, t) + cache.v.shape[2:],
-                     "[B, T, Hkv, V] of the cache")
-  checks.check_segment_ids(segment_ids, b, t)
-  checks.check_reset(reset, b)
+  b, t, _, _, dk, _ = check_extend(q, k, v, cache, segment_ids, reset)
   check_options(cache.block_size, top_k)
   check_room(cache, t)
   c, s = cache.block_size, cache.k.shape[1]
   now = cache.length                                            # [B]
-  pos = now[:, None] + jnp.arange(t, dtype=jnp.int32)[None]     # [B, T]
-  starts = reset_flags(segment_ids, b, t)
-  if reset is not None:
-    starts = starts.at[:, 0].set(jnp.asarray(reset))
+  pos, starts, doc_start = new_positions(cache, t, segment_ids, reset)
   # Document 0 continues the cache's; every start opens the next one.
   doc = jnp.cumsum(starts.astype(jnp.int32), axis=1)            # [B, T]
-  doc_start = jnp.maximum(cache.doc_start[:, None],
-                          jax.lax.cummax(jnp.where(starts, pos, -1), axis=1))
   rows = jnp.arange(b)[:, None]
 
   def written(old, new):

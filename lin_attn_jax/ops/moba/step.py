@@ -25,24 +25,14 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.moba.cache import MoBACache, check_room
-from lin_attn_jax.ops.softmax_attn.inputs import check_heads, default_scale
+from lin_attn_jax.ops.softmax_attn.inputs import default_scale
+from lin_attn_jax.ops.softmax_attn.step import check_step
 
 _F32 = jnp.float32
 
 
 def _check_step(q, k, v, cache: MoBACache, reset, top_k):
-  checks.check_rank("q", q, 3, "[B, H, K]")
-  checks.check_rank("k", k, 3, "[B, Hkv, K]")
-  checks.check_rank("v", v, 3, "[B, Hkv, V]")
-  for name, x in (("q", q), ("k", k), ("v", v)):
-    checks.check_float(name, x)
-  b, h, dk = checks.shape_of(q)
-  _, _, hkv, _ = cache.k.shape
-  checks.check_shape("k", k, (b, hkv, dk), "[B, Hkv, K] of the cache")
-  checks.check_shape("v", v, (b, hkv, cache.v.shape[-1]),
-                     "[B, Hkv, V] of the cache")
-  check_heads(h, hkv, checks.shape_of(q), checks.shape_of(k))
-  checks.check_reset(reset, b)
+  check_step(q, k, v, cache, reset)
   checks.positive_int("top_k", top_k)
   check_room(cache, 1)
 

@@ -20,13 +20,12 @@ import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
-from lin_attn_jax.ops.common.segments import reset_flags
 from lin_attn_jax.ops.nsa import attention, blocks
 from lin_attn_jax.ops.nsa.inputs import check_gates, check_options
-from lin_attn_jax.ops.softmax_attn.cache import (KVCache, init_kv_cache,
+from lin_attn_jax.ops.softmax_attn.cache import (KVCache, check_extend,
+                                                 init_kv_cache, new_positions,
                                                  softmax_attn_extend)
-from lin_attn_jax.ops.softmax_attn.inputs import (check_grouped_qkv,
-                                                  default_scale)
+from lin_attn_jax.ops.softmax_attn.inputs import default_scale
 
 _F32 = jnp.float32
 
@@ -96,11 +95,7 @@ def init_nsa_cache(batch: int, heads_kv: int, dim_k: int, dim_v: int, *,
       block_size=block_size, window_size=window_size)
 
 
-def _check_cache(cache: NSACache, b, t, k, v):
-  checks.check_shape("k", k, (b, t) + cache.k.shape[2:],
-                     "[B, T, Hkv, K] of the cache")
-  checks.check_shape("v", v, (b, t) + cache.v.shape[2:],
-                     "[B, T, Hkv, V] of the cache")
+def _check_room(cache: NSACache, t):
   length = checks.concrete(cache.length)
   if length is not None and length.size and int(length.max()) + t > (
       cache.k.shape[1]):
@@ -133,25 +128,17 @@ def nsa_extend(q, k, v, g_cmp, g_slc, g_swa, cache: NSACache, *,
   Returns:
     ``(o [B, T, H, V] in v's dtype, the updated cache)``.
   """
-  b, t, h, hkv, dk, dv = check_grouped_qkv(q, k, v)
+  b, t, h, hkv, dk, dv = check_extend(q, k, v, cache, segment_ids, reset)
   gates = (g_cmp, g_slc, g_swa)
   check_gates(gates, (b, t, h), "[B, T, H]", cache.window_size)
-  _check_cache(cache, b, t, k, v)
-  checks.check_reset(reset, b)
-  checks.check_segment_ids(segment_ids, b, t)
+  _check_room(cache, t)
   checks.positive_int("block_counts", block_counts)
   checks.positive_int("chunk_size", chunk_size, allow_none=True)
   scale = default_scale(scale, dk)
   l, slots = cache.block_size, cache.block_end.shape[1]
 
   now = cache.length                                            # [B]
-  pos = now[:, None] + jnp.arange(t, dtype=jnp.int32)[None]     # [B, T]
-  starts = reset_flags(segment_ids, b, t)                       # [B, T]
-  if reset is not None:
-    starts = starts.at[:, 0].set(jnp.asarray(reset))
-  doc_start = jnp.maximum(
-      cache.doc_start[:, None],
-      jax.lax.cummax(jnp.where(starts, pos, -1), axis=1))       # [B, T]
+  pos, _, doc_start = new_positions(cache, t, segment_ids, reset)
 
   rows = jnp.arange(b)[:, None]
   k_store = cache.k.at[rows, pos].set(k.astype(cache.k.dtype), mode="drop")

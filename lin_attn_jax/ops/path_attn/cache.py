@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
-from lin_attn_jax.ops.common.segments import reset_flags
 from lin_attn_jax.ops.path_attn.householder import (block_transforms,
                                                     cross_block_keys,
                                                     exclusive_suffix_sums)
 from lin_attn_jax.ops.path_attn.inputs import default_scale, validate
+from lin_attn_jax.ops.softmax_attn.cache import new_positions
 
 _F32 = jnp.float32
 
@@ -146,13 +146,7 @@ def path_attn_extend(q, k, v, w, beta, cache: PaTHCache, *, g=None,
   scale = default_scale(scale, dk)
   gq = h // hkv
   now = cache.length                                            # [B]
-  pos = now[:, None] + jnp.arange(t, dtype=jnp.int32)[None]     # [B, T]
-  starts = reset_flags(segment_ids, b, t)                       # [B, T]
-  if reset is not None:
-    starts = starts.at[:, 0].set(jnp.asarray(reset))
-  doc_start = jnp.maximum(
-      cache.doc_start[:, None],
-      jax.lax.cummax(jnp.where(starts, pos, -1), axis=1))       # [B, T]
+  pos, _, doc_start = new_positions(cache, t, segment_ids, reset)
 
   q_b = jnp.asarray(q, _F32).reshape(b, t, hkv, gq, dk).transpose(
       0, 2, 3, 1, 4)                                            # [B,h,g,T,K]

@@ -95,6 +95,42 @@ def store_tokens(cache: KVCache, old, new):
   return jnp.where(written, picked.astype(old.dtype), old)
 
 
+def check_extend(q, k, v, cache, segment_ids, reset):
+  """Checks ``T`` new tokens for a cache of keys and values (``cache.k [B,
+  S, Hkv, K]``, ``cache.v [B, S, Hkv, V]``): q ``[B, T, H, K]``, k and v
+  of the cache's heads and widths, ``segment_ids [B, T]`` and ``reset
+  [B]`` (each or None). Returns ``(B, T, H, Hkv, K, V)``."""
+  b, t, h, hkv, dk, dv = check_grouped_qkv(q, k, v)
+  checks.check_shape("k", k, (b, t) + cache.k.shape[2:],
+                     "[B, T, Hkv, K] of the cache")
+  checks.check_shape("v", v, (b, t) + cache.v.shape[2:],
+                     "[B, T, Hkv, V] of the cache")
+  checks.check_reset(reset, b)
+  checks.check_segment_ids(segment_ids, b, t)
+  return b, t, h, hkv, dk, dv
+
+
+def new_positions(cache, t: int, segment_ids, reset):
+  """Where ``T`` new tokens go, from ``cache.length [B]`` and
+  ``cache.doc_start [B]``.
+
+  Returns:
+    ``(pos, starts, doc_start)``, each ``[B, T]``: the tokens' positions,
+    whether a document starts at each (a change of ``segment_ids``, or
+    ``reset`` at the first), and the position where each one's document
+    starts.
+  """
+  b = cache.length.shape[0]
+  pos = cache.length[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+  starts = reset_flags(segment_ids, b, t)                       # [B, T]
+  if reset is not None:
+    starts = starts.at[:, 0].set(jnp.asarray(reset))
+  doc_start = jnp.maximum(
+      cache.doc_start[:, None],
+      jax.lax.cummax(jnp.where(starts, pos, -1), axis=1))       # [B, T]
+  return pos, starts, doc_start
+
+
 def softmax_attn_extend(q, k, v, cache: KVCache, *, scale=None,
                         segment_ids=None, reset=None, mask_fn=None,
                         bias=None):
@@ -122,28 +158,15 @@ def softmax_attn_extend(q, k, v, cache: KVCache, *, scale=None,
   Returns:
     ``(o [B, T, H, V] in v's dtype, the updated cache)``.
   """
-  b, t, h, hkv, dk, dv = check_grouped_qkv(q, k, v)
+  b, t, h, hkv, dk, dv = check_extend(q, k, v, cache, segment_ids, reset)
   size = cache.k.shape[1]
-  checks.check_shape("k", k, (b, t) + cache.k.shape[2:],
-                     "[B, T, Hkv, K] of the cache")
-  checks.check_shape("v", v, (b, t) + cache.v.shape[2:],
-                     "[B, T, Hkv, V] of the cache")
-  checks.check_reset(reset, b)
-  if segment_ids is not None:
-    checks.check_segment_ids(segment_ids, b, t)
   seen = tokens_seen(cache)
   if seen is not None and seen + t > size:
     raise ValueError(f"cache is full: it holds max_length = {size} tokens, "
                      f"has seen {seen} and was given {t} more")
   scale = default_scale(scale, dk)
   now = cache.length                                            # [B]
-  pos = now[:, None] + jnp.arange(t, dtype=jnp.int32)[None]     # [B, T]
-  starts = reset_flags(segment_ids, b, t)                       # [B, T]
-  if reset is not None:
-    starts = starts.at[:, 0].set(jnp.asarray(reset))
-  doc_start = jnp.maximum(
-      cache.doc_start[:, None],
-      jax.lax.cummax(jnp.where(starts, pos, -1), axis=1))       # [B, T]
+  pos, _, doc_start = new_positions(cache, t, segment_ids, reset)
 
   # keys: [B, S+T, Hkv, K]; values: [B, S+T, Hkv, V]
   keys = jnp.concatenate([cache.k, k.astype(cache.k.dtype)], 1)

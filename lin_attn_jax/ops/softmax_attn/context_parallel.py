@@ -38,25 +38,29 @@ from lin_attn_jax.ops.softmax_attn.inputs import (check_block_size,
                                                   default_scale, validate)
 
 
-def _with_halo(q, k, v, segment_ids, *, window_size, options, axis_name):
-  """The sliding-window path, on one device's ``[B, L, ...]`` blocks."""
-  width = window_size - 1
+def with_halo(attend, q, keys, segment_ids, *, width, axis_name):
+  """The sliding-window path, on one device's ``[B, L, ...]`` blocks.
+
+  ``attend(queries, keys, segment_ids)`` (a causal blockwise form) runs on
+  the previous device's last ``width`` tokens of each of ``keys`` (a tuple
+  of ``[B, L, ...]``) in front of this device's; zero queries stand for
+  the halo, and device 0's halo gets a segment id of its own. Returns the
+  outputs of this device's queries.
+  """
   if width == 0:
-    return chunk.chunk_softmax_attn(q, k, v, window_size=window_size,
-                                    segment_ids=segment_ids, **options)
+    return attend(q, keys, segment_ids)
   b, length = q.shape[:2]
   ids = (jnp.zeros((b, length), jnp.int32) if segment_ids is None
          else segment_ids)
   # Device 0 has no keys before its first token: give its halo another id.
   halo_ids = jnp.where(cp.first_device(axis_name), ids[:, :1] - 1,
                        cp.previous_tokens(ids, width, axis_name))
-  halo_k = cp.previous_tokens(k, width, axis_name)
-  halo_v = cp.previous_tokens(v, width, axis_name)
   queries = jnp.concatenate([jnp.zeros_like(q[:, :width]), q], axis=1)
-  o = chunk.chunk_softmax_attn(
-      queries, jnp.concatenate([halo_k, k], axis=1),
-      jnp.concatenate([halo_v, v], axis=1), window_size=window_size,
-      segment_ids=jnp.concatenate([halo_ids, ids], axis=1), **options)
+  o = attend(queries,
+             tuple(jnp.concatenate(
+                 [cp.previous_tokens(x, width, axis_name), x], axis=1)
+                   for x in keys),
+             jnp.concatenate([halo_ids, ids], axis=1))
   return o[:, width:]
 
 
@@ -81,23 +85,60 @@ def _key_blocks(n, *, block, length, parts, causal, window_size, has_globals):
   return sorted(needed)
 
 
-def _gathered(q, k, v, segment_ids, *, scale, causal, window_size, glob,
-              block_size, axis_name):
-  """The gathered path, on one device's ``[B, L, ...]`` blocks."""
-  b, length = q.shape[:2]
-  parts = jax.lax.axis_size(axis_name)
-  total = parts * length
+def gathered_pairs(*, block, length, parts, causal=True, window_size=None,
+                   has_globals=False):
+  """``(query blocks, key blocks)``: the pairs of blocks of ``block``
+  tokens that a device's ``length`` queries meet in the gathered sequence
+  of ``parts * length`` keys (the union over the devices, since SPMD runs
+  one program)."""
+  q_blocks, k_blocks = [], []
+  for n in range(-(-length // block)):
+    keys = _key_blocks(n, block=block, length=length, parts=parts,
+                       causal=causal, window_size=window_size,
+                       has_globals=has_globals)
+    q_blocks += [n] * len(keys)
+    k_blocks += keys
+  return q_blocks, k_blocks
+
+
+def gather_keys(keys, segment_ids, *, block, axis_name):
+  """The gathered path's inputs, on one device's ``[B, L, ...]`` blocks.
+
+  Args:
+    keys: a tuple of ``[B, L, ...]`` arrays to gather over the whole
+      sequence (one all-gather; its transpose, a reduce-scatter, returns
+      their gradients).
+    segment_ids: ``[B, L]`` or None; block: the block size of the pass.
+  Returns:
+    ``(offset, keys [B, T, ...] each, doc_q [B, L_pad] or None, doc_k [B,
+    T_pad] or None)``: the device's first position, the gathered keys, and
+    the document indices of its queries and of every key, padded with the
+    edge to whole blocks.
+  """
+  b, length = keys[0].shape[:2]
+  total = jax.lax.axis_size(axis_name) * length
   offset = cp.device_index(axis_name) * length
-  k_all, v_all = jax.lax.all_gather((k, v), axis_name, axis=1, tiled=True)
-  c = min(block_size, length)
+  keys = jax.lax.all_gather(tuple(keys), axis_name, axis=1, tiled=True)
   doc_q = doc_k = None
   if segment_ids is not None:
     doc_all = document_index(
         jax.lax.all_gather(segment_ids, axis_name, axis=1, tiled=True),
         b, total)                                               # [B, T]
     doc_q = pad_time(jax.lax.dynamic_slice_in_dim(doc_all, offset, length,
-                                                  axis=1), c, mode="edge")
-    doc_k = pad_time(doc_all, c, mode="edge")
+                                                  axis=1), block, mode="edge")
+    doc_k = pad_time(doc_all, block, mode="edge")
+  return offset, keys, doc_q, doc_k
+
+
+def _gathered(q, k, v, segment_ids, *, scale, causal, window_size, glob,
+              block_size, axis_name):
+  """The gathered path, on one device's ``[B, L, ...]`` blocks."""
+  length = q.shape[1]
+  parts = jax.lax.axis_size(axis_name)
+  total = parts * length
+  c = min(block_size, length)
+  offset, (k_all, v_all), doc_q, doc_k = gather_keys(
+      (k, v), segment_ids, block=c, axis_name=axis_name)
   flags = masks.global_flags_table(glob, total)
 
   def rule(i, j, rule_id):
@@ -105,12 +146,9 @@ def _gathered(q, k, v, segment_ids, *, scale, causal, window_size, glob,
     return masks.dense_mask(i, j, causal=causal, window_size=window_size,
                             global_flags=flags)
 
-  q_blocks, k_blocks = [], []
-  for n in range(-(-length // c)):
-    keys = _key_blocks(n, block=c, length=length, parts=parts, causal=causal,
-                       window_size=window_size, has_globals=bool(glob.size))
-    q_blocks += [n] * len(keys)
-    k_blocks += keys
+  q_blocks, k_blocks = gathered_pairs(
+      block=c, length=length, parts=parts, causal=causal,
+      window_size=window_size, has_globals=bool(glob.size))
   o, _ = blocksparse_attention(
       pad_time(jnp.asarray(q, jnp.float32), c),
       pad_time(jnp.asarray(k_all, jnp.float32), c),
@@ -149,9 +187,11 @@ def context_parallel_softmax_attn(q, k, v, *, scale=None, causal=True,
     del whole
     q, k, v, ids = split
     if halo:
-      return _with_halo(q, k, v, ids, window_size=window_size,
-                        options=dict(scale=scale, block_size=block_size),
-                        axis_name=axis_name), None
+      return with_halo(
+          lambda q, keys, ids: chunk.chunk_softmax_attn(
+              q, *keys, window_size=window_size, segment_ids=ids,
+              scale=scale, block_size=block_size),
+          q, (k, v), ids, width=window_size - 1, axis_name=axis_name), None
     return _gathered(q, k, v, ids, scale=scale, causal=causal,
                      window_size=window_size, glob=glob,
                      block_size=block_size, axis_name=axis_name), None

@@ -22,19 +22,31 @@ from lin_attn_jax.ops.softmax_attn.inputs import check_heads, default_scale
 _F32 = jnp.float32
 
 
-def _check_step(q, k, v, cache: KVCache, reset):
+def check_step(q, k, v, cache, reset):
+  """Checks one new token for a cache of keys and values (``cache.k [B, S,
+  Hkv, K]``, ``cache.v [B, S, Hkv, V]``): q ``[B, H, K]``, k and v of the
+  cache's heads and widths, ``reset [B]`` or None. Returns ``(B, H, Hkv,
+  K)``."""
   checks.check_rank("q", q, 3, "[B, H, K]")
   checks.check_rank("k", k, 3, "[B, Hkv, K]")
   checks.check_rank("v", v, 3, "[B, Hkv, V]")
   for name, x in (("q", q), ("k", k), ("v", v)):
     checks.check_float(name, x)
   b, h, dk = checks.shape_of(q)
-  _, size, hkv, _ = cache.k.shape
-  dv = cache.v.shape[-1]
+  hkv = cache.k.shape[2]
   checks.check_shape("k", k, (b, hkv, dk), "[B, Hkv, K] of the cache")
-  checks.check_shape("v", v, (b, hkv, dv), "[B, Hkv, V] of the cache")
+  checks.check_shape("k", k, (b,) + cache.k.shape[2:],
+                     "[B, Hkv, K] of the cache")
+  checks.check_shape("v", v, (b,) + cache.v.shape[2:],
+                     "[B, Hkv, V] of the cache")
   check_heads(h, hkv, checks.shape_of(q), checks.shape_of(k))
   checks.check_reset(reset, b)
+  return b, h, hkv, dk
+
+
+def _check_step(q, k, v, cache: KVCache, reset):
+  b, h, hkv, dk = check_step(q, k, v, cache, reset)
+  size = cache.k.shape[1]
   seen = tokens_seen(cache)
   if seen is not None and seen >= size:
     raise ValueError(f"cache is full: it holds max_length = {size} tokens "

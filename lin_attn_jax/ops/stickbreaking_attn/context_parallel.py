@@ -29,8 +29,8 @@ import numpy as np
 
 from lin_attn_jax.ops.common import context_parallel as cp
 from lin_attn_jax.ops.common.chunking import pad_time
-from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.softmax_attn.chunk import padded_positions
+from lin_attn_jax.ops.softmax_attn.context_parallel import gather_keys
 from lin_attn_jax.ops.softmax_attn.inputs import (check_block_size,
                                                   default_scale)
 from lin_attn_jax.ops.stickbreaking_attn import chunk
@@ -42,20 +42,12 @@ from lin_attn_jax.ops.stickbreaking_attn.inputs import validate
 def _gathered(q, k, v, segment_ids, *, scale, attend_current, block_size,
               axis_name, output_rem):
   """One device's ``[B, L, ...]`` blocks against the gathered keys."""
-  b, length = q.shape[:2]
+  length = q.shape[1]
   parts = jax.lax.axis_size(axis_name)
   total = parts * length
-  offset = cp.device_index(axis_name) * length
-  k_all, v_all = jax.lax.all_gather((k, v), axis_name, axis=1, tiled=True)
   c = min(block_size, length)
-  doc_q = doc_k = None
-  if segment_ids is not None:
-    doc_all = document_index(
-        jax.lax.all_gather(segment_ids, axis_name, axis=1, tiled=True),
-        b, total)                                               # [B, T]
-    doc_q = pad_time(jax.lax.dynamic_slice_in_dim(doc_all, offset, length,
-                                                  axis=1), c, mode="edge")
-    doc_k = pad_time(doc_all, c, mode="edge")
+  offset, (k_all, v_all), doc_q, doc_k = gather_keys(
+      (k, v), segment_ids, block=c, axis_name=axis_name)
   num_k = -(-total // c)
 
   def key_blocks(n):

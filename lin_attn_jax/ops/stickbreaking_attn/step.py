@@ -21,9 +21,10 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.common.segments import reset_flags
-from lin_attn_jax.ops.softmax_attn.cache import KVCache, tokens_seen
-from lin_attn_jax.ops.softmax_attn.inputs import (check_grouped_qkv,
-                                                  check_heads, default_scale)
+from lin_attn_jax.ops.softmax_attn.cache import (KVCache, check_extend,
+                                                 tokens_seen)
+from lin_attn_jax.ops.softmax_attn.inputs import default_scale
+from lin_attn_jax.ops.softmax_attn.step import check_step
 from lin_attn_jax.ops.stickbreaking_attn.inputs import check_attend_current
 from lin_attn_jax.ops.stickbreaking_attn.parallel import causal_visibility
 from lin_attn_jax.ops.stickbreaking_attn.sticks import break_sticks
@@ -116,14 +117,7 @@ def stickbreaking_attn_extend(q, k, v, cache: KVCache, *, scale=None,
   Returns:
     ``(o [B, T, H, V] in v's dtype, the updated cache)``.
   """
-  b, t, _, _, dk, _ = check_grouped_qkv(q, k, v)
-  checks.check_shape("k", k, (b, t) + cache.k.shape[2:],
-                     "[B, T, Hkv, K] of the cache")
-  checks.check_shape("v", v, (b, t) + cache.v.shape[2:],
-                     "[B, T, Hkv, V] of the cache")
-  checks.check_reset(reset, b)
-  if segment_ids is not None:
-    checks.check_segment_ids(segment_ids, b, t)
+  b, t, _, _, dk, _ = check_extend(q, k, v, cache, segment_ids, reset)
   check_attend_current(attend_current)
   _check_cache(cache, b, t)
   starts = reset_flags(segment_ids, b, t)                       # [B, T]
@@ -157,18 +151,7 @@ def stickbreaking_attn_step(q, k, v, cache: KVCache, *, scale=None,
     >>> o.shape
     (1, 4, 8)
   """
-  checks.check_rank("q", q, 3, "[B, H, K]")
-  checks.check_rank("k", k, 3, "[B, Hkv, K]")
-  checks.check_rank("v", v, 3, "[B, Hkv, V]")
-  for name, x in (("q", q), ("k", k), ("v", v)):
-    checks.check_float(name, x)
-  b, h, dk = checks.shape_of(q)
-  checks.check_shape("k", k, (b,) + cache.k.shape[2:],
-                     "[B, Hkv, K] of the cache")
-  checks.check_shape("v", v, (b,) + cache.v.shape[2:],
-                     "[B, Hkv, V] of the cache")
-  check_heads(h, k.shape[1], checks.shape_of(q), checks.shape_of(k))
-  checks.check_reset(reset, b)
+  b, _, _, dk = check_step(q, k, v, cache, reset)
   check_attend_current(attend_current)
   _check_cache(cache, b, 1)
   starts = (jnp.zeros((b, 1), bool) if reset is None
