@@ -79,9 +79,10 @@ from lin_attn_jax.train import TrainConfig, Trainer
 
 # Every causal mixer of the zoo (Linformer is not causal: no recall task).
 ALL_MIXERS = ("softmax_attn", "sliding_window_attn", "sparse_attn",
-              "linear_attn", "performer", "based", "retnet", "gla", "hgrn2",
-              "mamba", "mamba2", "h3", "rg_lru", "deltanet", "gated_deltanet",
-              "kda", "rwkv6", "rwkv7")
+              "forgetting_attn", "stickbreaking_attn", "moba", "nsa",
+              "path_attn", "linear_attn", "performer", "based", "retnet",
+              "gla", "hgrn2", "mamba", "mamba2", "h3", "rg_lru", "deltanet",
+              "gated_deltanet", "gdn2", "kda", "rwkv6", "rwkv7")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,7 +260,26 @@ PAPER_HEADS = (
     ("h3", -2),
     # RWKV7Attention(head_dim=64): models_repo.py add_rwkv7; RWKV-6 alike.
     ("rwkv6", -64), ("rwkv7", -64),
+    # Not in Zoology: the softmax-family mixers of 2025 as its attention,
+    # one head; Gated DeltaNet-2 as Gated DeltaNet, two.
+    ("forgetting_attn", 1), ("stickbreaking_attn", 1), ("moba", 1),
+    ("nsa", 1), ("path_attn", 1), ("gdn2", 2),
 )
+
+# MoBA and NSA at the presets' lengths (64 to 256) rather than at their
+# references' (blocks of 64 to 512 tokens over thousands): blocks of 8
+# tokens, 8 blocks at length 64 and 32 at 256. MoBA: each query attends to
+# its own block and the 2 earlier blocks of largest gate (top_k 3, 24 keys).
+# NSA: 4 selected blocks (the first, previous and current forced, one
+# chosen by the compressed branch's scores at length 64), the compressed
+# branch over the block means, a window of 16 tokens (the cpu preset's
+# sliding window). The other new mixers (FoX, stick-breaking, PaTH, Gated
+# DeltaNet-2) run at their layers' defaults, a short convolution added by
+# short_conv where the layer takes use_short_conv (FoX; Gated DeltaNet-2
+# has one by default, PaTH one on its Householder directions).
+BLOCK_SPARSE_OPTIONS = dict(moba={"block_size": 8, "top_k": 3},
+                            nsa={"block_size": 8, "block_counts": 4,
+                                 "window_size": 16})
 
 PRESETS = {
     # Zoology's figure 2 (Arora et al. 2023): vocabulary 8192, settings
@@ -284,7 +304,7 @@ PRESETS = {
         mixer_options=_options(
             sliding_window_attn={"window_size": 64},
             based={"feature_dim": 8, **_short_conv("based")},
-            h3={"d_state": 64})),
+            h3={"d_state": 64}, **BLOCK_SPARSE_OPTIONS)),
     # Six mixers of the Based paper's protocol (every mixer with a short
     # convolution, Zoology's heads) at widths 64 and 128 and the three
     # settings of figure 2, 3 seeds, on one H200 within 6 minutes:
@@ -335,9 +355,10 @@ PRESETS = {
         settings=((64, 4),),
         d_models=(64,),
         learning_rates=BASED_LEARNING_RATES[1:2],
-        mixers=("softmax_attn", "sliding_window_attn", "linear_attn",
-                "retnet", "gla", "based", "mamba", "mamba2", "deltanet",
-                "gated_deltanet", "rwkv6", "h3", "hgrn2"),
+        mixers=("softmax_attn", "sliding_window_attn", "forgetting_attn",
+                "stickbreaking_attn", "moba", "nsa", "path_attn",
+                "linear_attn", "retnet", "gla", "based", "mamba", "mamba2",
+                "deltanet", "gated_deltanet", "gdn2", "rwkv6", "h3", "hgrn2"),
         num_train=48_000, num_test=512, epochs=1,
         batch_size=((64, 32),),
         eval_every=100,
@@ -347,7 +368,8 @@ PRESETS = {
         mixer_options=_options(sliding_window_attn={"window_size": 16},
                                based={"feature_dim": 8, "window_size": 16},
                                h3={"d_state": 8, "shift_size": 4},
-                               hgrn2={"expand_ratio": 16})),
+                               hgrn2={"expand_ratio": 16},
+                               **BLOCK_SPARSE_OPTIONS)),
 }
 
 FLAGS = flags.FLAGS
