@@ -213,8 +213,9 @@ class Preset:
 
 # Constructor arguments of a convolution a mixer always runs: the short
 # convolution of DeltaNet, Gated DeltaNet and KDA (conv_size), Mamba and
-# Mamba-2 (d_conv), RG-LRU's temporal convolution (conv_width) and H3's
-# shift SSM (shift_size taps).
+# Mamba-2 (d_conv), RG-LRU's temporal convolution (conv_width), H3's
+# shift SSM (shift_size taps) and PaTH's convolution of its Householder
+# directions (conv_size; none on q, k and v).
 ALWAYS_CONV = ("conv_size", "d_conv", "conv_width", "shift_size")
 
 
@@ -260,23 +261,23 @@ PAPER_HEADS = (
     ("h3", -2),
     # RWKV7Attention(head_dim=64): models_repo.py add_rwkv7; RWKV-6 alike.
     ("rwkv6", -64), ("rwkv7", -64),
-    # Not in Zoology: the softmax-family mixers of 2025 as its attention,
-    # one head; Gated DeltaNet-2 as Gated DeltaNet, two.
+    # Not in Zoology: the newer softmax-family mixers as its attention, one
+    # head; Gated DeltaNet-2 as Gated DeltaNet, two.
     ("forgetting_attn", 1), ("stickbreaking_attn", 1), ("moba", 1),
     ("nsa", 1), ("path_attn", 1), ("gdn2", 2),
 )
 
 # MoBA and NSA at the presets' lengths (64 to 256) rather than at their
-# references' (blocks of 64 to 512 tokens over thousands): blocks of 8
-# tokens, 8 blocks at length 64 and 32 at 256. MoBA: each query attends to
-# its own block and the 2 earlier blocks of largest gate (top_k 3, 24 keys).
-# NSA: 4 selected blocks (the first, previous and current forced, one
-# chosen by the compressed branch's scores at length 64), the compressed
-# branch over the block means, a window of 16 tokens (the cpu preset's
-# sliding window). The other new mixers (FoX, stick-breaking, PaTH, Gated
-# DeltaNet-2) run at their layers' defaults, a short convolution added by
-# short_conv where the layer takes use_short_conv (FoX; Gated DeltaNet-2
-# has one by default, PaTH one on its Householder directions).
+# references' (blocks of 64 to 512 tokens over thousands): blocks of 8 tokens, 8
+# blocks at length 64 and 32 at 256. MoBA: each query attends to its own block
+# and the 2 earlier blocks of largest gate (top_k 3, 24 keys). NSA: 4 selected
+# blocks (the first, previous and current forced, one more chosen by the
+# compressed branch's scores), the compressed branch over the block means, a
+# window of 16 tokens (the cpu preset's sliding window). The other new mixers
+# (FoX, stick-breaking, PaTH, Gated DeltaNet-2) run at their layers' defaults, a
+# short convolution added by short_conv where the layer takes use_short_conv
+# (FoX; Gated DeltaNet-2 has one by default, PaTH one on its Householder
+# directions).
 BLOCK_SPARSE_OPTIONS = dict(moba={"block_size": 8, "top_k": 3},
                             nsa={"block_size": 8, "block_counts": 4,
                                  "window_size": 16})
@@ -349,7 +350,12 @@ PRESETS = {
     # compiling 4 to 34 s a mixer. One step of all 13 mixers is 0.84 CPU
     # seconds, 2.5 with the 3 seeds, 1500 steps 3,800; with evaluation
     # (5%) and compiling, about 4,300 CPU seconds: 36 minutes with
-    # --workers=2, less where early stopping ends the runs that solve it.
+    # --workers=2, less where early stopping ends the runs that solve it
+    # (26 minutes, measured). The six added later (FoX, stick-breaking,
+    # MoBA, NSA, PaTH, Gated DeltaNet-2; options in BLOCK_SPARSE_OPTIONS'
+    # comment), CPU ms a step from their runs (seeds 1 and 2, evaluation
+    # included): stick-breaking 20, MoBA 26, FoX 28, PaTH 45, NSA 69,
+    # Gated DeltaNet-2 111; their 18 runs took 16 minutes with --workers=2.
     "cpu": Preset(
         vocab_size=64,
         settings=((64, 4),),
