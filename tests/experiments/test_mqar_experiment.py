@@ -180,9 +180,10 @@ def test_short_conv_of_the_library_mixers():
       assert counts[0] > counts[1], name
       assert on.has_short_conv(name) and not off.has_short_conv(name)
   for name in ("deltanet", "gated_deltanet", "kda", "mamba", "mamba2",
-               "rg_lru", "h3"):
+               "rg_lru", "h3", "path_attn"):
     assert preset.has_short_conv(name), name
-  assert not preset.has_short_conv("softmax_attn")
+  for name in ("softmax_attn", "stickbreaking_attn", "moba", "nsa"):
+    assert not preset.has_short_conv(name), name
 
 
 def test_presets_are_the_papers_grids():
@@ -200,6 +201,19 @@ def test_presets_are_the_papers_grids():
   assert gpu.d_models == (64, 128) and gpu.short_conv and gpu.seeds >= 3
   assert set(gpu.learning_rates) <= set(experiment.BASED_LEARNING_RATES)
   assert cpu.settings == ((64, 4),) and cpu.short_conv and cpu.seeds >= 3
+  # Every causal mixer has a row (Linformer is not causal).
+  assert set(MIXERS) - set(experiment.ALL_MIXERS) == {"linformer"}
+  assert paper.mixers == experiment.ALL_MIXERS
+  new = ("forgetting_attn", "stickbreaking_attn", "moba", "nsa", "path_attn",
+         "gdn2")
+  assert set(new) <= set(cpu.mixers)
+  for preset in (paper, cpu):
+    # Several blocks at the shortest length, more than MoBA or NSA select.
+    moba, nsa = preset.options_for("moba"), preset.options_for("nsa")
+    assert 64 // moba["block_size"] > moba["top_k"] > 1
+    assert 64 // nsa["block_size"] > nsa["block_counts"] > 3
+    assert nsa["window_size"] < 64
+    assert [preset.heads_for(m, 64) for m in new] == [1, 1, 1, 1, 1, 2]
   for preset in (paper, gpu, cpu):
     heads = {m: preset.heads_for(m, 64) for m in preset.mixers}
     assert heads["softmax_attn"] == 1
