@@ -46,6 +46,9 @@ of the matrix):
 - DeltaNet, Gated DeltaNet, KDA: ``v = x W_v`` (per value head); ``M`` is the
   delta rule's lower-triangular matrix ``(Q K^T * decay) (I + A)^{-1} diag
   (beta)`` of the WY form, with the layers' L2-normalised ``q`` and ``k``.
+  Gated DeltaNet-2: the same with its erase gate in ``A``; its values are
+  the written values ``w * v`` (the write gate is per value channel, so
+  ``M`` is a matrix only on them).
 - RWKV-6: ``M[i, j] = r_i . (prod w * k_j)`` below the diagonal and ``r_i
   . (u * k_i)`` on it (the bonus). RWKV-7: the DPLR recurrence's matrix plus
   the layer's current-token term ``r_i . (u * k_i)`` on the diagonal; its
@@ -61,8 +64,10 @@ of the matrix):
   S4D kernel's Toeplitz matrix plus ``D`` on the diagonal. The shift SSM
   acts on the keys, not the values, and is not part of ``M``.
 
-Linformer is not causal (its keys are projected over the whole sequence):
-``attention_matrix`` raises ``ValueError`` for it.
+Linformer is not causal (its keys are projected over the whole sequence),
+and Gated DeltaProduct writes ``N`` values per token (one per Householder
+step), so neither has a ``[T, T]`` matrix: ``attention_matrix`` raises
+``ValueError`` for them.
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lin_attn_jax.layers import RWKV7
+from lin_attn_jax.layers import RWKV7, GatedDeltaNet2, GatedDeltaProduct
 from lin_attn_jax.layers.base import Mixer
 from lin_attn_jax.ops.rwkv6.inputs import bonus as current_token_term
 
@@ -117,6 +122,10 @@ def mixing_calls(mixer: Mixer, x, segment_ids=None) -> list[MixingCall]:
     raise ValueError(f"{type(mixer).__name__} is not causal: its keys mix "
                      "the whole sequence, so it has no causal token-mixing "
                      "matrix")
+  if isinstance(mixer, GatedDeltaProduct):
+    raise ValueError("GatedDeltaProduct writes N values per token (one per "
+                     "Householder step): its mixing is [T, T N], not a "
+                     "[T, T] token-mixing matrix")
   calls = []
   originals = {name: getattr(mixer, name)
                for name in ("apply_forms", "attend") if hasattr(mixer, name)}
@@ -125,8 +134,9 @@ def mixing_calls(mixer: Mixer, x, segment_ids=None) -> list[MixingCall]:
     name = next(n for n in _VALUE_NAMES if n in tokens)
     run = originals["apply_forms"]
 
-    def apply(values):
-      return run(ctx, forms, {**tokens, name: values}, state, **params)[0]
+    def apply(values, **replaced):
+      return run(ctx, forms, {**tokens, name: values, **replaced}, state,
+                 **params)[0]
 
     out = run(ctx, forms, tokens, state, **params)
     calls.append(MixingCall(tokens[name], out[0], apply, tokens))
@@ -152,7 +162,21 @@ def mixing_calls(mixer: Mixer, x, segment_ids=None) -> list[MixingCall]:
   mixing = [c for c in calls if c.values is calls[-1].values]
   if isinstance(mixer, RWKV7):
     mixing = [_with_current_token(mixer, c) for c in mixing]
+  if isinstance(mixer, GatedDeltaNet2):
+    mixing = [_written_values(c) for c in mixing]
   return mixing
+
+
+def _written_values(call: MixingCall) -> MixingCall:
+  """Gated DeltaNet-2's op call on its written values ``w * v`` (the op run
+  with ``w = 1``)."""
+  w = call.tokens["w"]
+  values = (w * call.values).astype(call.values.dtype)
+
+  def apply(written):
+    return call.apply(written, w=jnp.ones_like(w))
+
+  return MixingCall(values, apply(values), apply, call.tokens)
 
 
 def _with_current_token(mixer, call: MixingCall) -> MixingCall:

@@ -30,7 +30,9 @@ OPTIONS = {
     "nsa": {"block_size": 2, "block_counts": 2, "window_size": 3},
     "moba": {"block_size": 2, "top_k": 2},
 }
-CAUSAL = sorted(name for name in MIXERS if name != "linformer")
+# Linformer is not causal; Gated DeltaProduct writes N values per token.
+CAUSAL = sorted(name for name in MIXERS
+                if name not in ("linformer", "gated_deltaproduct"))
 # Two documents in row 0 (the second starts at token 6), one in row 1.
 SEGMENTS = jnp.array([[0] * 6 + [1] * (T - 6), [0] * T])
 
@@ -89,6 +91,11 @@ def test_under_jit_with_traced_parameters():
 def test_linformer_has_no_causal_matrix():
   with pytest.raises(ValueError, match="not causal"):
     attention_matrix(build("linformer"), inputs())
+
+
+def test_gated_deltaproduct_has_no_token_matrix():
+  with pytest.raises(ValueError, match="N values per token"):
+    attention_matrix(build("gated_deltaproduct"), inputs())
 
 
 def test_row_sparsity_of_uniform_and_one_hot_rows():
