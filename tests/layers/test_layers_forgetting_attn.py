@@ -23,7 +23,8 @@ CASES = {
 }
 RUNS = [pytest.param(case, use_segments,
                      id=f"{case}-{'seg' if use_segments else 'noseg'}",
-                     marks=() if use_segments else pytest.mark.slow)
+                     marks=(() if use_segments and case == "full"
+                            else pytest.mark.slow))
         for case in sorted(CASES) for use_segments in (False, True)]
 
 

@@ -23,7 +23,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", [
+    "defaults",
+    pytest.param("gate_qk_norm_full_w", marks=pytest.mark.slow)])
 def test_modes_decoding_and_gradients(case):
   lm = lm_checks.tiny_lm("path_attn", CASES[case])
   lm_checks.check_mixer(lm, use_segments=True)

@@ -33,6 +33,7 @@ def test_forms_match_naive_strong_gates():
                       strong=True, chunk_size=16, one_program=True)
 
 
+@pytest.mark.slow
 def test_forms_match_naive_grouped_heads_bfloat16():
   """Two value heads per query/key head (raw keys, normalised by the op)
   and bfloat16 inputs."""

@@ -50,7 +50,8 @@ def _inputs(seed, b, t, h, hkv, dk=8, dv=6, ids=True):
   return x
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [
+    jnp.float32, pytest.param(jnp.bfloat16, marks=pytest.mark.slow)])
 def test_forms_match_the_definition(dtype):
   errors = testing.check_forms(SPEC, dims=DIMS, chunk_size=8, dtype=dtype,
                                one_program=True)

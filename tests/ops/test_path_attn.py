@@ -118,6 +118,7 @@ def test_forms_match_definition():
   assert set(errors) == {"chunk", "step", "prefill"}
 
 
+@pytest.mark.slow
 def test_forms_in_bfloat16():
   """bfloat16 inputs, float32 statistics: within the spec's 1e-2."""
   errors = _check(dims=DIMS, chunk_size=8, dtype=jnp.bfloat16,
@@ -221,6 +222,7 @@ def test_cache_holds_keys_as_later_tokens_see_them():
   np.testing.assert_allclose(total[0], raw["g"][0].sum(0), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_chunk_memory_grows_linearly():
   """Forward and backward of the blockwise form: doubling T from 4096
   less than doubles the temporary memory (slots run in groups of a fixed
