@@ -82,7 +82,8 @@ ALL_MIXERS = ("softmax_attn", "sliding_window_attn", "sparse_attn",
               "forgetting_attn", "stickbreaking_attn", "moba", "nsa",
               "path_attn", "linear_attn", "performer", "based", "retnet",
               "gla", "hgrn2", "mamba", "mamba2", "h3", "rg_lru", "deltanet",
-              "gated_deltanet", "gdn2", "kda", "rwkv6", "rwkv7")
+              "gated_deltanet", "gdn2", "gated_deltaproduct", "kda", "mlstm",
+              "rwkv6", "rwkv7")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,9 +263,11 @@ PAPER_HEADS = (
     # RWKV7Attention(head_dim=64): models_repo.py add_rwkv7; RWKV-6 alike.
     ("rwkv6", -64), ("rwkv7", -64),
     # Not in Zoology: the newer softmax-family mixers as its attention, one
-    # head; Gated DeltaNet-2 as Gated DeltaNet, two.
+    # head; Gated DeltaNet-2 and Gated DeltaProduct as Gated DeltaNet, two;
+    # the mLSTM as GLA, two.
     ("forgetting_attn", 1), ("stickbreaking_attn", 1), ("moba", 1),
-    ("nsa", 1), ("path_attn", 1), ("gdn2", 2),
+    ("nsa", 1), ("path_attn", 1), ("gdn2", 2), ("gated_deltaproduct", 2),
+    ("mlstm", 2),
 )
 
 # MoBA and NSA at the presets' lengths (64 to 256) rather than at their
@@ -364,7 +367,8 @@ PRESETS = {
         mixers=("softmax_attn", "sliding_window_attn", "forgetting_attn",
                 "stickbreaking_attn", "moba", "nsa", "path_attn",
                 "linear_attn", "retnet", "gla", "based", "mamba", "mamba2",
-                "deltanet", "gated_deltanet", "gdn2", "rwkv6", "h3", "hgrn2"),
+                "deltanet", "gated_deltanet", "gdn2", "gated_deltaproduct",
+                "mlstm", "rwkv6", "h3", "hgrn2"),
         num_train=48_000, num_test=512, epochs=1,
         batch_size=((64, 32),),
         eval_every=100,
