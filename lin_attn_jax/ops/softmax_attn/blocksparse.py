@@ -104,6 +104,106 @@ def make_schedule(q_block, k_block, rule, num_q_blocks: int) -> Schedule:
   return Schedule(tables[0], tables[1], tables[2], active)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class BlockLayout:
+  """Query rows and key columns cut into blocks of ``C``, for a scan over
+  block pairs.
+
+  Query-side arrays get one extra all-padding block (index ``NQ``), the
+  dummy that absorbs a schedule's idle slots. Query heads are split as
+  ``(h, g)``: key/value head and query head within its group.
+
+  Attributes:
+    b, c: batch and block size.
+    nq, nk: query and key blocks.
+    hkv, g: key/value heads and query heads per group.
+    pos_q: static ``[NQ+1, C]`` query positions (``-1`` = padding).
+    pos_k: static ``[NK, C]`` key positions.
+  """
+  b: int
+  c: int
+  nq: int
+  nk: int
+  hkv: int
+  g: int
+  pos_q: np.ndarray
+  pos_k: np.ndarray
+
+  @classmethod
+  def of(cls, q, k, q_pos, k_pos, block_size: int) -> "BlockLayout":
+    """From ``q [B, Rq, H, K]``, ``k [B, Rk, Hkv, K]`` and the static
+    positions of their rows (``[Rq]``, ``[Rk]``)."""
+    c = block_size
+    b, rq, h = q.shape[:3]
+    rk, hkv = k.shape[1], k.shape[2]
+    nq, nk = rq // c, rk // c
+    # Numpy, not arrays: arrays made here would be closed over by a
+    # custom_vjp, which fails where its backward is traced apart from its
+    # forward (inside a differentiated shard_map).
+    pos_q = np.concatenate([np.asarray(q_pos), np.full((c,), -1)]).reshape(
+        nq + 1, c)
+    return cls(b, c, nq, nk, hkv, h // hkv, pos_q,
+               np.asarray(k_pos).reshape(nk, c))
+
+  def q_blocks(self, x):          # [B, Rq, H, W] -> [B,NQ+1,h,g,C,W]
+    x = jnp.pad(x, ((0, 0), (0, self.c), (0, 0), (0, 0)))
+    return x.reshape(self.b, self.nq + 1, self.c, self.hkv, self.g,
+                     x.shape[-1]).transpose(0, 1, 3, 4, 2, 5)
+
+  def k_blocks(self, x):          # [B, Rk, Hkv, W] -> [B,NK,h,C,W]
+    return x.reshape(self.b, self.nk, self.c, self.hkv,
+                     x.shape[-1]).transpose(0, 1, 3, 2, 4)
+
+  def from_k_blocks(self, x):     # [B,NK,h,C,W] -> [B,Rk,Hkv,W]
+    return x.transpose(0, 1, 3, 2, 4).reshape(
+        self.b, self.nk * self.c, self.hkv, x.shape[-1])
+
+  def row_blocks(self, x):        # [B, Rq, H] -> [B,NQ+1,h,g,C]
+    x = jnp.pad(x, ((0, 0), (0, self.c), (0, 0)))
+    return x.reshape(self.b, self.nq + 1, self.c, self.hkv,
+                     self.g).transpose(0, 1, 3, 4, 2)
+
+  def from_row_blocks(self, x):   # [B,NQ+1,h,g,C,...] -> [B,Rq,H,...]
+    x = jnp.moveaxis(x[:, :self.nq], 4, 2)                    # [B,N,C,h,g,...]
+    return x.reshape((self.b, self.nq * self.c, self.hkv * self.g)
+                     + x.shape[5:])
+
+  def key_row_blocks(self, x):    # [B, Rk, H] -> [B,NK,h,g,C]
+    return x.reshape(self.b, self.nk, self.c, self.hkv,
+                     self.g).transpose(0, 1, 3, 4, 2)
+
+  def from_key_row_blocks(self, x):  # [B,NK,h,g,C] -> [B, Rk, H]
+    return x.transpose(0, 1, 4, 2, 3).reshape(
+        self.b, self.nk * self.c, self.hkv * self.g)
+
+  def doc_blocks(self, doc_q, doc_k):
+    """``([B, NQ+1, C], [B, NK, C])`` document blocks, or Nones."""
+    if doc_q is None:
+      return None, None
+    doc_q = jnp.pad(doc_q, ((0, 0), (0, self.c)))
+    return (doc_q.reshape(self.b, self.nq + 1, self.c),
+            doc_k.reshape(self.b, self.nk, self.c))
+
+  def mask(self, qi, ki, act, doc_q, doc_k, allowed):
+    """``[B or 1, S, 1, 1, C, C]`` entries of a round's pairs that are
+    allowed, in use and in one document.
+
+    Args:
+      qi, ki, act: ``[S]`` query block, key block and in-use flag of each
+        slot.
+      doc_q, doc_k: the ``doc_blocks``, or Nones.
+      allowed: ``(i [S, C, 1], j [S, 1, C]) -> [S, C, C]`` bool, on the
+        positions of the rows and columns.
+    """
+    i = jnp.asarray(self.pos_q)[qi][:, :, None]                 # [S, C, 1]
+    j = jnp.asarray(self.pos_k)[ki][:, None, :]                 # [S, 1, C]
+    mask = allowed(i, j) & (i >= 0) & (j >= 0) & act[:, None, None]
+    if doc_q is None:
+      return mask[None, :, None, None]
+    same = doc_q[:, qi][..., :, None] == doc_k[:, ki][..., None, :]
+    return (mask[None] & same)[:, :, None, None]                # [B,S,1,1,C,C]
+
+
 RuleFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 
@@ -134,67 +234,23 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
     ``(o [B, Rq, H, V] float32, lse [B, Rq, H] float32)``; rows with no
     allowed key get ``o = 0`` and ``lse = -inf``.
   """
-  c = block_size
-  b, rq, h, dk = q.shape
-  rk, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
-  g = h // hkv
-  nq, nk = rq // c, rk // c
+  lay = BlockLayout.of(q, k, q_pos, k_pos, block_size)
+  b, nq, hkv, g, c = lay.b, lay.nq, lay.hkv, lay.g, lay.c
+  dv = v.shape[-1]
   sched = make_schedule(*pairs, num_q_blocks=nq)
-  # A dummy query block (index nq) absorbs the idle slots of a round. The
-  # tables stay numpy here and become arrays inside the traced functions:
-  # arrays made out here would be closed over by the custom_vjp, which
-  # fails where its backward is traced apart from its forward (inside a
-  # differentiated shard_map).
-  pos_q = np.concatenate([np.asarray(q_pos), np.full((c,), -1)]).reshape(
-      nq + 1, c)                                                # [NQ+1, C]
-  pos_k = np.asarray(k_pos).reshape(nk, c)                      # [NK, C]
   tables = (sched.q_block, sched.k_block, sched.rule, sched.active)
-  with_docs = doc_q is not None
   if (q_bias is None) != (k_bias is None):
     raise ValueError("q_bias and k_bias go together: give both or neither")
-
-  def q_blocks(x, width):                       # [B, Rq, H, W] -> [B,N+1,h,g,C,W]
-    x = jnp.pad(x, ((0, 0), (0, c), (0, 0), (0, 0)))
-    return x.reshape(b, nq + 1, c, hkv, g, width).transpose(0, 1, 3, 4, 2, 5)
-
-  def k_blocks(x):                              # [B, Rk, Hkv, W] -> [B,NK,h,C,W]
-    return x.reshape(b, nk, c, hkv, x.shape[-1]).transpose(0, 1, 3, 2, 4)
-
-  def row_blocks(x):                            # [B, Rq, H] -> [B,N+1,h,g,C]
-    x = jnp.pad(x, ((0, 0), (0, c), (0, 0)))
-    return x.reshape(b, nq + 1, c, hkv, g).transpose(0, 1, 3, 4, 2)
-
-  def from_row_blocks(x):                       # [B,N+1,h,g,C,...] -> [B,Rq,H,...]
-    x = x[:, :nq]
-    x = jnp.moveaxis(x, 4, 2)                                   # [B,N,C,h,g,...]
-    return x.reshape((b, rq, h) + x.shape[5:])
-
-  def key_row_blocks(x):                        # [B, Rk, H] -> [B,NK,h,g,C]
-    return x.reshape(b, nk, c, hkv, g).transpose(0, 1, 3, 4, 2)
-
-  def from_key_row_blocks(x):                   # [B,NK,h,g,C] -> [B, Rk, H]
-    return x.transpose(0, 1, 4, 2, 3).reshape(b, rk, h)
 
   def bias_blocks(bq, bk):
     if bq is None:
       return None, None
-    return row_blocks(bq), key_row_blocks(bk)
-
-  def doc_blocks(dq, dk_):
-    dq = jnp.pad(dq, ((0, 0), (0, c))).reshape(b, nq + 1, c)
-    return dq, dk_.reshape(b, nk, c)
+    return lay.row_blocks(bq), lay.key_row_blocks(bk)
 
   def block_mask(qi, ki, ri, act, dq_b, dk_b, q_offset):
     """``[B or 1, S, 1, 1, C, C]`` allowed entries of the round's pairs."""
-    i = jnp.asarray(pos_q)[qi][:, :, None]                      # [S, C, 1]
-    j = jnp.asarray(pos_k)[ki][:, None, :]                      # [S, 1, C]
-    mask = (rule(i + q_offset, j, ri[:, None, None]) & (i >= 0)
-            & (j >= 0))
-    mask = mask & act[:, None, None]                            # [S, C, C]
-    if with_docs:
-      same = dq_b[:, qi][..., :, None] == dk_b[:, ki][..., None, :]
-      return (mask[None] & same)[:, :, None, None]              # [B,S,1,1,C,C]
-    return mask[None, :, None, None]
+    return lay.mask(qi, ki, act, dq_b, dk_b,
+                    lambda i, j: rule(i + q_offset, j, ri[:, None, None]))
 
   def scores(qs, ks, mask, bias_q, bias_k):
     s = scale * _mm("bshgik,bshjk->bshgij", qs, ks)            # [B,S,h,g,C,C]
@@ -209,9 +265,9 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
     return bq_b[:, qi], bk_b[:, ki]
 
   def forward(q, k, v, bq, bk, doc_q, doc_k, q_offset):
-    qb, kb, vb = q_blocks(q, dk), k_blocks(k), k_blocks(v)
+    qb, kb, vb = lay.q_blocks(q), lay.k_blocks(k), lay.k_blocks(v)
     bq_b, bk_b = bias_blocks(bq, bk)
-    dq_b, dk_b = doc_blocks(doc_q, doc_k) if with_docs else (None, None)
+    dq_b, dk_b = lay.doc_blocks(doc_q, doc_k)
     m0 = jnp.full((b, nq + 1, hkv, g, c), -jnp.inf, _F32)
     l0 = jnp.zeros((b, nq + 1, hkv, g, c), _F32)
     acc0 = jnp.zeros((b, nq + 1, hkv, g, c, dv), _F32)
@@ -240,16 +296,16 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
     o = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None],
                   0.0)
     lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
-    return from_row_blocks(o), from_row_blocks(lse)
+    return lay.from_row_blocks(o), lay.from_row_blocks(lse)
 
   def backward(q, k, v, bq, bk, doc_q, doc_k, q_offset, o, lse, do, dlse):
-    qb, kb, vb = q_blocks(q, dk), k_blocks(k), k_blocks(v)
+    qb, kb, vb = lay.q_blocks(q), lay.k_blocks(k), lay.k_blocks(v)
     bq_b, bk_b = bias_blocks(bq, bk)
-    dq_b, dk_b = doc_blocks(doc_q, doc_k) if with_docs else (None, None)
-    do_b = q_blocks(do, dv)                                     # [B,N+1,h,g,C,V]
+    dq_b, dk_b = lay.doc_blocks(doc_q, doc_k)
+    do_b = lay.q_blocks(do)                                   # [B,N+1,h,g,C,V]
     # d lse_r / d s_rc = p_rc, so dlse enters as a shift of the row term.
-    delta = row_blocks(jnp.sum(do * o, axis=-1) - dlse)         # [B,N+1,h,g,C]
-    lse_b = row_blocks(jnp.where(jnp.isfinite(lse), lse, 0.0))
+    delta = lay.row_blocks(jnp.sum(do * o, axis=-1) - dlse)     # [B,N+1,h,g,C]
+    lse_b = lay.row_blocks(jnp.where(jnp.isfinite(lse), lse, 0.0))
 
     def one_round(carry, xs):
       dq, dk_, dv_, dbq, dbk = carry
@@ -274,14 +330,10 @@ def blocksparse_attention(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
             None if bk_b is None else jnp.zeros_like(bk_b))
     (dq, dk_, dv_, dbq, dbk), _ = jax.lax.scan(
         one_round, init, tuple(jnp.asarray(x) for x in tables))
-
-    def from_k_blocks(x):                       # [B,NK,h,C,W] -> [B,Rk,Hkv,W]
-      return x.transpose(0, 1, 3, 2, 4).reshape(b, rk, hkv, x.shape[-1])
-
     if dbq is not None:
-      dbq, dbk = from_row_blocks(dbq), from_key_row_blocks(dbk)
-    return (from_row_blocks(dq), from_k_blocks(dk_), from_k_blocks(dv_), dbq,
-            dbk)
+      dbq, dbk = lay.from_row_blocks(dbq), lay.from_key_row_blocks(dbk)
+    return (lay.from_row_blocks(dq), lay.from_k_blocks(dk_),
+            lay.from_k_blocks(dv_), dbq, dbk)
 
   @jax.custom_vjp
   def attend(q, k, v, bq, bk, doc_q, doc_k, q_offset):

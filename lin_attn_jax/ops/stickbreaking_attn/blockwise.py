@@ -49,7 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lin_attn_jax.ops.softmax_attn.blocksparse import make_schedule
+from lin_attn_jax.ops.softmax_attn.blocksparse import (BlockLayout,
+                                                      make_schedule)
 from lin_attn_jax.ops.stickbreaking_attn.sticks import break_sticks
 
 _F32 = jnp.float32
@@ -95,56 +96,21 @@ def stickbreaking_blocks(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
     ``(o [B, Rq, H, V] float32, log_rem [B, Rq, H] float32)``, ``log_rem =
     -sum softplus(z)`` over each query's visible keys (0 for none).
   """
-  c = block_size
-  b, rq, h, dk = q.shape
-  rk, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
-  g = h // hkv
-  nq, nk = rq // c, rk // c
+  lay = BlockLayout.of(q, k, q_pos, k_pos, block_size)
+  b, nq, hkv, g, c = lay.b, lay.nq, lay.hkv, lay.g, lay.c
+  dv = v.shape[-1]
   q_block, k_block = (np.asarray(x, np.int32) for x in pairs)
   sched = make_schedule(q_block, k_block, np.zeros_like(q_block),
                         num_q_blocks=nq)
-  # A dummy query block (index nq) absorbs the idle slots of a round. The
-  # tables stay numpy here and become arrays inside the traced functions
-  # (see blocksparse.py: a custom_vjp must not close over arrays).
-  pos_q = np.concatenate([np.asarray(q_pos), np.full((c,), -1)]).reshape(
-      nq + 1, c)                                                # [NQ+1, C]
-  pos_k = np.asarray(k_pos).reshape(nk, c)                      # [NK, C]
   tables = (sched.q_block, sched.k_block, sched.active)
-  with_docs = doc_q is not None
-
-  def q_blocks(x, width):               # [B, Rq, H, W] -> [B,N+1,h,g,C,W]
-    x = jnp.pad(x, ((0, 0), (0, c), (0, 0), (0, 0)))
-    return x.reshape(b, nq + 1, c, hkv, g, width).transpose(0, 1, 3, 4, 2, 5)
-
-  def k_blocks(x):                      # [B, Rk, Hkv, W] -> [B,NK,h,C,W]
-    return x.reshape(b, nk, c, hkv, x.shape[-1]).transpose(0, 1, 3, 2, 4)
-
-  def row_blocks(x):                    # [B, Rq, H] -> [B,N+1,h,g,C]
-    x = jnp.pad(x, ((0, 0), (0, c), (0, 0)))
-    return x.reshape(b, nq + 1, c, hkv, g).transpose(0, 1, 3, 4, 2)
-
-  def from_row_blocks(x):               # [B,N+1,h,g,C,...] -> [B,Rq,H,...]
-    x = jnp.moveaxis(x[:, :nq], 4, 2)                   # [B,N,C,h,g,...]
-    return x.reshape((b, rq, h) + x.shape[5:])
-
-  def from_k_blocks(x):                 # [B,NK,h,C,W] -> [B,Rk,Hkv,W]
-    return x.transpose(0, 1, 3, 2, 4).reshape(b, rk, hkv, x.shape[-1])
-
-  def doc_blocks(dq, dk_):
-    dq = jnp.pad(dq, ((0, 0), (0, c))).reshape(b, nq + 1, c)
-    return dq, dk_.reshape(b, nk, c)
 
   def block_visible(qi, ki, act, dq_b, dk_b, q_offset):
     """``[B or 1, S, 1, 1, C, C]``: the visible entries of the round's
     pairs."""
-    i = jnp.asarray(pos_q)[qi][:, :, None]                      # [S, C, 1]
-    j = jnp.asarray(pos_k)[ki][:, None, :]                      # [S, 1, C]
-    before = j <= i + q_offset if attend_current else j < i + q_offset
-    mask = before & (i >= 0) & (j >= 0) & act[:, None, None]    # [S, C, C]
-    if with_docs:
-      same = dq_b[:, qi][..., :, None] == dk_b[:, ki][..., None, :]
-      return (mask[None] & same)[:, :, None, None]              # [B,S,1,1,C,C]
-    return mask[None, :, None, None]
+    if attend_current:
+      return lay.mask(qi, ki, act, dq_b, dk_b,
+                      lambda i, j: j <= i + q_offset)
+    return lay.mask(qi, ki, act, dq_b, dk_b, lambda i, j: j < i + q_offset)
 
   def block_weights(qs, ks, visible, taken):
     """Logits ``[B,S,h,g,C,C]``, weights ``A`` and the new ``taken``."""
@@ -153,8 +119,8 @@ def stickbreaking_blocks(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
     return z, jnp.exp(log_a), taken
 
   def forward(q, k, v, doc_q, doc_k, q_offset):
-    qb, kb, vb = q_blocks(q, dk), k_blocks(k), k_blocks(v)
-    dq_b, dk_b = doc_blocks(doc_q, doc_k) if with_docs else (None, None)
+    qb, kb, vb = lay.q_blocks(q), lay.k_blocks(k), lay.k_blocks(v)
+    dq_b, dk_b = lay.doc_blocks(doc_q, doc_k)
     taken0 = jnp.zeros((b, nq + 1, hkv, g, c), _F32)
     acc0 = jnp.zeros((b, nq + 1, hkv, g, c, dv), _F32)
 
@@ -170,16 +136,16 @@ def stickbreaking_blocks(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
 
     (taken, acc), _ = jax.lax.scan(one_round, (taken0, acc0),
                                    tuple(jnp.asarray(x) for x in tables))
-    return from_row_blocks(acc), from_row_blocks(-taken)
+    return lay.from_row_blocks(acc), lay.from_row_blocks(-taken)
 
   def backward(q, k, v, doc_q, doc_k, q_offset, o, do, dlog_rem):
-    qb, kb, vb = q_blocks(q, dk), k_blocks(k), k_blocks(v)
-    dq_b, dk_b = doc_blocks(doc_q, doc_k) if with_docs else (None, None)
-    do_b = q_blocks(do, dv)                             # [B,N+1,h,g,C,V]
-    total = row_blocks(jnp.sum(do * o, axis=-1))                # sum_j g_ij
-    dlog_rem = row_blocks(dlog_rem)                             # [B,N+1,h,g,C]
+    qb, kb, vb = lay.q_blocks(q), lay.k_blocks(k), lay.k_blocks(v)
+    dq_b, dk_b = lay.doc_blocks(doc_q, doc_k)
+    do_b = lay.q_blocks(do)                             # [B,N+1,h,g,C,V]
+    total = lay.row_blocks(jnp.sum(do * o, axis=-1))                # sum_j g_ij
+    dlog_rem = lay.row_blocks(dlog_rem)                         # [B,N+1,h,g,C]
     # |do_i . v_j| <= |do_i| max_j |v_j|: [B,N+1,h,g,C].
-    dp_bound = (row_blocks(jnp.sqrt(jnp.sum(do * do, axis=-1)))
+    dp_bound = (lay.row_blocks(jnp.sqrt(jnp.sum(do * do, axis=-1)))
                 * jnp.sqrt(jnp.max(jnp.sum(v * v, axis=-1), axis=1))[
                     :, None, :, None, None])
 
@@ -215,7 +181,8 @@ def stickbreaking_blocks(q, k, v, doc_q, doc_k, *, q_pos, k_pos, pairs,
             jnp.zeros_like(vb))
     (_, _, dq, dk_, dv_), _ = jax.lax.scan(
         one_round, init, tuple(jnp.asarray(x) for x in tables))
-    return from_row_blocks(dq), from_k_blocks(dk_), from_k_blocks(dv_)
+    return (lay.from_row_blocks(dq), lay.from_k_blocks(dk_),
+            lay.from_k_blocks(dv_))
 
   @jax.custom_vjp
   def attend(q, k, v, doc_q, doc_k, q_offset):
