@@ -10,8 +10,9 @@ written value ``beta * v``:
 
 the delta-rule core's parallel form (``delta_rule.parallel.wy_sequence``
 with ``read_before_decay=True``) with the row key of ``A`` and of the
-right-hand side ``beta * p`` instead of ``beta * k``. Memory and the triangular solve are quadratic in T: this
-form is for checking and for short sequences.
+right-hand side ``beta * p`` instead of ``beta * k``. Memory and the
+triangular solve are quadratic in T: this form is for checking and for
+short sequences.
 """
 
 from __future__ import annotations
