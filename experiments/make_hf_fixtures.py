@@ -74,6 +74,7 @@ def fla_cpu_reference():
   """Replaces the Triton entry points fla's models call with torch code."""
   import torch
   import torch.nn.functional as F
+  import fla.layers.comba as fla_comba
   import fla.layers.delta_net as fla_delta_net
   import fla.layers.forgetting_attn as fla_forgetting
   import fla.layers.gated_deltanet as fla_gdn
@@ -274,6 +275,32 @@ def fla_cpu_reference():
 
   fla_gdp.chunk_gated_delta_product = delta_product
   fla_gdp.fused_recurrent_gated_delta_rule = recurrent_delta
+
+  def recurrent_comba(q, k, v, p, g, beta, scale=None, initial_state=None,
+                      output_final_state=False, use_qk_l2norm_in_kernel=False,
+                      cu_seqlens=None, **kwargs):
+    # fla's Comba kernels: the state is read along p before the decay,
+    # S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - S_{t-1}^T p_t)^T.
+    assert cu_seqlens is None
+    b, t, h, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    q, k, p = q.float(), k.float(), p.float()
+    if use_qk_l2norm_in_kernel:
+      q, k, p = l2(q), l2(k), l2(p)
+    if hv != h:
+      q, k, p = (x.repeat_interleave(hv // h, dim=2) for x in (q, k, p))
+    scale = dk ** -0.5 if scale is None else scale
+    s = state_of(initial_state, (b, hv, dk, dv), torch.float32)
+    out = []
+    for i in range(t):
+      read = torch.einsum("bhk,bhkv->bhv", p[:, i], s)
+      error = beta[:, i].float()[..., None] * (v[:, i].float() - read)
+      s = (s * g[:, i].float().exp()[..., None, None]
+           + k[:, i][..., None] * error[..., None, :])
+      out.append(torch.einsum("bhk,bhkv->bhv", q[:, i] * scale, s))
+    return torch.stack(out, 1).to(v.dtype), (s if output_final_state else None)
+
+  fla_comba.chunk_comba = fla_comba.fused_recurrent_comba = recurrent_comba
 
   def recurrent_rwkv6(r, k, v, w, u, scale=1.0, initial_state=None,
                       output_final_state=False, **kwargs):
@@ -539,6 +566,8 @@ FIXTURES = {
                                num_householder=2, use_forget_gate=True,
                                allow_neg_eigval=True, norm_eps=1e-5,
                                hidden_ratio=2),
+    "comba": _fla("Comba", hidden_size=32, num_heads=2, num_v_heads=4,
+                  head_dim=8, expand_v=1.5, norm_eps=1e-5, hidden_ratio=2),
     "rwkv6": _fla("RWKV6", hidden_size=32, num_heads=2, expand_k=0.5,
                   proj_low_rank_dim=8, gate_low_rank_dim=16, hidden_ratio=2),
     "rwkv7": _fla("RWKV7", hidden_size=32, head_dim=16,
@@ -592,7 +621,8 @@ def _decode(model, tokens, torch):
   from_fla = model.config.model_type in ("gla", "delta_net", "gated_deltanet",
                                          "rwkv6", "rwkv7",
                                          "forgetting_transformer", "nsa",
-                                         "path_attn", "gated_deltaproduct")
+                                         "path_attn", "gated_deltaproduct",
+                                         "comba")
   # fla's ForgettingAttention decodes from its KV cache only through the
   # path of an attention mask (all ones here: no padding); fla's PaTH layer
   # prefills into its cache and decodes only when given one (without one it

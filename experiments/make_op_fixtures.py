@@ -474,6 +474,71 @@ def mlstm():
   return arrays
 
 
+# Comba: the cases of the fixture, as (name, gate strength, initial state).
+COMBA_CASES = (("gentle", 1.0, True), ("strong", 8.0, False))
+
+
+@fixture("comba")
+def comba():
+  """fla's Comba references (torch, float32) on unit-norm keys, ``H = 2``,
+  K != V, T = 19, for each case of ``COMBA_CASES``: ``<case>_{q,k,v,p,g,
+  beta}`` (``g = log_sigmoid(x) * strength``, ``p = sigmoid(d) k`` plus a
+  little noise), ``<case>_h0`` (zeros when the case has no initial state).
+  ``naive_chunk_comba`` (chunks of 8: the recurrence of fla's kernels,
+  which read the state before the decay) gives the output ``o``, the final
+  state ``ht`` and the gradients ``d{q,k,v,p,g,beta,h0}`` of ``sum(o * do)
+  + sum(ht * dht)`` for the stored cotangents; ``naive_recurrent_comba``
+  (which reads the decayed state) gives ``o_decayed_read`` and
+  ``ht_decayed_read``."""
+  import torch
+  from fla.ops.comba.naive import naive_chunk_comba, naive_recurrent_comba
+
+  rng = np.random.default_rng(SEED)
+  b, t, h, dk, dv = 2, 19, 2, 8, 6
+  sigmoid = lambda x: 1.0 / (1.0 + np.exp(-x))
+  arrays = {}
+  for case, strength, initial in COMBA_CASES:
+    k = rng.standard_normal((b, t, h, dk))
+    k = k / np.linalg.norm(k, axis=-1, keepdims=True)
+    inputs = {
+        "q": rng.standard_normal((b, t, h, dk)),
+        "k": k,
+        "v": rng.standard_normal((b, t, h, dv)),
+        "p": (sigmoid(rng.standard_normal((h, 1))) * k
+              + 0.1 * rng.standard_normal((b, t, h, dk))),
+        "g": -np.logaddexp(0.0, -rng.standard_normal((b, t, h))) * strength,
+        "beta": sigmoid(rng.standard_normal((b, t, h))),
+        "h0": (rng.standard_normal((b, h, dk, dv)) if initial
+               else np.zeros((b, h, dk, dv))),
+        "do": rng.standard_normal((b, t, h, dv)),
+        "dht": rng.standard_normal((b, h, dk, dv)),
+    }
+    inputs = {n: x.astype(np.float32) for n, x in inputs.items()}
+    names = ("q", "k", "v", "p", "g", "beta", "h0")
+    tensors = {n: torch.tensor(inputs[n], requires_grad=True) for n in names}
+    o, ht = naive_chunk_comba(
+        *(tensors[n] for n in ("q", "k", "v", "p", "g", "beta")),
+        chunk_size=8, initial_state=tensors["h0"] if initial else None,
+        output_final_state=True)
+    ((o * torch.tensor(inputs["do"])).sum()
+     + (ht * torch.tensor(inputs["dht"])).sum()).backward()
+    with torch.no_grad():
+      o_read, ht_read = naive_recurrent_comba(
+          *(torch.tensor(inputs[n]) for n in ("q", "k", "v", "p", "beta",
+                                              "g")),
+          initial_state=torch.tensor(inputs["h0"]) if initial else None,
+          output_final_state=True)
+    arrays.update({f"{case}_{n}": x for n, x in inputs.items()})
+    arrays[f"{case}_initial"] = np.bool_(initial)
+    arrays[f"{case}_o"] = o.detach().numpy()
+    arrays[f"{case}_ht"] = ht.detach().numpy()
+    arrays[f"{case}_o_decayed_read"] = o_read.numpy()
+    arrays[f"{case}_ht_decayed_read"] = ht_read.numpy()
+    arrays.update({f"{case}_d{n}": tensors[n].grad.numpy() for n in names
+                   if tensors[n].grad is not None})
+  return arrays
+
+
 def main(argv):
   del argv
   names = FLAGS.only or sorted(FIXTURES)

@@ -7,7 +7,7 @@ cannot reproduce exactly) and ``entries(hf, config) -> [Entry]`` (see
 ``mamba``, ``mamba2``, ``recurrent_gemma``, ``qwen3_next`` and ``xlstm``,
 and flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
 ``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
-``nsa``, ``path_attn`` and ``gated_deltaproduct``.
+``nsa``, ``path_attn``, ``gated_deltaproduct`` and ``comba``.
 
 Norm conventions: RecurrentGemma and Qwen3-Next scale by ``1 + w``; the LM's
 scale is that sum (an export subtracts 1 again). Heads of fla's and
@@ -601,6 +601,33 @@ def gated_deltaproduct_entries(hf: dict, config: LMConfig) -> list[Entry]:
   return _delta_entries(hf, config, gated=options["use_forget_gate"])
 
 
+def comba_config(hf: dict) -> LMConfig:
+  """fla's ``comba``. Its model builds every layer with the inner decay
+  and the output correction (``D`` from ones) whatever the config says
+  (``use_inner_decay``, ``use_output_correction`` and ``correction_factor``
+  are not passed on), and without convolution biases."""
+  heads, head_dim = int(hf["num_heads"]), int(hf.get("head_dim", 256))
+  value_width = head_dim * float(hf.get("expand_v", 2))
+  if value_width != int(value_width):
+    raise ValueError(f"config.json has head_dim * expand_v = {value_width}, "
+                     "not an integer")
+  options = dict(**_fla_short_conv(hf, default=True),
+                 norm_eps=float(hf.get("norm_eps", 1e-6)),
+                 n_v_heads=int(hf.get("num_v_heads") or heads),
+                 head_k_dim=head_dim, head_v_dim=int(value_width),
+                 use_output_gate=bool(hf.get("use_output_gate", True)),
+                 use_inner_decay=True, use_output_correction=True)
+  return _fla_swiglu_config(hf, "comba", heads, options)
+
+
+def comba_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  out = _delta_entries(hf, config, gated=True)
+  for i in range(config.n_layers):
+    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
+    out += [copy(f"{a}.decay", m + ("decay",)), copy(f"{a}.D", m + ("D",))]
+  return out
+
+
 def forgetting_transformer_config(hf: dict) -> LMConfig:
   if hf.get("window_size") is not None:
     raise ValueError(
@@ -894,6 +921,7 @@ ARCHITECTURES = {
     "path_attn": (path_attn_config, path_attn_entries),
     "gated_deltaproduct": (gated_deltaproduct_config,
                            gated_deltaproduct_entries),
+    "comba": (comba_config, comba_entries),
 }
 
 

@@ -9,6 +9,7 @@ for ``OpForms``, the forms of an op that ``Mixer.apply_forms`` runs.
 from lin_attn_jax.layers.base import MODES, Context, Mixer, OpForms
 
 from lin_attn_jax.layers.based import Based
+from lin_attn_jax.layers.comba import Comba
 from lin_attn_jax.layers.deltanet import KDA, DeltaNet, GatedDeltaNet
 from lin_attn_jax.layers.forgetting_attn import ForgettingAttention
 from lin_attn_jax.layers.gdn2 import GatedDeltaNet2
@@ -64,6 +65,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "rwkv7": RWKV7,
     "gdn2": GatedDeltaNet2,
     "gated_deltaproduct": GatedDeltaProduct,
+    "comba": Comba,
 }
 
 __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
@@ -72,4 +74,4 @@ __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
            "Mamba2", "Mixer", "MoBA", "NativeSparseAttention", "OpForms",
            "PaTHAttention", "Performer", "RetNet", "SlidingWindowAttention",
            "SoftmaxAttention", "SparseAttention", "StickBreakingAttention",
-           "GatedDeltaProduct"]
+           "GatedDeltaProduct", "Comba"]

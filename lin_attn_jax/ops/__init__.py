@@ -119,6 +119,9 @@ from lin_attn_jax.ops.gated_delta_product import (
     chunk_gated_delta_product, gated_delta_product_step,
     naive_recurrent_gated_delta_product, parallel_gated_delta_product,
     recurrent_gated_delta_product)
+from lin_attn_jax.ops.comba import (chunk_comba, comba_step,
+                                    naive_recurrent_comba, parallel_comba,
+                                    recurrent_comba)
 
 # Context parallelism: the chunk forms above split the sequence by themselves
 # under a mesh with a "sequence" axis of size > 1 (jax.set_mesh); these take
@@ -147,3 +150,4 @@ from lin_attn_jax.ops.softmax_attn.context_parallel import (
 from lin_attn_jax.ops.stickbreaking_attn.context_parallel import (
     context_parallel_stickbreaking_attn)
 from lin_attn_jax.ops.gdn2.context_parallel import context_parallel_gdn2
+from lin_attn_jax.ops.comba.context_parallel import context_parallel_comba

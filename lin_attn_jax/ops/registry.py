@@ -222,6 +222,12 @@ def _delta_rule_specs():
                             step_tokens=("q", "k", "v", "g", "b", "w"), **l2),
              spec_inputs.gdn2, ("q", "k", "v", "g", "b", "w", "initial_state"),
              context_parallel=("chunk",)),
+      OpSpec("comba",
+             sequence_forms("comba",
+                            step_tokens=("q", "k", "v", "p", "g", "beta"),
+                            **l2),
+             spec_inputs.comba, grads + ("p", "g"),
+             context_parallel=("chunk",)),
   ]
 
 

@@ -166,6 +166,18 @@ def gdn2(key, dims, strong):
   return inputs
 
 
+def comba(key, dims, strong):
+  """Comba: the delta rule's inputs with a scalar log-decay ``g [B, T, H]``
+  and an erase key ``p = 0.8 k + 0.6 n`` (``n`` normal, independent of k:
+  near k, as the layer's ``sigmoid(d) k``, but not parallel to it); beta
+  in (0, 1), in (0, 2) when strong."""
+  key, kp = jax.random.split(key)
+  inputs = delta_rule(key, dims, strong, gate="scalar")
+  noise = jax.random.normal(kp, inputs["k"].shape, _F32)
+  inputs["p"] = 0.8 * inputs["k"] + 0.6 * noise
+  return inputs
+
+
 def gated_delta_product(key, dims, strong, householder=2):
   """The delta rule's inputs with ``householder`` keys, values and steps
   per token (``k [B, T, N, H, K]``, ``v [B, T, N, H, V]``, ``beta [B, T, N,

@@ -16,7 +16,7 @@ from lin_attn_jax.testing import rel_rms
 # The mixers whose chunk form has a Pallas kernel.
 KERNEL_MIXERS = ("linear_attn", "performer", "based", "retnet", "gla",
                  "hgrn2", "mamba2", "deltanet", "gated_deltanet", "kda",
-                 "forgetting_attn", "gdn2", "gated_deltaproduct")
+                 "forgetting_attn", "gdn2", "gated_deltaproduct", "comba")
 
 
 @pytest.mark.parametrize("name", KERNEL_MIXERS)

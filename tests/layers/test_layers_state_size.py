@@ -43,7 +43,7 @@ def test_state_with_conv_is_the_cache(name):
 # The mixers with the ``use_short_conv`` option (fla's names and defaults).
 SHORT_CONV = ("based", "deltanet", "forgetting_attn", "gated_deltanet", "gla",
               "hgrn2", "kda", "linear_attn", "retnet", "gdn2",
-              "gated_deltaproduct")
+              "gated_deltaproduct", "comba")
 
 
 @pytest.mark.parametrize("name", SHORT_CONV)

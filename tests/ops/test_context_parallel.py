@@ -211,6 +211,24 @@ def _gdn2():
   return make, fn
 
 
+def _comba():
+  hv = 2 * H
+  def make():
+    k = _normal(1, (B, T, H, K))
+    return (dict(q=_normal(0, (B, T, H, K)), k=k,
+                 v=_normal(2, (B, T, hv, V)),
+                 p=0.8 * k + 0.6 * _normal(4, (B, T, H, K)),
+                 g=_log_gate(3, (B, T, hv)),
+                 beta=jax.nn.sigmoid(_normal(5, (B, T, hv)))), (B, hv, K, V))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_comba(**inputs, initial_state=initial_state,
+                           output_final_state=True, segment_ids=segment_ids,
+                           chunk_size=CHUNK, sub_chunk_size=2,
+                           use_qk_l2norm=True)
+  return make, fn
+
+
 def _diagonal(name):
   d = 6
   def make():
@@ -420,6 +438,9 @@ CASES = {
     # The max state entering a device: composed over the devices before it,
     # reset where a document starts at a device boundary.
     "mlstm": (_mlstm(), (2, 8)),
+    # Grouped value heads, an erase key apart from the written key, read
+    # before the decay.
+    "comba": (_comba(), (2, 8)),
 }
 
 # name: the P of a run without initial state and segment ids (compared with

@@ -50,6 +50,7 @@ from lin_attn_jax.ops.common.chunk_scores import (MAX_BATCHED_SIZE,
 from lin_attn_jax.ops.common.chunking import (chunk_layout, chunks_in_budget,
                                              map_chunk_groups, merge_chunks,
                                              pad_time, split_chunks)
+from lin_attn_jax.ops.common.decay import shift
 from lin_attn_jax.ops.common.products import mm_nn, mm_tn
 from lin_attn_jax.ops.common.segments import chunk_documents
 from lin_attn_jax.ops.delta_rule import context_parallel as split
@@ -279,13 +280,18 @@ def invert_unit_lower(a):
   return inverse[..., 0, :c, :c]
 
 
-def chunk_terms(q, k, erase, written, g, *, segment_ids, length, chunk):
+def chunk_terms(q, k, erase, written, g, *, segment_ids, length, chunk,
+                read_before_decay=False):
   """Steps 1-3: the WY terms of every chunk (no dependence on the state).
 
   The update of token i is "decay, read the state along the erase key
   ``e_i``, write ``k_i (x_i - S'_i^T e_i)^T``"; the delta rule's erase key
   is ``beta_i k_i`` and its written value ``x_i = beta_i v_i``, Gated
   DeltaNet-2's ``b_i * k_i`` and ``w_i * v_i`` (``../gdn2/README.md``).
+  With ``read_before_decay`` token i reads ``S_{i-1}`` rather than ``S'_i
+  = D_i S_{i-1}`` (Comba's ``S_i = D_i S_{i-1} + k_i (x_i - S_{i-1}^T
+  e_i)^T``, ``../comba/README.md``): the rows of ``A`` and of the
+  right-hand side decay over the tokens before i only.
 
   Args:
     q (scaled), k, erase: ``[B, T_pad, HV, K]``; written: ``[B, T_pad, HV,
@@ -304,18 +310,20 @@ def chunk_terms(q, k, erase, written, g, *, segment_ids, length, chunk):
     return jnp.moveaxis(split_chunks(x, chunk), 3, 2)
 
   operands = tuple(head_major(x) for x in (q, k, erase, written, g)) + docs
+  local_terms = functools.partial(_local_terms,
+                                  read_before_decay=read_before_decay)
   if g.shape[-1] == 1 or chunk <= MAX_BATCHED_SIZE:
-    return _local_terms(*operands)
+    return local_terms(*operands)
   # A decay per key channel in long chunks: the halving's levels make many
   # intermediates of the size of the keys: they run over groups of chunks
   # that fit in cache, rematerialised (see docs/performance.md).
   return map_chunk_groups(
-      _local_terms, operands,
+      local_terms, operands,
       chunks_in_budget(chunk, q.shape[2] * max(chunk, *q.shape[3:],
                                                   *written.shape[3:])))
 
 
-def _local_terms(q_h, k_h, e_h, x_h, g_h, *docs):
+def _local_terms(q_h, k_h, e_h, x_h, g_h, *docs, read_before_decay=False):
   """``chunk_terms`` of the chunks given, head-major (``[B, N, HV, C,
   .]``; ``e`` the erase key, ``x`` the written value), with
   ``chunk_documents``' ``docs`` or none."""
@@ -326,13 +334,17 @@ def _local_terms(q_h, k_h, e_h, x_h, g_h, *docs):
   # log-decays from the chunk start to i and from j to the chunk end.
   strictly_lower = jnp.tril(jnp.ones((chunk, chunk), dtype=bool), -1)
   ((ek,), (qk,)), (from_start, to_end, total) = intra_chunk_scores(
-      (e_h, q_h), (k_h,), g_h, with_decays=True)
+      (e_h, q_h), (k_h,), g_h, strict=(read_before_decay, False),
+      with_decays=True)
   a = jnp.where(strictly_lower & same_doc, ek, 0.0)             # [B,N,H,C,C]
   qk = jnp.where(same_doc, qk, 0.0)
 
   # Step 3: W and U from one triangular inverse per chunk.
   dk = k_h.shape[-1]
-  e_from_start = jnp.where(reached, e_h * jnp.exp(from_start), 0.0)
+  # The erase key reads the state before (or after) its own token's decay.
+  e_decay = (shift(from_start, 1, axis=-2) if read_before_decay
+             else from_start)                                   # [B,N,H,C,G]
+  e_from_start = jnp.where(reached, e_h * jnp.exp(e_decay), 0.0)
   rhs = jnp.concatenate([e_from_start, x_h], axis=-1)           # [B,N,H,C,K+V]
   w, u = jnp.split(mm_nn(invert_unit_lower(a), rhs), [dk], axis=-1)
   return ChunkTerms(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common.chunk_scores import sequence_scores
-from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum
+from lin_attn_jax.ops.common.decay import reverse_exclusive_cumsum, shift
 from lin_attn_jax.ops.common.segments import document_index, same_document_mask
 from lin_attn_jax.ops.delta_rule.chunk import solve_unit_lower
 from lin_attn_jax.ops.delta_rule.inputs import (default_scale,
@@ -47,13 +47,14 @@ def parallel_delta_rule(q, k, v, beta, g=None, *, scale=None,
 
 
 def wy_sequence(q, k, erase, written, g, *, segment_ids, initial_state,
-                output_final_state):
+                output_final_state, read_before_decay=False):
   """The parallel form from the erase keys and written values.
 
   The update of token i is "decay, read the state along the erase key
   ``e_i``, write ``k_i (x_i - S'_i^T e_i)^T``" (the delta rule: ``e_i =
   beta_i k_i``, ``x_i = beta_i v_i``; Gated DeltaNet-2: ``b_i * k_i`` and
-  ``w_i * v_i``).
+  ``w_i * v_i``); with ``read_before_decay`` the state is read before the
+  token's decay (Comba, ``chunk.chunk_terms``).
 
   Args:
     q (scaled), k, erase: ``[B, T, HV, K]``; written: ``[B, T, HV, V]``;
@@ -71,14 +72,17 @@ def wy_sequence(q, k, erase, written, g, *, segment_ids, initial_state,
           & same_document_mask(doc, doc)[:, None])              # [B, 1, T, T]
   strict = mask & ~jnp.eye(t, dtype=bool)
   scores = sequence_scores(q, k, g, mask)                       # [B, HV, T, T]
-  a = sequence_scores(erase, k, g, strict)                      # [B, HV, T, T]
+  a = sequence_scores(erase, k, g, strict,
+                      strict=read_before_decay)                 # [B, HV, T, T]
 
   first_doc = (doc == 0)[:, :, None, None]                      # [B, T, 1, 1]
   from_start = jnp.exp(jnp.cumsum(g, axis=1))                   # [B, T, HV, G]
   rhs = [written]
   if initial_state is not None:
     s0 = jnp.asarray(initial_state, _F32)
-    rhs.insert(0, jnp.where(first_doc, erase * from_start, 0.0))
+    erase_decay = (jnp.exp(shift(jnp.cumsum(g, axis=1), 1, axis=1))
+                   if read_before_decay else from_start)        # [B,T,HV,G]
+    rhs.insert(0, jnp.where(first_doc, erase * erase_decay, 0.0))
   rhs = jnp.moveaxis(jnp.concatenate(rhs, axis=-1), 1, 2)       # [B,HV,T,*]
   wu = solve_unit_lower(a, rhs)
   u = wu[..., -dv:]                                             # [B, HV, T, V]

@@ -34,12 +34,15 @@ def delta_rule_step(q, k, v, beta, g=None, state=None, *, scale=None,
   return o.astype(v.dtype), state
 
 
-def erase_write(q, k, erase, written, g, state, reset):
+def erase_write(q, k, erase, written, g, state, reset,
+                read_before_decay=False):
   """One step from the erase key and the written value, in float32.
 
   ``S' = diag(exp(g)) S``, ``S_new = S' + k (x - S'^T e)^T``, ``o = S_new^T
   q``: the delta rule with ``e = beta k`` and ``x = beta v``, Gated
-  DeltaNet-2 with ``e = b * k`` and ``x = w * v``.
+  DeltaNet-2 with ``e = b * k`` and ``x = w * v``. With
+  ``read_before_decay``, ``S_new = S' + k (x - S^T e)^T`` (Comba, ``e =
+  beta p``, ``x = beta v``).
 
   Args:
     q (scaled), k, erase: ``[B, HV, K]``; written: ``[B, HV, V]``; g:
@@ -53,9 +56,12 @@ def erase_write(q, k, erase, written, g, state, reset):
            else jnp.asarray(state, _F32))
   if reset is not None:
     state = jnp.where(jnp.asarray(reset)[:, None, None, None], 0.0, state)
+  if read_before_decay:
+    erased = jnp.einsum("bhk,bhkv->bhv", erase, state)          # [B, HV, V]
   if g is not None:
     state = jnp.exp(g)[..., None] * state                       # [B, HV, K, V]
-  erased = jnp.einsum("bhk,bhkv->bhv", erase, state)            # [B, HV, V]
+  if not read_before_decay:
+    erased = jnp.einsum("bhk,bhkv->bhv", erase, state)          # [B, HV, V]
   state = state + k[..., :, None] * (written - erased)[..., None, :]
   o = jnp.einsum("bhk,bhkv->bhv", q, state)                     # [B, HV, V]
   return o, state
