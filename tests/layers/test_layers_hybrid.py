@@ -192,7 +192,12 @@ def _tiny_lm(case):
   return lm_checks.tiny_lm(case.removesuffix("_nope"), LM_CASES[case])
 
 
-@pytest.mark.parametrize("case", sorted(LM_CASES))
+# MLA without RoPE runs the same code as with it: slow only.
+LM_RUNS = [pytest.param(case, marks=pytest.mark.slow if case == "mla_nope"
+                        else ()) for case in sorted(LM_CASES)]
+
+
+@pytest.mark.parametrize("case", LM_RUNS)
 def test_modes_decoding_and_gradients(case):
   lm_checks.check_mixer(_tiny_lm(case), use_segments=True)
 
@@ -237,8 +242,11 @@ def test_registered():
           "falcon_h1_parallel": FalconH1Parallel}.items() <= MIXERS.items()
 
 
-@pytest.mark.parametrize("name", ["gated_attn", "mla", "short_conv",
-                                  "falcon_h1_parallel"])
+# Gated attention splits as softmax attention (tested with the op): slow
+# only.
+@pytest.mark.parametrize("name", [
+    pytest.param("gated_attn", marks=pytest.mark.slow), "mla", "short_conv",
+    "falcon_h1_parallel"])
 def test_sequence_split_over_devices(name):
   """Chunk mode under a mesh with a ``"sequence"`` axis of 4 devices gives
   the one-device output and parameter gradients."""
