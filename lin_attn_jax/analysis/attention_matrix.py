@@ -64,9 +64,17 @@ of the matrix):
   S4D kernel's Toeplitz matrix plus ``D`` on the diagonal. The shift SSM
   acts on the keys, not the values, and is not part of ``M``.
 
+- gated attention (Qwen3-Next): as softmax attention (the output gate acts
+  after the op). MLA: ``v = c W_uv`` per head, ``M = softmax(q k^T *
+  scale)`` with the expanded keys.
+- LFM2's gated short convolution: per channel, values the gated input ``B
+  * x``; ``M`` is the convolution's banded Toeplitz matrix of taps (no
+  bias by default; with one the map is affine, not linear).
+
 Linformer is not causal (its keys are projected over the whole sequence),
-and Gated DeltaProduct writes ``N`` values per token (one per Householder
-step), so neither has a ``[T, T]`` matrix: ``attention_matrix`` raises
+Gated DeltaProduct writes ``N`` values per token (one per Householder
+step), and Falcon-H1's parallel mixer sums two ops with values of their
+own, so none has one ``[T, T]`` matrix: ``attention_matrix`` raises
 ``ValueError`` for them.
 """
 
@@ -79,7 +87,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lin_attn_jax.layers import RWKV7, GatedDeltaNet2, GatedDeltaProduct
+from lin_attn_jax.layers import (RWKV7, FalconH1Parallel, GatedDeltaNet2,
+                                 GatedDeltaProduct)
 from lin_attn_jax.layers.base import Mixer
 from lin_attn_jax.ops.rwkv6.inputs import bonus as current_token_term
 
@@ -122,6 +131,10 @@ def mixing_calls(mixer: Mixer, x, segment_ids=None) -> list[MixingCall]:
     raise ValueError(f"{type(mixer).__name__} is not causal: its keys mix "
                      "the whole sequence, so it has no causal token-mixing "
                      "matrix")
+  if isinstance(mixer, FalconH1Parallel):
+    raise ValueError("FalconH1Parallel sums two mixers with values of their "
+                     "own (attention's v, Mamba-2's x): take the matrix of "
+                     "mixer.self_attn or mixer.mamba on its input")
   if isinstance(mixer, GatedDeltaProduct):
     raise ValueError("GatedDeltaProduct writes N values per token (one per "
                      "Householder step): its mixing is [T, T N], not a "

@@ -11,6 +11,7 @@ from lin_attn_jax.layers.base import MODES, Context, Mixer, OpForms
 from lin_attn_jax.layers.based import Based
 from lin_attn_jax.layers.comba import Comba
 from lin_attn_jax.layers.deltanet import KDA, DeltaNet, GatedDeltaNet
+from lin_attn_jax.layers.falcon_h1 import FalconH1Parallel
 from lin_attn_jax.layers.forgetting_attn import ForgettingAttention
 from lin_attn_jax.layers.gdn2 import GatedDeltaNet2
 from lin_attn_jax.layers.gated_deltaproduct import GatedDeltaProduct
@@ -21,6 +22,7 @@ from lin_attn_jax.layers.linear_attn import LinearAttention
 from lin_attn_jax.layers.linformer import Linformer
 from lin_attn_jax.layers.mamba import Mamba
 from lin_attn_jax.layers.mamba2 import Mamba2
+from lin_attn_jax.layers.mla import MultiHeadLatentAttention
 from lin_attn_jax.layers.mlstm import MLSTM
 from lin_attn_jax.layers.nsa import NativeSparseAttention
 from lin_attn_jax.layers.moba import MoBA
@@ -29,7 +31,9 @@ from lin_attn_jax.layers.performer import Performer
 from lin_attn_jax.layers.retnet import RetNet
 from lin_attn_jax.layers.rg_lru import RGLRU
 from lin_attn_jax.layers.rwkv import RWKV6, RWKV7
-from lin_attn_jax.layers.softmax import (SlidingWindowAttention,
+from lin_attn_jax.layers.short_conv import GatedShortConv
+from lin_attn_jax.layers.softmax import (GatedAttention,
+                                         SlidingWindowAttention,
                                          SoftmaxAttention, SparseAttention)
 from lin_attn_jax.layers.stickbreaking import StickBreakingAttention
 
@@ -44,6 +48,11 @@ MIXERS: dict[str, type[Mixer]] = {
     "forgetting_attn": ForgettingAttention,
     "moba": MoBA,
     "path_attn": PaTHAttention,
+    # The attention layers and blocks of hybrid checkpoints.
+    "gated_attn": GatedAttention,
+    "mla": MultiHeadLatentAttention,
+    "short_conv": GatedShortConv,
+    "falcon_h1_parallel": FalconH1Parallel,
     # Gated-linear-attention core.
     "linear_attn": LinearAttention,
     "performer": Performer,
@@ -74,4 +83,5 @@ __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
            "Mamba2", "Mixer", "MoBA", "NativeSparseAttention", "OpForms",
            "PaTHAttention", "Performer", "RetNet", "SlidingWindowAttention",
            "SoftmaxAttention", "SparseAttention", "StickBreakingAttention",
-           "GatedDeltaProduct", "Comba"]
+           "GatedDeltaProduct", "Comba", "FalconH1Parallel", "GatedAttention",
+           "GatedShortConv", "MultiHeadLatentAttention"]

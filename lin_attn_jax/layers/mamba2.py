@@ -69,6 +69,17 @@ class Mamba2(Mixer):
     chunk_size: chunk length of the chunk form (speed only).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
       implementation (``lin_attn_jax.ops.common.dispatch``).
+    rms_norm: the gated RMSNorm before the output projection; False: ``y *
+      silu(z)`` alone (True; Falcon-H1's ``mamba_rms_norm`` False).
+    norm_before_gate: the norm is ``rms_norm(y) * silu(z)`` instead of
+      ``rms_norm(y * silu(z))`` (False; Falcon-H1's
+      ``mamba_norm_before_gate`` True).
+    out_bias: the output projection has a bias (None: as ``bias``;
+      Falcon-H1's ``projectors_bias``).
+    in_proj_multipliers: five factors on the input projection's parts ``(z,
+      x, B, C, dt)``, applied before the convolution and the time step's
+      softplus (None for none; Falcon-H1's ``ssm_multipliers``, its muP
+      vector).
 
   Cache: ``{"conv": [B, d_conv - 1, E + 2 G N], "ssm": [B, H, N, P]}``,
   float32.
@@ -84,8 +95,11 @@ class Mamba2(Mixer):
                bias: bool = False, norm_eps: float = 1e-5,
                head_dim: int | None = None,
                time_step_limit: tuple[float, float] = (0.0, float("inf")),
-               chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
-               param_dtype=jnp.float32):
+               chunk_size: int = 64, impl: str = "auto",
+               rms_norm: bool = True, norm_before_gate: bool = False,
+               out_bias: bool | None = None,
+               in_proj_multipliers: tuple[float, ...] | None = None,
+               dtype=jnp.float32, param_dtype=jnp.float32):
     if head_dim is None:
       width = inner_width(d_model, expand)
     elif isinstance(head_dim, int) and head_dim >= 1 and n_heads >= 1:
@@ -113,6 +127,12 @@ class Mamba2(Mixer):
       raise ValueError(f"A_init_range must satisfy 0 < low <= high, got "
                        f"{A_init_range}")
     check_dt_range(dt_min, dt_max, dt_init_floor)
+    if in_proj_multipliers is not None:
+      in_proj_multipliers = tuple(float(m) for m in in_proj_multipliers)
+      if len(in_proj_multipliers) != 5:
+        raise ValueError(f"in_proj_multipliers must be five factors (z, x, "
+                         f"B, C, dt), got {in_proj_multipliers}")
+    self.in_proj_multipliers = in_proj_multipliers
     self.width, self.n_heads, self.head_dim = width, n_heads, width // n_heads
     self.d_state, self.n_groups, self.chunk_size = d_state, n_groups, chunk_size
     self.impl = checked_impl(impl)
@@ -130,11 +150,14 @@ class Mamba2(Mixer):
                                (n_heads,), ("heads",), param_dtype)
     self.D = modules.param(rngs, nnx.initializers.ones_init(), (n_heads,),
                            ("heads",), param_dtype)
-    self.norm = modules.HeadNorm(n_groups, width // n_groups, rngs=rngs,
-                                 eps=norm_eps, gate_first=True,
-                                 param_dtype=param_dtype)
+    self.norm = (modules.HeadNorm(n_groups, width // n_groups, rngs=rngs,
+                                  eps=norm_eps,
+                                  gate_first=not norm_before_gate,
+                                  param_dtype=param_dtype)
+                 if rms_norm else None)
     self.out_proj = modules.dense(width, d_model, ("heads", "embed"),
-                                  use_bias=bias, **kw)
+                                  use_bias=bias if out_bias is None
+                                  else out_bias, **kw)
 
   def init_mixer_cache(self, batch_size, max_len, dtype):
     del max_len, dtype
@@ -157,6 +180,9 @@ class Mamba2(Mixer):
     # The parts as arrays of their own (``Dense.parts``, ``ShortConv.parts``).
     z, xs, B, C, dt = self.in_proj.parts(
         x, [e, 2 * e, 2 * e + g * n, 2 * e + 2 * g * n])   # [B, T, E|E|GN|GN|H]
+    if self.in_proj_multipliers is not None:
+      z, xs, B, C, dt = (part * m for part, m in zip(
+          (z, xs, B, C, dt), self.in_proj_multipliers))
     (xs, B, C), conv_state = self.conv.parts(
         [xs, B, C], ctx, None if cache is None else cache["conv"])
     xs = xs.reshape(b, t, h, self.head_dim)                     # [B, T, H, P]
@@ -174,8 +200,12 @@ class Mamba2(Mixer):
         ctx, SSD_FORMS, dict(x=xs, dt=dt, B=B, C=C),
         None if cache is None else cache["ssm"], A=A,
         **params)                                               # [B, T, H, P]
-    y = y.reshape(b, t, g, e // g)                              # [B, T, G, E/G]
-    y = self.out_proj(self.norm(y, z))
+    if self.norm is None:
+      y = y.reshape(b, t, e) * jax.nn.silu(z.astype(jnp.float32)).astype(
+          y.dtype)                                              # [B, T, E]
+    else:
+      y = self.norm(y.reshape(b, t, g, e // g), z)              # [B, T, E]
+    y = self.out_proj(y)
     if cache is None:
       return y, None
     return y, {"conv": conv_state, "ssm": ssm_state}

@@ -175,6 +175,34 @@ def rms_norm(features: int, *, rngs: nnx.Rngs, axis_name="embed", eps=1e-6,
                      rngs=rngs)
 
 
+class ChannelRMSNorm(nnx.Module):
+  """RMSNorm over the last axis of ``x [..., C]`` with one scale ``[C]``
+  shared by every leading axis (per-head q/k norms, whose scale is one
+  head's width; the latent norms of MLA).
+
+  ``y = x / sqrt(mean(x^2) + eps) * w``, or ``* (1 + w)`` with
+  ``zero_centered=True`` (Qwen3-Next's norms; ``w`` then starts at 0 and
+  the norm at the identity scale). Computed in float32, returned in x's
+  dtype.
+  """
+
+  def __init__(self, features: int, *, rngs: nnx.Rngs, eps: float = 1e-6,
+               zero_centered: bool = False, axis_name: str | None = None,
+               param_dtype=jnp.float32):
+    checks.positive_int("features", features)
+    self.eps, self.zero_centered = eps, zero_centered
+    init = (nnx.initializers.zeros_init() if zero_centered
+            else nnx.initializers.ones_init())
+    self.scale = param(rngs, init, (features,), (axis_name,), param_dtype)
+
+  def __call__(self, x):
+    """``x: [..., C]`` -> ``[..., C]``."""
+    y = x.astype(jnp.float32)
+    y = y * jax.lax.rsqrt(jnp.mean(y * y, axis=-1, keepdims=True) + self.eps)
+    w = self.scale[...].astype(jnp.float32)
+    return (y * (1.0 + w if self.zero_centered else w)).astype(x.dtype)
+
+
 class HeadNorm(nnx.Module):
   """Per-head normalisation of ``[B, T, H, V]``, with an optional gate.
 

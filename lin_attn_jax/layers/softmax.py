@@ -48,19 +48,24 @@ from lin_attn_jax.ops.softmax_attn.inputs import check_window
 from lin_attn_jax.ops.sparse_attn.patterns import check_pattern, pattern_mask
 
 
-def head_layout(d_model: int, n_heads: int, n_kv_heads) -> tuple[int, int]:
-  """``(Hkv, head_dim)`` after checking that the widths divide."""
+def head_layout(d_model: int, n_heads: int, n_kv_heads,
+                head_dim: int | None = None) -> tuple[int, int]:
+  """``(Hkv, head_dim)`` after checking that the widths divide; a given
+  ``head_dim`` need not divide ``d_model`` (the heads' total width ``H
+  head_dim`` is then not ``D``)."""
   n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
   for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
     checks.positive_int(name, value)
-  if d_model % n_heads:
+  if head_dim is not None:
+    checks.positive_int("head_dim", head_dim)
+  elif d_model % n_heads:
     raise ValueError(f"d_model = {d_model} must divide into n_heads = "
                      f"{n_heads}")
   if n_heads % n_kv_heads:
     raise ValueError(f"n_heads = {n_heads} must be a multiple of n_kv_heads "
                      f"= {n_kv_heads} (each key/value head serves a group of "
                      f"query heads)")
-  return n_kv_heads, d_model // n_heads
+  return n_kv_heads, head_dim or d_model // n_heads
 
 
 def cache_step(q, k, v, cache, reset, mask_fn=None):
@@ -158,19 +163,49 @@ def attend_with_cache(ctx: Context, q, k, v, cache, *, attend: Callable,
   return attend(q, k, v, ctx), None
 
 
+# The kinds of ``qk_norm``: none, RMSNorm with scale ``w``, or with scale
+# ``1 + w`` (``w`` starting at 0; Qwen3-Next's norms).
+QK_NORMS = (None, "rms", "rms_zero_centered")
+
+
 class CausalAttention(Mixer):
   """The shared layer; subclasses choose the mask (see the module docstring).
 
+  Beyond the plain layer, options of the attention layers of hybrid models
+  (all off by default): a per-head sigmoid output gate (Qwen3-Next), q/k
+  RMSNorms per head (Qwen3-Next, LFM2), a multiplier on the keys
+  (Falcon-H1's muP ``key_multiplier``), a head width of its own and biases
+  on the q/k/v projections. With them the layer computes, per head,
+
+      q, g = x W_q (the two halves of each head's 2 K columns with the gate)
+      k = norm_k(x W_k) * key_multiplier,  q = norm_q(q),  v = x W_v
+      o = softmax(rope(q) rope(k)^T / sqrt(K) + mask) v
+      y = (o * sigmoid(g)) W_o
+
   Args:
-    d_model: ``D``. n_heads: ``H``; the head width is ``D / H`` (even, for
-      RoPE).
+    d_model: ``D``. n_heads: ``H``; the head width is ``K = D / H`` unless
+      ``head_dim`` is given (even, for RoPE).
     n_kv_heads: ``Hkv``, key/value heads, a divisor of ``H``; None for
       ``H``.
     rope_base: base of the RoPE frequencies (10000).
-    rope_fraction: RoPE rotates the first ``rope_fraction * D / H``
-      channels of every head and leaves the rest (1.0; RecurrentGemma 0.5).
+    rope_fraction: RoPE rotates the first ``rope_fraction * K`` channels of
+      every head and leaves the rest (1.0; RecurrentGemma 0.5, Qwen3-Next's
+      ``partial_rotary_factor`` 0.25).
     out_bias: the output projection has a bias (False; RecurrentGemma's
       has one).
+    head_dim: ``K`` (None: ``D / H``); given, the heads' width ``H K`` need
+      not be ``D`` (Qwen3-Next: 16 heads of 256 at ``D = 2048``).
+    qkv_bias: the q, k and v projections have biases (False).
+    output_gate: ``W_q`` also gives a gate ``g`` per query channel, and
+      ``o * sigmoid(g)`` goes into ``W_o`` (False; Qwen3-Next True).
+      ``W_q`` is then ``[D, H 2 K]``, each head's query columns followed by
+      its gate columns, as transformers' ``Qwen3NextAttention.q_proj``.
+    qk_norm: one of ``QK_NORMS``: RMSNorm of each head of ``q`` and ``k``
+      over its ``K`` channels, one scale ``[K]`` for all heads, before RoPE
+      (None; LFM2 ``"rms"``, Qwen3-Next ``"rms_zero_centered"``).
+    qk_norm_eps: the q/k norms' epsilon (1e-6).
+    key_multiplier: factor on ``k`` after its norm, before RoPE (1.0;
+      Falcon-H1's ``key_multiplier``).
   """
 
   # w of a sliding window (the cache is then a ring buffer), None for none.
@@ -179,22 +214,36 @@ class CausalAttention(Mixer):
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                n_kv_heads: int | None = None, rope_base: float = 10000.0,
                rope_fraction: float = 1.0, out_bias: bool = False,
+               head_dim: int | None = None, qkv_bias: bool = False,
+               output_gate: bool = False, qk_norm: str | None = None,
+               qk_norm_eps: float = 1e-6, key_multiplier: float = 1.0,
                dtype=jnp.float32, param_dtype=jnp.float32):
-    self.n_kv_heads, self.head_dim = head_layout(d_model, n_heads, n_kv_heads)
+    self.n_kv_heads, self.head_dim = head_layout(d_model, n_heads, n_kv_heads,
+                                                 head_dim)
     self.rope_dim = int(rope_fraction * self.head_dim)
     if (self.rope_dim % 2 or not 0 < rope_fraction <= 1
         or self.rope_dim != rope_fraction * self.head_dim):
       raise ValueError(f"RoPE needs an even number of rotated channels, got "
-                       f"rope_fraction * d_model / n_heads = {rope_fraction} "
-                       f"* {d_model} / {n_heads}")
+                       f"rope_fraction * head width = {rope_fraction} * "
+                       f"{self.head_dim}")
+    if qk_norm not in QK_NORMS:
+      raise ValueError(f"qk_norm must be one of {QK_NORMS}, got {qk_norm!r}")
     self.n_heads, self.rope_base = n_heads, rope_base
+    self.output_gate, self.key_multiplier = output_gate, float(key_multiplier)
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     q_dim, kv_dim = n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-    self.q_proj = modules.dense(d_model, q_dim, **kw)
-    self.k_proj = modules.dense(d_model, kv_dim, **kw)
-    self.v_proj = modules.dense(d_model, kv_dim, **kw)
+    self.q_proj = modules.dense(d_model, q_dim * (2 if output_gate else 1),
+                                use_bias=qkv_bias, **kw)
+    self.k_proj = modules.dense(d_model, kv_dim, use_bias=qkv_bias, **kw)
+    self.v_proj = modules.dense(d_model, kv_dim, use_bias=qkv_bias, **kw)
     self.o_proj = modules.dense(q_dim, d_model, ("heads", "embed"),
                                 use_bias=out_bias, **kw)
+    norm = dict(rngs=rngs, eps=qk_norm_eps, param_dtype=param_dtype,
+                zero_centered=qk_norm == "rms_zero_centered")
+    self.q_norm = (None if qk_norm is None
+                   else modules.ChannelRMSNorm(self.head_dim, **norm))
+    self.k_norm = (None if qk_norm is None
+                   else modules.ChannelRMSNorm(self.head_dim, **norm))
 
   def rotate(self, x, positions):
     """RoPE on the first ``rope_dim`` channels of ``x: [B, T, H, K]``."""
@@ -229,17 +278,29 @@ class CausalAttention(Mixer):
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
     hd = self.head_dim
-    q = self.q_proj(x).reshape(b, t, self.n_heads, hd)          # [B, T, H, K]
+    q = self.q_proj(x)
+    gate = None
+    if self.output_gate:
+      q, gate = jnp.split(q.reshape(b, t, self.n_heads, 2 * hd), 2,
+                          axis=-1)                              # [B, T, H, K]
+      gate = gate.reshape(b, t, self.n_heads * hd)              # [B, T, H K]
+    q = q.reshape(b, t, self.n_heads, hd)                       # [B, T, H, K]
     k = self.k_proj(x).reshape(b, t, self.n_kv_heads, hd)       # [B, T, Hkv, K]
     v = self.v_proj(x).reshape(b, t, self.n_kv_heads, hd)       # [B, T, Hkv, V]
+    if self.q_norm is not None:
+      q, k = self.q_norm(q), self.k_norm(k)
+    if self.key_multiplier != 1.0:
+      k = k * self.key_multiplier
     q = self.rotate(q, ctx.positions)
     k = self.rotate(k, ctx.positions)
     # o = softmax(q k^T / sqrt(K) + mask) v
     o, cache = attend_with_cache(
         ctx, q, k, v, ctx.cache, attend=self.attend, mask_fn=self.mask_fn,
         empty_cache=lambda: self.init_mixer_cache(b, t, k.dtype))
-    y = self.o_proj(o.reshape(b, t, self.n_heads * hd))         # [B, T, D]
-    return y, cache
+    o = o.reshape(b, t, self.n_heads * hd)                      # [B, T, H V]
+    if gate is not None:
+      o = o * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(o.dtype)
+    return self.o_proj(o), cache                                # [B, T, D]
 
 
 class SoftmaxAttention(CausalAttention):
@@ -247,8 +308,9 @@ class SoftmaxAttention(CausalAttention):
   arXiv:1706.03762) with RoPE and optional grouped key/value heads.
 
   Args:
-    d_model, n_heads, n_kv_heads, rope_base, rope_fraction, out_bias: as in
-      ``CausalAttention``.
+    d_model, n_heads, n_kv_heads, rope_base, rope_fraction, out_bias,
+      head_dim, qkv_bias, output_gate, qk_norm, qk_norm_eps, key_multiplier:
+      as in ``CausalAttention``.
     block_size: query and key positions per block of the chunk form (speed
       only).
   """
@@ -256,17 +318,66 @@ class SoftmaxAttention(CausalAttention):
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                n_kv_heads: int | None = None, rope_base: float = 10000.0,
                rope_fraction: float = 1.0, out_bias: bool = False,
+               head_dim: int | None = None, qkv_bias: bool = False,
+               output_gate: bool = False, qk_norm: str | None = None,
+               qk_norm_eps: float = 1e-6, key_multiplier: float = 1.0,
                block_size: int = 128, dtype=jnp.float32,
                param_dtype=jnp.float32):
     checks.positive_int("block_size", block_size)
     super().__init__(d_model, n_heads, rngs=rngs, n_kv_heads=n_kv_heads,
                      rope_base=rope_base, rope_fraction=rope_fraction,
-                     out_bias=out_bias, dtype=dtype, param_dtype=param_dtype)
+                     out_bias=out_bias, head_dim=head_dim, qkv_bias=qkv_bias,
+                     output_gate=output_gate, qk_norm=qk_norm,
+                     qk_norm_eps=qk_norm_eps, key_multiplier=key_multiplier,
+                     dtype=dtype, param_dtype=param_dtype)
     self.block_size = block_size
 
   def attend(self, q, k, v, ctx: Context):
     return window_attend(q, k, v, ctx, window_size=self.window_size,
                          block_size=self.block_size)
+
+
+class GatedAttention(SoftmaxAttention):
+  """Qwen3-Next's gated attention (transformers' ``Qwen3NextAttention``):
+  ``SoftmaxAttention`` with its defaults set to Qwen3-Next's, a sigmoid
+  output gate per query channel, zero-centred q/k RMSNorms (scale ``1 +
+  w``, eps 1e-6) and RoPE on the first quarter of every head
+  (``partial_rotary_factor`` 0.25), with grouped key/value heads.
+
+  Parameters against transformers' (``H`` heads of ``K``, ``Hkv`` key/value
+  heads; a kernel is the transpose of a ``Linear`` weight):
+
+  - ``q_proj.kernel [D, 2 H K]``: ``q_proj.weight [2 H K, D]`` (per head
+    ``K`` query rows, then ``K`` gate rows);
+  - ``k_proj.kernel``, ``v_proj.kernel [D, Hkv K]``: ``k_proj.weight``,
+    ``v_proj.weight [Hkv K, D]``; ``o_proj.kernel [H K, D]``:
+    ``o_proj.weight [D, H K]`` (biases ``*.bias`` with
+    ``attention_bias``: ``qkv_bias`` and ``out_bias``);
+  - ``q_norm.scale``, ``k_norm.scale [K]``: ``q_norm.weight``,
+    ``k_norm.weight [K]`` (both stored as ``w`` of ``1 + w``).
+
+  The options are ``SoftmaxAttention``'s; the config maps as
+  ``num_key_value_heads -> n_kv_heads``, ``head_dim``,
+  ``partial_rotary_factor -> rope_fraction``, ``rope_theta -> rope_base``,
+  ``rms_norm_eps -> qk_norm_eps``.
+  """
+
+  def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
+               n_kv_heads: int | None = None, rope_base: float = 10000.0,
+               rope_fraction: float = 0.25, out_bias: bool = False,
+               head_dim: int | None = None, qkv_bias: bool = False,
+               output_gate: bool = True,
+               qk_norm: str | None = "rms_zero_centered",
+               qk_norm_eps: float = 1e-6, key_multiplier: float = 1.0,
+               block_size: int = 128, dtype=jnp.float32,
+               param_dtype=jnp.float32):
+    super().__init__(d_model, n_heads, rngs=rngs, n_kv_heads=n_kv_heads,
+                     rope_base=rope_base, rope_fraction=rope_fraction,
+                     out_bias=out_bias, head_dim=head_dim, qkv_bias=qkv_bias,
+                     output_gate=output_gate, qk_norm=qk_norm,
+                     qk_norm_eps=qk_norm_eps, key_multiplier=key_multiplier,
+                     block_size=block_size, dtype=dtype,
+                     param_dtype=param_dtype)
 
 
 class SlidingWindowAttention(SoftmaxAttention):

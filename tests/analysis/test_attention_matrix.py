@@ -30,9 +30,11 @@ OPTIONS = {
     "nsa": {"block_size": 2, "block_counts": 2, "window_size": 3},
     "moba": {"block_size": 2, "top_k": 2},
 }
-# Linformer is not causal; Gated DeltaProduct writes N values per token.
+# Linformer is not causal; Gated DeltaProduct writes N values per token;
+# Falcon-H1's parallel mixer sums two ops with values of their own.
 CAUSAL = sorted(name for name in MIXERS
-                if name not in ("linformer", "gated_deltaproduct"))
+                if name not in ("linformer", "gated_deltaproduct",
+                                "falcon_h1_parallel"))
 # Two documents in row 0 (the second starts at token 6), one in row 1.
 SEGMENTS = jnp.array([[0] * 6 + [1] * (T - 6), [0] * T])
 
@@ -96,6 +98,11 @@ def test_linformer_has_no_causal_matrix():
 def test_gated_deltaproduct_has_no_token_matrix():
   with pytest.raises(ValueError, match="N values per token"):
     attention_matrix(build("gated_deltaproduct"), inputs())
+
+
+def test_falcon_h1_parallel_has_no_single_matrix():
+  with pytest.raises(ValueError, match="two mixers"):
+    attention_matrix(build("falcon_h1_parallel"), inputs())
 
 
 def test_row_sparsity_of_uniform_and_one_hot_rows():

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from lin_attn_jax.ops import (chunk_softmax_attn, init_kv_cache,
-                              parallel_softmax_attn, softmax_attn_step)
+                              parallel_softmax_attn, softmax_attn_extend,
+                              softmax_attn_step)
 from lin_attn_jax.ops.softmax_attn.blocksparse import make_schedule
 from lin_attn_jax.ops.softmax_attn.chunk import sequence_block_pairs
 from lin_attn_jax.testing import rel_rms
@@ -219,6 +220,34 @@ def test_cache_decoding_matches_parallel(window_size):
   ref = jax.jit(parallel(window_size=window_size,
                         segment_ids=jnp.asarray(segments)))(q, k, v)
   assert rel_rms(o, ref) <= TOL
+
+
+def test_values_from_keys():
+  """A cache whose values are the first V key channels (MLA's latent
+  cache): a prefill and steps give what the same cache with ``v = k[...,
+  :V]`` stored gives, and the stored values stay zero-width."""
+  b, t, h, dk, dv = 2, 9, 4, 10, 6
+  q, k, _, _ = make_qkv(3, b, t, h, 1, dk, dv)
+  segments = jnp.asarray([[0] * 4 + [1] * 5, [2] * 9])
+  full = init_kv_cache(b, 1, dk, dv, max_length=t)
+  o_ref, _ = softmax_attn_extend(q, k, k[..., :dv], full, scale=0.3,
+                                 segment_ids=segments)
+  latent = init_kv_cache(b, 1, dk, 0, max_length=t)
+  o, latent = softmax_attn_extend(q[:, :5], k[:, :5], k[:, :5, :, :0],
+                                  latent, scale=0.3,
+                                  segment_ids=segments[:, :5],
+                                  values_from_keys=dv)
+  outs = [o]
+  for i in range(5, t):
+    o, latent = softmax_attn_step(q[:, i], k[:, i], k[:, i, :, :0], latent,
+                                  scale=0.3, values_from_keys=dv)
+    outs.append(o[:, None])
+  assert latent.v.shape == (b, t, 1, 0)
+  assert rel_rms(jnp.concatenate(outs, axis=1), o_ref) <= TOL
+  with pytest.raises(ValueError, match="values_from_keys"):
+    softmax_attn_step(q[:, 0], k[:, 0], k[:, 0, :, :0],
+                      init_kv_cache(b, 1, dk, 0, max_length=t),
+                      values_from_keys=dk + 1)
 
 
 def test_cache_bad_input():

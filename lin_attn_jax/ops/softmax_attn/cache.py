@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.common.segments import reset_flags
 from lin_attn_jax.ops.softmax_attn.inputs import (check_grouped_qkv,
+                                                  check_values_from_keys,
                                                   check_window, default_scale)
 
 _F32 = jnp.float32
@@ -133,7 +134,7 @@ def new_positions(cache, t: int, segment_ids, reset):
 
 def softmax_attn_extend(q, k, v, cache: KVCache, *, scale=None,
                         segment_ids=None, reset=None, mask_fn=None,
-                        bias=None):
+                        bias=None, values_from_keys: int | None = None):
   """Appends ``T`` tokens to the cache; each attends to what it can see.
 
   The multi-token form of ``softmax_attn_step`` (prefill, or a block of
@@ -155,10 +156,16 @@ def softmax_attn_extend(q, k, v, cache: KVCache, *, scale=None,
     bias: optional ``[B, H, T, S + T]`` float32 (one per query head), added
       to the scores of the cached entries and the new tokens (in that
       order) before the mask.
+    values_from_keys: ``V``: the values are the first ``V`` channels of
+      the keys; ``v`` and ``cache.v`` are then zero-width and not read (as
+      in ``softmax_attn_step``).
   Returns:
     ``(o [B, T, H, V] in v's dtype, the updated cache)``.
   """
   b, t, h, hkv, dk, dv = check_extend(q, k, v, cache, segment_ids, reset)
+  check_values_from_keys(values_from_keys, dk)
+  if values_from_keys is not None:
+    dv = values_from_keys
   size = cache.k.shape[1]
   seen = tokens_seen(cache)
   if seen is not None and seen + t > size:
@@ -185,7 +192,8 @@ def softmax_attn_extend(q, k, v, cache: KVCache, *, scale=None,
     s = s + jnp.asarray(bias, _F32).reshape(s.shape)
   s = jnp.where(visible[:, None, None], s, -jnp.inf)
   p = jax.nn.softmax(s, axis=-1)
-  o = jnp.einsum("bhgtj,bjhv->bthgv", p, values,
+  read = values if values_from_keys is None else keys[..., :dv]
+  o = jnp.einsum("bhgtj,bjhv->bthgv", p, read,
                  preferred_element_type=_F32).reshape(b, t, h, dv)
 
   new_cache = KVCache(

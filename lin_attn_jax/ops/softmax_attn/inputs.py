@@ -47,6 +47,18 @@ def check_heads(h: int, hkv: int, q_shape, k_shape) -> None:
                      f"k has shape {k_shape}")
 
 
+def check_values_from_keys(values_from_keys, dk: int) -> None:
+  """``values_from_keys`` of the cached forms: None, or a width in ``[1,
+  K]``."""
+  if values_from_keys is None:
+    return
+  if (isinstance(values_from_keys, bool)
+      or not isinstance(values_from_keys, (int, np.integer))
+      or not 1 <= values_from_keys <= dk):
+    raise ValueError(f"values_from_keys must be None or an integer in [1, K "
+                     f"= {dk}], got {values_from_keys!r}")
+
+
 def check_window(window_size) -> None:
   if window_size is None:
     return

@@ -17,7 +17,9 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.softmax_attn.cache import KVCache, tokens_seen
-from lin_attn_jax.ops.softmax_attn.inputs import check_heads, default_scale
+from lin_attn_jax.ops.softmax_attn.inputs import (check_heads,
+                                                  check_values_from_keys,
+                                                  default_scale)
 
 _F32 = jnp.float32
 
@@ -55,7 +57,7 @@ def _check_step(q, k, v, cache: KVCache, reset):
 
 
 def softmax_attn_step(q, k, v, cache: KVCache, *, scale=None, reset=None,
-                      bias=None):
+                      bias=None, values_from_keys: int | None = None):
   """Appends one token to the cache and attends to the visible entries.
 
   Args:
@@ -67,6 +69,10 @@ def softmax_attn_step(q, k, v, cache: KVCache, *, scale=None, reset=None,
     bias: optional ``[B, H, S]`` float32 (one per query head), added to the
       scores of the cache's entries (this token's among them, in its slot)
       before the mask.
+    values_from_keys: ``V``: the values are the first ``V`` channels of
+      the keys, and ``v``, ``cache.v`` are zero-width (``[..., 0]``) and not
+      read (a latent cache that stores each entry once: multi-head latent
+      attention's absorbed decoding). None: the values are ``v``.
   Returns:
     ``(o [B, H, V] in v's dtype, the updated cache)``.
 
@@ -78,6 +84,7 @@ def softmax_attn_step(q, k, v, cache: KVCache, *, scale=None, reset=None,
     (1, 4, 8)
   """
   b, h, hkv, dk, size = _check_step(q, k, v, cache, reset)
+  check_values_from_keys(values_from_keys, dk)
   scale = default_scale(scale, dk)
   now = cache.length                                            # [B]
   doc_start = cache.doc_start
@@ -103,7 +110,8 @@ def softmax_attn_step(q, k, v, cache: KVCache, *, scale=None, reset=None,
     s = s + jnp.asarray(bias, _F32).reshape(s.shape)
   s = jnp.where(visible[:, None, None], s, -jnp.inf)
   p = jax.nn.softmax(s, axis=-1)
-  o = jnp.einsum("bhgj,bjhv->bhgv", p, values,
+  read = values if values_from_keys is None else keys[..., :values_from_keys]
+  o = jnp.einsum("bhgj,bjhv->bhgv", p, read,
                  preferred_element_type=_F32).reshape(b, h, -1)  # [B, H, V]
   new_cache = KVCache(k=keys, v=values, position=position, length=now + 1,
                       doc_start=doc_start, window_size=cache.window_size)
