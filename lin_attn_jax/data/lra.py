@@ -373,13 +373,13 @@ class _Canvas:
     radius = self.large if large else self.small
     span = np.arange(-radius, radius + 1)
     centre = np.rint((p0 + p1) / 2).astype(np.int64)             # [n, ..., 2]
-    y = centre[..., 0, None, None] + span[:, None]               # [n, ..., W, W]
+    y = centre[..., 0, None, None] + span[:, None]             # [n, ..., W, W]
     x = centre[..., 1, None, None] + span[None, :]
     y, x = np.broadcast_arrays(y, x)
     p0 = p0.astype(np.float32)
     sy, sx = ((p1 - p0).astype(np.float32)[..., i, None, None]
-              for i in range(2))                                 # [n, ..., 1, 1]
-    ry = y.astype(np.float32) - p0[..., 0, None, None]           # [n, ..., W, W]
+              for i in range(2))                               # [n, ..., 1, 1]
+    ry = y.astype(np.float32) - p0[..., 0, None, None]         # [n, ..., W, W]
     rx = x.astype(np.float32) - p0[..., 1, None, None]
     norm = np.maximum(sy * sy + sx * sx, np.float32(1e-12))
     t = np.clip((ry * sy + rx * sx) / norm, 0.0, 1.0)
@@ -604,6 +604,7 @@ def _distractors(rng: np.random.Generator, cfg: PathfinderConfig,
     y, x, value, head, angle, found = paths.first(tail, canvas.blocked,
                                                   alive)
     alive &= found
+    last = (y, x, value > 0)
     for dash in range(cfg.distractor_length):
       if dash:
         y, x, value, head, angle, found = paths.extend(
