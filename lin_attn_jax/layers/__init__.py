@@ -20,6 +20,7 @@ from lin_attn_jax.layers.linear_attn import LinearAttention
 from lin_attn_jax.layers.linformer import Linformer
 from lin_attn_jax.layers.mamba import Mamba
 from lin_attn_jax.layers.mamba2 import Mamba2
+from lin_attn_jax.layers.mamba3 import Mamba3
 from lin_attn_jax.layers.mlstm import MLSTM
 from lin_attn_jax.layers.nsa import NativeSparseAttention
 from lin_attn_jax.layers.moba import MoBA
@@ -64,6 +65,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "rwkv7": RWKV7,
     "gdn2": GatedDeltaNet2,
     "gated_deltaproduct": GatedDeltaProduct,
+    "mamba3": Mamba3,
 }
 
 __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
@@ -72,4 +74,4 @@ __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
            "Mamba2", "Mixer", "MoBA", "NativeSparseAttention", "OpForms",
            "PaTHAttention", "Performer", "RetNet", "SlidingWindowAttention",
            "SoftmaxAttention", "SparseAttention", "StickBreakingAttention",
-           "GatedDeltaProduct"]
+           "GatedDeltaProduct", "Mamba3"]
