@@ -474,72 +474,6 @@ def mlstm():
   return arrays
 
 
-def _mamba3_siso_step_ref(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles,
-                          Input_States):
-  """``mamba3_siso_step_ref`` of state-spaces/mamba
-  (``tests/ops/triton/test_mamba3_siso.py``, commit e9594ce), copied
-  because that test module imports the Triton kernels: the reference's
-  token-by-token Mamba-3 (SISO), here without its optional ``D``, ``Z``
-  and grouped ``Q``/``K`` (the op leaves those to the layer). Layouts as
-  the reference's: ``Q, K [B, T, H, N]``, ``V [B, T, H, P]``, ``ADT, DT,
-  Trap [B, H, T]``, ``Angles [B, T, H, A]``, the states ``(Angle [B, H,
-  A], SSM [B, H, P, N], K [B, H, N], V [B, H, P])``."""
-  import math
-
-  import torch
-  import torch.nn.functional as F
-
-  seqlen = Q.shape[1]
-  Angles = torch.tanh(Angles) * math.pi
-
-  def apply_rotary_emb(tensor, cos, sin):
-    tensor_reshaped = tensor.view(*tensor.shape[:-1], -1, 2)
-    tensor_0 = tensor_reshaped[..., 0]
-    tensor_1 = tensor_reshaped[..., 1]
-    if cos.shape[-1] < tensor_0.shape[-1]:
-      pad_size = tensor_0.shape[-1] - cos.shape[-1]
-      cos = F.pad(cos, (0, pad_size), value=1.0)
-      sin = F.pad(sin, (0, pad_size), value=0.0)
-    rotated_0 = tensor_0 * cos - tensor_1 * sin
-    rotated_1 = tensor_0 * sin + tensor_1 * cos
-    return torch.stack([rotated_0, rotated_1], dim=-1).view_as(tensor)
-
-  Angle_State, SSM_State, K_State, V_State = (x.clone()
-                                              for x in Input_States)
-  TWO_PI = 2 * math.pi
-  out_arr = []
-  for idx in range(seqlen):
-    q = Q[:, idx, :, :] + Q_bias.unsqueeze(0)
-    k = K[:, idx, :, :] + K_bias.unsqueeze(0)
-    v = V[:, idx, :, :]
-    adt = ADT[:, :, idx]
-    dt = DT[:, :, idx]
-    trap = Trap[:, :, idx]
-    angles = Angles[:, idx, :, :]
-    Angle_State = Angle_State + angles * dt.unsqueeze(-1)
-    Angle_State = Angle_State - TWO_PI * torch.floor(Angle_State / TWO_PI)
-    cos_angles = torch.cos(Angle_State)
-    sin_angles = torch.sin(Angle_State)
-    q_rot = apply_rotary_emb(q, cos_angles, sin_angles)
-    k_rot = apply_rotary_emb(k, cos_angles, sin_angles)
-    trap = torch.sigmoid(trap)
-    alpha = torch.exp(adt)
-    beta = (1 - trap) * dt * alpha
-    gamma = trap * dt
-    SSM_State = alpha.unsqueeze(-1).unsqueeze(-1) * SSM_State
-    SSM_State = SSM_State + beta.unsqueeze(-1).unsqueeze(-1) * (
-        K_State.unsqueeze(-2) * V_State.unsqueeze(-1))
-    SSM_State = SSM_State + gamma.unsqueeze(-1).unsqueeze(-1) * (
-        k_rot.unsqueeze(-2) * v.unsqueeze(-1))
-    out = torch.einsum("bhdD, bhD -> bhd", SSM_State,
-                       q_rot.to(SSM_State.dtype))
-    out_arr.append(out)
-    K_State = k_rot
-    V_State = v
-  out = torch.stack(out_arr, dim=1)
-  return out, (Angle_State, SSM_State, K_State, V_State)
-
-
 MAMBA3_INPUTS = ("Q", "K", "V", "ADT", "DT", "Trap", "Q_bias", "K_bias",
                  "Angles", "angle0", "ssm0", "k0", "v0")
 
@@ -547,7 +481,7 @@ MAMBA3_INPUTS = ("Q", "K", "V", "ADT", "DT", "Trap", "Q_bias", "K_bias",
 @fixture("mamba3")
 def mamba3():
   """The reference's ``mamba3_siso_step_ref`` (state-spaces/mamba, see
-  ``_mamba3_siso_step_ref``) in float64 on float32 inputs, K = N = 8 != V
+  ``experiments/mamba3_reference.py``) in float64 on float32 inputs, K = N = 8 != V
   = P = 6, A = 2 rotated pairs (``rope_fraction = 0.5``), T = 23, from a
   random state ``(angle0, ssm0, k0, v0)``: ``<case>_*`` for ``gentle``
   (``dt ~ softplus(N(-1, 1))``, ``ADT = -exp(N(0, 0.5)) dt``, ``Trap,
@@ -557,6 +491,8 @@ def mamba3():
   ``angle, ssm, k, v`` (final states) and the gradients of ``sum(out *
   dout)`` for every input but the state."""
   import torch
+
+  from experiments.mamba3_reference import mamba3_siso_step_ref
 
   rng = np.random.default_rng(SEED)
   b, t, h, n, p, a = 2, 23, 2, 8, 6, 2
@@ -584,7 +520,7 @@ def mamba3():
     x = {name: torch.tensor(inputs[name], dtype=torch.float64,
                             requires_grad=name in MAMBA3_INPUTS[:9])
          for name in MAMBA3_INPUTS}
-    out, states = _mamba3_siso_step_ref(
+    out, states = mamba3_siso_step_ref(
         *(x[name] for name in MAMBA3_INPUTS[:9]),
         tuple(x[name] for name in MAMBA3_INPUTS[9:]))
     (out * torch.tensor(inputs["dout"], dtype=torch.float64)).sum().backward()
