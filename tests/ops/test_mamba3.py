@@ -74,8 +74,8 @@ def test_errors_name_the_argument():
   g = dt = trap = jnp.zeros((1, 8, 2))
   with pytest.raises(ValueError, match="angles"):
     ops.chunk_mamba3(q, k, v, g, dt, trap, jnp.zeros((1, 8, 2, 5)))
-  with pytest.raises(ValueError, match="dt"):
-    ops.chunk_mamba3(q, k, v, g, -jnp.ones((1, 8, 2)), trap,
+  with pytest.raises(ValueError, match="g holds log-decays"):
+    ops.chunk_mamba3(q, k, v, jnp.ones((1, 8, 2)), dt, trap,
                      jnp.zeros((1, 8, 2, 2)))
   with pytest.raises(ValueError, match="initial_state"):
     ops.chunk_mamba3(q, k, v, g, dt, trap, jnp.zeros((1, 8, 2, 2)),

@@ -45,14 +45,6 @@ def _check_angles(angles, lead, dk, layout):
   return n_angles
 
 
-def _check_values(g, dt):
-  checks.check_nonpositive("g", g)
-  values = checks.concrete(dt)
-  if values is not None and (values < 0).any():
-    raise ValueError(f"dt holds time steps, which must be >= 0; got a "
-                     f"minimum of {float(values.min())}")
-
-
 def state_shape(b, h, dk, dv):
   return (b, h, dk + 1, dv + 1)
 
@@ -63,7 +55,7 @@ def validate(q, k, v, g, dt, trap, angles, initial_state, segment_ids):
   for name, x in (("g", g), ("dt", dt), ("trap", trap)):
     _check_gate(name, x, (b, t, h), "[B, T, H]")
   n_angles = _check_angles(angles, (b, t, h), dk, "[B, T, H, A]")
-  _check_values(g, dt)
+  checks.check_nonpositive("g", g)
   checks.check_state("initial_state", initial_state,
                      state_shape(b, h, dk, dv), "[B, H, K + 1, V + 1]")
   checks.check_segment_ids(segment_ids, b, t)
@@ -76,7 +68,7 @@ def validate_step(q, k, v, g, dt, trap, angles, state, reset):
   for name, x in (("g", g), ("dt", dt), ("trap", trap)):
     _check_gate(name, x, (b, h), "[B, H]")
   n_angles = _check_angles(angles, (b, h), dk, "[B, H, A]")
-  _check_values(g, dt)
+  checks.check_nonpositive("g", g)
   checks.check_state("state", state, state_shape(b, h, dk, dv),
                      "[B, H, K + 1, V + 1]")
   checks.check_reset(reset, b)

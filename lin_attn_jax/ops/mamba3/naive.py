@@ -51,7 +51,7 @@ def naive_recurrent_mamba3(q, k, v, g, dt, trap, angles, *,
   Args:
     q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``.
     g: ``[B, T, H]`` log-decays ``A dt <= 0``.
-    dt: ``[B, T, H]`` time steps ``>= 0``.
+    dt: ``[B, T, H]`` time steps (``softplus`` of the layer's projection).
     trap: ``[B, T, H]`` pre-activations of ``lambda``.
     angles: ``[B, T, H, A]`` pre-activations of the rotation rates, ``1 <=
       A <= K / 2``.
