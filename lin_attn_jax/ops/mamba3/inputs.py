@@ -80,7 +80,7 @@ def pack_mamba3_state(ssm, k_last, v_last):
   state ``[B, H, K + 1, V + 1]``."""
   ssm = jnp.asarray(ssm, _F32)
   top = jnp.concatenate([ssm, jnp.asarray(k_last, _F32)[..., None]],
-                        axis=-1)                                # [B, H, K, V + 1]
+                        axis=-1)                        # [B, H, K, V + 1]
   bottom = jnp.concatenate([jnp.asarray(v_last, _F32),
                             jnp.zeros(ssm.shape[:2] + (1,), _F32)], axis=-1)
   return jnp.concatenate([top, bottom[:, :, None]], axis=2)
