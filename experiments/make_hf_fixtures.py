@@ -453,6 +453,55 @@ def fla_cpu_reference():
   fla_rotary.rotary_embedding = rotary
   fla_nsa.parallel_nsa = parallel_nsa_on_cpu()
 
+  import fla.layers.mamba3 as fla_mamba3
+  from fla.layers.utils import get_layer_cache, update_layer_cache
+  from fla.modules.layernorm_gated import RMSNormGated, rms_norm_ref
+  from experiments.mamba3_reference import mamba3_siso_step_ref
+
+  RMSNormGated.forward = lambda self, x, z=None: rms_norm_ref(
+      x, self.weight, self.bias, z=z, eps=self.eps,
+      group_size=self.group_size, norm_before_gate=self.norm_before_gate)
+
+  def mamba3(self, hidden_states, attention_mask=None, past_key_values=None,
+             use_cache=False, **kwargs):
+    # fla's forward and cuda_kernels_forward (SISO, no padding) with
+    # mamba_ssm's kernels swapped for the reference's token-by-token code
+    # (mamba3_siso_step_ref of state-spaces/mamba, as make_op_fixtures
+    # copies it) and the skip D x and the gate z that its kernels apply.
+    # The cache holds the reference's (Angle, SSM, K, V) states.
+    assert not self.is_mimo and attention_mask is None
+    b, t, _ = hidden_states.shape
+    h, p = self.num_heads, self.head_dim
+    last = get_layer_cache(self, past_key_values)
+    z, x, B, C, dd_dt, dd_A, trap, angles = self._project_and_split(
+        hidden_states)
+    z, x = z.reshape(b, t, h, p), x.reshape(b, t, h, p)
+    B = self.B_norm(B.reshape(b, t, self.n_groups, -1))
+    C = self.C_norm(C.reshape(b, t, self.n_groups, -1))
+    B, C = (y.repeat_interleave(h // self.n_groups, dim=2) for y in (B, C))
+    DT = F.softplus(dd_dt + self.dt_bias)
+    ADT = self._compute_a(dd_A) * DT
+    angles = angles.unsqueeze(-2).expand(-1, -1, h, -1).float()
+    states = (last["recurrent_state"] if last is not None else (
+        x.new_zeros(b, h, self.num_rope_angles),
+        x.new_zeros(b, h, p, self.ssm_state_size),
+        x.new_zeros(b, h, self.ssm_state_size), x.new_zeros(b, h, p)))
+    y, states = mamba3_siso_step_ref(
+        C, B, x, ADT.transpose(1, 2), DT.transpose(1, 2),
+        trap.transpose(1, 2), self.C_bias.squeeze(1), self.B_bias.squeeze(1),
+        angles, states)
+    y = y + self.D[None, None, :, None] * x
+    if self.is_outproj_norm:
+      y = self.norm(y.reshape(b, t, -1), z.reshape(b, t, -1))
+    else:
+      y = (y * z * torch.sigmoid(z)).reshape(b, t, -1)
+    if use_cache or last is not None:
+      update_layer_cache(self, past_key_values, recurrent_state=states,
+                         offset=t)
+    return self.out_proj(y.to(x.dtype)), None, past_key_values
+
+  fla_mamba3.Mamba3.forward = mamba3
+
 
 def _mamba(transformers):
   return transformers.MambaForCausalLM(transformers.MambaConfig(
@@ -592,6 +641,9 @@ FIXTURES = {
         "PaTHAttention", hidden_size=32, num_heads=4, num_kv_heads=2,
         use_forget_gate=True, use_low_rank_w=False, use_w_shortconv=False,
         norm_eps=1e-6, hidden_ratio=2),
+    # Two groups of B and C over four heads, biases on the projections.
+    "mamba3": _fla("Mamba3", hidden_size=32, state_size=16, head_dim=16,
+                   expand=2, n_groups=2, use_bias=True, norm_eps=1e-5),
 }
 # fla models without a cache: they generate by running the whole prefix.
 WITHOUT_CACHE = ("stickbreaking_attn",)
@@ -622,8 +674,7 @@ def _decode(model, tokens, torch):
                                          "rwkv6", "rwkv7",
                                          "forgetting_transformer", "nsa",
                                          "path_attn", "gated_deltaproduct",
-                                         "comba")
-  # fla's ForgettingAttention decodes from its KV cache only through the
+                                         "comba", "mamba3")  # fla's ForgettingAttention decodes from its KV cache only through the
   # path of an attention mask (all ones here: no padding); fla's PaTH layer
   # prefills into its cache and decodes only when given one (without one it
   # runs its training path).

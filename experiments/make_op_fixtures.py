@@ -536,6 +536,62 @@ def comba():
     arrays[f"{case}_ht_decayed_read"] = ht_read.numpy()
     arrays.update({f"{case}_d{n}": tensors[n].grad.numpy() for n in names
                    if tensors[n].grad is not None})
+MAMBA3_INPUTS = ("Q", "K", "V", "ADT", "DT", "Trap", "Q_bias", "K_bias",
+                 "Angles", "angle0", "ssm0", "k0", "v0")
+
+
+@fixture("mamba3")
+def mamba3():
+  """The reference's ``mamba3_siso_step_ref`` (state-spaces/mamba, see
+  ``experiments/mamba3_reference.py``) in float64 on float32 inputs, K = N = 8 != V
+  = P = 6, A = 2 rotated pairs (``rope_fraction = 0.5``), T = 23, from a
+  random state ``(angle0, ssm0, k0, v0)``: ``<case>_*`` for ``gentle``
+  (``dt ~ softplus(N(-1, 1))``, ``ADT = -exp(N(0, 0.5)) dt``, ``Trap,
+  Angles ~ N(0, 1)``) and ``strong`` (``ADT`` uniform in (-20, 0), ``Trap
+  ~ N(0, 4)``, ``Angles ~ N(0, 3)``). Each holds the inputs in the
+  reference's layouts, the cotangent ``dout``, the outputs ``out``,
+  ``angle, ssm, k, v`` (final states) and the gradients of ``sum(out *
+  dout)`` for every input but the state."""
+  import torch
+
+  from experiments.mamba3_reference import mamba3_siso_step_ref
+
+  rng = np.random.default_rng(SEED)
+  b, t, h, n, p, a = 2, 23, 2, 8, 6, 2
+  arrays = {}
+  for case, strong in (("gentle", False), ("strong", True)):
+    dt = np.log1p(np.exp(rng.standard_normal((b, h, t)) - 1.0))
+    adt = (-rng.uniform(0.0, 20.0, (b, h, t)) if strong
+           else -np.exp(0.5 * rng.standard_normal((b, h, t))) * dt)
+    inputs = {"Q": rng.standard_normal((b, t, h, n)),
+              "K": rng.standard_normal((b, t, h, n)),
+              "V": rng.standard_normal((b, t, h, p)),
+              "ADT": adt, "DT": dt,
+              "Trap": (4.0 if strong else 1.0)
+                      * rng.standard_normal((b, h, t)),
+              "Q_bias": rng.standard_normal((h, n)),
+              "K_bias": rng.standard_normal((h, n)),
+              "Angles": (3.0 if strong else 1.0)
+                        * rng.standard_normal((b, t, h, a)),
+              "angle0": rng.uniform(0.0, 2 * np.pi, (b, h, a)),
+              "ssm0": rng.standard_normal((b, h, p, n)),
+              "k0": rng.standard_normal((b, h, n)),
+              "v0": rng.standard_normal((b, h, p)),
+              "dout": rng.standard_normal((b, t, h, p))}
+    inputs = {name: x.astype(np.float32) for name, x in inputs.items()}
+    x = {name: torch.tensor(inputs[name], dtype=torch.float64,
+                            requires_grad=name in MAMBA3_INPUTS[:9])
+         for name in MAMBA3_INPUTS}
+    out, states = mamba3_siso_step_ref(
+        *(x[name] for name in MAMBA3_INPUTS[:9]),
+        tuple(x[name] for name in MAMBA3_INPUTS[9:]))
+    (out * torch.tensor(inputs["dout"], dtype=torch.float64)).sum().backward()
+    outputs = {"out": out, **dict(zip(("angle", "ssm", "k", "v"), states)),
+               **{"d" + name: x[name].grad for name in MAMBA3_INPUTS[:9]}}
+    outputs = {name: y.detach().numpy().astype(np.float32)
+               for name, y in outputs.items()}
+    arrays.update({f"{case}_{name}": y for name, y in {**inputs,
+                                                       **outputs}.items()})
   return arrays
 
 

@@ -7,8 +7,7 @@ cannot reproduce exactly) and ``entries(hf, config) -> [Entry]`` (see
 ``mamba``, ``mamba2``, ``recurrent_gemma``, ``qwen3_next`` and ``xlstm``,
 and flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
 ``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
-``nsa``, ``path_attn``, ``gated_deltaproduct`` and ``comba``.
-
+``nsa``, ``path_attn``, ``gated_deltaproduct``, ``comba`` and ``mamba3``.
 Norm conventions: RecurrentGemma and Qwen3-Next scale by ``1 + w``; the LM's
 scale is that sum (an export subtracts 1 again). Heads of fla's and
 Qwen3-Next's output norms share one weight, which the LM tiles over heads.
@@ -902,6 +901,52 @@ def path_attn_entries(hf: dict, config: LMConfig) -> list[Entry]:
   return _fla_attention_entries(hf, config, False, layer)
 
 
+# --- flash-linear-attention: Mamba-3 ---------------------------------------
+
+def mamba3_config(hf: dict) -> LMConfig:
+  """fla's ``mamba3`` (SISO): no MLP, the mixer alone in each block."""
+  _unsupported(hf, "is_mimo", (False, None), "only the SISO layer is "
+               "implemented")
+  width = int(hf.get("expand", 2) * hf["hidden_size"])
+  head_dim = int(hf.get("head_dim", 64))
+  if width % head_dim:
+    raise ValueError(f"config.json has expand * hidden_size = {width}, not a "
+                     f"multiple of head_dim = {head_dim}")
+  eps = float(hf.get("norm_eps", 1e-5))
+  options = dict(d_state=int(hf.get("state_size", 128)), head_dim=head_dim,
+                 n_groups=int(hf.get("n_groups", 1)),
+                 rope_fraction=float(hf.get("rope_fraction", 0.5)),
+                 A_floor=float(hf.get("A_floor", 1e-4)),
+                 is_outproj_norm=bool(hf.get("is_outproj_norm", False)),
+                 bias=bool(hf.get("use_bias", False)), norm_eps=eps,
+                 chunk_size=int(hf.get("chunk_size", 64)))
+  return LMConfig(**_common(hf), n_heads=width // head_dim, mixer="mamba3",
+                  mixer_options={"mamba3": options}, mlp="none",
+                  norm_eps=eps)
+
+
+def mamba3_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  options = config.options_for("mamba3")
+  heads, n = config.n_heads, options["d_state"]
+  bias = options["bias"]
+  out = [copy("backbone.embeddings.weight", ("embed", "embedding"))]
+  out += _norm("backbone.norm_f", ("final_norm",))
+  for i in range(config.n_layers):
+    p, m = f"backbone.layers.{i}", _block(i, "mixer")
+    out += _norm(f"{p}.norm", _block(i, "mixer_norm"))
+    out += linear(f"{p}.mixer.in_proj", m + ("in_proj",), bias)
+    out += [copy(f"{p}.mixer.{name}", m + (name,), (heads, 1, n), (heads, n))
+            for name in ("B_bias", "C_bias")]
+    out += [copy(f"{p}.mixer.{name}.weight", m + (name,))
+            for name in ("B_norm", "C_norm")]
+    out += [copy(f"{p}.mixer.{name}", m + (name,)) for name in ("dt_bias",
+                                                                "D")]
+    if options["is_outproj_norm"]:
+      out += [copy(f"{p}.mixer.norm.weight", m + ("norm", "scale"))]
+    out += linear(f"{p}.mixer.out_proj", m + ("out_proj",), bias)
+  return out + _head(hf, config)
+
+
 ARCHITECTURES = {
     "mamba": (mamba_config, mamba_entries),
     "mamba2": (mamba2_config, mamba2_entries),
@@ -922,6 +967,7 @@ ARCHITECTURES = {
     "gated_deltaproduct": (gated_deltaproduct_config,
                            gated_deltaproduct_entries),
     "comba": (comba_config, comba_entries),
+    "mamba3": (mamba3_config, mamba3_entries),
 }
 
 

@@ -23,6 +23,7 @@ from lin_attn_jax.layers.linformer import Linformer
 from lin_attn_jax.layers.mamba import Mamba
 from lin_attn_jax.layers.mamba2 import Mamba2
 from lin_attn_jax.layers.mla import MultiHeadLatentAttention
+from lin_attn_jax.layers.mamba3 import Mamba3
 from lin_attn_jax.layers.mlstm import MLSTM
 from lin_attn_jax.layers.nsa import NativeSparseAttention
 from lin_attn_jax.layers.moba import MoBA
@@ -75,6 +76,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "gdn2": GatedDeltaNet2,
     "gated_deltaproduct": GatedDeltaProduct,
     "comba": Comba,
+    "mamba3": Mamba3,
 }
 
 __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
@@ -84,4 +86,4 @@ __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
            "PaTHAttention", "Performer", "RetNet", "SlidingWindowAttention",
            "SoftmaxAttention", "SparseAttention", "StickBreakingAttention",
            "GatedDeltaProduct", "Comba", "FalconH1Parallel", "GatedAttention",
-           "GatedShortConv", "MultiHeadLatentAttention"]
+           "GatedShortConv", "Mamba3", "MultiHeadLatentAttention"]

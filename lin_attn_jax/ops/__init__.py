@@ -94,6 +94,10 @@ from lin_attn_jax.ops.rg_lru import (chunk_rg_lru, naive_recurrent_rg_lru,
                                      rg_lru_step)
 from lin_attn_jax.ops.ssd import (chunk_ssd, naive_recurrent_ssd, parallel_ssd,
                                   recurrent_ssd, ssd_step)
+from lin_attn_jax.ops.mamba3 import (chunk_mamba3, mamba3_step,
+                                     naive_recurrent_mamba3, pack_mamba3_state,
+                                     parallel_mamba3, recurrent_mamba3,
+                                     unpack_mamba3_state)
 
 # Delta-rule core (DeltaNet, Gated DeltaNet, KDA, RWKV-7) and RWKV-6 (on the
 # gated-linear-attention core).

@@ -183,6 +183,13 @@ def _gated_linear_specs():
       OpSpec("mlstm", sequence_forms("mlstm", step_tokens=qkv + ("i", "f")),
              spec_inputs.mlstm, qkv + ("i", "f", "initial_state"),
              grad_tol=1e-3, context_parallel=("chunk",)),
+      OpSpec("mamba3",
+             sequence_forms("mamba3",
+                            step_tokens=("q", "k", "v", "g", "dt", "trap",
+                                         "angles")),
+             spec_inputs.mamba3,
+             ("q", "k", "v", "g", "dt", "trap", "angles", "initial_state"),
+             context_parallel=("chunk",)),
   ]
 
 

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from lin_attn_jax import feature_maps
+from lin_attn_jax.ops.mamba3 import pack_mamba3_state
 from lin_attn_jax.ops.mlstm import pack_mlstm_state
 
 _F32 = jnp.float32
@@ -137,6 +138,32 @@ def mlstm(key, dims, strong):
       inputs["initial_state"], _normal(kn, (b, h, dk)),
       _normal(km, (b, h)))
   return inputs
+
+def mamba3(key, dims, strong):
+  """q, k, v, segment ids, time steps ``dt = softplus(N(-1, 1))`` (about
+  0.05 to 2.5), log-decays ``g = A dt`` with ``A = -exp(N(0, 0.5))``
+  (strong: ``g`` uniform in (-30, 0)), ``trap ~ N(0, 1)`` (strong: ``N(0,
+  4)``, lambda near 0 or 1), ``A = K / 4`` rotation rates ``N(0, 1)``
+  (strong: ``N(0, 3)``, saturated tanh), and an initial state with every
+  part random."""
+  keys = jax.random.split(key, 7)
+  inputs = qkv(keys[0], dims)
+  b, t, h, dk, dv = (dims.batch, dims.length, dims.heads, dims.dim_k,
+                     dims.dim_v)
+  n_angles = max(dk // 4, 1)
+  dt = jax.nn.softplus(_normal(keys[1], (b, t, h), shift=-1.0))
+  inputs["g"] = (jax.random.uniform(keys[2], (b, t, h), _F32,
+                                    STRONGEST_LOG_DECAY, 0.0) if strong
+                 else -jnp.exp(_normal(keys[2], (b, t, h), 0.5)) * dt)
+  inputs["dt"] = dt
+  inputs["trap"] = _normal(keys[3], (b, t, h), 4.0 if strong else 1.0)
+  inputs["angles"] = _normal(keys[4], (b, t, h, n_angles),
+                             3.0 if strong else 1.0)
+  inputs["initial_state"] = pack_mamba3_state(
+      inputs["initial_state"], _normal(keys[5], (b, h, dk)),
+      _normal(keys[6], (b, h, dv)))
+  return inputs
+
 
 def delta_rule(key, dims, strong, gate=None):
   key, kg, kb = jax.random.split(key, 3)

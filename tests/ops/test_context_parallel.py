@@ -388,6 +388,21 @@ def _mlstm():
   return make, fn
 
 
+def _mamba3():
+  def make():
+    return (dict(q=_normal(0, (B, T, H, K)), k=_normal(1, (B, T, H, K)),
+                 v=_normal(2, (B, T, H, V)), g=_log_gate(3, (B, T, H)),
+                 dt=jax.nn.softplus(_normal(4, (B, T, H))),
+                 trap=_normal(5, (B, T, H)), angles=_normal(6, (B, T, H, 2))),
+            (B, H, K + 1, V + 1))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_mamba3(**inputs, initial_state=initial_state,
+                            output_final_state=True, segment_ids=segment_ids,
+                            chunk_size=CHUNK)
+  return make, fn
+
+
 # name: (case, the P values it runs at with segment ids and initial state).
 # One core form of each kind runs at every P; the other ops reach the same
 # split code through their core and run at one P each.
@@ -441,6 +456,9 @@ CASES = {
     # Grouped value heads, an erase key apart from the written key, read
     # before the decay.
     "comba": (_comba(), (2, 8)),
+    # The angles summed over the devices before, the next device's first
+    # trapezoid weight, then the core's split.
+    "mamba3": (_mamba3(), (2, 8)),
 }
 
 # name: the P of a run without initial state and segment ids (compared with
