@@ -84,7 +84,7 @@ ALL_MIXERS = ("softmax_attn", "sliding_window_attn", "sparse_attn",
               "gla", "hgrn2", "mamba", "mamba2", "h3", "rg_lru", "deltanet",
               "gated_deltanet", "gdn2", "gated_deltaproduct", "kda", "mlstm",
               "rwkv6", "rwkv7", "gated_attn", "mla", "short_conv",
-              "falcon_h1_parallel")
+              "falcon_h1_parallel", "comba", "mamba3")
 
 
 @dataclasses.dataclass(frozen=True)

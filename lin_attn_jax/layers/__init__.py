@@ -79,11 +79,12 @@ MIXERS: dict[str, type[Mixer]] = {
     "mamba3": Mamba3,
 }
 
-__all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
-           "Context", "DeltaNet", "ForgettingAttention", "GatedDeltaNet",
-           "GatedDeltaNet2", "LinearAttention", "Linformer", "MIXERS", "MODES", "Mamba",
-           "Mamba2", "Mixer", "MoBA", "NativeSparseAttention", "OpForms",
-           "PaTHAttention", "Performer", "RetNet", "SlidingWindowAttention",
-           "SoftmaxAttention", "SparseAttention", "StickBreakingAttention",
-           "GatedDeltaProduct", "Comba", "FalconH1Parallel", "GatedAttention",
-           "GatedShortConv", "Mamba3", "MultiHeadLatentAttention"]
+__all__ = ["Based", "Comba", "Context", "DeltaNet", "FalconH1Parallel",
+           "ForgettingAttention", "GLA", "GatedAttention", "GatedDeltaNet",
+           "GatedDeltaNet2", "GatedDeltaProduct", "GatedShortConv", "H3",
+           "HGRN2", "KDA", "LinearAttention", "Linformer", "MIXERS", "MODES",
+           "Mamba", "Mamba2", "Mamba3", "Mixer", "MoBA",
+           "MultiHeadLatentAttention", "NativeSparseAttention", "OpForms",
+           "PaTHAttention", "Performer", "RGLRU", "RWKV6", "RWKV7", "RetNet",
+           "SlidingWindowAttention", "SoftmaxAttention", "SparseAttention",
+           "StickBreakingAttention"]
