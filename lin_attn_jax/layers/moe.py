@@ -122,18 +122,26 @@ def route(logits, *, top_k: int, score: str = "softmax", bias=None,
   return experts.astype(jnp.int32), weights * routed_scale
 
 
-def router_stats(logits, experts, mask, top_k: int) -> dict:
+def balance_picks(logits, top_k: int):
+  """``[N, k]`` int32: the top-k of ``softmax(logits [N, E])``, the
+  assignments transformers' ``load_balancing_loss_func`` counts."""
+  probs = jax.nn.softmax(logits.astype(_F32), axis=-1)
+  return jax.lax.top_k(probs, top_k)[1].astype(jnp.int32)
+
+
+def router_stats(logits, experts, picked, mask) -> dict:
   """Per-layer sums for the load-balancing loss and for balancing.
 
   As transformers' ``load_balancing_loss_func``: the assignments counted
-  are the top-k of ``softmax(logits)`` whatever the router's own choice
-  (so for a sigmoid, biased or grouped router they are transformers'
-  formula, not the router's picks); ``load`` counts the router's actual
-  choice ``experts [N, k]``.
+  are ``picked``, the top-k of ``softmax(logits)`` (``balance_picks``),
+  whatever the router's own choice (so for a sigmoid, biased or grouped
+  router this is transformers' formula, not the router's picks); ``load``
+  counts the router's actual choice ``experts``.
 
   Args:
     logits: ``[N, E]`` float32 router logits.
     experts: ``[N, k]`` int32, the chosen experts.
+    picked: ``[N, k]`` int32, ``balance_picks(logits, k)``.
     mask: ``[N]`` float32, 1 on tokens that count (not padding).
 
   Returns:
@@ -143,7 +151,6 @@ def router_stats(logits, experts, mask, top_k: int) -> dict:
   """
   e = logits.shape[-1]
   probs = jax.nn.softmax(logits.astype(_F32), axis=-1)          # [N, E]
-  picked = jax.lax.top_k(probs, top_k)[1]                       # [N, k]
   assigned = jnp.sum(jax.nn.one_hot(picked, e, dtype=_F32), axis=1)  # [N, E]
   chosen = jnp.sum(jax.nn.one_hot(experts, e, dtype=_F32), axis=1)
   return {"assigned": mask @ assigned, "probs": mask @ probs,
@@ -160,6 +167,34 @@ def load_balancing_loss(stats) -> jax.Array:
   assigned = sum(s["assigned"] for s in stats) / tokens          # [E]
   probs = sum(s["probs"] for s in stats) / tokens                # [E]
   return assigned.shape[0] * jnp.sum(assigned * probs)
+
+
+def _rowwise(fn, rows, whole=()):
+  """``fn(*rows, *whole)`` for ``rows``, arrays ``[B, T, ...]`` whose
+  tokens are independent, and ``whole``, arrays every token reads.
+
+  Under a mesh it runs in ``jax.shard_map`` on each device's own tokens
+  (rows split over the batch axes and the length over ``sequence``, where
+  they divide): XLA's partitioner gathers every token onto every device
+  for a ``top_k`` it is left to place.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  b, t = rows[0].shape[:2]
+  batch_axes = () if mesh.empty else split_axes(mesh, mesh_axes.BATCH_AXES, b)
+  seq_axes = () if mesh.empty else split_axes(
+      mesh, (mesh_axes.SEQUENCE_AXIS,), t)
+  if not batch_axes and not seq_axes:
+    return fn(*rows, *whole)
+
+  def spec(a):
+    return PartitionSpec(batch_axes or None, seq_axes or None,
+                         *([None] * (a.ndim - 2)))
+
+  out = jax.eval_shape(fn, *rows, *whole)
+  return jax.shard_map(
+      fn, in_specs=tuple(spec(a) for a in rows)
+      + tuple(PartitionSpec() for _ in whole),
+      out_specs=jax.tree.map(spec, out))(*rows, *whole)
 
 
 def _expert_mlp(x, experts, weights, gate, up, down, first, *, dtype):
@@ -322,12 +357,26 @@ class MoE(nnx.Module):
   def routing(self, x) -> Routing:
     """The ``Routing`` of ``x [N, D]``."""
     logits = x.astype(_F32) @ self.router[...].astype(_F32)     # [N, E]
-    bias = None if self.selection_bias is None else self.selection_bias[...]
-    experts, weights = route(
-        logits, top_k=self.top_k, score=self.score, bias=bias,
-        n_groups=self.n_groups, topk_groups=self.topk_groups,
-        normalize_topk=self.normalize_topk, routed_scale=self.routed_scale)
-    return Routing(experts, weights, logits)
+    experts, weights, _ = self._choose(logits[None])
+    return Routing(experts[0], weights[0], logits)
+
+  def _choose(self, logits):
+    """``logits [B, T, E]`` -> experts, weights and ``balance_picks``, each
+    ``[B, T, k]``, token by token (``_rowwise``)."""
+    whole = () if self.selection_bias is None else (self.selection_bias[...],)
+
+    def choose(logits, *bias):
+      b, t, e = logits.shape
+      flat = logits.reshape(b * t, e)
+      experts, weights = route(
+          flat, top_k=self.top_k, score=self.score,
+          bias=bias[0] if bias else None, n_groups=self.n_groups,
+          topk_groups=self.topk_groups, normalize_topk=self.normalize_topk,
+          routed_scale=self.routed_scale)
+      picked = balance_picks(flat, self.top_k)
+      return tuple(a.reshape(b, t, -1) for a in (experts, weights, picked))
+
+    return _rowwise(choose, (logits,), whole)
 
   def __call__(self, x, mask=None):
     """``x: [B, T, D]``, ``mask: [B, T]`` (1 where a token counts in the
@@ -335,14 +384,17 @@ class MoE(nnx.Module):
     """
     checks.check_rank("x", x, 3, "[B, T, D]")
     b, t, d = checks.shape_of(x)
-    routing = self.routing(x.reshape(b * t, d))
+    logits = jnp.einsum("btd,de->bte", x.astype(_F32),
+                        self.router[...].astype(_F32))          # [B, T, E]
+    experts, weights, picked = self._choose(logits)
     mask = (jnp.ones((b * t,), _F32) if mask is None
             else jnp.asarray(mask, _F32).reshape(b * t))
-    stats = router_stats(routing.logits, routing.experts, mask, self.top_k)
+    stats = router_stats(logits.reshape(b * t, -1),
+                         experts.reshape(b * t, -1),
+                         picked.reshape(b * t, -1), mask)
     dtype = self.dtype or x.dtype
-    y = routed_experts(x, routing.experts.reshape(b, t, -1),
-                       routing.weights.reshape(b, t, -1), self.gate[...],
-                       self.up[...], self.down[...], dtype=dtype)
+    y = routed_experts(x, experts, weights, self.gate[...], self.up[...],
+                       self.down[...], dtype=dtype)
     if self.shared is not None:
       shared = self.shared(x)
       if self.shared_gate is not None:
