@@ -316,6 +316,9 @@ class Trainer:
     one's (training settings may change between runs; the model may not)."""
     mine = self.model_config.to_dict()
     theirs = dict(stored.get("model", {}))
+    # Fields added since the checkpoint was written hold their defaults.
+    defaults = LMConfig().to_dict()
+    theirs.update({k: defaults[k] for k in set(defaults) - set(theirs)})
     differ = sorted(k for k in set(mine) | set(theirs)
                     if mine.get(k) != theirs.get(k)
                     and k not in ("dtype", "remat"))
