@@ -58,7 +58,7 @@ divides ``E``), the experts' weights are split over that axis and the
 dispatch runs in ``jax.shard_map``: each device gathers the tokens of its
 ``expert`` group (``all_gather``), runs its own experts on the pairs routed
 to them, and the partial outputs are summed back onto the devices that own
-the tokens (``psum_scatter``); see docs/sharding.md.
+the tokens (``psum_scatter``); see docs/training.md (expert parallelism).
 """
 
 from __future__ import annotations
