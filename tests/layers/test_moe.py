@@ -202,7 +202,7 @@ def test_gradients_match_the_token_loop(name):
     assert rel(g, ref_grads[k]) < 1e-5, k
 
 
-def test_rows_of_one_expert_group_stay_apart_under_jit():
+def test_jit_equals_eager():
   """A jitted call equals the eager one (the sort and ragged_dot traced)."""
   layer = make("jamba")
   x = inputs(2)
