@@ -1,17 +1,21 @@
 """Device meshes and the logical axis rules that place parameters and
 activations on them.
 
-One mesh with four named axes, always in this order:
+One mesh with five named axes, always in this order:
 
 - ``data``: pure data parallelism (batch rows; parameters replicated);
 - ``fsdp``: batch rows too, and parameters and optimizer state sharded
   (ZeRO-3 / fully sharded data parallelism);
+- ``expert``: expert parallelism: the experts of the mixture-of-experts
+  MLPs (``layers/moe.py``) are split over it, and batch rows too (the rest
+  of the model is data parallel over it);
 - ``tensor``: tensor (model) parallelism over heads, MLP width and vocabulary;
 - ``sequence``: context parallelism over the length axis.
 
 Axes a run does not use have size 1, so code never needs to ask which axes
 exist. Parameters declare logical axis names (``layers/modules.py``:
-``embed``, ``heads``, ``mlp``, ``vocab``, ``rank``, ``state``, ``conv``);
+``embed``, ``heads``, ``mlp``, ``vocab``, ``rank``, ``state``, ``conv``,
+``expert``);
 activations use ``batch``, ``length``, ``act_embed``, ``act_heads`` and
 ``act_vocab``. A ``Rules`` table maps logical names to mesh axes, and the
 presets in ``PRESETS`` pick one:
@@ -21,6 +25,8 @@ presets in ``PRESETS`` pick one:
   that divides;
 - ``"fsdp_tp"``: heads, MLP width and vocabulary over ``tensor``, the other
   large dimension over ``fsdp``.
+
+Every preset places the experts (logical ``expert``) over ``expert``.
 
 The mesh's axis types are ``Auto``: XLA's partitioner propagates shardings
 through the ops (scans, custom VJPs, Pallas calls inside ``shard_map``) and
@@ -50,8 +56,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from lin_attn_jax.ops.common.mesh_axes import (BATCH_AXES, MESH_AXES,
-                                               SEQUENCE_AXIS, TENSOR_AXIS)
+from lin_attn_jax.ops.common.mesh_axes import (BATCH_AXES, EXPERT_AXIS,
+                                               MESH_AXES, SEQUENCE_AXIS,
+                                               TENSOR_AXIS)
 
 
 def parse_mesh_spec(spec: str | Mapping[str, int] | None,
@@ -126,7 +133,7 @@ def make_mesh(spec: str | Mapping[str, int] | None = None,
   sizes = parse_mesh_spec(spec, len(devices))
   shape = tuple(sizes[name] for name in MESH_AXES)
   return jax.make_mesh(shape, MESH_AXES,
-                       axis_types=(jax.sharding.AxisType.Auto,) * 4,
+                       axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
                        devices=devices)
 
 
@@ -180,7 +187,8 @@ class Rules:
     return PartitionSpec(*out)
 
 
-_ACTIVATIONS = (("batch", BATCH_AXES), ("length", SEQUENCE_AXIS))
+_ACTIVATIONS = (("batch", BATCH_AXES), ("length", SEQUENCE_AXIS),
+                ("expert", EXPERT_AXIS))
 
 PRESETS: dict[str, Rules] = {
     "dp": Rules("dp", _ACTIVATIONS),
@@ -281,10 +289,10 @@ def batch_divisor(mesh: Mesh) -> int:
 def check_model_fits(config, mesh: Mesh, rules: str | Rules) -> None:
   """Raises ``ValueError`` when a model width cannot be split as the rules
   ask: ``n_heads``, the MLP width or the vocabulary over ``tensor``, the
-  model width over ``fsdp``.
+  model width over ``fsdp``, the experts over ``expert``.
 
   ``config`` is an ``LMConfig`` (anything with ``n_heads``, ``d_model``,
-  ``hidden_dim`` and ``vocab_size``).
+  ``hidden_dim`` and ``vocab_size``; ``n_experts``, None without experts).
   """
   rules = get_rules(rules)
   shape = _mesh_shape(mesh)
@@ -297,6 +305,9 @@ def check_model_fits(config, mesh: Mesh, rules: str | Rules) -> None:
                ("vocab_size", config.vocab_size, TENSOR_AXIS, tensor)]
   if fsdp > 1 and any("fsdp" in axes for axes in rules.candidates("embed")):
     checks.append(("d_model", config.d_model, "fsdp", fsdp))
+  experts = getattr(config, "n_experts", None)
+  if experts is not None and shape.get(EXPERT_AXIS, 1) > 1:
+    checks.append(("n_experts", experts, EXPERT_AXIS, shape[EXPERT_AXIS]))
   for what, size, axis, parts in checks:
     if size % parts:
       hint = (" (pad the vocabulary to a multiple)" if what == "vocab_size"
@@ -315,6 +326,6 @@ def per_device_bytes(tree) -> int:
 
 
 def describe(mesh: Mesh) -> str:
-  """``"data=1,fsdp=8,tensor=1,sequence=1"``."""
+  """``"data=1,fsdp=8,expert=1,tensor=1,sequence=1"``."""
   return _show(_mesh_shape(mesh))
 

@@ -6,10 +6,12 @@ class in ``lin_attn_jax.layers.MIXERS``, one for every layer or one per
 layer (hybrids).
 
 Options for the block structure of published models (``LMConfig``):
-``mlp`` picks the MLP (``"swiglu"``; ``"geglu"``, RecurrentGemma's;
-``"rwkv6"``/``"rwkv7"``, RWKV's channel mixing with its own token shift;
+``mlp`` picks the MLP, for every layer or one per layer as ``mixer`` does
+(``"swiglu"``; ``"geglu"``, RecurrentGemma's; ``"rwkv6"``/``"rwkv7"``,
+RWKV's channel mixing with its own token shift; ``"moe"``, the
+mixture-of-experts SwiGLU of ``layers/moe.py`` with ``moe_options``;
 ``"none"``, Mamba's block ``x + mixer(norm(x))`` alone) and ``mlp_bias``
-its biases; ``norm`` the kind of every norm (``"rms"`` or ``"layer"``,
+its biases; ``multipliers`` fixed factors at named points of the blocks; ``norm`` the kind of every norm (``"rms"`` or ``"layer"``,
 LayerNorm with a bias, RWKV's); ``embed_norm`` a norm of the embeddings
 before the first block (RWKV's ``ln0``); ``embed_scale`` a factor on the
 embeddings (RecurrentGemma's ``sqrt(D)``); ``logits_soft_cap`` ``c tanh(z /
@@ -40,6 +42,7 @@ from lin_attn_jax import sharding
 from lin_attn_jax.layers import MIXERS
 from lin_attn_jax.layers import modules
 from lin_attn_jax.layers.base import Context, check_mode
+from lin_attn_jax.layers.moe import MoE, load_balancing_loss
 from lin_attn_jax.ops.common import checks
 
 
@@ -83,7 +86,7 @@ class LMConfig:
   # Keyword arguments per mixer name, e.g. {"gla": {"chunk_size": 32}};
   # stored as sorted tuples so that the config stays hashable.
   mixer_options: Any = ()
-  # Hidden width of the SwiGLU MLP; None means 8/3 * d_model rounded up to a
+  # Hidden width of the dense MLP; None means 8/3 * d_model rounded up to a
   # multiple of 8.
   mlp_dim: int | None = None
   # Output logits use the transposed input embedding when True.
@@ -96,8 +99,22 @@ class LMConfig:
   param_dtype: Any = jnp.float32
   # The MLP of every block: "swiglu", "geglu" (gelu(tanh approx.) gate),
   # "rwkv6" / "rwkv7" (RWKV channel mixing, squared ReLU, token shift; RWKV-6
-  # adds a sigmoid receptance gate), or "none" (no MLP and no MLP norm).
-  mlp: str = "swiglu"
+  # adds a sigmoid receptance gate), "moe" (layers/moe.py, with
+  # moe_options), or "none" (no MLP and no MLP norm); or a tuple of these,
+  # one per layer, repeated like mixer's (("swiglu", "moe") over 4 layers:
+  # experts in layers 1 and 3).
+  mlp: str | tuple[str, ...] = "swiglu"
+  # Keyword arguments of every "moe" MLP (layers.moe.MoE: n_experts, top_k
+  # and expert_dim, required; score, normalize_topk, routed_scale,
+  # selection_bias, n_groups, topk_groups, shared_dim, shared_gate); stored
+  # as sorted tuples so that the config stays hashable.
+  moe_options: Any = ()
+  # Fixed factors at named points, {name: factor}, 1 where not given:
+  # "mixer_out" and "mlp_out" multiply the mixer's and the MLP's outputs
+  # before they join the residual stream, "logits" the logits (before the
+  # soft cap). A model that needs a factor elsewhere adds its name to
+  # MULTIPLIERS and applies it at one place. Stored as sorted tuples.
+  multipliers: Any = ()
   # The MLP's projections have biases.
   mlp_bias: bool = False
   # Kind of every norm: "rms" (RMSNorm) or "layer" (LayerNorm with a bias).
@@ -117,8 +134,24 @@ class LMConfig:
   def __post_init__(self):
     object.__setattr__(self, "mixer_options",
                        _frozen_options(self.mixer_options))
-    if self.mlp not in MLP_KINDS:
-      raise ValueError(f"mlp must be one of {MLP_KINDS}, got {self.mlp!r}")
+    for name in ("moe_options", "multipliers"):
+      value = getattr(self, name)
+      if not isinstance(value, tuple):
+        object.__setattr__(self, name, tuple(sorted(dict(value).items())))
+    if isinstance(self.mlp, list):
+      object.__setattr__(self, "mlp", tuple(self.mlp))
+    unknown = sorted(set(self.layer_mlps) - set(MLP_KINDS))
+    if unknown:
+      raise ValueError(f"mlp must be one of {MLP_KINDS} (or a tuple of "
+                       f"them), got {unknown}")
+    self._check_moe_options()
+    for name, value in self.multipliers:
+      if name not in MULTIPLIERS:
+        raise ValueError(f"unknown multiplier {name!r}; known: "
+                         f"{MULTIPLIERS}")
+      if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ValueError(f"multiplier {name!r} must be a number, got "
+                         f"{value!r}")
     if self.norm not in NORM_KINDS:
       raise ValueError(f"norm must be one of {NORM_KINDS}, got {self.norm!r}")
     for name in ("embed_scale", "logits_soft_cap"):
@@ -151,6 +184,41 @@ class LMConfig:
                        f"n_layers = {self.n_layers}")
     return names * (self.n_layers // len(names))
 
+  @property
+  def layer_mlps(self) -> tuple[str, ...]:
+    """The MLP kind of every layer."""
+    if isinstance(self.mlp, str):
+      return (self.mlp,) * self.n_layers
+    kinds = tuple(self.mlp)
+    if not kinds or self.n_layers % len(kinds):
+      raise ValueError(f"mlp has {len(kinds)} kinds, which does not divide "
+                       f"n_layers = {self.n_layers}")
+    return kinds * (self.n_layers // len(kinds))
+
+  @property
+  def n_experts(self) -> int | None:
+    """Experts of the "moe" MLPs, None when no layer has one."""
+    if "moe" not in self.layer_mlps:
+      return None
+    return dict(self.moe_options)["n_experts"]
+
+  def multiplier(self, name: str) -> float:
+    """The factor ``multipliers`` gives ``name`` (1.0 when absent)."""
+    return float(dict(self.multipliers).get(name, 1.0))
+
+  def _check_moe_options(self):
+    options = dict(self.moe_options)
+    accepted = set(inspect.signature(MoE.__init__).parameters) - {
+        "self", "d_model", "rngs", "dtype", "param_dtype"}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+      raise ValueError(f"unknown moe_options {unknown}; known: "
+                       f"{sorted(accepted)}")
+    if "moe" in self.layer_mlps:
+      missing = sorted({"n_experts", "top_k", "expert_dim"} - set(options))
+      if missing:
+        raise ValueError(f"mlp 'moe' needs moe_options {missing}")
+
   def options_for(self, name: str) -> dict:
     return dict(dict(self.mixer_options).get(name, ()))
 
@@ -169,6 +237,8 @@ class LMConfig:
         value = jnp.dtype(value).name
       elif field.name == "mixer_options":
         value = {name: {k: _jsonable(v) for k, v in kw} for name, kw in value}
+      elif field.name in ("moe_options", "multipliers"):
+        value = {k: _jsonable(v) for k, v in value}
       else:
         value = _jsonable(value)
       out[field.name] = value
@@ -185,16 +255,27 @@ class LMConfig:
     for name in ("dtype", "param_dtype"):
       if name in kw:
         kw[name] = jnp.dtype(kw[name]).type
-    if isinstance(kw.get("mixer"), list):
-      kw["mixer"] = tuple(kw["mixer"])
+    for name in ("mixer", "mlp"):
+      if isinstance(kw.get(name), list):
+        kw[name] = tuple(kw[name])
     if "mixer_options" in kw:
       kw["mixer_options"] = {name: {k: _tuples(v) for k, v in dict(opts).items()}
                              for name, opts in dict(kw["mixer_options"]).items()}
     return cls(**kw)
 
 
-MLP_KINDS = ("swiglu", "geglu", "rwkv6", "rwkv7", "none")
+MLP_KINDS = ("swiglu", "geglu", "rwkv6", "rwkv7", "moe", "none")
+MULTIPLIERS = ("mixer_out", "mlp_out", "logits")
 NORM_KINDS = ("rms", "layer")
+
+
+def _aux_outputs(stats) -> dict:
+  """``LM``'s ``aux`` from the ``router_stats`` of its MoE layers."""
+  if not stats:
+    return {"load_balancing_loss": jnp.zeros((), jnp.float32),
+            "expert_load": jnp.zeros((0, 0), jnp.float32)}
+  return {"load_balancing_loss": load_balancing_loss(stats),
+          "expert_load": jnp.stack([s["load"] for s in stats])}
 
 
 def _jsonable(value):
@@ -283,14 +364,19 @@ class RWKVChannelMix(nnx.Module):
 
 class Block(nnx.Module):
   """``x + mixer(norm(x))``, then ``x + mlp(norm(x))`` (no second half with
-  ``mlp="none"``).
+  the MLP ``"none"``); the ``"mixer_out"`` and ``"mlp_out"`` multipliers
+  scale the two terms.
 
   Its cache is the mixer's, or ``{"mixer_cache": ..., "mlp_shift": [B, D]}``
-  with RWKV channel mixing.
+  with RWKV channel mixing. A ``"moe"`` MLP appends its ``router_stats`` to
+  ``carry["router_stats"]`` (a tuple, one entry per such layer so far).
   """
 
   def __init__(self, config: LMConfig, mixer: str, *, rngs: nnx.Rngs,
                layer_index: int = 0):
+    mlp = config.layer_mlps[layer_index]
+    self.mixer_scale = config.multiplier("mixer_out")
+    self.mlp_scale = config.multiplier("mlp_out")
     kw = dict(dtype=config.dtype, param_dtype=config.param_dtype)
     self.mixer_norm = make_norm(config, rngs=rngs)
     options = config.options_for(mixer)
@@ -302,19 +388,23 @@ class Block(nnx.Module):
         options.setdefault(name, value)
     self.mixer = MIXERS[mixer](config.d_model, config.n_heads, rngs=rngs,
                                **kw, **options)
-    self.shift_mlp = config.mlp in ("rwkv6", "rwkv7")
-    if config.mlp == "none":
+    self.shift_mlp = mlp in ("rwkv6", "rwkv7")
+    self.moe = mlp == "moe"
+    if mlp == "none":
       self.mlp_norm = self.mlp = None
       return
     self.mlp_norm = make_norm(config, rngs=rngs)
+    if self.moe:
+      self.mlp = MoE(config.d_model, rngs=rngs, **kw,
+                     **dict(config.moe_options))
+      return
     kw.update(rngs=rngs, use_bias=config.mlp_bias)
     if self.shift_mlp:
       self.mlp = RWKVChannelMix(config.d_model, config.hidden_dim,
-                                receptance=config.mlp == "rwkv6", **kw)
+                                receptance=mlp == "rwkv6", **kw)
     else:
       self.mlp = SwiGLU(config.d_model, config.hidden_dim, **kw,
-                        activation="silu" if config.mlp == "swiglu"
-                        else "gelu")
+                        activation="silu" if mlp == "swiglu" else "gelu")
 
   def init_cache(self, batch_size: int, max_len: int, dtype):
     cache = self.mixer.init_cache(batch_size, max_len, dtype)
@@ -331,11 +421,18 @@ class Block(nnx.Module):
     y, new_mixer_cache, carry = self.mixer.run(
         self.mixer_norm(x), segment_ids=segment_ids, mode=mode,
         cache=mixer_cache, carry=carry)
-    x = x + y
+    x = x + self._scaled(y, self.mixer_scale)
     if self.mlp is None:
       return x, new_mixer_cache, carry
+    if self.moe:
+      mask = None if segment_ids is None else segment_ids != 0
+      y, stats = self.mlp(self.mlp_norm(x), mask)
+      carry = dict(carry or {})
+      carry["router_stats"] = carry.get("router_stats", ()) + (stats,)
+      return x + self._scaled(y, self.mlp_scale), new_mixer_cache, carry
     if not self.shift_mlp:
-      return x + self.mlp(self.mlp_norm(x)), new_mixer_cache, carry
+      y = self.mlp(self.mlp_norm(x))
+      return x + self._scaled(y, self.mlp_scale), new_mixer_cache, carry
     restart = None
     if cache is not None and segment_ids is not None:
       restart = segment_ids[:, 0] != mixer_cache["segment_id"]
@@ -344,7 +441,11 @@ class Block(nnx.Module):
                         None if cache is None else cache["mlp_shift"])
     new_cache = (None if cache is None
                  else {"mixer_cache": new_mixer_cache, "mlp_shift": shift})
-    return x + y, new_cache, carry
+    return x + self._scaled(y, self.mlp_scale), new_cache, carry
+
+  @staticmethod
+  def _scaled(y, factor: float):
+    return y if factor == 1.0 else y * jnp.asarray(factor, y.dtype)
 
 
 class LM(nnx.Module):
@@ -376,8 +477,10 @@ class LM(nnx.Module):
                  for block in self.blocks)
 
   def __call__(self, tokens, *, segment_ids=None, mode: str = "chunk",
-               cache=None):
-    """Logits ``[B, T, vocab]`` float32, or ``(logits, cache)`` with a cache.
+               cache=None, return_aux: bool = False):
+    """Logits ``[B, T, vocab]`` float32, or ``(logits, cache)`` with a cache;
+    ``return_aux`` appends the auxiliary outputs ``aux`` (``(logits, aux)``,
+    ``(logits, cache, aux)``).
 
     Args:
       tokens: ``[B, T]`` int token ids.
@@ -387,6 +490,12 @@ class LM(nnx.Module):
         mixer runs.
       cache: from ``init_cache`` or a previous call. Any ``T`` is a prefill
         from the cached state; ``T = 1`` decodes with the step forms.
+      return_aux: also return ``aux``, a dict of the mixture-of-experts
+        layers' ``"load_balancing_loss"`` (float32 scalar,
+        ``layers.moe.load_balancing_loss`` over them all and the tokens
+        whose segment id is not 0; 0 without such layers) and
+        ``"expert_load"`` (``[L_moe, E]`` float32, the counted tokens each
+        layer sent to each expert; ``[0, 0]`` without such layers).
     """
     check_mode(mode)
     checks.check_rank("tokens", tokens, 2, "[B, T]")
@@ -427,12 +536,23 @@ class LM(nnx.Module):
     else:
       logits = self.lm_head(x)
     logits = logits.astype(jnp.float32)                         # [B, T, vocab]
+    if self.config.multiplier("logits") != 1.0:
+      logits = logits * self.config.multiplier("logits")
     if self.config.logits_soft_cap is not None:
       cap = self.config.logits_soft_cap
       logits = cap * jnp.tanh(logits / cap)
-    if cache is None:
-      return logits
-    return logits, tuple(new_cache)
+    out = (logits,) if cache is None else (logits, tuple(new_cache))
+    if return_aux:
+      out += (_aux_outputs(carry.get("router_stats", ())),)
+    return out[0] if len(out) == 1 else out
+
+  def balance_experts(self, expert_load, rate: float) -> None:
+    """Auxiliary-loss-free balancing of every mixture-of-experts layer with
+    a selection bias (``MoE.balance``), from ``expert_load [L_moe, E]`` (the
+    ``aux`` of a call, in layer order)."""
+    layers = [block.mlp for block in self.blocks if block.moe]
+    for layer, load in zip(layers, expert_load):
+      layer.balance(load, rate)
 
   def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0,
                top_k: int | None = None, top_p: float | None = None,

@@ -38,6 +38,12 @@ class TrainConfig:
   clip_norm: float = 1.0
   # Coefficient of the z-loss, mean(logsumexp(logits)^2) (0 turns it off).
   z_loss: float = 0.0
+  # Coefficient of the mixture-of-experts load-balancing loss (the LM's
+  # aux["load_balancing_loss"]) added to the mean cross-entropy (0: off).
+  router_aux_loss_coef: float = 0.0
+  # Auxiliary-loss-free balancing: after every step each MoE layer's
+  # selection bias moves by this rate times sign(mean load - load) (0: off).
+  router_bias_rate: float = 0.0
   # Keep this many checkpoints; save every checkpoint_every steps and at the
   # end (0 saves only at the end).
   checkpoint_keep: int = 3
@@ -57,7 +63,7 @@ class TrainConfig:
       raise ValueError(f"batch_size {self.batch_size} is not divisible by "
                        f"grad_accum {self.grad_accum}")
     for name in ("learning_rate", "weight_decay", "clip_norm", "z_loss",
-                 "eps"):
+                 "eps", "router_aux_loss_coef", "router_bias_rate"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
     if not 0 <= self.min_lr_ratio <= 1:

@@ -17,7 +17,11 @@ rules together::
 - ``step`` is a pure function of ``(state, batch)``: next-token
   cross-entropy (``loss.cross_entropy_sums``) summed over micro-batches
   (``grad_accum``), gradients divided by the batch's token count, then
-  clipping and AdamW. The state argument is donated.
+  clipping and AdamW. The state argument is donated. With mixture-of-experts
+  layers, ``router_aux_loss_coef`` times the load-balancing loss joins the
+  objective (each micro-batch's loss weighted by its token count), and
+  ``router_bias_rate`` moves the routers' selection biases after the
+  update (``LM.balance_experts``, outside the gradient).
 - Random draws are partitionable (``jax_threefry_partitionable``, JAX's
   default), so the same seed gives the same parameters on any mesh.
 """
@@ -109,7 +113,8 @@ class Trainer:
     if train_config.batch_size % parts or micro % parts:
       raise ValueError(
           f"batch_size {train_config.batch_size} (in {train_config.grad_accum}"
-          f" micro-batches of {micro}) is not divisible by data x fsdp = "
+          f" micro-batches of {micro}) is not divisible by data x fsdp x "
+          "expert = "
           f"{parts} (mesh {shd.describe(self.mesh)})")
     seq = dict(zip(self.mesh.axis_names, self.mesh.axis_sizes))[
         shd.SEQUENCE_AXIS]
@@ -172,27 +177,36 @@ class Trainer:
     return nnx.merge(self.graphdef, state.params, state.rest)
 
   def _loss_sums(self, params, rest, batch):
+    """``(loss_sum, count, z_sum, aux)`` of a batch (``aux``: the LM's)."""
     model = nnx.merge(self.graphdef, params, rest)
-    logits = model(batch["inputs"], segment_ids=batch["segment_ids"])
+    logits, aux = model(batch["inputs"], segment_ids=batch["segment_ids"],
+                        return_aux=True)
     return cross_entropy_sums(logits, batch["targets"], batch["weights"],
-                              self.config.z_loss)
+                              self.config.z_loss) + (aux,)
 
   def _train_step(self, state: TrainState, batch: dict):
     with shd.use_rules(self.rules):
       accum = self.config.grad_accum
       batch = {key: batch[key] for key in BATCH_KEYS}
 
+      coef = self.config.router_aux_loss_coef
+
       def grads_of(micro):
         def objective(params):
-          loss_sum, count, z_sum = self._loss_sums(params, state.rest, micro)
-          return loss_sum, (count, z_sum)
+          loss_sum, count, z_sum, aux = self._loss_sums(params, state.rest,
+                                                        micro)
+          balance = aux["load_balancing_loss"]
+          return (loss_sum + coef * balance * count,
+                  (loss_sum, count, z_sum, aux))
 
-        (loss_sum, (count, z_sum)), grads = jax.value_and_grad(
+        (_, (loss_sum, count, z_sum, aux)), grads = jax.value_and_grad(
             objective, has_aux=True)(state.params)
-        return grads, loss_sum, count, z_sum
+        return grads, loss_sum, count, z_sum, aux
 
       if accum == 1:
-        grads, loss_sum, count, z_sum = grads_of(batch)
+        grads, loss_sum, count, z_sum, aux = grads_of(batch)
+        balance_sum = aux["load_balancing_loss"] * count
+        load = aux["expert_load"]
       else:
         # Micro-batch a takes rows a, a + accum, ...: every device holds
         # its share of every micro-batch.
@@ -206,14 +220,20 @@ class Trainer:
         zeros = jax.tree.map(jnp.zeros_like, state.params)
 
         def body(carry, micro):
-          grads, loss_sum, count, z_sum = grads_of(micro)
+          grads, loss_sum, count, z_sum, aux = grads_of(micro)
           acc = jax.tree.map(jnp.add, carry[0], grads)
           return (acc, carry[1] + loss_sum, carry[2] + count,
-                  carry[3] + z_sum), None
+                  carry[3] + z_sum,
+                  carry[4] + aux["load_balancing_loss"] * count,
+                  carry[5] + aux["expert_load"]), None
 
-        init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32),
-                jnp.zeros((), jnp.float32))
-        (grads, loss_sum, count, z_sum), _ = jax.lax.scan(body, init, micros)
+        scalar = jnp.zeros((), jnp.float32)
+        layers = self.model_config.layer_mlps.count("moe")
+        init = (zeros, scalar, scalar, scalar, scalar,
+                jnp.zeros((layers, self.model_config.n_experts or 0),
+                          jnp.float32))
+        (grads, loss_sum, count, z_sum, balance_sum, load), _ = jax.lax.scan(
+            body, init, micros)
       denominator = jnp.maximum(count, 1.0)
       grads = jax.tree.map(lambda g: g / denominator, grads)
       grad_norm = optax.tree.norm(grads)
@@ -227,14 +247,21 @@ class Trainer:
           "learning_rate": self.schedule(state.step),
           "tokens": count,
       }
+      rest = state.rest
+      if self.model_config.n_experts is not None:
+        metrics["router_aux_loss"] = balance_sum / denominator
+        if self.config.router_bias_rate > 0:
+          model = nnx.merge(self.graphdef, state.params, state.rest)
+          model.balance_experts(load, self.config.router_bias_rate)
+          rest = nnx.state(model, nnx.Not(nnx.Param))
       new_state = state.replace(step=state.step + 1, params=params,
-                                opt_state=opt_state)
+                                opt_state=opt_state, rest=rest)
       return new_state, metrics
 
   def _eval_step(self, state: TrainState, batch: dict):
     with shd.use_rules(self.rules):
-      loss_sum, count, z_sum = self._loss_sums(state.params, state.rest,
-                                               batch)
+      loss_sum, count, z_sum, _ = self._loss_sums(state.params, state.rest,
+                                                  batch)
       return {"loss_sum": loss_sum - z_sum, "tokens": count}
 
   def step(self, state: TrainState, batch: dict):
@@ -289,6 +316,9 @@ class Trainer:
     one's (training settings may change between runs; the model may not)."""
     mine = self.model_config.to_dict()
     theirs = dict(stored.get("model", {}))
+    # Fields added since the checkpoint was written hold their defaults.
+    defaults = LMConfig().to_dict()
+    theirs.update({k: defaults[k] for k in set(defaults) - set(theirs)})
     differ = sorted(k for k in set(mine) | set(theirs)
                     if mine.get(k) != theirs.get(k)
                     and k not in ("dtype", "remat"))

@@ -137,8 +137,8 @@ def test_eight_devices_in_two_processes(tmp_path):
   outputs = [p.communicate(timeout=600) for p in processes]
   for p, (out, err) in zip(processes, outputs):
     assert p.returncode == 0, out + err[-4000:]
-  assert ("8 cpu in 2 process(es); mesh data=2,fsdp=4,tensor=1,sequence=1"
-          in outputs[0][0])
+  assert ("8 cpu in 2 process(es); mesh data=2,fsdp=4,expert=1,tensor=1,"
+          "sequence=1" in outputs[0][0])
   assert "held-out" in outputs[0][0] and "held-out" not in outputs[1][0]
   assert "sample from the checkpoint" in outputs[0][0]
   assert [r["step"] for r in records(tmp_path / "run") if "loss" in r] == \

@@ -13,7 +13,7 @@ from lin_attn_jax.models.lm import LM, LMConfig
 
 def test_parse_mesh_spec():
   assert shd.parse_mesh_spec("data=2,fsdp=-1", 8) == {
-      "data": 2, "fsdp": 4, "tensor": 1, "sequence": 1}
+      "data": 2, "fsdp": 4, "expert": 1, "tensor": 1, "sequence": 1}
   assert shd.parse_mesh_spec(None, 8)["fsdp"] == 8
   assert shd.parse_mesh_spec({"tensor": 2, "fsdp": 4}, 8)["tensor"] == 2
 
@@ -36,7 +36,7 @@ def test_make_mesh_axes():
   mesh = shd.make_mesh("fsdp=4,tensor=2")
   assert mesh.axis_names == shd.MESH_AXES
   assert dict(zip(mesh.axis_names, mesh.axis_sizes)) == {
-      "data": 1, "fsdp": 4, "tensor": 2, "sequence": 1}
+      "data": 1, "fsdp": 4, "expert": 1, "tensor": 2, "sequence": 1}
   assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
 
 

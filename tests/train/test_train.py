@@ -487,7 +487,7 @@ def test_flops_per_token():
 def test_bad_training_settings():
   model, train = configs(("gla",), batch_size=6)
   with pytest.raises(ValueError, match=r"batch_size 6 \(in 1 micro-batches "
-                     r"of 6\) is not divisible by data x fsdp = 4"):
+                     r"of 6\) is not divisible by data x fsdp x expert = 4"):
     Trainer(model, train, mesh=shd.make_mesh("data=2,fsdp=2,tensor=2"))
   with pytest.raises(ValueError, match="not divisible by grad_accum 4"):
     TrainConfig(batch_size=6, grad_accum=4)
