@@ -674,7 +674,8 @@ def _decode(model, tokens, torch):
                                          "rwkv6", "rwkv7",
                                          "forgetting_transformer", "nsa",
                                          "path_attn", "gated_deltaproduct",
-                                         "comba", "mamba3")  # fla's ForgettingAttention decodes from its KV cache only through the
+                                         "comba", "mamba3")
+  # fla's ForgettingAttention decodes from its KV cache only through the
   # path of an attention mask (all ones here: no padding); fla's PaTH layer
   # prefills into its cache and decodes only when given one (without one it
   # runs its training path).
