@@ -119,6 +119,10 @@ from lin_attn_jax.ops.gated_delta_product import (
     chunk_gated_delta_product, gated_delta_product_step,
     naive_recurrent_gated_delta_product, parallel_gated_delta_product,
     recurrent_gated_delta_product)
+from lin_attn_jax.ops.log_linear_attn import (
+    chunk_log_linear_attn, log_linear_attn_step,
+    naive_recurrent_log_linear_attn, parallel_log_linear_attn,
+    recurrent_log_linear_attn)
 
 # Context parallelism: the chunk forms above split the sequence by themselves
 # under a mesh with a "sequence" axis of size > 1 (jax.set_mesh); these take
