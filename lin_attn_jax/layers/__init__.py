@@ -18,6 +18,7 @@ from lin_attn_jax.layers.h3 import H3
 from lin_attn_jax.layers.hgrn2 import HGRN2
 from lin_attn_jax.layers.linear_attn import LinearAttention
 from lin_attn_jax.layers.linformer import Linformer
+from lin_attn_jax.layers.log_linear_mamba2 import LogLinearMamba2
 from lin_attn_jax.layers.mamba import Mamba
 from lin_attn_jax.layers.mamba2 import Mamba2
 from lin_attn_jax.layers.mlstm import MLSTM
@@ -64,6 +65,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "rwkv7": RWKV7,
     "gdn2": GatedDeltaNet2,
     "gated_deltaproduct": GatedDeltaProduct,
+    "log_linear_mamba2": LogLinearMamba2,
 }
 
 __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
@@ -72,4 +74,4 @@ __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
            "Mamba2", "Mixer", "MoBA", "NativeSparseAttention", "OpForms",
            "PaTHAttention", "Performer", "RetNet", "SlidingWindowAttention",
            "SoftmaxAttention", "SparseAttention", "StickBreakingAttention",
-           "GatedDeltaProduct"]
+           "GatedDeltaProduct", "LogLinearMamba2"]
