@@ -27,8 +27,9 @@ on CPU the script swaps each kernel the models call (norms, short
 convolutions, token shift, the recurrences, rotary embeddings, native
 sparse attention, PaTH's attention, decoding step and L2 norm) for a
 plain torch version of the same computation (``fla_cpu_reference``;
-PaTH's attention is fla's own ``naive_path_attn``). transformers' models
-run as they are.
+PaTH's attention is fla's own ``naive_path_attn``, log-linear Mamba-2's
+layer runs fla's ``naive_log_linear_attn`` without a cache). transformers'
+models run as they are.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def fla_cpu_reference():
   import fla.layers.gated_deltanet as fla_gdn
   import fla.layers.gated_deltaproduct as fla_gdp
   import fla.layers.gla as fla_gla
+  import fla.layers.log_linear_mamba2 as fla_log_linear_mamba2
   import fla.layers.nsa as fla_nsa
   import fla.layers.path_attn as fla_path_attn
   import fla.layers.rwkv6 as fla_rwkv6
@@ -92,6 +94,7 @@ def fla_cpu_reference():
   from fla.ops.forgetting_attn.naive import naive_forgetting_attn
   from fla.ops.gated_delta_product.naive import (
       naive_recurrent_gated_delta_product)
+  from fla.ops.log_linear_attn.naive import naive_log_linear_attn
   from fla.ops.rwkv7.fused_addcmul import torch_addcmul_rwkv7
   from fla.ops.rwkv7.fused_k_update import k_update_ref
   from fla.ops.path_attn.naive import naive_path_attn
@@ -501,6 +504,38 @@ def fla_cpu_reference():
     return self.out_proj(y.to(x.dtype)), None, past_key_values
 
   fla_mamba3.Mamba3.forward = mamba3
+  def log_linear_mamba2(self, hidden_states, attention_mask=None,
+                        past_key_values=None, use_cache=False, **kwargs):
+    # fla's forward without a cache (its decoding state is the Triton
+    # kernel's; the fixture re-runs the prefix instead), its chunk kernel
+    # swapped for fla's naive_log_linear_attn.
+    assert attention_mask is None and past_key_values is None
+    assert self.rmsnorm and not self.norm_before_gate and not self.D_has_hdim
+    b, t, _ = hidden_states.shape
+    e, h, p = self.intermediate_size, self.num_heads, self.head_dim
+    g, n, levels = self.n_groups, self.ssm_state_size, self.num_lambda_dims
+    gate, xbc, dt, dl = torch.split(self.in_proj(hidden_states),
+                                    [e, self.conv_dim, h, h * levels], dim=-1)
+    width = self.conv_kernel_size
+    xbc = F.conv1d(xbc.transpose(1, 2), self.conv1d.weight, self.conv1d.bias,
+                   padding=width - 1, groups=self.conv_dim)[..., :t]
+    xbc = F.silu(xbc.transpose(1, 2))                       # [B, T, E + 2GN]
+    x, B, C = torch.split(xbc, [e, g * n, g * n], dim=-1)
+    x = x.reshape(b, t, h, p)
+    B, C = B.reshape(b, t, g, n), C.reshape(b, t, g, n)
+    dt = F.softplus(dt + self.dt_bias)                          # [B, T, H]
+    A = -torch.exp(self.A_log.float())                          # [H]
+    lam = F.softplus(self.L * dl.reshape(b, t, h, levels))      # [B, T, H, L]
+    y = naive_log_linear_attn(C, B, x * dt[..., None], A * dt, lam,
+                              scale=1.0)
+    y = y + x * self.D[:, None]                                 # [B, T, H, P]
+    y = y.reshape(b, t, e) * F.silu(gate)
+    y = y.reshape(b, t, g, e // g)
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.norm.eps)
+    y = y.reshape(b, t, e) * self.norm.weight
+    return self.out_proj(y), None, past_key_values
+
+  fla_log_linear_mamba2.LogLinearMamba2.forward = log_linear_mamba2
 
 
 def _mamba(transformers):
@@ -644,9 +679,17 @@ FIXTURES = {
     # Two groups of B and C over four heads, biases on the projections.
     "mamba3": _fla("Mamba3", hidden_size=32, state_size=16, head_dim=16,
                    expand=2, n_groups=2, use_bias=True, norm_eps=1e-5),
+    # Time steps drawn in [0.1, 1] (fla's: [1e-3, 0.1]), so that the
+    # log-linear part, level weights included, moves the logits well past
+    # the tests' tolerance next to the D x skip.
+    "log_linear_mamba2": _fla("LogLinearMamba2", hidden_size=32, head_dim=16,
+                              state_size=8, n_groups=2, expand=2,
+                              conv_kernel=4, dt_min=0.1, dt_max=1.0,
+                              norm_eps=1e-5),
 }
-# fla models without a cache: they generate by running the whole prefix.
-WITHOUT_CACHE = ("stickbreaking_attn",)
+# fla models without a cache on CPU: they generate by running the whole
+# prefix (log-linear Mamba-2's decoding state is its Triton kernel's).
+WITHOUT_CACHE = ("stickbreaking_attn", "log_linear_mamba2")
 
 
 def _perturb(model, torch):

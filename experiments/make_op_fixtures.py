@@ -592,6 +592,43 @@ def mamba3():
                for name, y in outputs.items()}
     arrays.update({f"{case}_{name}": y for name, y in {**inputs,
                                                        **outputs}.items()})
+@fixture("log_linear_attn")
+def log_linear_attn():
+  """fla's ``naive_log_linear_attn`` (``fla/ops/log_linear_attn/naive.py``:
+  the segsum and the level masks) in float64 on float32 inputs, 2 heads, K
+  = 8 != V = 6, scale ``K ** -0.5``: ``gentle_*`` (T = 37, gates
+  ``log_sigmoid(x + 2)``, ``L = 8`` levels, one more than the 7 fla reads)
+  and ``strong_*`` (T = 64, ``log_sigmoid(x) / 0.05``, ``L = 7``), with
+  ``level_scales`` in (0, 2). Each holds ``q, k, v, g, level_scales``, the
+  cotangent ``do``, the output ``o`` and the gradients ``d{q, k, v, g,
+  level_scales}`` of ``sum(o * do)``."""
+  import torch
+  from fla.ops.log_linear_attn.naive import naive_log_linear_attn
+
+  rng = np.random.default_rng(SEED)
+  b, h, dk, dv = 2, 2, 8, 6
+  arrays = {}
+  for case, t, levels, strong in (("gentle", 37, 8, False),
+                                  ("strong", 64, 7, True)):
+    x = rng.standard_normal((b, t, h))
+    g = (-np.logaddexp(0.0, -x) / 0.05 if strong
+         else -np.logaddexp(0.0, -(x + 2.0)))
+    inputs = {"q": rng.standard_normal((b, t, h, dk)),
+              "k": rng.standard_normal((b, t, h, dk)),
+              "v": rng.standard_normal((b, t, h, dv)), "g": g,
+              "level_scales": 2 * rng.random((b, t, h, levels)),
+              "do": rng.standard_normal((b, t, h, dv))}
+    inputs = {n: a.astype(np.float32) for n, a in inputs.items()}
+    leaves = {n: torch.tensor(inputs[n], dtype=torch.float64,
+                              requires_grad=True)
+              for n in ("q", "k", "v", "g", "level_scales")}
+    o = naive_log_linear_attn(*leaves.values(), scale=dk ** -0.5)
+    (o * torch.tensor(inputs["do"], dtype=torch.float64)).sum().backward()
+    outputs = {"o": o, **{"d" + n: x.grad for n, x in leaves.items()}}
+    outputs = {n: np.asarray(x.detach().numpy(), np.float32)
+               for n, x in outputs.items()}
+    arrays.update({f"{case}_{n}": a for n, a in {**inputs,
+                                                  **outputs}.items()})
   return arrays
 
 

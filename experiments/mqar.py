@@ -84,7 +84,8 @@ ALL_MIXERS = ("softmax_attn", "sliding_window_attn", "sparse_attn",
               "gla", "hgrn2", "mamba", "mamba2", "h3", "rg_lru", "deltanet",
               "gated_deltanet", "gdn2", "gated_deltaproduct", "kda", "mlstm",
               "rwkv6", "rwkv7", "gated_attn", "mla", "short_conv",
-              "falcon_h1_parallel", "comba", "mamba3")
+              "falcon_h1_parallel", "comba", "mamba3",
+              "log_linear_mamba2")
 
 
 @dataclasses.dataclass(frozen=True)

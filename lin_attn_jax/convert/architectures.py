@@ -7,7 +7,9 @@ cannot reproduce exactly) and ``entries(hf, config) -> [Entry]`` (see
 ``mamba``, ``mamba2``, ``recurrent_gemma``, ``qwen3_next`` and ``xlstm``,
 and flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
 ``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
-``nsa``, ``path_attn``, ``gated_deltaproduct``, ``comba`` and ``mamba3``.
+``nsa``, ``path_attn``, ``gated_deltaproduct``, ``comba``, ``mamba3`` and
+``log_linear_mamba2``.
+
 Norm conventions: RecurrentGemma and Qwen3-Next scale by ``1 + w``; the LM's
 scale is that sum (an export subtracts 1 again). Heads of fla's and
 Qwen3-Next's output norms share one weight, which the LM tiles over heads.
@@ -947,6 +949,71 @@ def mamba3_entries(hf: dict, config: LMConfig) -> list[Entry]:
   return out + _head(hf, config)
 
 
+# --- flash-linear-attention: log-linear Mamba-2 ---------------------------
+
+def log_linear_mamba2_config(hf: dict) -> LMConfig:
+  """fla's ``log_linear_mamba2`` (a ``Mamba2Config``): its block hands the
+  mixer ``num_heads = expand * hidden_size / head_dim`` heads and 15 levels
+  (fla's ``MAX_NUM_LEVELS``), and builds its ``GatedMLP`` with
+  ``hidden_ratio = 4`` whatever the file says. ``chunk_size`` (fla's kernel
+  wants 64), ``fuse_norm`` and the initialisation keys change no output."""
+  _fla_checks(hf)
+  for key, allowed, why in (
+      ("residual_in_fp32", (False, None), "fla's block refuses it"),
+      ("hidden_act", ("silu", "swish", None), "the convolution's activation"),
+      ("rmsnorm", (True, None), "the gated RMSNorm is always on"),
+      ("norm_before_gate", (False, None), "the norm is norm(y * silu(z))"),
+      ("D_has_hdim", (False, None), "D is one value per head")):
+    _unsupported(hf, key, allowed, why)
+  limit = tuple(float(v) for v in hf.get("dt_limit", (0.0, math.inf)))
+  if limit != (0.0, math.inf):
+    raise ValueError(f"config.json has dt_limit = {list(limit)}; only (0.0, "
+                     "inf) can be loaded: fla's layer refuses a clamp")
+  width = int(hf.get("expand", 2) * hf["hidden_size"])
+  head_dim = int(hf.get("head_dim", 64))
+  heads = int(hf.get("num_heads") or width // head_dim)
+  if heads * head_dim != width:
+    raise ValueError(f"config.json has num_heads * head_dim = {heads} * "
+                     f"{head_dim} != expand * hidden_size = {width}; only "
+                     "checkpoints without an MLP part in the mixer load")
+  options = dict(d_state=int(hf.get("state_size", 128)),
+                 d_conv=int(hf.get("conv_kernel", 4)),
+                 n_groups=int(hf.get("n_groups", 1)), head_dim=head_dim,
+                 conv_bias=bool(hf.get("use_conv_bias", True)),
+                 bias=bool(hf.get("use_bias", False)),
+                 norm_eps=float(hf.get("norm_eps", 1e-5)),
+                 dt_min=float(hf.get("dt_min", 1e-3)),
+                 dt_max=float(hf.get("dt_max", 1e-1)),
+                 dt_init_floor=float(hf.get("dt_init_floor", 1e-4)))
+  mlp_dim = int(hf["hidden_size"] * 4 * 2 / 3)
+  return LMConfig(**_common(hf), n_heads=heads, mixer="log_linear_mamba2",
+                  mixer_options={"log_linear_mamba2": options},
+                  mlp_dim=256 * ((mlp_dim + 255) // 256),
+                  norm_eps=float(hf.get("norm_eps", 1e-5)))
+
+
+def log_linear_mamba2_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  options = config.options_for("log_linear_mamba2")
+  out = [copy("backbone.embeddings.weight", ("embed", "embedding"))]
+  out += _norm("backbone.norm_f", ("final_norm",))
+  for i in range(config.n_layers):
+    p, m = f"backbone.layers.{i}", _block(i, "mixer")
+    out += _norm(f"{p}.mixer_norm", _block(i, "mixer_norm"))
+    out += _norm(f"{p}.mlp_norm", _block(i, "mlp_norm"))
+    out += linear(f"{p}.mixer.in_proj", m + ("in_proj",), options["bias"])
+    out += [conv(f"{p}.mixer.conv1d.weight", m + ("conv", "weight"))]
+    if options["conv_bias"]:
+      out += [copy(f"{p}.mixer.conv1d.bias", m + ("conv", "bias"))]
+    out += [copy(f"{p}.mixer.{name}", m + (name,))
+            for name in ("dt_bias", "A_log", "D", "L")]
+    out += [copy(f"{p}.mixer.norm.weight", m + ("norm", "scale"))]
+    out += linear(f"{p}.mixer.out_proj", m + ("out_proj",), options["bias"])
+    for hf_name, ours in (("gate_proj", "gate"), ("up_proj", "up"),
+                          ("down_proj", "down")):
+      out += linear(f"{p}.mlp.{hf_name}", _block(i, "mlp", ours))
+  return out + _head(hf, config)
+
+
 ARCHITECTURES = {
     "mamba": (mamba_config, mamba_entries),
     "mamba2": (mamba2_config, mamba2_entries),
@@ -968,6 +1035,8 @@ ARCHITECTURES = {
                            gated_deltaproduct_entries),
     "comba": (comba_config, comba_entries),
     "mamba3": (mamba3_config, mamba3_entries),
+    "log_linear_mamba2": (log_linear_mamba2_config,
+                          log_linear_mamba2_entries),
 }
 
 

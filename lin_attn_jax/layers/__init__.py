@@ -23,6 +23,7 @@ from lin_attn_jax.layers.linformer import Linformer
 from lin_attn_jax.layers.mamba import Mamba
 from lin_attn_jax.layers.mamba2 import Mamba2
 from lin_attn_jax.layers.mla import MultiHeadLatentAttention
+from lin_attn_jax.layers.log_linear_mamba2 import LogLinearMamba2
 from lin_attn_jax.layers.mamba3 import Mamba3
 from lin_attn_jax.layers.mlstm import MLSTM
 from lin_attn_jax.layers.nsa import NativeSparseAttention
@@ -77,13 +78,14 @@ MIXERS: dict[str, type[Mixer]] = {
     "gated_deltaproduct": GatedDeltaProduct,
     "comba": Comba,
     "mamba3": Mamba3,
+    "log_linear_mamba2": LogLinearMamba2,
 }
 
 __all__ = ["Based", "Comba", "Context", "DeltaNet", "FalconH1Parallel",
            "ForgettingAttention", "GLA", "GatedAttention", "GatedDeltaNet",
            "GatedDeltaNet2", "GatedDeltaProduct", "GatedShortConv", "H3",
-           "HGRN2", "KDA", "LinearAttention", "Linformer", "MIXERS", "MODES",
-           "Mamba", "Mamba2", "Mamba3", "Mixer", "MoBA",
+           "HGRN2", "KDA", "LinearAttention", "Linformer", "LogLinearMamba2",
+           "MIXERS", "MODES", "Mamba", "Mamba2", "Mamba3", "Mixer", "MoBA",
            "MultiHeadLatentAttention", "NativeSparseAttention", "OpForms",
            "PaTHAttention", "Performer", "RGLRU", "RWKV6", "RWKV7", "RetNet",
            "SlidingWindowAttention", "SoftmaxAttention", "SparseAttention",

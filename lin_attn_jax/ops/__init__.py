@@ -126,6 +126,10 @@ from lin_attn_jax.ops.gated_delta_product import (
 from lin_attn_jax.ops.comba import (chunk_comba, comba_step,
                                     naive_recurrent_comba, parallel_comba,
                                     recurrent_comba)
+from lin_attn_jax.ops.log_linear_attn import (
+    chunk_log_linear_attn, log_linear_attn_step,
+    naive_recurrent_log_linear_attn, parallel_log_linear_attn,
+    recurrent_log_linear_attn)
 
 # Context parallelism: the chunk forms above split the sequence by themselves
 # under a mesh with a "sequence" axis of size > 1 (jax.set_mesh); these take

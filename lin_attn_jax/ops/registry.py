@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from lin_attn_jax import ops
 from lin_attn_jax.ops import spec_inputs
 from lin_attn_jax.ops.common.segments import reset_flags
+from lin_attn_jax.ops.log_linear_attn.inputs import positions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +132,20 @@ def scan_steps(step, sequence_inputs, *, initial_state=None, segment_ids=None,
   return jnp.moveaxis(o, 0, 1), (state if output_final_state else None)
 
 
+@dataclasses.dataclass(frozen=True)
+class PositionedStepForm(StepForm):
+  """A ``StepForm`` whose step takes ``offset``, the position of its token
+  in its document (log-linear attention): the sequence's ``offset`` (the
+  first token's) and ``segment_ids`` give each token its own."""
+
+  def __call__(self, *, offset=0, segment_ids=None, **inputs):
+    first = inputs[self.token_args[0]]
+    tokens = positions(segment_ids, offset, *first.shape[:2])    # [B, T]
+    form = dataclasses.replace(self, token_args=self.token_args + ("offset",))
+    return StepForm.__call__(form, segment_ids=segment_ids, offset=tokens,
+                             **inputs)
+
+
 SEQUENCE_FORMS = ("naive_recurrent", "parallel", "chunk", "recurrent")
 
 
@@ -189,6 +204,13 @@ def _gated_linear_specs():
                                          "angles")),
              spec_inputs.mamba3,
              ("q", "k", "v", "g", "dt", "trap", "angles", "initial_state"),
+             context_parallel=("chunk",)),
+      OpSpec("log_linear_attn",
+             {**sequence_forms("log_linear_attn"),
+              "step": PositionedStepForm(ops.log_linear_attn_step,
+                                         qkvg + ("level_scales",))},
+             spec_inputs.log_linear_attn,
+             qkvg + ("level_scales", "initial_state"),
              context_parallel=("chunk",)),
   ]
 

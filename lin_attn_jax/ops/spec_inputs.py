@@ -165,6 +165,24 @@ def mamba3(key, dims, strong):
   return inputs
 
 
+
+def log_linear_attn(key, dims, strong):
+  """q, k, v, segment ids, a scalar log-gate ``g``, ``L = bits(T - 1) +
+  1`` levels (the positions past ``2^(L-1)`` that the offset reaches share
+  the top level) with ``level_scales`` uniform in (0, 2), an initial state
+  ``[B, H, L, K, V]`` and each row's ``offset`` in ``[0, T / 2]``."""
+  key, kg, kl, ks, ko = jax.random.split(key, 5)
+  inputs = qkv(key, dims)
+  b, t, h = dims.batch, dims.length, dims.heads
+  levels = (t - 1).bit_length() + 1
+  inputs["g"] = _log_gate(kg, (b, t, h), strong)
+  inputs["level_scales"] = jax.random.uniform(kl, (b, t, h, levels), _F32,
+                                              0.0, 2.0)
+  inputs["initial_state"] = _normal(ks, (b, h, levels, dims.dim_k,
+                                         dims.dim_v))
+  inputs["offset"] = jax.random.randint(ko, (b,), 0, t // 2 + 1, jnp.int32)
+  return inputs
+
 def delta_rule(key, dims, strong, gate=None):
   key, kg, kb = jax.random.split(key, 3)
   inputs = qkv(key, dims)

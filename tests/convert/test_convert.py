@@ -22,7 +22,7 @@ import pytest
 from flax import nnx
 
 from lin_attn_jax import convert
-from lin_attn_jax.convert import safetensors_io
+from lin_attn_jax.convert import core, safetensors_io
 from lin_attn_jax.models.lm import LMConfig
 from lin_attn_jax.ops import (chunk_rg_lru, naive_recurrent_rg_lru,
                               parallel_rg_lru, recurrent_rg_lru, rg_lru_step)
@@ -88,7 +88,8 @@ def _stored(path):
 def test_export_writes_the_same_tensors(tmp_path):
   # The architectures whose tables go beyond transposes and copies.
   for name in ("gla_short_conv", "path_attn", "qwen3_next", "rwkv6", "rwkv7",
-               "gated_deltaproduct", "xlstm_fused", "comba", "mamba3"):
+               "gated_deltaproduct", "xlstm_fused", "comba", "mamba3",
+               "log_linear_mamba2"):
     path = os.path.join(FIXTURES, name)
     lm, _, hf = convert.load_pretrained(path)
     out = str(tmp_path / name)
@@ -300,5 +301,29 @@ def test_xlstm_maps_its_options_and_refuses_what_the_lm_lacks():
                         ({"weight_mode": "packed"}, "weight_mode"),
                         ({"embedding_dim": 32}, "embedding_dim = 32"),
                         ({"num_blocks": 3}, "num_blocks = 3")):
+    with pytest.raises(ValueError, match=match):
+      convert.plan(dict(hf, **update))
+
+
+def test_log_linear_mamba2_maps_its_options_and_refuses_the_rest():
+  """fla's log-linear Mamba-2: the mixer's options reach the LM, the MLP is
+  fla's GatedMLP of ratio 4 whatever the file says (its block fixes it);
+  options fla's layer refuses, or that the LM's layer lacks, do not load."""
+  hf = core.read_config(os.path.join(FIXTURES, "log_linear_mamba2"))
+  config, _, _ = convert.plan(dict(hf, intermediate_size=64))
+  assert config.options_for("log_linear_mamba2") == {
+      "d_state": 8, "d_conv": 4, "n_groups": 2, "head_dim": 16,
+      "conv_bias": True, "bias": False, "norm_eps": 1e-5, "dt_min": 0.1,
+      "dt_max": 1.0, "dt_init_floor": 1e-4}
+  assert (config.n_heads, config.mlp_dim, config.norm_eps,
+          config.tie_embeddings) == (4, 256, 1e-5, False)
+  for update, match in (({"residual_in_fp32": True}, "residual_in_fp32"),
+                        ({"D_has_hdim": True}, "D_has_hdim"),
+                        ({"rmsnorm": False}, "rmsnorm = False"),
+                        ({"norm_before_gate": True}, "norm_before_gate"),
+                        ({"dt_limit": [0.0, 0.5]}, r"dt_limit = \[0.0, 0.5\]"),
+                        ({"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
+                        ({"attnres_block_size": 2}, "attnres_block_size"),
+                        ({"num_heads": 3}, "num_heads \\* head_dim")):
     with pytest.raises(ValueError, match=match):
       convert.plan(dict(hf, **update))

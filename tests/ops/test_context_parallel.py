@@ -229,6 +229,23 @@ def _comba():
   return make, fn
 
 
+def _log_linear():
+  levels = 5
+  def make():
+    return (dict(q=_normal(0, (B, T, H, K)), k=_normal(1, (B, T, H, K)),
+                 v=_normal(2, (B, T, H, V)), g=_log_gate(3, (B, T, H)),
+                 level_scales=2.0 * jax.nn.sigmoid(
+                     _normal(4, (B, T, H, levels)))), (B, H, levels, K, V))
+
+  def fn(initial_state, segment_ids, **inputs):
+    # Positions from 3: blocks of 2^l positions straddle the devices.
+    return ops.chunk_log_linear_attn(
+        **inputs, initial_state=initial_state, output_final_state=True,
+        segment_ids=segment_ids, offset=3, chunk_size=CHUNK,
+        sub_chunk_size=2)
+  return make, fn
+
+
 def _diagonal(name):
   d = 6
   def make():
@@ -459,6 +476,9 @@ CASES = {
     # The angles summed over the devices before, the next device's first
     # trapezoid weight, then the core's split.
     "mamba3": (_mamba3(), (2, 8)),
+    # The core's split of the block terms (stacked on the batch axis),
+    # with positions from an offset and 5 levels for 35 positions.
+    "log_linear_attn": (_log_linear(), (2, 8)),
 }
 
 # name: the P of a run without initial state and segment ids (compared with
