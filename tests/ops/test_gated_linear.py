@@ -43,6 +43,7 @@ CASES_BY_OP = {
     "linear_attn_normalized": [CASES[1], CASES[6]],
     "based": [CASES[3], CASES[5], CASES[6]],
     "mlstm": [CASES[0], CASES[1], CASES[5]],
+    "mesa_net": [CASES[1]],
 }
 
 
