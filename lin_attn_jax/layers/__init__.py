@@ -21,6 +21,7 @@ from lin_attn_jax.layers.linformer import Linformer
 from lin_attn_jax.layers.mamba import Mamba
 from lin_attn_jax.layers.mamba2 import Mamba2
 from lin_attn_jax.layers.mlstm import MLSTM
+from lin_attn_jax.layers.mesa_net import MesaNet
 from lin_attn_jax.layers.nsa import NativeSparseAttention
 from lin_attn_jax.layers.moba import MoBA
 from lin_attn_jax.layers.path_attn import PaTHAttention
@@ -51,6 +52,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "gla": GLA,
     "hgrn2": HGRN2,
     "mlstm": MLSTM,
+    "mesa_net": MesaNet,
     # Diagonal-SSM core.
     "mamba": Mamba,
     "mamba2": Mamba2,
@@ -72,4 +74,4 @@ __all__ = ["GLA", "H3", "HGRN2", "KDA", "RGLRU", "RWKV6", "RWKV7", "Based",
            "Mamba2", "Mixer", "MoBA", "NativeSparseAttention", "OpForms",
            "PaTHAttention", "Performer", "RetNet", "SlidingWindowAttention",
            "SoftmaxAttention", "SparseAttention", "StickBreakingAttention",
-           "GatedDeltaProduct"]
+           "GatedDeltaProduct", "MesaNet"]

@@ -22,6 +22,7 @@ MIXER_OPTIONS = {
     "retnet": {"chunk_size": 8},
     "hgrn2": {"chunk_size": 8, "expand_ratio": 16},
     "mlstm": {"chunk_size": 8},
+    "mesa_net": {"chunk_size": 8},
 }
 
 

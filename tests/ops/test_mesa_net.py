@@ -140,8 +140,6 @@ def test_bad_arguments_raise():
   g, beta, lamb = jnp.zeros((1, 8, 2)), jnp.ones((1, 8, 2)), jnp.ones((2, 4))
   with pytest.raises(ValueError, match="lamb must have shape"):
     ops.chunk_mesa_net(q, k, v, g, beta, jnp.ones((2, 3)))
-  with pytest.raises(ValueError, match="lamb is the regulariser"):
-    ops.chunk_mesa_net(q, k, v, g, beta, jnp.zeros((2, 4)))
   with pytest.raises(ValueError, match="beta must have shape"):
     ops.naive_recurrent_mesa_net(q, k, v, g, jnp.ones((1, 8)), lamb)
   with pytest.raises(ValueError, match=r"initial_state must have shape "
