@@ -7,7 +7,7 @@ nothing is downloaded. Supported ``model_type`` values: ``mamba``,
 dense MLPs) and ``xlstm`` (xLSTM-7B: mLSTM layers) from transformers, and
 flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
 ``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
-``nsa``, ``path_attn`` and ``gated_deltaproduct``.
+``nsa``, ``path_attn``, ``gated_deltaproduct`` and ``mesa_net``.
 
   >>> lm, config, hf_config = load_pretrained("/path/to/checkpoint")
   >>> tokenizer = checkpoint_tokenizer("/path/to/checkpoint")  # or None
