@@ -4,6 +4,7 @@ test_gated_linear.py, the split over devices in test_context_parallel.py).
 """
 
 import functools
+import importlib
 import pathlib
 
 import jax
@@ -120,6 +121,17 @@ def test_implicit_gradient_is_the_converged_unrolled_one():
             testing.rel_rms(implicit[1], unrolled[1]),
             testing.rel_rms(implicit[2], unrolled[2])]
   assert max(errors) <= 1e-4, errors
+
+
+def test_chunk_solve_over_groups_of_chunks(monkeypatch):
+  """Long sequences solve groups of chunks one after the other
+  (``lax.map``); here groups of 4 chunks of 8 tokens, the last group
+  padded, with strong gates, documents and an initial state."""
+  module = importlib.import_module("lin_attn_jax.ops.mesa_net.chunk")
+  monkeypatch.setattr(module, "chunks_per_group", lambda chunk: 4)
+  testing.check_forms(get_spec("mesa_net"),
+                      dims=Dims(length=45, dim_k=8, dim_v=12), strong=True,
+                      chunk_size=8, forms=("chunk",), one_program=True)
 
 
 @pytest.mark.slow

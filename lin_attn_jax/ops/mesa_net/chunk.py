@@ -18,7 +18,8 @@ the log-decays from the chunk's start to token ``i`` and ``P_ij = exp(sum_{j
    chunk): per iteration one ``[C, C]`` score matmul per chunk and head and
    one read of ``S_n``, as the core's scalar-decay outputs. The pair decays
    are exact sums of their own gates (``chunk_pairwise_sums``), masked
-   before ``exp``.
+   before ``exp``. Groups of chunks (512 tokens) are solved one after the
+   other, so that the iterations of a group run in cache.
 3. ``o_i = H^kv_i^T x_i``: the core's ``chunk_gated_linear`` on the query
    ``x``, the keys ``beta k``, the values ``v`` and the log-decays ``g``
    (scale 1), from ``H^kv_0``; it also gives the final ``H^kv`` and takes
@@ -38,8 +39,9 @@ import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks, context_parallel, dispatch
-from lin_attn_jax.ops.common.chunking import (chunk_layout, merge_chunks,
-                                             pad_time, split_chunks)
+from lin_attn_jax.ops.common.chunking import (chunk_layout, chunks_per_group,
+                                             merge_chunks, pad_time,
+                                             split_chunks)
 from lin_attn_jax.ops.common.decay import chunk_log_decays
 from lin_attn_jax.ops.common.segments import chunk_documents
 from lin_attn_jax.ops.gated_linear import chunk_gated_linear
@@ -85,6 +87,26 @@ def entering_states(k_beta_c, values_c, g_c, doc_c, doc_before, state0, *,
   return jnp.moveaxis(entering, 0, 1), final
 
 
+def _over_groups(fn, operands, group):
+  """``fn(*operands)`` over groups of ``group`` chunks (axis 1) with
+  ``lax.map``, so that the CG iterations of one group run in cache; the
+  chunks' systems are independent given their entering states. Unlike
+  ``chunking.map_chunk_groups`` nothing is rematerialised: the backward
+  pass needs the solution, which a recomputation would solve again."""
+  b, n = operands[0].shape[:2]
+  if n <= group:
+    return fn(*operands)
+  steps = -(-n // group)
+
+  def to_groups(x):
+    x = jnp.pad(x, [(0, 0), (0, steps * group - n)] + [(0, 0)] * (x.ndim - 2))
+    return x.reshape((b * steps, group) + x.shape[2:])
+
+  out = jax.lax.map(lambda xs: fn(*(x[None] for x in xs))[0],
+                    tuple(to_groups(x) for x in operands))
+  return out.reshape((b, steps * group) + out.shape[2:])[:, :n]
+
+
 def chunk_solve(q, k, beta, g, lamb, h_kk0, segment_ids, *, chunk, sub,
                 cg_steps):
   """Steps 1 and 2: ``x [B, T, H, K]`` float32 and the final ``H^kk [B, H,
@@ -117,12 +139,16 @@ def chunk_solve(q, k, beta, g, lamb, h_kk0, segment_ids, *, chunk, sub,
                    0.0)                                         # [B,N,H,C,1]
   lamb = jnp.asarray(lamb, _F32)[:, None, :]                    # [H, 1, K]
 
-  def matvec(p):                                                # [B,N,H,C,K]
-    scores = _mm("bnhik,bnhjk->bnhij", p, k_h) * pairs
-    return (_mm("bnhij,bnhjk->bnhik", scores, k_h)
-            + _mm("bnhik,bnhkl->bnhil", read * p, entering) + lamb * p)
+  def solve_chunks(q_h, k_h, pairs, read, entering):
+    def matvec(p):                                              # [B,N,H,C,K]
+      scores = _mm("bnhik,bnhjk->bnhij", p, k_h) * pairs
+      return (_mm("bnhij,bnhjk->bnhik", scores, k_h)
+              + _mm("bnhik,bnhkl->bnhil", read * p, entering) + lamb * p)
+    return solve(matvec, q_h, cg_steps)
 
-  x = solve(matvec, heads_first(q_c), cg_steps)                 # [B,N,H,C,K]
+  x = _over_groups(solve_chunks,
+                   (heads_first(q_c), k_h, pairs, read, entering),
+                   chunks_per_group(chunk))                     # [B,N,H,C,K]
   x = merge_chunks(jnp.moveaxis(x, 2, 3))[:, :t]                # [B, T, H, K]
   return x, final
 
