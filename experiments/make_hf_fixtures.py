@@ -82,6 +82,7 @@ def fla_cpu_reference():
   import fla.layers.gated_deltaproduct as fla_gdp
   import fla.layers.gla as fla_gla
   import fla.layers.log_linear_mamba2 as fla_log_linear_mamba2
+  import fla.layers.mesa_net as fla_mesa_net
   import fla.layers.nsa as fla_nsa
   import fla.layers.path_attn as fla_path_attn
   import fla.layers.rwkv6 as fla_rwkv6
@@ -95,6 +96,8 @@ def fla_cpu_reference():
   from fla.ops.gated_delta_product.naive import (
       naive_recurrent_gated_delta_product)
   from fla.ops.log_linear_attn.naive import naive_log_linear_attn
+  from fla.ops.mesa_net.naive import (naive_mesa_net_CG,
+                                      naive_mesa_net_decoding_one_step)
   from fla.ops.rwkv7.fused_addcmul import torch_addcmul_rwkv7
   from fla.ops.rwkv7.fused_k_update import k_update_ref
   from fla.ops.path_attn.naive import naive_path_attn
@@ -304,6 +307,29 @@ def fla_cpu_reference():
     return torch.stack(out, 1).to(v.dtype), (s if output_final_state else None)
 
   fla_comba.chunk_comba = fla_comba.fused_recurrent_comba = recurrent_comba
+  def mesa_net(q, k, v, g, beta, lamb, h_kk_init=None, h_kv_init=None,
+               output_final_state=False, max_CG_iteration=30,
+               use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
+    # fla's naive chunkwise CG with the whole sequence as one chunk.
+    assert cu_seqlens is None
+    if use_qk_l2norm_in_kernel:
+      q, k = l2(q.float()), l2(k.float())
+    o, h_kk, h_kv = naive_mesa_net_CG(
+        q, k, v, g, lamb, beta, chunk_size=q.shape[1],
+        max_CG_iteration=max_CG_iteration, h_kk_init=h_kk_init,
+        h_kv_init=h_kv_init)
+    final = (h_kk, h_kv) if output_final_state else (None, None)
+    return (o.to(v.dtype), *final)
+
+  def mesa_net_step(q, k, v, g, lamb, beta, prev_h_kk, prev_h_kv,
+                    max_CG_iteration=30):
+    return naive_mesa_net_decoding_one_step(
+        q, k, v, g, lamb, beta, prev_h_kk, prev_h_kv,
+        max_CG_iteration=max_CG_iteration)
+
+  fla_mesa_net.chunk_mesa_net = mesa_net
+  fla_mesa_net.mesa_net_decoding_one_step = mesa_net_step
+  fla_mesa_net.l2_norm = lambda x, output_dtype=None, **kw: l2(x.float())
 
   def recurrent_rwkv6(r, k, v, w, u, scale=1.0, initial_state=None,
                       output_final_state=False, **kwargs):
@@ -652,6 +678,8 @@ FIXTURES = {
                                hidden_ratio=2),
     "comba": _fla("Comba", hidden_size=32, num_heads=2, num_v_heads=4,
                   head_dim=8, expand_v=1.5, norm_eps=1e-5, hidden_ratio=2),
+    "mesa_net": _fla("MesaNet", hidden_size=32, num_heads=2, head_dim=8,
+                     norm_eps=1e-5, hidden_ratio=2),
     "rwkv6": _fla("RWKV6", hidden_size=32, num_heads=2, expand_k=0.5,
                   proj_low_rank_dim=8, gate_low_rank_dim=16, hidden_ratio=2),
     "rwkv7": _fla("RWKV7", hidden_size=32, head_dim=16,
@@ -717,7 +745,7 @@ def _decode(model, tokens, torch):
                                          "rwkv6", "rwkv7",
                                          "forgetting_transformer", "nsa",
                                          "path_attn", "gated_deltaproduct",
-                                         "comba", "mamba3")
+                                         "comba", "mamba3", "mesa_net")
   # fla's ForgettingAttention decodes from its KV cache only through the
   # path of an attention mask (all ones here: no padding); fla's PaTH layer
   # prefills into its cache and decodes only when given one (without one it

@@ -56,8 +56,8 @@ def stickbreaking_attn():
   key/value heads), K != V, T = 19, for each case of
   ``STICKBREAKING_CASES``: ``<case>_{q,k,v}`` (float32), its ``o`` and
   ``rem``, and the gradients ``d{q,k,v}`` of ``sum(o * do) + sum(rem *
-  drem)`` for the stored cotangents. The reference runs in float64 on the
-  float32 inputs (fla's naive form keeps float64 inputs in float64)."""
+  drem)`` for the stored cotangents. The reference runs in floaref on the
+  float32 inputs (fla's naive form keeps floaref inputs in floaref)."""
   import torch
   from fla.ops.stickbreaking_attn.naive import naive_stickbreaking_attn
 
@@ -71,11 +71,11 @@ def stickbreaking_attn():
               "do": rng.standard_normal((b, t, h, dv)),
               "drem": rng.standard_normal((b, t, h))}
     inputs = {n: x.astype(np.float32) for n, x in inputs.items()}
-    q, k, v = (torch.tensor(inputs[n], dtype=torch.float64,
+    q, k, v = (torch.tensor(inputs[n], dtype=torch.floaref,
                             requires_grad=True) for n in ("q", "k", "v"))
     o, rem = naive_stickbreaking_attn(q, k, v, attend_current=attend_current)
-    loss = ((o * torch.tensor(inputs["do"], dtype=torch.float64)).sum()
-            + (rem * torch.tensor(inputs["drem"], dtype=torch.float64)).sum())
+    loss = ((o * torch.tensor(inputs["do"], dtype=torch.floaref)).sum()
+            + (rem * torch.tensor(inputs["drem"], dtype=torch.floaref)).sum())
     loss.backward()
     outputs = {"o": o, "rem": rem, "dq": q.grad, "dk": k.grad, "dv": v.grad}
     for n, x in {**inputs, **outputs}.items():
@@ -97,7 +97,7 @@ def _fla_forgetting_attn(rng, *, batch, length, heads, heads_kv, dim,
   o = naive_forgetting_attn(*(torch.from_numpy(x) for x in (q, k, v, g)),
                             scale=scale, window_size=window_size)
   return dict(q=q, k=k, v=v, g=g, o=o.numpy(), scale=np.float32(scale),
-              window=np.int64(window_size or 0))
+              window=np.inref(window_size or 0))
 
 
 @fixture("forgetting_attn")
@@ -150,8 +150,8 @@ def nsa():
                                                      "g_slc", "g_swa")),
                   block_counts=counts, block_size=block, window_size=window,
                   cu_seqlens=cu_seqlens)
-    x.update(o=o.numpy(), block_size=np.int64(block),
-             block_counts=np.int64(counts), window_size=np.int64(window))
+    x.update(o=o.numpy(), block_size=np.inref(block),
+             block_counts=np.inref(counts), window_size=np.inref(window))
     arrays.update({f"{name}_{n}": a for n, a in x.items()})
   return arrays
 
@@ -400,31 +400,31 @@ def gated_delta_product():
 def _xlstm_native(inputs, chunk_size=None):
   """transformers' native mLSTM on ``inputs`` (our layout, float32): the
   token-by-token ``mlstm_recurrent_sequence_native`` (or, with
-  ``chunk_size``, ``mlstm_chunkwise_native_autograd``) in float64 from the
+  ``chunk_size``, ``mlstm_chunkwise_native_autograd``) in floaref from the
   stored initial ``(C, n, m)``; ``h``, the final state and the gradients of
   ``sum(h * dh) + sum(C * dC) + sum(n * dn) + sum(m * dm)``."""
   import torch
   from transformers.models.xlstm import modeling_xlstm as xlstm
 
   def heads_first(x):
-    return torch.tensor(np.moveaxis(x, 1, 2), dtype=torch.float64,
+    return torch.tensor(np.moveaxis(x, 1, 2), dtype=torch.floaref,
                         requires_grad=True)
 
   q, k, v = (heads_first(inputs[n]) for n in ("q", "k", "v"))
   i, f = (heads_first(inputs[n]) for n in ("i", "f"))
-  c0, n0, m0 = (torch.tensor(inputs[n], dtype=torch.float64,
+  c0, n0, m0 = (torch.tensor(inputs[n], dtype=torch.floaref,
                              requires_grad=True) for n in ("c0", "n0", "m0"))
   if chunk_size is None:
     h, (c, n, m) = xlstm.mlstm_recurrent_sequence_native(
         q, k, v, i, f, c_initial=c0, n_initial=n0, m_initial=m0[..., None],
-        return_last_states=True, eps=1e-6, dtype_state=torch.float64)
+        return_last_states=True, eps=1e-6, dtype_state=torch.floaref)
   else:
     h, (c, n, m) = xlstm.mlstm_chunkwise_native_autograd(
         q, k, v, i, f, c_initial=c0, n_initial=n0, m_initial=m0[..., None],
         return_last_states=True, eps=1e-6, chunk_size=chunk_size)
   h = h.transpose(1, 2)                                       # [B, T, H, V]
   m = m[..., 0]
-  loss = sum((x * torch.tensor(inputs[name], dtype=torch.float64)).sum()
+  loss = sum((x * torch.tensor(inputs[name], dtype=torch.floaref)).sum()
              for x, name in ((h, "dh"), (c, "dc"), (n, "dn"), (m, "dm")))
   loss.backward()
   out = {"h": h, "c": c, "n": n, "m": m}
@@ -440,7 +440,7 @@ def _xlstm_native(inputs, chunk_size=None):
 def mlstm():
   """transformers' native mLSTM of xLSTM-7B (``models/xlstm``, the code
   its inference and training modes run without the ``xlstm`` package),
-  in float64 on float32 inputs, K != V, from a random initial ``(C, n,
+  in floaref on float32 inputs, K != V, from a random initial ``(C, n,
   m)``: ``<case>_*`` for ``gentle`` (T = 19, gates ``i ~ N(0, 1)``, ``f ~
   N(2, 1)``) and ``strong`` (T = 19, ``i ~ N(0, 8)``, ``f ~ N(0, 10)``),
   token by token, and ``chunkwise`` (T = 32, chunks of 16, gentle gates)
@@ -630,6 +630,87 @@ def log_linear_attn():
     arrays.update({f"{case}_{n}": a for n, a in {**inputs,
                                                   **outputs}.items()})
   return arrays
+def _mesa_net_inputs(rng, b, t, h, d, q_scale):
+  """Unit keys and queries (times ``q_scale``), gentle log-decays, ``beta``
+  in (0, 1), ``lamb = softplus(N(0, 1)) + 0.25`` and a reachable initial
+  ``H^kk`` (``sum_j beta_j k_j k_j^T`` over 16 unit keys), as float32."""
+  def unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+  prior = unit(rng.standard_normal((b, 16, h, d)))
+  weights = 1 / (1 + np.exp(-rng.standard_normal((b, 16, h))))
+  x = {"q": q_scale * unit(rng.standard_normal((b, t, h, d))),
+       "k": unit(rng.standard_normal((b, t, h, d))),
+       "v": rng.standard_normal((b, t, h, d)),
+       "g": -np.logaddexp(0.0, -(rng.standard_normal((b, t, h)) + 2.0)),
+       "beta": 1 / (1 + np.exp(-rng.standard_normal((b, t, h)))),
+       "lamb": np.logaddexp(0.0, rng.standard_normal((h, d))) + 0.25,
+       "h_kk0": np.einsum("bjhk,bjh,bjhl->bhkl", prior, weights, prior),
+       "h_kv0": rng.standard_normal((b, h, d, d))}
+  return {name: a.astype(np.float32) for name, a in x.items()}
+
+
+@fixture("mesa_net")
+def mesa_net():
+  """fla's MesaNet references (``fla/ops/mesa_net/naive.py``, which needs
+  K = V and computes in float32) on two rows, 2 heads, K = V = 8:
+
+  - ``cg_*``: ``naive_mesa_net_CG`` (30 CG steps from 0, chunks of 8) on
+    T = 32 unit queries: ``o``, final ``h_kk``, ``h_kv``.
+  - ``decoding_*``: ``naive_mesa_net_decoding_one_step`` token by token
+    (30 steps from the start ``q / (diag(H^kk) + lamb)``) on the same
+    inputs: ``o``, final ``h_kk``, ``h_kv``.
+  - ``exact_*``: ``naive_mesa_net_exact`` (``torch.linalg.solve``) on T =
+    19 queries of norm 1e3, and the gradients ``d{q, k, v, g, beta, lamb,
+    h_kk0, h_kv0}`` of ``sum(o do) + sum(h_kk dh_kk) + sum(h_kv dh_kv)``
+    (``do`` of RMS 1e3): CG's ``1e-5`` guards stop it near a residual of
+    ``sqrt(1e-5 / lamb)``, a relative 3e-6 at that scale, so a CG solve
+    and its implicit gradient are compared with the exact ones there.
+  """
+  import torch
+  from fla.ops.mesa_net.naive import (naive_mesa_net_CG,
+                                      naive_mesa_net_decoding_one_step,
+                                      naive_mesa_net_exact)
+
+  rng = np.random.default_rng(SEED)
+  b, h, d = 2, 2, 8
+  arrays = {}
+  x = _mesa_net_inputs(rng, b, 32, h, d, 1.0)
+  ref = {n: torch.from_numpy(a) for n, a in x.items()}
+  args = [ref[n] for n in ("q", "k", "v", "g", "lamb", "beta")]
+  o, h_kk, h_kv = naive_mesa_net_CG(*args, chunk_size=8,
+                                    max_CG_iteration=30,
+                                    h_kk_init=ref["h_kk0"],
+                                    h_kv_init=ref["h_kv0"])
+  arrays.update({f"cg_{n}": a for n, a in x.items()})
+  arrays.update(cg_o=o, cg_h_kk=h_kk, cg_h_kv=h_kv)
+  h_kk, h_kv, outs = ref["h_kk0"], ref["h_kv0"], []
+  for step in range(x["q"].shape[1]):
+    o_t, h_kk, h_kv = naive_mesa_net_decoding_one_step(
+        *(a[:, step] for a in args[:4]), args[4], args[5][:, step], h_kk,
+        h_kv, max_CG_iteration=30)
+    outs.append(o_t)
+  arrays.update(decoding_o=torch.stack(outs, 1), decoding_h_kk=h_kk,
+                decoding_h_kv=h_kv)
+
+  x = _mesa_net_inputs(rng, b, 19, h, d, 1e3)
+  x.update(do=1e3 * rng.standard_normal((b, 19, h, d)),
+           dh_kk=rng.standard_normal((b, h, d, d)),
+           dh_kv=rng.standard_normal((b, h, d, d)))
+  x = {n: a.astype(np.float32) for n, a in x.items()}
+  ref = {n: torch.tensor(a, requires_grad=True) for n, a in x.items()}
+  o, h_kk, h_kv = naive_mesa_net_exact(
+      *(ref[n] for n in ("q", "k", "v", "g", "lamb", "beta")),
+      h_kk_init=ref["h_kk0"], h_kv_init=ref["h_kv0"])
+  loss = ((o * ref["do"]).sum() + (h_kk * ref["dh_kk"]).sum()
+          + (h_kv * ref["dh_kv"]).sum())
+  loss.backward()
+  arrays.update({f"exact_{n}": a for n, a in x.items()})
+  arrays.update(exact_o=o, exact_h_kk=h_kk, exact_h_kv=h_kv)
+  arrays.update({f"exact_d{n}": ref[n].grad for n in
+                 ("q", "k", "v", "g", "beta", "lamb", "h_kk0", "h_kv0")})
+  return {n: np.asarray(a.detach().numpy() if hasattr(a, "detach") else a,
+                        np.float32) for n, a in arrays.items()}
 
 
 def main(argv):

@@ -7,8 +7,8 @@ nothing is downloaded. Supported ``model_type`` values: ``mamba``,
 dense MLPs) and ``xlstm`` (xLSTM-7B: mLSTM layers) from transformers, and
 flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
 ``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
-``nsa``, ``path_attn``, ``gated_deltaproduct``, ``comba``, ``mamba3`` and
-``log_linear_mamba2``.
+``nsa``, ``path_attn``, ``gated_deltaproduct``, ``comba``, ``mamba3``,
+``log_linear_mamba2`` and ``mesa_net``.
 
   >>> lm, config, hf_config = load_pretrained("/path/to/checkpoint")
   >>> tokenizer = checkpoint_tokenizer("/path/to/checkpoint")  # or None

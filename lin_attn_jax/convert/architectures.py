@@ -7,8 +7,8 @@ cannot reproduce exactly) and ``entries(hf, config) -> [Entry]`` (see
 ``mamba``, ``mamba2``, ``recurrent_gemma``, ``qwen3_next`` and ``xlstm``,
 and flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
 ``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
-``nsa``, ``path_attn``, ``gated_deltaproduct``, ``comba``, ``mamba3`` and
-``log_linear_mamba2``.
+``nsa``, ``path_attn``, ``gated_deltaproduct``, ``comba``, ``mamba3``,
+``log_linear_mamba2`` and ``mesa_net``.
 
 Norm conventions: RecurrentGemma and Qwen3-Next scale by ``1 + w``; the LM's
 scale is that sum (an export subtracts 1 again). Heads of fla's and
@@ -1012,6 +1012,41 @@ def log_linear_mamba2_entries(hf: dict, config: LMConfig) -> list[Entry]:
                           ("down_proj", "down")):
       out += linear(f"{p}.mlp.{hf_name}", _block(i, "mlp", ours))
   return out + _head(hf, config)
+def mesa_net_config(hf: dict) -> LMConfig:
+  """fla's ``mesa_net``: the model config's defaults where the file leaves
+  a key out. fla's layer always has the q and k short convolutions (its
+  ``use_short_conv`` is stored, not read) and never a bias on them; it
+  decodes from its kernel's diagonal CG start (``decode_cg_start``)."""
+  options = dict(head_dim=int(hf.get("head_dim", 128)),
+                 use_output_gate=bool(hf.get("use_output_gate", False)),
+                 use_short_conv=True, conv_size=int(hf.get("conv_size", 4)),
+                 conv_bias=False, norm_eps=float(hf.get("norm_eps", 1e-6)),
+                 lambda_lower_bound=float(hf.get("lambda_lower_bound", 0.25)),
+                 cg_steps=int(hf.get("max_cg_step_training", 30)),
+                 decode_cg_steps=int(hf.get("max_cg_step_decoding", 30)),
+                 decode_cg_start="diagonal")
+  return _fla_swiglu_config(hf, "mesa_net", int(hf["num_heads"]), options)
+
+
+def mesa_net_entries(hf: dict, config: LMConfig) -> list[Entry]:
+  out = _fla_frame(hf, config)
+  options = config.options_for(config.layer_mixers[0])
+  for i in range(config.n_layers):
+    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
+    out += _fla_swiglu_block(i)
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+      out += linear(f"{a}.{name}", m + (name,))
+    for name in ("a_proj", "b_proj"):
+      out += linear(f"{a}.{name}", m + (name,), True)
+    if options.get("use_output_gate"):
+      out += linear(f"{a}.g_proj", m + ("g_proj",))
+    out += [copy(f"{a}.lambda_params", m + ("lambda_params",)),
+            head_shared(f"{a}.o_norm.weight", m + ("norm", "scale"),
+                        config.n_heads)]
+    out += [conv(f"{a}.{name}_conv1d.weight",
+                 m + ("short_conv", f"{name}_conv", "weight"))
+            for name in ("q", "k")]
+  return out
 
 
 ARCHITECTURES = {
@@ -1037,6 +1072,7 @@ ARCHITECTURES = {
     "mamba3": (mamba3_config, mamba3_entries),
     "log_linear_mamba2": (log_linear_mamba2_config,
                           log_linear_mamba2_entries),
+    "mesa_net": (mesa_net_config, mesa_net_entries),
 }
 
 

@@ -26,6 +26,7 @@ from lin_attn_jax.layers.mla import MultiHeadLatentAttention
 from lin_attn_jax.layers.log_linear_mamba2 import LogLinearMamba2
 from lin_attn_jax.layers.mamba3 import Mamba3
 from lin_attn_jax.layers.mlstm import MLSTM
+from lin_attn_jax.layers.mesa_net import MesaNet
 from lin_attn_jax.layers.nsa import NativeSparseAttention
 from lin_attn_jax.layers.moba import MoBA
 from lin_attn_jax.layers.path_attn import PaTHAttention
@@ -63,6 +64,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "gla": GLA,
     "hgrn2": HGRN2,
     "mlstm": MLSTM,
+    "mesa_net": MesaNet,
     # Diagonal-SSM core.
     "mamba": Mamba,
     "mamba2": Mamba2,
@@ -85,8 +87,8 @@ __all__ = ["Based", "Comba", "Context", "DeltaNet", "FalconH1Parallel",
            "ForgettingAttention", "GLA", "GatedAttention", "GatedDeltaNet",
            "GatedDeltaNet2", "GatedDeltaProduct", "GatedShortConv", "H3",
            "HGRN2", "KDA", "LinearAttention", "Linformer", "LogLinearMamba2",
-           "MIXERS", "MODES", "Mamba", "Mamba2", "Mamba3", "Mixer", "MoBA",
-           "MultiHeadLatentAttention", "NativeSparseAttention", "OpForms",
-           "PaTHAttention", "Performer", "RGLRU", "RWKV6", "RWKV7", "RetNet",
-           "SlidingWindowAttention", "SoftmaxAttention", "SparseAttention",
-           "StickBreakingAttention"]
+           "MIXERS", "MODES", "Mamba", "Mamba2", "Mamba3", "MesaNet", "Mixer",
+           "MoBA", "MultiHeadLatentAttention", "NativeSparseAttention",
+           "OpForms", "PaTHAttention", "Performer", "RGLRU", "RWKV6", "RWKV7",
+           "RetNet", "SlidingWindowAttention", "SoftmaxAttention",
+           "SparseAttention", "StickBreakingAttention"]

@@ -131,6 +131,13 @@ from lin_attn_jax.ops.log_linear_attn import (
     naive_recurrent_log_linear_attn, parallel_log_linear_attn,
     recurrent_log_linear_attn)
 
+# MesaNet: two gated-linear states and a conjugate-gradient solve.
+from lin_attn_jax.ops.mesa_net import (chunk_mesa_net, mesa_net_step,
+                                       naive_recurrent_mesa_net,
+                                       pack_mesa_net_state, parallel_mesa_net,
+                                       recurrent_mesa_net,
+                                       unpack_mesa_net_state)
+
 # Context parallelism: the chunk forms above split the sequence by themselves
 # under a mesh with a "sequence" axis of size > 1 (jax.set_mesh); these take
 # the axis name and mesh explicitly. See docs/context_parallel.md.
@@ -159,3 +166,5 @@ from lin_attn_jax.ops.stickbreaking_attn.context_parallel import (
     context_parallel_stickbreaking_attn)
 from lin_attn_jax.ops.gdn2.context_parallel import context_parallel_gdn2
 from lin_attn_jax.ops.comba.context_parallel import context_parallel_comba
+from lin_attn_jax.ops.mesa_net.context_parallel import (
+    context_parallel_mesa_net)

@@ -212,6 +212,14 @@ def _gated_linear_specs():
              spec_inputs.log_linear_attn,
              qkvg + ("level_scales", "initial_state"),
              context_parallel=("chunk",)),
+      # Two gated-linear states (keys beta k, values [k | v]) and a CG
+      # solve per token; every form differentiates the solve implicitly.
+      OpSpec("mesa_net",
+             sequence_forms("mesa_net", step_tokens=qkv + ("g", "beta"),
+                            use_qk_l2norm=True),
+             spec_inputs.mesa_net,
+             qkv + ("g", "beta", "lamb", "initial_state"),
+             context_parallel=("chunk",)),
   ]
 
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from lin_attn_jax import feature_maps
 from lin_attn_jax.ops.mamba3 import pack_mamba3_state
 from lin_attn_jax.ops.mlstm import pack_mlstm_state
+from lin_attn_jax.ops.mesa_net import pack_mesa_net_state
 
 _F32 = jnp.float32
 # Diagonal SSMs: the strongest per-token log-decay of the strong inputs.
@@ -455,4 +456,26 @@ def path_attn(key, dims, strong):
   inputs["beta"] = 2.0 * jax.nn.sigmoid(jax.random.normal(kb, shape[:-1],
                                                           _F32))
   inputs["g"] = _log_gate(kg, inputs["q"].shape[:-1], strong)
+  return inputs
+
+
+def mesa_net(key, dims, strong, prior=16):
+  """q, k, v (the forms L2-normalise q and k), segment ids, log-decays
+  ``g [B, T, H]`` (``_log_gate``), ``beta = sigmoid(N(0, 1))``, ``lamb =
+  softplus(N(0, 1)) + 0.25 [H, K]`` (the reference layer's lower bound)
+  and an initial ``[H^kk | H^kv]`` whose ``H^kk`` a MesaNet can have
+  reached (symmetric, ``sum_j beta_j k_j k_j^T`` over ``prior`` unit keys;
+  the CG needs ``H^kk + diag(lamb)`` positive definite)."""
+  key, kg, kb, kl, kp, kw = jax.random.split(key, 6)
+  inputs = qkv(key, dims)
+  b, t, h, dk = dims.batch, dims.length, dims.heads, dims.dim_k
+  inputs["g"] = _log_gate(kg, (b, t, h), strong)
+  inputs["beta"] = jax.nn.sigmoid(_normal(kb, (b, t, h)))
+  inputs["lamb"] = jax.nn.softplus(_normal(kl, (h, dk))) + 0.25
+  keys = _normal(kp, (b, prior, h, dk))
+  keys = keys / jnp.linalg.norm(keys, axis=-1, keepdims=True)
+  weights = jax.nn.sigmoid(_normal(kw, (b, prior, h)))
+  h_kk = jnp.einsum("bjhk,bjh,bjhl->bhkl", keys, weights, keys)
+  inputs["initial_state"] = pack_mesa_net_state(
+      h_kk, inputs["initial_state"][..., :dims.dim_v])
   return inputs

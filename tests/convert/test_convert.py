@@ -89,7 +89,7 @@ def test_export_writes_the_same_tensors(tmp_path):
   # The architectures whose tables go beyond transposes and copies.
   for name in ("gla_short_conv", "path_attn", "qwen3_next", "rwkv6", "rwkv7",
                "gated_deltaproduct", "xlstm_fused", "comba", "mamba3",
-               "log_linear_mamba2"):
+               "log_linear_mamba2", "mesa_net"):
     path = os.path.join(FIXTURES, name)
     lm, _, hf = convert.load_pretrained(path)
     out = str(tmp_path / name)

@@ -23,6 +23,7 @@ MIXER_OPTIONS = {
     "hgrn2": {"chunk_size": 8, "expand_ratio": 16},
     "mlstm": {"chunk_size": 8},
     "mamba3": {"chunk_size": 8, "d_state": 16},
+    "mesa_net": {"chunk_size": 8},
 }
 
 

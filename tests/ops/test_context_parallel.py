@@ -420,6 +420,29 @@ def _mamba3():
   return make, fn
 
 
+def _mesa_net():
+  def make():
+    keys = _normal(5, (B, 16, H, K))
+    keys = keys / jnp.linalg.norm(keys, axis=-1, keepdims=True)
+    return (dict(q=_normal(0, (B, T, H, K)), k=_normal(1, (B, T, H, K)),
+                 v=_normal(2, (B, T, H, V)), g=_log_gate(3, (B, T, H)),
+                 beta=jax.nn.sigmoid(_normal(4, (B, T, H))),
+                 lamb=jax.nn.softplus(_normal(6, (H, K))) + 0.25,
+                 keys=keys), (B, H, K, V))
+
+  def fn(initial_state, segment_ids, keys, **inputs):
+    # A reachable initial H^kk (symmetric, positive semi-definite) beside
+    # the random H^kv of the case.
+    if initial_state is not None:
+      initial_state = ops.pack_mesa_net_state(
+          jnp.einsum("bjhk,bjhl->bhkl", keys, keys), initial_state)
+    return ops.chunk_mesa_net(**inputs, initial_state=initial_state,
+                              output_final_state=True,
+                              segment_ids=segment_ids, chunk_size=CHUNK,
+                              use_qk_l2norm=True)
+  return make, fn
+
+
 # name: (case, the P values it runs at with segment ids and initial state).
 # One core form of each kind runs at every P; the other ops reach the same
 # split code through their core and run at one P each.
@@ -479,6 +502,9 @@ CASES = {
     # The core's split of the block terms (stacked on the batch axis),
     # with positions from an offset and 5 levels for 35 positions.
     "log_linear_attn": (_log_linear(), (2, 8)),
+    # The solve is not linear in the state: each device runs the chunk form
+    # from the state the combine gives it.
+    "mesa_net": (_mesa_net(), (2, 8)),
 }
 
 # name: the P of a run without initial state and segment ids (compared with
