@@ -69,11 +69,13 @@ def chunks_in_budget(chunk: int, floats_per_token: int) -> int:
   return max(1, GROUP_FLOATS // (chunk * floats_per_token))
 
 
-def map_chunk_groups(fn, operands, group: int):
+def map_chunk_groups(fn, operands, group: int, remat: bool = True):
   """``fn(*operands)`` over groups of ``group`` chunks (axis 1), rematerialised.
 
   Mapping over groups and recomputing each group's intermediates in the
-  backward pass keeps only one group's worth alive (and in cache). The map
+  backward pass keeps only one group's worth alive (and in cache);
+  ``remat=False`` keeps them instead (where the backward pass needs a
+  result that a recomputation would cost again in full). The map
   runs over (batch row, group) pairs: ``[B, N, ...] -> [B * groups, group,
   ...]`` is a reshape, where moving a group axis before the batch axis
   would copy every operand. Every operand and output has the ``[B, N]``
@@ -94,6 +96,6 @@ def map_chunk_groups(fn, operands, group: int):
   def one_group(xs):
     return jax.tree.map(lambda y: y[0], fn(*(x[None] for x in xs)))
 
-  out = jax.lax.map(jax.checkpoint(one_group),
+  out = jax.lax.map(jax.checkpoint(one_group) if remat else one_group,
                     tuple(to_groups(x) for x in operands))
   return jax.tree.map(from_groups, out)

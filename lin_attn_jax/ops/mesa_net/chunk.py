@@ -40,8 +40,8 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks, context_parallel, dispatch
 from lin_attn_jax.ops.common.chunking import (chunk_layout, chunks_per_group,
-                                             merge_chunks, pad_time,
-                                             split_chunks)
+                                             map_chunk_groups, merge_chunks,
+                                             pad_time, split_chunks)
 from lin_attn_jax.ops.common.decay import chunk_log_decays
 from lin_attn_jax.ops.common.segments import chunk_documents
 from lin_attn_jax.ops.gated_linear import chunk_gated_linear
@@ -87,26 +87,6 @@ def entering_states(k_beta_c, values_c, g_c, doc_c, doc_before, state0, *,
   return jnp.moveaxis(entering, 0, 1), final
 
 
-def _over_groups(fn, operands, group):
-  """``fn(*operands)`` over groups of ``group`` chunks (axis 1) with
-  ``lax.map``, so that the CG iterations of one group run in cache; the
-  chunks' systems are independent given their entering states. Unlike
-  ``chunking.map_chunk_groups`` nothing is rematerialised: the backward
-  pass needs the solution, which a recomputation would solve again."""
-  b, n = operands[0].shape[:2]
-  if n <= group:
-    return fn(*operands)
-  steps = -(-n // group)
-
-  def to_groups(x):
-    x = jnp.pad(x, [(0, 0), (0, steps * group - n)] + [(0, 0)] * (x.ndim - 2))
-    return x.reshape((b * steps, group) + x.shape[2:])
-
-  out = jax.lax.map(lambda xs: fn(*(x[None] for x in xs))[0],
-                    tuple(to_groups(x) for x in operands))
-  return out.reshape((b, steps * group) + out.shape[2:])[:, :n]
-
-
 def chunk_solve(q, k, beta, g, lamb, h_kk0, segment_ids, *, chunk, sub,
                 cg_steps):
   """Steps 1 and 2: ``x [B, T, H, K]`` float32 and the final ``H^kk [B, H,
@@ -146,9 +126,11 @@ def chunk_solve(q, k, beta, g, lamb, h_kk0, segment_ids, *, chunk, sub,
               + _mm("bnhik,bnhkl->bnhil", read * p, entering) + lamb * p)
     return solve(matvec, q_h, cg_steps)
 
-  x = _over_groups(solve_chunks,
-                   (heads_first(q_c), k_h, pairs, read, entering),
-                   chunks_per_group(chunk))                     # [B,N,H,C,K]
+  # Not rematerialised: the backward pass needs the solution, which a
+  # recomputation would solve again.
+  x = map_chunk_groups(solve_chunks,
+                       (heads_first(q_c), k_h, pairs, read, entering),
+                       chunks_per_group(chunk), remat=False)    # [B,N,H,C,K]
   x = merge_chunks(jnp.moveaxis(x, 2, 3))[:, :t]                # [B, T, H, K]
   return x, final
 
