@@ -4,6 +4,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from lin_attn_jax.layers import MIXERS, Comba
@@ -47,6 +48,7 @@ def test_parameters_have_fla_shapes_and_init():
   assert plain.decay is None and plain.D is None
 
 
+@pytest.mark.slow
 def test_correction_and_options_change_the_output():
   """The correction ``q - D sigmoid(d) k`` reaches the output (with ``D =
   0`` it is gone, as without the option), and the variant without short

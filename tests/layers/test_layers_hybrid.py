@@ -193,8 +193,11 @@ def _tiny_lm(case):
 
 
 # MLA without RoPE runs the same code as with it: slow only.
-LM_RUNS = [pytest.param(case, marks=pytest.mark.slow if case == "mla_nope"
-                        else ()) for case in sorted(LM_CASES)]
+# MLA without RoPE and the gated attention (softmax attention with options)
+# run in the slow suite only.
+LM_RUNS = [pytest.param(case, marks=pytest.mark.slow
+                        if case in ("mla_nope", "gated_attn") else ())
+           for case in sorted(LM_CASES)]
 
 
 @pytest.mark.parametrize("case", LM_RUNS)
@@ -246,7 +249,7 @@ def test_registered():
 # only.
 @pytest.mark.parametrize("name", [
     pytest.param("gated_attn", marks=pytest.mark.slow), "mla", "short_conv",
-    "falcon_h1_parallel"])
+    pytest.param("falcon_h1_parallel", marks=pytest.mark.slow)])
 def test_sequence_split_over_devices(name):
   """Chunk mode under a mesh with a ``"sequence"`` axis of 4 devices gives
   the one-device output and parameter gradients."""

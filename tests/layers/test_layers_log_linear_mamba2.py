@@ -51,6 +51,7 @@ def test_cache_levels_grow_with_log_length():
     layer.init_cache(1, 33)
 
 
+@pytest.mark.slow
 def test_under_scan_with_traced_parameters():
   """Two calls of the layer in a ``lax.scan`` with its parameters as the
   carry's gradient target: the same as two calls outside."""

@@ -168,7 +168,7 @@ def test_layer_matches_the_token_loop(name):
     np.testing.assert_allclose(s["load"], load)
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "kimi_deepseek"])
+@pytest.mark.parametrize("name", ["qwen3_next", pytest.param("kimi_deepseek", marks=pytest.mark.slow)])
 def test_gradients_match_the_token_loop(name):
   layer = make(name)
   x = inputs(1)

@@ -58,7 +58,7 @@ def _case(case):
           if name.startswith(case + "_")}
 
 
-@pytest.mark.parametrize("case", ["gentle", "strong"])
+@pytest.mark.parametrize("case", [pytest.param("gentle", marks=pytest.mark.slow), "strong"])
 def test_naive_matches_fla_chunk_reference(case):
   """``naive_recurrent_comba`` against fla's ``naive_chunk_comba`` (torch,
   float32: the recurrence of fla's kernels; ``python -m
@@ -82,7 +82,7 @@ def test_naive_matches_fla_chunk_reference(case):
   assert_close_errors(errors, 1e-5, label=f"comba/{case}")
 
 
-@pytest.mark.parametrize("case", ["gentle", "strong"])
+@pytest.mark.parametrize("case", [pytest.param("gentle", marks=pytest.mark.slow), "strong"])
 def test_erase_key_times_decay_is_fla_naive_recurrent(case):
   """fla's ``naive_recurrent_comba`` reads the state after the decay,
   ``(exp(g_t) S_{t-1})^T p_t``: it is ``naive_recurrent_comba`` with the
@@ -100,6 +100,7 @@ def test_erase_key_times_decay_is_fla_naive_recurrent(case):
   assert rel_rms(o, data["o_decayed_read"]) > 1e-3
 
 
+@pytest.mark.slow
 def test_pallas_sweep_matches_naive_on_cpu():
   """``impl="pallas"``: the delta-rule core's sweep kernels (interpret mode
   on CPU), outputs, final state and gradients."""
@@ -151,6 +152,7 @@ def test_bad_step_input_raises():
     ops.chunk_comba(**_inputs(), impl="triton")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])
 def test_pallas_exports_the_sweep_kernels(platform):
   """``impl="pallas"`` lowers the forward and backward to the core's sweep

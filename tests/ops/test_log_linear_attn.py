@@ -54,7 +54,7 @@ def test_levels_are_the_fenwick_buckets():
                                             4), [3, 1, 2, 3, 2, 3])
 
 
-@pytest.mark.parametrize("case", ["gentle", "strong"])
+@pytest.mark.parametrize("case", [pytest.param("gentle", marks=pytest.mark.slow), "strong"])
 def test_naive_matches_fla_reference(case):
   """``naive_recurrent_log_linear_attn`` against fla's quadratic naive form
   on the committed fixture (``python -m experiments.make_op_fixtures

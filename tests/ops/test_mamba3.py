@@ -39,7 +39,8 @@ def _with_grads(form):
 
 
 @pytest.mark.parametrize("case, form", [
-    ("gentle", "naive"), ("strong", "naive"), ("gentle", "chunk")])
+    pytest.param("gentle", "naive", marks=pytest.mark.slow),
+    ("strong", "naive"), ("gentle", "chunk")])
 def test_matches_reference_step(case, form):
   """``experiments.make_op_fixtures``' ``mamba3``: outputs, final states
   (in the reference's frame) and the gradients of every input."""

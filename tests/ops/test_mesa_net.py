@@ -37,7 +37,7 @@ def _state(x):
   return ops.pack_mesa_net_state(x["h_kk0"], x["h_kv0"])
 
 
-@pytest.mark.parametrize("form", ["naive", "chunk"])
+@pytest.mark.parametrize("form", ["naive", pytest.param("chunk", marks=pytest.mark.slow)])
 def test_matches_fla_naive_cg(form):
   """``naive_mesa_net_CG``: outputs and final states."""
   x = _data("cg")
@@ -95,6 +95,7 @@ def test_implicit_gradient_matches_exact_solve():
   assert max(errors.values()) <= EXACT_TOL, errors
 
 
+@pytest.mark.slow
 def test_implicit_gradient_is_the_converged_unrolled_one():
   """``cg.solve``'s gradient (an adjoint CG solve) against backpropagation
   through every CG iteration, on dense systems where CG converges (right
@@ -123,6 +124,7 @@ def test_implicit_gradient_is_the_converged_unrolled_one():
   assert max(errors) <= 1e-4, errors
 
 
+@pytest.mark.slow
 def test_chunk_solve_over_groups_of_chunks(monkeypatch):
   """Long sequences solve groups of chunks one after the other
   (``lax.map``); here groups of 4 chunks of 8 tokens, the last group

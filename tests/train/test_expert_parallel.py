@@ -53,8 +53,9 @@ def run(spec: str | None, devices: int):
           jax.device_get(state.rest), layout)
 
 
-@pytest.mark.parametrize("spec, parts", [("expert=8", 8),
-                                         ("data=2,expert=4", 4)])
+@pytest.mark.parametrize("spec, parts", [
+    ("data=2,expert=4", 4),
+    pytest.param("expert=8", 8, marks=pytest.mark.slow)])
 def test_expert_parallel_training_equals_one_device(spec, parts):
   losses, aux, params, rest, layout = run(spec, 8)
   ref_losses, ref_aux, ref_params, ref_rest, ref_layout = run(None, 1)
@@ -72,6 +73,7 @@ def test_expert_parallel_training_equals_one_device(spec, parts):
     assert nbytes * parts == ref_layout[name][1], name
 
 
+@pytest.mark.slow
 def test_micro_batches_sum_the_expert_loads():
   """With grad_accum the balancing sees the loads of the whole batch (the
   aux loss, not linear in the batch, is off here)."""
