@@ -91,10 +91,18 @@ def _run_mode(model, mode, x, segment_ids):
 MIXER_CASES = [(name, mode) for name in sorted(MIXERS)
                for mode in MODES + ("cache",)
                if MIXERS[name].causal or mode in ("chunk", "parallel")]
-MIXER_IDS = [f"{name}.{mode}" for name, mode in MIXER_CASES]
+# The fast suite traces every mixer in chunk mode and with a cache (prefill
+# and one step: the step form); the parallel and recurrent modes call op
+# forms that test_op_traced traces with every array traced, so the mixers'
+# runs of them are in the slow suite.
+MIXER_RUNS = [pytest.param(name, mode, id=f"{name}.{mode}",
+                           marks=pytest.mark.slow
+                           if mode in ("parallel", "recurrent")
+                           and MIXERS[name].causal else ())
+              for name, mode in MIXER_CASES]
 
 
-@pytest.mark.parametrize("name, mode", MIXER_CASES, ids=MIXER_IDS)
+@pytest.mark.parametrize("name, mode", MIXER_RUNS)
 def test_mixer_traced(name, mode):
   _check_mixer_traced(name, mode)
 
@@ -114,20 +122,22 @@ def _check_mixer_traced(name, mode, short_conv=False):
                                         else ""), jaxpr)
 
 
-# The mixers whose ``use_short_conv`` is off by default.
-SHORT_CONV_CASES = [(name, mode)
+# The mixers whose ``use_short_conv`` is off by default (the parallel and
+# recurrent modes in the slow suite, as above).
+SHORT_CONV_CASES = [pytest.param(name, mode, id=f"{name}.{mode}",
+                                 marks=pytest.mark.slow
+                                 if mode in ("parallel", "recurrent") else ())
                     for name in ("based", "forgetting_attn", "gla", "hgrn2",
                                  "linear_attn", "retnet")
                     for mode in MODES + ("cache",)]
 
 
-@pytest.mark.parametrize("name, mode", SHORT_CONV_CASES,
-                         ids=[f"{n}.{m}" for n, m in SHORT_CONV_CASES])
+@pytest.mark.parametrize("name, mode", SHORT_CONV_CASES)
 def test_short_conv_mixer_traced(name, mode):
   _check_mixer_traced(name, mode, short_conv=True)
 
 
-@pytest.mark.parametrize("name, mode", MIXER_CASES, ids=MIXER_IDS)
+@pytest.mark.parametrize("name, mode", MIXER_RUNS)
 def test_mixer_concrete_inside_trace(name, mode):
   graphdef, params, rest = _abstract_mixer(name)
   model = nnx.merge(graphdef, concrete_arrays(params), concrete_arrays(rest))
