@@ -573,12 +573,23 @@ def _check(name, parts, plain=False, fn=None):
                         f"{err:.2e}")
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_split_matches_single_device(name):
-  for parts in CASES[name][1]:
-    _check(name, parts)
-  if name in PLAIN:
-    _check(name, PLAIN[name], plain=True)
+# Each case at its largest device count in the fast suite, at the smaller
+# ones (and without initial state and segment ids) in the slow suite.
+SPLIT_RUNS = [pytest.param(name, parts, id=f"{name}-P{parts}",
+                           marks=() if parts == max(CASES[name][1])
+                           else pytest.mark.slow)
+              for name in sorted(CASES) for parts in CASES[name][1]]
+
+
+@pytest.mark.parametrize("name, parts", SPLIT_RUNS)
+def test_split_matches_single_device(name, parts):
+  _check(name, parts)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(PLAIN))
+def test_split_without_state_or_documents(name):
+  _check(name, PLAIN[name], plain=True)
 
 
 def test_hybrid_lm_loss_and_gradients_match_single_device():
