@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from lin_attn_jax.convert import hybrids
 from lin_attn_jax.convert.core import (Entry, conv, copy, head_shared, linear,
                                        offset_scale, transpose)
 from lin_attn_jax.models.lm import LMConfig
@@ -1074,6 +1075,7 @@ ARCHITECTURES = {
                           log_linear_mamba2_entries),
     "mesa_net": (mesa_net_config, mesa_net_entries),
 }
+ARCHITECTURES.update(hybrids.ARCHITECTURES)
 
 
 def ignored_tensor(name: str) -> bool:
