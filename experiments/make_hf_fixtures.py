@@ -620,13 +620,14 @@ def _falcon_h1(transformers):
 
 
 def _nemotron_h(transformers):
-  """A Mamba-2, an attention, an MLP and a mixture-of-experts layer (sigmoid
-  router in two groups, a shared expert, top-2 of 4, scaled weights)."""
+  """A Mamba-2 (8 heads), an attention (4 heads), an MLP and a
+  mixture-of-experts layer (sigmoid router in two groups with its
+  selection bias, a shared expert, top-2 of 4, scaled weights)."""
   return transformers.NemotronHForCausalLM(transformers.NemotronHConfig(
       vocab_size=VOCAB, hidden_size=32, hybrid_override_pattern="M*-E",
       num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-      intermediate_size=48, ssm_state_size=8, mamba_num_heads=4,
-      mamba_head_dim=16, n_groups=2, conv_kernel=4, expand=2, chunk_size=4,
+      intermediate_size=48, ssm_state_size=8, mamba_num_heads=8,
+      mamba_head_dim=8, n_groups=2, conv_kernel=4, expand=2, chunk_size=4,
       n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
       moe_intermediate_size=16, moe_shared_expert_intermediate_size=24,
       n_group=2, topk_group=1, routed_scaling_factor=1.5,
@@ -634,8 +635,9 @@ def _nemotron_h(transformers):
 
 
 def _granitemoehybrid(transformers):
-  """Granite 4.0-H: Mamba-2 and attention layers (RoPE), top-2 of 4 experts
-  beside the shared MLP in every layer, its four multipliers."""
+  """Granite 4.0-H: Mamba-2 (8 heads) and attention (4 heads, RoPE)
+  layers, top-2 of 4 experts beside the shared MLP in every layer, its four
+  multipliers."""
   return transformers.GraniteMoeHybridForCausalLM(
       transformers.GraniteMoeHybridConfig(
           vocab_size=VOCAB, hidden_size=32, intermediate_size=16,
@@ -643,7 +645,7 @@ def _granitemoehybrid(transformers):
           layer_types=["mamba", "attention", "mamba"],
           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
           num_experts_per_tok=2, shared_intermediate_size=24,
-          mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2,
+          mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=2,
           mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
           mamba_chunk_size=4, position_embedding_type="rope",
           embedding_multiplier=1.3, residual_multiplier=0.7,
@@ -800,7 +802,8 @@ WITHOUT_CACHE = ("stickbreaking_attn", "log_linear_mamba2")
 
 def _perturb(model, torch):
   """Moves every parameter off its init (zeros, ones, equal heads), so that
-  no mapping error hides behind a symmetric value."""
+  no mapping error hides behind a symmetric value; and the routers'
+  selection biases (buffers, zeros at init)."""
   generator = torch.Generator().manual_seed(SEED + 1)
   with torch.no_grad():
     for name, p in model.named_parameters():
@@ -808,6 +811,9 @@ def _perturb(model, torch):
       if name.endswith("lm_head.weight") and model.config.tie_word_embeddings:
         continue
       p.add_(noise)
+    for name, b in model.named_buffers():
+      if name.endswith("e_score_correction_bias"):
+        b.add_(torch.randn(b.shape, generator=generator) * 0.1)
 
 
 def _decode(model, tokens, torch):

@@ -17,7 +17,10 @@ How each maps onto the LM:
   with one norm: a Mamba-2 (``M``) or attention (``*``, no position
   encoding) layer is a block with that mixer and the MLP ``"none"``, an
   MLP layer (``-``, squared ReLU) a block with the mixer ``"none"`` and the
-  MLP ``"relu2"``.
+  MLP ``"relu2"``, a mixture-of-experts layer (``E``) one with the mixer
+  ``"none"`` and the MLP ``"moe"`` (non-gated squared-ReLU experts, a
+  sigmoid router with its ``e_score_correction_bias`` and groups, a shared
+  expert).
 - ``granitemoehybrid``: Mamba-2 or attention (RoPE or none) and the MoE
   beside a shared SwiGLU (``moe`` with ``shared_dim``), or the shared MLP
   alone without experts; ``residual_multiplier`` scales both residual
@@ -266,18 +269,13 @@ def nemotron_h_config(hf: dict) -> LMConfig:
   biases are never built (``attention_bias`` is not read);
   ``mamba_proj_bias`` is not read either (``use_bias`` is)."""
   kinds = _nemotron_kinds(hf)
-  if "moe" in kinds:
-    layers = [i for i, k in enumerate(kinds) if k == "moe"]
-    raise ValueError(f"config.json makes layers {layers} mixture-of-experts "
-                     "(layers_block_type 'moe', 'E'): Nemotron-H's experts "
-                     "are non-gated squared-ReLU MLPs, which layers.moe does "
-                     "not implement")
   _refuse(hf, "mlp_hidden_act", ("relu2",), default="relu2")
   _refuse(hf, "mamba_hidden_act", ("silu",), default="silu")
   _refuse(hf, "sliding_window", (None,))
   _refuse(hf, "num_nextn_predict_layers", (0, None),
           "multi-token prediction layers are not loaded")
-  _refuse(hf, "moe_latent_size", (None,))
+  _refuse(hf, "moe_latent_size", (None,), "the latent projections of the "
+          "experts are not implemented")
   d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
   eps = float(hf.get("layer_norm_epsilon", 1e-5))
   m_heads, m_head_dim = int(hf["mamba_num_heads"]), int(hf["mamba_head_dim"])
@@ -288,7 +286,7 @@ def nemotron_h_config(hf: dict) -> LMConfig:
                      f"{width}")
   table = {"linear_attention": ("mamba2", "none"),
            "full_attention": ("softmax_attn", "none"),
-           "mlp": ("none", "relu2")}
+           "mlp": ("none", "relu2"), "moe": ("none", "moe")}
   mixers = tuple(table[k][0] for k in kinds)
   mlps = tuple(table[k][1] for k in kinds)
   options = {
@@ -307,11 +305,22 @@ def nemotron_h_config(hf: dict) -> LMConfig:
                            rope_fraction=0.0),
   }
   options = {k: v for k, v in options.items() if k in mixers}
+  moe = {}
+  if "moe" in mlps:
+    moe = dict(n_experts=int(hf["n_routed_experts"]),
+               top_k=int(hf["num_experts_per_tok"]),
+               expert_dim=int(hf["moe_intermediate_size"]),
+               activation="relu2", score="sigmoid", selection_bias=True,
+               n_groups=int(hf.get("n_group", 1)),
+               topk_groups=int(hf.get("topk_group", 1)),
+               normalize_topk=bool(hf.get("norm_topk_prob", True)),
+               routed_scale=float(hf.get("routed_scaling_factor", 1.0)),
+               shared_dim=int(hf["moe_shared_expert_intermediate_size"]))
   return LMConfig(
       vocab_size=int(hf["vocab_size"]), d_model=d, n_layers=len(kinds),
       n_heads=heads, tie_embeddings=bool(hf.get("tie_word_embeddings",
                                                 False)),
-      mixer=mixers, mixer_options=options, mlp=mlps,
+      mixer=mixers, mixer_options=options, mlp=mlps, moe_options=moe,
       mlp_dim=int(hf["intermediate_size"]),
       mlp_bias=bool(hf.get("mlp_bias", False)), norm_eps=eps)
 
@@ -329,6 +338,16 @@ def nemotron_h_entries(hf: dict, config: LMConfig) -> list[Entry]:
       out += _mamba2_tensors(f"{p}.mixer", m, options)
     elif mixer == "softmax_attn":
       out += _attention(f"{p}.mixer", m)
+    elif mlp == "moe":
+      mlp_path = _block(i, "mlp")
+      out += [transpose(f"{p}.mixer.gate.weight", mlp_path + ("router",)),
+              copy(f"{p}.mixer.gate.e_score_correction_bias",
+                   mlp_path + ("selection_bias",))]
+      out += _per_expert(f"{p}.mixer", mlp_path, config.n_experts,
+                         {"up": "up_proj", "down": "down_proj"})
+      for name in ("up", "down"):
+        out += linear(f"{p}.mixer.shared_experts.{name}_proj",
+                      mlp_path + ("shared", name))
     else:
       for name in ("up", "down"):
         out += linear(f"{p}.mixer.{name}_proj", _block(i, "mlp", name),
