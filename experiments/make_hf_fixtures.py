@@ -603,6 +603,81 @@ def _qwen3_next(transformers):
       tie_word_embeddings=False))
 
 
+def _falcon_h1(transformers):
+  """Every muP multiplier away from 1, grouped KV heads, Mamba-2's gated
+  RMSNorm on (gate first) over two groups, an inner width of its own."""
+  return transformers.FalconH1ForCausalLM(transformers.FalconH1Config(
+      vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+      mamba_d_ssm=32, mamba_n_heads=4, mamba_n_groups=2, mamba_d_state=8,
+      mamba_d_conv=4, mamba_chunk_size=4, mamba_rms_norm=True,
+      mamba_norm_before_gate=False, lm_head_multiplier=0.7,
+      embedding_multiplier=1.3, mlp_multipliers=[0.8, 1.2],
+      key_multiplier=0.9, attention_out_multiplier=1.1,
+      attention_in_multiplier=0.95, ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.05],
+      ssm_in_multiplier=1.15, ssm_out_multiplier=0.85, rms_norm_eps=1e-5,
+      tie_word_embeddings=False))
+
+
+def _nemotron_h(transformers):
+  """A Mamba-2 (8 heads), an attention (4 heads), an MLP and a
+  mixture-of-experts layer (sigmoid router in two groups with its
+  selection bias, a shared expert, top-2 of 4, scaled weights)."""
+  return transformers.NemotronHForCausalLM(transformers.NemotronHConfig(
+      vocab_size=VOCAB, hidden_size=32, hybrid_override_pattern="M*-E",
+      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+      intermediate_size=48, ssm_state_size=8, mamba_num_heads=8,
+      mamba_head_dim=8, n_groups=2, conv_kernel=4, expand=2, chunk_size=4,
+      n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+      moe_intermediate_size=16, moe_shared_expert_intermediate_size=24,
+      n_group=2, topk_group=1, routed_scaling_factor=1.5,
+      layer_norm_epsilon=1e-5, tie_word_embeddings=False))
+
+
+def _granitemoehybrid(transformers):
+  """Granite 4.0-H: Mamba-2 (8 heads) and attention (4 heads, RoPE)
+  layers, top-2 of 4 experts beside the shared MLP in every layer, its four
+  multipliers."""
+  return transformers.GraniteMoeHybridForCausalLM(
+      transformers.GraniteMoeHybridConfig(
+          vocab_size=VOCAB, hidden_size=32, intermediate_size=16,
+          num_hidden_layers=3,
+          layer_types=["mamba", "attention", "mamba"],
+          num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+          num_experts_per_tok=2, shared_intermediate_size=24,
+          mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=2,
+          mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+          mamba_chunk_size=4, position_embedding_type="rope",
+          embedding_multiplier=1.3, residual_multiplier=0.7,
+          attention_multiplier=0.3, logits_scaling=2.0, rms_norm_eps=1e-6,
+          tie_word_embeddings=False))
+
+
+def _jamba(transformers):
+  """Mamba-1 (with its dt, B and C norms) and attention layers, experts
+  (top-2 of 4) every other layer: 0 Mamba + MoE, 1 attention + MLP, 2
+  Mamba + MoE, 3 attention + MLP."""
+  return transformers.JambaForCausalLM(transformers.JambaConfig(
+      vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+      num_experts=4, num_experts_per_tok=2, attn_layer_period=2,
+      attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=0,
+      mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
+      rms_norm_eps=1e-6, tie_word_embeddings=False))
+
+
+def _lfm2(transformers):
+  """Gated short convolutions and attention (q/k norms, grouped KV heads),
+  the feed-forward width adjusted as LFM2's ``block_auto_adjust_ff_dim``."""
+  return transformers.Lfm2ForCausalLM(transformers.Lfm2Config(
+      vocab_size=VOCAB, hidden_size=32, intermediate_size=72,
+      num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+      num_attention_heads=4, num_key_value_heads=2, conv_L_cache=3,
+      block_multiple_of=16, block_ffn_dim_multiplier=1.0,
+      block_auto_adjust_ff_dim=True, norm_eps=1e-5,
+      tie_word_embeddings=True))
+
+
 def _xlstm(weight_mode):
   """xLSTM-7B's architecture at a small size: its native torch kernels
   (chunkwise for whole chunks of 4, the recurrent sequence kernel for the
@@ -659,6 +734,11 @@ FIXTURES = {
     "mamba2": _mamba2,
     "recurrent_gemma": _recurrent_gemma,
     "qwen3_next": _qwen3_next,
+    "falcon_h1": _falcon_h1,
+    "nemotron_h": _nemotron_h,
+    "granitemoehybrid": _granitemoehybrid,
+    "jamba": _jamba,
+    "lfm2": _lfm2,
     "xlstm": _xlstm("single"),
     "xlstm_fused": _xlstm("fused"),
     "gla": _fla("GLA", hidden_size=32, num_heads=2, expand_k=0.5,
@@ -722,7 +802,8 @@ WITHOUT_CACHE = ("stickbreaking_attn", "log_linear_mamba2")
 
 def _perturb(model, torch):
   """Moves every parameter off its init (zeros, ones, equal heads), so that
-  no mapping error hides behind a symmetric value."""
+  no mapping error hides behind a symmetric value; and the routers'
+  selection biases (buffers, zeros at init)."""
   generator = torch.Generator().manual_seed(SEED + 1)
   with torch.no_grad():
     for name, p in model.named_parameters():
@@ -730,6 +811,9 @@ def _perturb(model, torch):
       if name.endswith("lm_head.weight") and model.config.tie_word_embeddings:
         continue
       p.add_(noise)
+    for name, b in model.named_buffers():
+      if name.endswith("e_score_correction_bias"):
+        b.add_(torch.randn(b.shape, generator=generator) * 0.1)
 
 
 def _decode(model, tokens, torch):

@@ -4,7 +4,9 @@ A checkpoint directory holds ``config.json`` and safetensors weights
 (``model.safetensors``, or shards named by ``model.safetensors.index.json``);
 nothing is downloaded. Supported ``model_type`` values: ``mamba``,
 ``mamba2``, ``recurrent_gemma``, ``qwen3_next`` (every layer Gated DeltaNet,
-dense MLPs) and ``xlstm`` (xLSTM-7B: mLSTM layers) from transformers, and
+dense MLPs), ``xlstm`` (xLSTM-7B: mLSTM layers) and the hybrids
+``falcon_h1``, ``nemotron_h``, ``granitemoehybrid``, ``jamba`` and ``lfm2``
+(``hybrids.py``) from transformers, and
 flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
 ``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
 ``nsa``, ``path_attn``, ``gated_deltaproduct``, ``comba``, ``mamba3``,
@@ -115,7 +117,7 @@ def export_pretrained(lm: LM, hf: dict, path: str) -> None:
   if config != lm.config:
     raise ValueError("the HF config describes a different LM config than "
                      f"the model's: {config} vs {lm.config}")
-  params = nnx.to_pure_dict(nnx.state(lm, nnx.Param))
+  params = nnx.to_pure_dict(nnx.state(lm, core.CONVERTED))
   tensors = core.export_tensors(entries, params)
   for entry in entries:
     if entry.to_hf.__qualname__.startswith("head_shared"):

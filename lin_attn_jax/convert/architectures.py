@@ -4,7 +4,8 @@ Each architecture is keyed by the ``model_type`` of its ``config.json``:
 ``lm_config(hf) -> LMConfig`` (raising ``ValueError`` for options the LM
 cannot reproduce exactly) and ``entries(hf, config) -> [Entry]`` (see
 ``core.py``). Tensor names are those of ``save_pretrained``: transformers'
-``mamba``, ``mamba2``, ``recurrent_gemma``, ``qwen3_next`` and ``xlstm``,
+``mamba``, ``mamba2``, ``recurrent_gemma``, ``qwen3_next`` and ``xlstm``
+(and the hybrids of ``hybrids.py``, joined to ``ARCHITECTURES``),
 and flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
 ``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
 ``nsa``, ``path_attn``, ``gated_deltaproduct``, ``comba``, ``mamba3``,
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from lin_attn_jax.convert import hybrids
 from lin_attn_jax.convert.core import (Entry, conv, copy, head_shared, linear,
                                        offset_scale, transpose)
 from lin_attn_jax.models.lm import LMConfig
@@ -1074,6 +1076,7 @@ ARCHITECTURES = {
                           log_linear_mamba2_entries),
     "mesa_net": (mesa_net_config, mesa_net_entries),
 }
+ARCHITECTURES.update(hybrids.ARCHITECTURES)
 
 
 def ignored_tensor(name: str) -> bool:

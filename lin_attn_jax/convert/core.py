@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from lin_attn_jax.layers.moe import RouterBias
 from lin_attn_jax.models.lm import LM, LMConfig
 
 Path = tuple  # a parameter's path in the LM's pure dict, e.g. ("embed", "embedding")
@@ -83,10 +84,16 @@ def offset_scale(hf: str, ours: Path) -> Entry:
   return Entry((hf,), (ours,), lambda w: (1.0 + w,), lambda p: (p - 1.0,))
 
 
+# The LM's variables a checkpoint holds: its parameters and the routers'
+# selection biases (``e_score_correction_bias``, not trained by gradients).
+CONVERTED = (nnx.Param, RouterBias)
+
+
 def abstract_params(config: LMConfig):
-  """The LM's parameters as a pure dict of ``ShapeDtypeStruct`` (float32)."""
+  """The LM's ``CONVERTED`` variables as a pure dict of ``ShapeDtypeStruct``
+  (float32)."""
   lm = nnx.eval_shape(lambda: LM(config, rngs=nnx.Rngs(0)))
-  pure = nnx.to_pure_dict(nnx.state(lm, nnx.Param))
+  pure = nnx.to_pure_dict(nnx.state(lm, CONVERTED))
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32),
                       pure)
 

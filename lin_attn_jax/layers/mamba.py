@@ -5,7 +5,9 @@ causal depthwise convolution of ``d_conv`` taps and SiLU; ``x W_x`` gives the
 low-rank time step and the input-dependent ``B, C`` (``d_state`` each); the
 time step is projected back to ``E`` channels, ``dt = softplus(dt W_dt +
 b_dt)``; the selective scan with ``A = -exp(A_log)`` and the skip ``D`` is
-gated by ``silu(z)`` and projected back to ``D``.
+gated by ``silu(z)`` and projected back to ``D``. Jamba's variant
+(``inner_norms``) normalises the low-rank time step, ``B`` and ``C`` with
+RMSNorms before they are used.
 """
 
 from __future__ import annotations
@@ -85,6 +87,12 @@ class Mamba(Mixer):
     bias: the input and output projections have biases (False).
     chunk_size: tokens between saved states in the chunk form (speed and
       memory only; the op's default, see ``ops.chunk_selective_scan``).
+    inner_norms: RMSNorms (scale 1 at init, float32) of the low-rank time
+      step ``[dt_rank]``, of ``B`` and of ``C`` ``[d_state]`` right after
+      ``x_proj`` (False; Jamba's ``dt_layernorm``, ``b_layernorm``,
+      ``c_layernorm``: parameters ``dt_norm.scale``, ``B_norm.scale``,
+      ``C_norm.scale``).
+    inner_norm_eps: their epsilon (1e-6, Jamba's ``rms_norm_eps``).
 
   Cache: ``{"conv": [B, d_conv - 1, E], "ssm": [B, E, N]}``, float32.
   """
@@ -97,8 +105,8 @@ class Mamba(Mixer):
                dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
                dt_scale: float = 1.0, conv_bias: bool = True,
                bias: bool = False, chunk_size: int = CHUNK_SIZE,
-               dtype=jnp.float32,
-               param_dtype=jnp.float32):
+               inner_norms: bool = False, inner_norm_eps: float = 1e-6,
+               dtype=jnp.float32, param_dtype=jnp.float32):
     del n_heads
     width = inner_width(d_model, expand)
     if dt_rank == "auto":
@@ -131,6 +139,12 @@ class Mamba(Mixer):
                            ("heads",), param_dtype)
     self.out_proj = modules.dense(width, d_model, ("heads", "embed"),
                                   use_bias=bias, **kw)
+    norm = dict(rngs=rngs, eps=inner_norm_eps, param_dtype=param_dtype)
+    self.dt_norm, self.B_norm, self.C_norm = (
+        (modules.ChannelRMSNorm(dt_rank, **norm),
+         modules.ChannelRMSNorm(d_state, **norm),
+         modules.ChannelRMSNorm(d_state, **norm)) if inner_norms
+        else (None, None, None))
 
   def init_mixer_cache(self, batch_size, max_len, dtype):
     del max_len, dtype
@@ -153,6 +167,8 @@ class Mamba(Mixer):
     delta, B, C = jnp.split(self.x_proj(u),
                             [self.dt_rank, self.dt_rank + self.d_state],
                             axis=-1)                            # [B, T, R|N|N]
+    if self.dt_norm is not None:
+      delta, B, C = self.dt_norm(delta), self.B_norm(B), self.C_norm(C)
     delta = self.dt_proj(delta)                                 # [B, T, E]
     A = -jnp.exp(self.A_log[...].astype(jnp.float32))           # [E, N]
     # dt = softplus(delta + b_dt), h_t = exp(dt A) h_{t-1} + dt B_t u_t,

@@ -14,7 +14,9 @@ For a token ``x [D]`` with router logits ``z = x W_r [E]`` (float32):
 4. ``y = sum_i w_i E_i(x) + shared(x)``, every expert
    ``E_i(x) = down_i(silu(gate_i x) * up_i x)``, the shared expert the same
    SwiGLU of width ``shared_dim`` (none when 0), times ``sigmoid(x w_g)``
-   when ``shared_gate``.
+   when ``shared_gate``. With ``activation="relu2"`` the experts, shared
+   one included, have no gate: ``E_i(x) = down_i(relu(up_i x)^2)``
+   (Nemotron-H's).
 
 The published routers, as these options (transformers' ``modeling_*``):
 
@@ -25,6 +27,7 @@ The published routers, as these options (transformers' ``modeling_*``):
 | Granite 4.0-H (``granitemoehybrid``) | ``score="softmax"``, ``normalize_topk=True`` (its softmax over the top-k logits is the same), ``shared_dim=shared_intermediate_size`` |
 | Jamba | ``score="softmax"``, ``normalize_topk=False`` |
 | MiniMax | ``score="softmax"``, ``normalize_topk=True`` (its training-time ``router_jitter_noise`` is not implemented) |
+| Nemotron-H (``nemotron_h``) | ``activation="relu2"``, ``score="sigmoid"``, ``selection_bias=True``, ``n_groups=n_group``, ``topk_groups=topk_group``, ``normalize_topk=norm_topk_prob``, ``routed_scale=routed_scaling_factor``, ``shared_dim=moe_shared_expert_intermediate_size`` |
 
 Parameters (``nnx.Param`` unless said) and how transformers 5 holds them
 (``W_hf`` a ``torch.nn.Linear`` weight, ``[out, in]``):
@@ -76,6 +79,7 @@ from lin_attn_jax.ops.common.kernel_sharding import split_axes
 
 _F32 = jnp.float32
 SCORES = ("softmax", "sigmoid")
+ACTIVATIONS = ("swiglu", "relu2")
 
 
 class RouterBias(nnx.Variable):
@@ -202,10 +206,11 @@ def _expert_mlp(x, experts, weights, gate, up, down, first, *, dtype):
 
   ``experts, weights [N, k]``; ``gate, up [E_l, D, F]``, ``down [E_l, F,
   D]``; ``first`` int32 scalar. Pairs routed elsewhere contribute zero.
+  ``gate`` None: the experts are ``down(relu(up x)^2)``.
   Returns ``[N, D]`` in ``dtype`` (products accumulated in float32).
   """
   n, k = experts.shape
-  local_experts = gate.shape[0]
+  local_experts = up.shape[0]
   local = experts.reshape(-1) - first                           # [N k]
   here = (local >= 0) & (local < local_experts)
   key = jnp.where(here, local, local_experts)
@@ -218,7 +223,10 @@ def _expert_mlp(x, experts, weights, gate, up, down, first, *, dtype):
     return jax.lax.ragged_dot(lhs, w.astype(dtype), sizes,
                               preferred_element_type=_F32)
 
-  hidden = jax.nn.silu(grouped(rows, gate)) * grouped(rows, up)  # [N k, F]
+  if gate is None:
+    hidden = jnp.square(jax.nn.relu(grouped(rows, up)))         # [N k, F]
+  else:
+    hidden = jax.nn.silu(grouped(rows, gate)) * grouped(rows, up)  # [N k, F]
   out = grouped(hidden.astype(dtype), down)                     # [N k, D]
   scale = jnp.where(here, weights.reshape(-1), 0.0)[order]      # [N k]
   out = jnp.where(here[order][:, None], out * scale[:, None], 0.0)
@@ -230,8 +238,9 @@ def _expert_mlp(x, experts, weights, gate, up, down, first, *, dtype):
 
 def routed_experts(x, experts, weights, gate, up, down, *, dtype):
   """``sum_i w_i E_i(x)`` of ``x [B, T, D]`` with ``experts, weights [B, T,
-  k]`` and the expert weights ``gate, up [E, D, F]``, ``down [E, F, D]``;
-  ``[B, T, D]`` in ``dtype``.
+  k]`` and the expert weights ``gate, up [E, D, F]``, ``down [E, F, D]``
+  (``gate`` None: non-gated squared-ReLU experts); ``[B, T, D]`` in
+  ``dtype``.
 
   Without a mesh (or with an ``expert`` axis of one device) the experts run
   where the tokens are. Under a mesh whose ``expert`` axis has ``P > 1``
@@ -242,7 +251,7 @@ def routed_experts(x, experts, weights, gate, up, down, *, dtype):
   the outputs are summed (``psum``).
   """
   b, t, d = x.shape
-  e = gate.shape[0]
+  e = up.shape[0]
   mesh = jax.sharding.get_abstract_mesh()
   sizes = dict(getattr(mesh, "shape", {}) or {})
   parts = sizes.get(mesh_axes.EXPERT_AXIS, 1)
@@ -257,13 +266,16 @@ def routed_experts(x, experts, weights, gate, up, down, *, dtype):
   rows = PartitionSpec(batch_axes or None, seq_axes or None, None)
   experts_spec = PartitionSpec(mesh_axes.EXPERT_AXIS, None, None)
 
-  def local(x, experts, weights, gate, up, down):
+  gated = gate is not None
+
+  def local(x, experts, weights, *expert_weights):
+    gate, up, down = expert_weights if gated else (None, *expert_weights)
     if gathered:
       x, experts, weights = (
           jax.lax.all_gather(a, mesh_axes.EXPERT_AXIS, axis=0, tiled=True)
           for a in (x, experts, weights))
     lb, lt = x.shape[:2]
-    first = (jax.lax.axis_index(mesh_axes.EXPERT_AXIS) * gate.shape[0]
+    first = (jax.lax.axis_index(mesh_axes.EXPERT_AXIS) * up.shape[0]
              ).astype(jnp.int32)
     y = _expert_mlp(x.reshape(lb * lt, d), experts.reshape(lb * lt, -1),
                     weights.reshape(lb * lt, -1), gate, up, down, first,
@@ -273,10 +285,11 @@ def routed_experts(x, experts, weights, gate, up, down, *, dtype):
                                   scatter_dimension=0, tiled=True)
     return jax.lax.psum(y, mesh_axes.EXPERT_AXIS)
 
+  expert_weights = (gate, up, down) if gated else (up, down)
   return jax.shard_map(
-      local, in_specs=(rows, rows, rows, experts_spec, experts_spec,
-                       experts_spec),
-      out_specs=rows)(x, experts, weights, gate, up, down)
+      local, in_specs=(rows, rows, rows)
+      + (experts_spec,) * len(expert_weights),
+      out_specs=rows)(x, experts, weights, *expert_weights)
 
 
 class MoE(nnx.Module):
@@ -297,6 +310,8 @@ class MoE(nnx.Module):
     shared_dim: hidden width of the shared expert (0: none).
     shared_gate: the shared expert's output is multiplied by
       ``sigmoid(x w_g)``.
+    activation: ``"swiglu"`` (gated experts) or ``"relu2"`` (``down(relu(up
+      x)^2)``, no ``gate`` parameters, the shared expert likewise).
     rngs, dtype, param_dtype: as every layer.
 
   Inits: router and experts LeCun normal over their input width, the
@@ -308,7 +323,8 @@ class MoE(nnx.Module):
                normalize_topk: bool = False, routed_scale: float = 1.0,
                selection_bias: bool = False, n_groups: int = 1,
                topk_groups: int = 1, shared_dim: int = 0,
-               shared_gate: bool = False, rngs: nnx.Rngs,
+               shared_gate: bool = False, activation: str = "swiglu",
+               rngs: nnx.Rngs,
                dtype=jnp.float32, param_dtype=jnp.float32):
     for name, value in (("d_model", d_model), ("n_experts", n_experts),
                         ("top_k", top_k), ("expert_dim", expert_dim),
@@ -316,6 +332,9 @@ class MoE(nnx.Module):
       checks.positive_int(name, value)
     if score not in SCORES:
       raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    if activation not in ACTIVATIONS:
+      raise ValueError(f"activation must be one of {ACTIVATIONS}, got "
+                       f"{activation!r}")
     if top_k > n_experts:
       raise ValueError(f"top_k = {top_k} exceeds n_experts = {n_experts}")
     if n_experts % n_groups or (n_groups > 1 and n_experts // n_groups < 2):
@@ -338,8 +357,9 @@ class MoE(nnx.Module):
     init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1)
     self.router = modules.param(rngs, init, (d_model, n_experts),
                                 ("embed", None), param_dtype)
-    self.gate = modules.param(rngs, init, (n_experts, d_model, expert_dim),
-                              ("expert", "embed", "mlp"), param_dtype)
+    self.gate = (modules.param(rngs, init, (n_experts, d_model, expert_dim),
+                               ("expert", "embed", "mlp"), param_dtype)
+                 if activation == "swiglu" else None)
     self.up = modules.param(rngs, init, (n_experts, d_model, expert_dim),
                             ("expert", "embed", "mlp"), param_dtype)
     self.down = modules.param(rngs, init, (n_experts, expert_dim, d_model),
@@ -348,7 +368,8 @@ class MoE(nnx.Module):
                            if selection_bias else None)
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     if shared_dim:
-      self.shared = SharedExpert(d_model, shared_dim, **kw)
+      self.shared = SharedExpert(d_model, shared_dim, **kw,
+                                 gated=activation == "swiglu")
       self.shared_gate = (modules.dense(d_model, 1, ("embed", None), **kw)
                           if shared_gate else None)
     else:
@@ -393,7 +414,8 @@ class MoE(nnx.Module):
                          experts.reshape(b * t, -1),
                          picked.reshape(b * t, -1), mask)
     dtype = self.dtype or x.dtype
-    y = routed_experts(x, experts, weights, self.gate[...], self.up[...],
+    gate = None if self.gate is None else self.gate[...]
+    y = routed_experts(x, experts, weights, gate, self.up[...],
                        self.down[...], dtype=dtype)
     if self.shared is not None:
       shared = self.shared(x)
@@ -414,15 +436,19 @@ class MoE(nnx.Module):
 
 
 class SharedExpert(nnx.Module):
-  """``down(silu(gate(x)) * up(x))``, the SwiGLU every token runs."""
+  """``down(silu(gate(x)) * up(x))``, the SwiGLU every token runs;
+  ``down(relu(up(x))^2)`` without ``gated``."""
 
   def __init__(self, d_model: int, hidden: int, *, rngs, dtype,
-               param_dtype):
+               param_dtype, gated: bool = True):
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-    self.gate = modules.dense(d_model, hidden, ("embed", "mlp"), **kw)
+    self.gate = (modules.dense(d_model, hidden, ("embed", "mlp"), **kw)
+                 if gated else None)
     self.up = modules.dense(d_model, hidden, ("embed", "mlp"), **kw)
     self.down = modules.dense(hidden, d_model, ("mlp", "embed"), **kw)
 
   def __call__(self, x):
+    if self.gate is None:
+      return self.down(jnp.square(jax.nn.relu(self.up(x))))
     return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
 

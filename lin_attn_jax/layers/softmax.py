@@ -190,7 +190,8 @@ class CausalAttention(Mixer):
     rope_base: base of the RoPE frequencies (10000).
     rope_fraction: RoPE rotates the first ``rope_fraction * K`` channels of
       every head and leaves the rest (1.0; RecurrentGemma 0.5, Qwen3-Next's
-      ``partial_rotary_factor`` 0.25).
+      ``partial_rotary_factor`` 0.25); 0 is no position encoding at all
+      (Jamba's and Nemotron-H's attention, Granite 4.0-H's ``"nope"``).
     out_bias: the output projection has a bias (False; RecurrentGemma's
       has one).
     head_dim: ``K`` (None: ``D / H``); given, the heads' width ``H K`` need
@@ -221,7 +222,7 @@ class CausalAttention(Mixer):
     self.n_kv_heads, self.head_dim = head_layout(d_model, n_heads, n_kv_heads,
                                                  head_dim)
     self.rope_dim = int(rope_fraction * self.head_dim)
-    if (self.rope_dim % 2 or not 0 < rope_fraction <= 1
+    if (self.rope_dim % 2 or not 0 <= rope_fraction <= 1
         or self.rope_dim != rope_fraction * self.head_dim):
       raise ValueError(f"RoPE needs an even number of rotated channels, got "
                        f"rope_fraction * head width = {rope_fraction} * "
@@ -247,6 +248,8 @@ class CausalAttention(Mixer):
 
   def rotate(self, x, positions):
     """RoPE on the first ``rope_dim`` channels of ``x: [B, T, H, K]``."""
+    if self.rope_dim == 0:
+      return x
     if self.rope_dim == self.head_dim:
       return modules.rotary(x, positions, self.rope_base)
     rotated = modules.rotary(x[..., :self.rope_dim], positions, self.rope_base)

@@ -3,12 +3,14 @@
 Pre-norm blocks: ``x + mixer(rms_norm(x))`` then ``x + swiglu(rms_norm(x))``,
 a final RMSNorm, and tied or untied output embeddings. ``mixer`` names a
 class in ``lin_attn_jax.layers.MIXERS``, one for every layer or one per
-layer (hybrids).
+layer (hybrids); ``"none"`` is a block without a mixer (and without its norm),
+``x + mlp(norm(x))`` alone, as Nemotron-H's MLP layers.
 
 Options for the block structure of published models (``LMConfig``):
 ``mlp`` picks the MLP, for every layer or one per layer as ``mixer`` does
 (``"swiglu"``; ``"geglu"``, RecurrentGemma's; ``"rwkv6"``/``"rwkv7"``,
-RWKV's channel mixing with its own token shift; ``"moe"``, the
+RWKV's channel mixing with its own token shift; ``"relu2"``, the
+non-gated ``down(relu(up(x))^2)`` of Nemotron-H; ``"moe"``, the
 mixture-of-experts SwiGLU of ``layers/moe.py`` with ``moe_options``;
 ``"none"``, Mamba's block ``x + mixer(norm(x))`` alone) and ``mlp_bias``
 its biases; ``multipliers`` fixed factors at named points of the blocks; ``norm`` the kind of every norm (``"rms"`` or ``"layer"``,
@@ -82,9 +84,12 @@ class LMConfig:
   # A name in layers.MIXERS for every layer, or a tuple of names, one per
   # layer; a shorter tuple whose length divides n_layers is repeated
   # (("gla", "gla", "gla", "softmax_attn") over 8 layers is two periods).
+  # "none" is a layer without a mixer: its block is the MLP alone.
   mixer: str | tuple[str, ...] = "gla"
   # Keyword arguments per mixer name, e.g. {"gla": {"chunk_size": 32}};
-  # stored as sorted tuples so that the config stays hashable.
+  # stored as sorted tuples so that the config stays hashable. The key
+  # "n_heads" gives that mixer its own head count in place of n_heads (a
+  # hybrid whose Mamba-2 layers have more heads than its attention).
   mixer_options: Any = ()
   # Hidden width of the dense MLP; None means 8/3 * d_model rounded up to a
   # multiple of 8.
@@ -99,7 +104,8 @@ class LMConfig:
   param_dtype: Any = jnp.float32
   # The MLP of every block: "swiglu", "geglu" (gelu(tanh approx.) gate),
   # "rwkv6" / "rwkv7" (RWKV channel mixing, squared ReLU, token shift; RWKV-6
-  # adds a sigmoid receptance gate), "moe" (layers/moe.py, with
+  # adds a sigmoid receptance gate), "relu2" (down(relu(up(x))^2), no gate,
+  # Nemotron-H's), "moe" (layers/moe.py, with
   # moe_options), or "none" (no MLP and no MLP norm); or a tuple of these,
   # one per layer, repeated like mixer's (("swiglu", "moe") over 4 layers:
   # experts in layers 1 and 3).
@@ -112,7 +118,8 @@ class LMConfig:
   # Fixed factors at named points, {name: factor}, 1 where not given:
   # "mixer_out" and "mlp_out" multiply the mixer's and the MLP's outputs
   # before they join the residual stream, "logits" the logits (before the
-  # soft cap). A model that needs a factor elsewhere adds its name to
+  # soft cap), "mlp_gate" the gate projection of the "swiglu"/"geglu" MLP
+  # before its activation (Falcon-H1's gate multiplier). A model that needs a factor elsewhere adds its name to
   # MULTIPLIERS and applies it at one place. Stored as sorted tuples.
   multipliers: Any = ()
   # The MLP's projections have biases.
@@ -163,12 +170,17 @@ class LMConfig:
     for name in ("vocab_size", "d_model", "n_layers", "n_heads"):
       checks.positive_int(name, getattr(self, name))
     names = self.layer_mixers
-    unknown = sorted(set(names) - set(MIXERS))
+    unknown = sorted(set(names) - set(MIXERS) - {"none"})
     if unknown:
       raise ValueError(f"unknown mixer(s) {unknown}; known: {sorted(MIXERS)}")
     unknown = sorted(set(dict(self.mixer_options)) - set(MIXERS))
     if unknown:
       raise ValueError(f"mixer_options names unknown mixer(s) {unknown}")
+    empty = [i for i, (mixer, mlp) in enumerate(zip(names, self.layer_mlps))
+             if mixer == "none" and mlp == "none"]
+    if empty:
+      raise ValueError(f"layers {empty} have mixer 'none' and mlp 'none': a "
+                       "block needs one of them")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got "
                        f"{self.remat!r}")
@@ -264,8 +276,8 @@ class LMConfig:
     return cls(**kw)
 
 
-MLP_KINDS = ("swiglu", "geglu", "rwkv6", "rwkv7", "moe", "none")
-MULTIPLIERS = ("mixer_out", "mlp_out", "logits")
+MLP_KINDS = ("swiglu", "geglu", "rwkv6", "rwkv7", "relu2", "moe", "none")
+MULTIPLIERS = ("mixer_out", "mlp_out", "logits", "mlp_gate")
 NORM_KINDS = ("rms", "layer")
 
 
@@ -306,22 +318,41 @@ def make_norm(config: LMConfig, *, rngs):
 
 class SwiGLU(nnx.Module):
   """``down(silu(gate(x)) * up(x))`` (Shazeer, 2020); ``activation="gelu"``
-  is GeGLU with the tanh approximation (Griffin's gated MLP)."""
+  is GeGLU with the tanh approximation (Griffin's gated MLP).
+  ``gate_scale`` multiplies ``gate(x)`` before the activation (1)."""
 
   def __init__(self, d_model: int, hidden: int, *, rngs, dtype, param_dtype,
-               activation: str = "silu", use_bias: bool = False):
+               activation: str = "silu", use_bias: bool = False,
+               gate_scale: float = 1.0):
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype,
               use_bias=use_bias)
-    self.activation = activation
+    self.activation, self.gate_scale = activation, float(gate_scale)
     self.gate = modules.dense(d_model, hidden, ("embed", "mlp"), **kw)
     self.up = modules.dense(d_model, hidden, ("embed", "mlp"), **kw)
     self.down = modules.dense(hidden, d_model, ("mlp", "embed"), **kw)
 
   def __call__(self, x):
     gate = self.gate(x)
+    if self.gate_scale != 1.0:
+      gate = gate * jnp.asarray(self.gate_scale, gate.dtype)
     gate = (jax.nn.silu(gate) if self.activation == "silu"
             else jax.nn.gelu(gate, approximate=True))
     return self.down(gate * self.up(x))
+
+
+class SquaredReLUMLP(nnx.Module):
+  """``down(relu(up(x))^2)``, no gate (So et al. 2021's squared ReLU;
+  Nemotron-H's MLP, transformers' ``relu2``)."""
+
+  def __init__(self, d_model: int, hidden: int, *, rngs, dtype, param_dtype,
+               use_bias: bool = False):
+    kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype,
+              use_bias=use_bias)
+    self.up = modules.dense(d_model, hidden, ("embed", "mlp"), **kw)
+    self.down = modules.dense(hidden, d_model, ("mlp", "embed"), **kw)
+
+  def __call__(self, x):
+    return self.down(jnp.square(jax.nn.relu(self.up(x))))
 
 
 class RWKVChannelMix(nnx.Module):
@@ -364,8 +395,8 @@ class RWKVChannelMix(nnx.Module):
 
 class Block(nnx.Module):
   """``x + mixer(norm(x))``, then ``x + mlp(norm(x))`` (no second half with
-  the MLP ``"none"``); the ``"mixer_out"`` and ``"mlp_out"`` multipliers
-  scale the two terms.
+  the MLP ``"none"``, no first half with the mixer ``"none"``); the
+  ``"mixer_out"`` and ``"mlp_out"`` multipliers scale the two terms.
 
   Its cache is the mixer's, or ``{"mixer_cache": ..., "mlp_shift": [B, D]}``
   with RWKV channel mixing. A ``"moe"`` MLP appends its ``router_stats`` to
@@ -378,16 +409,20 @@ class Block(nnx.Module):
     self.mixer_scale = config.multiplier("mixer_out")
     self.mlp_scale = config.multiplier("mlp_out")
     kw = dict(dtype=config.dtype, param_dtype=config.param_dtype)
-    self.mixer_norm = make_norm(config, rngs=rngs)
-    options = config.options_for(mixer)
-    # Mixers whose inits depend on depth (RWKV) learn where they are.
-    accepted = inspect.signature(MIXERS[mixer].__init__).parameters
-    for name, value in (("layer_index", layer_index),
-                        ("n_layers", config.n_layers)):
-      if name in accepted:
-        options.setdefault(name, value)
-    self.mixer = MIXERS[mixer](config.d_model, config.n_heads, rngs=rngs,
-                               **kw, **options)
+    if mixer == "none":
+      self.mixer_norm = self.mixer = None
+    else:
+      self.mixer_norm = make_norm(config, rngs=rngs)
+      options = config.options_for(mixer)
+      n_heads = options.pop("n_heads", config.n_heads)
+      # Mixers whose inits depend on depth (RWKV) learn where they are.
+      accepted = inspect.signature(MIXERS[mixer].__init__).parameters
+      for name, value in (("layer_index", layer_index),
+                          ("n_layers", config.n_layers)):
+        if name in accepted:
+          options.setdefault(name, value)
+      self.mixer = MIXERS[mixer](config.d_model, n_heads, rngs=rngs, **kw,
+                                 **options)
     self.shift_mlp = mlp in ("rwkv6", "rwkv7")
     self.moe = mlp == "moe"
     if mlp == "none":
@@ -402,11 +437,17 @@ class Block(nnx.Module):
     if self.shift_mlp:
       self.mlp = RWKVChannelMix(config.d_model, config.hidden_dim,
                                 receptance=mlp == "rwkv6", **kw)
+    elif mlp == "relu2":
+      self.mlp = SquaredReLUMLP(config.d_model, config.hidden_dim, **kw)
     else:
       self.mlp = SwiGLU(config.d_model, config.hidden_dim, **kw,
-                        activation="silu" if mlp == "swiglu" else "gelu")
+                        activation="silu" if mlp == "swiglu" else "gelu",
+                        gate_scale=config.multiplier("mlp_gate"))
 
   def init_cache(self, batch_size: int, max_len: int, dtype):
+    """The mixer's cache; ``{}`` for a block without a mixer."""
+    if self.mixer is None:
+      return {}
     cache = self.mixer.init_cache(batch_size, max_len, dtype)
     if not self.shift_mlp:
       return cache
@@ -418,10 +459,13 @@ class Block(nnx.Module):
     """Returns ``(x, new cache or None, carry)``."""
     mixer_cache = (cache["mixer_cache"] if self.shift_mlp and cache is not None
                    else cache)
-    y, new_mixer_cache, carry = self.mixer.run(
-        self.mixer_norm(x), segment_ids=segment_ids, mode=mode,
-        cache=mixer_cache, carry=carry)
-    x = x + self._scaled(y, self.mixer_scale)
+    if self.mixer is None:
+      new_mixer_cache = None if cache is None else {}
+    else:
+      y, new_mixer_cache, carry = self.mixer.run(
+          self.mixer_norm(x), segment_ids=segment_ids, mode=mode,
+          cache=mixer_cache, carry=carry)
+      x = x + self._scaled(y, self.mixer_scale)
     if self.mlp is None:
       return x, new_mixer_cache, carry
     if self.moe:
@@ -674,6 +718,8 @@ class Sampling:
 def _left_padded(cache, pads):
   """``cache`` (of ``LM.init_cache``) with every layer's position starting
   at ``-pads: [B]``, so that token ``pads[b]`` of row ``b`` is at 0."""
+  if not cache:
+    return cache
   if "mixer_cache" in cache:
     return {**cache, "mixer_cache": _left_padded(cache["mixer_cache"], pads)}
   return {**cache, "position": cache["position"] - pads}

@@ -103,7 +103,7 @@ def flops_per_token(model, seq_len: int) -> float:
   if embed is not None and getattr(model, "lm_head", None) is None:
     matrix += math.prod(np.shape(embed.embedding.get_value()))
   mixing = sum(mixing_flops_per_token(block.mixer, seq_len)
-               for block in model.blocks)
+               for block in model.blocks if block.mixer is not None)
   return 3.0 * (2.0 * matrix + mixing)
 
 

@@ -89,7 +89,8 @@ def test_export_writes_the_same_tensors(tmp_path):
   # The architectures whose tables go beyond transposes and copies.
   for name in ("gla_short_conv", "path_attn", "qwen3_next", "rwkv6", "rwkv7",
                "gated_deltaproduct", "xlstm_fused", "comba", "mamba3",
-               "log_linear_mamba2", "mesa_net"):
+               "log_linear_mamba2", "mesa_net", "falcon_h1", "nemotron_h",
+               "granitemoehybrid", "jamba", "lfm2"):
     path = os.path.join(FIXTURES, name)
     lm, _, hf = convert.load_pretrained(path)
     out = str(tmp_path / name)
@@ -327,3 +328,62 @@ def test_log_linear_mamba2_maps_its_options_and_refuses_the_rest():
                         ({"num_heads": 3}, "num_heads \\* head_dim")):
     with pytest.raises(ValueError, match=match):
       convert.plan(dict(hf, **update))
+
+
+def test_hybrids_map_their_options_and_refuse_the_rest():
+  """transformers' hybrids: the pattern of each reaches the LM's per-layer
+  mixers and MLPs, the multipliers their places; options the LM cannot
+  reproduce do not load, named."""
+  def plan(name, **update):
+    hf = core.read_config(os.path.join(FIXTURES, name))
+    return convert.plan(dict(hf, **update))[0], hf
+
+  config, hf = plan("nemotron_h")
+  assert config.layer_mixers == ("mamba2", "softmax_attn", "none", "none")
+  assert config.layer_mlps == ("none", "none", "relu2", "moe")
+  assert config.options_for("mamba2")["n_heads"] == 8 and config.n_heads == 4
+  assert config.options_for("softmax_attn")["rope_fraction"] == 0.0
+  assert dict(config.moe_options)["activation"] == "relu2"
+  pattern = {k: v for k, v in hf.items() if k != "layers_block_type"}
+  assert convert.plan(dict(pattern, hybrid_override_pattern="M*-E"))[0] == (
+      config)
+  config, _ = plan("falcon_h1")
+  assert dict(config.multipliers) == {"logits": 0.7, "mlp_gate": 0.8,
+                                      "mlp_out": 1.2}
+  assert config.embed_scale == 1.3
+  config, _ = plan("granitemoehybrid")
+  assert dict(config.multipliers) == {"logits": 0.5, "mixer_out": 0.7,
+                                      "mlp_out": 0.7}
+  key = config.options_for("softmax_attn")["key_multiplier"]
+  assert abs(key - 0.3 * 8 ** 0.5) < 1e-12
+  config, _ = plan("granitemoehybrid", num_local_experts=0,
+                   position_embedding_type="nope")
+  assert config.mlp == "swiglu" and config.mlp_dim == 24
+  assert config.options_for("softmax_attn")["rope_fraction"] == 0.0
+  config, _ = plan("jamba")
+  assert config.layer_mixers == ("mamba", "softmax_attn") * 2
+  assert config.layer_mlps == ("moe", "swiglu") * 2
+  assert config.options_for("mamba")["inner_norms"]
+  config, _ = plan("lfm2", intermediate_size=256, block_multiple_of=64)
+  assert config.mlp_dim == 192 and config.layer_mixers == (
+      "short_conv", "softmax_attn", "short_conv")
+  for name, update, match in (
+      ("falcon_h1", {"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
+      ("falcon_h1", {"mamba_d_head": 6}, "mamba_d_head"),
+      ("falcon_h1", {"rope_parameters": {"rope_type": "yarn"}}, "rope_type"),
+      ("falcon_h1", {"ssm_multipliers": [1.0] * 4}, "ssm_multipliers"),
+      ("nemotron_h", {"mlp_hidden_act": "silu"}, "mlp_hidden_act"),
+      ("nemotron_h", {"moe_latent_size": 8}, "moe_latent_size"),
+      ("nemotron_h", {"num_nextn_predict_layers": 1},
+       "num_nextn_predict_layers"),
+      ("nemotron_h", {"layers_block_type": ["mamba", "conv"]},
+       "layers_block_type"),
+      ("granitemoehybrid", {"position_embedding_type": "alibi"},
+       "position_embedding_type"),
+      ("granitemoehybrid", {"layer_types": ["mamba"]}, "layer_types"),
+      ("granitemoehybrid", {"logits_scaling": 0.0}, "logits_scaling"),
+      ("jamba", {"sliding_window": 4}, "sliding_window"),
+      ("lfm2", {"layer_types": ["conv", "sliding_attention", "conv"]},
+       "layer_types")):
+    with pytest.raises(ValueError, match=match):
+      plan(name, **update)

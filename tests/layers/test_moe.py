@@ -23,6 +23,10 @@ ROUTERS = {
     "jamba": dict(n_experts=4, top_k=2, expert_dim=8, score="softmax"),
     "granite": dict(n_experts=5, top_k=2, expert_dim=8, score="softmax",
                     normalize_topk=True, shared_dim=4),
+    "nemotron_h": dict(n_experts=8, top_k=2, expert_dim=8, activation="relu2",
+                       score="sigmoid", selection_bias=True, n_groups=4,
+                       topk_groups=2, normalize_topk=True, routed_scale=1.5,
+                       shared_dim=6),
 }
 
 
@@ -37,10 +41,12 @@ def make(name):
 
 def params_of(layer):
   """The layer's parameters by name (the reference's names)."""
-  p = {k: getattr(layer, k)[...] for k in ("router", "gate", "up", "down")}
+  p = {k: getattr(layer, k)[...] for k in ("router", "gate", "up", "down")
+       if getattr(layer, k) is not None}
   if layer.shared is not None:
     for k in ("gate", "up", "down"):
-      p["shared_" + k] = getattr(layer.shared, k).kernel[...]
+      if getattr(layer.shared, k) is not None:
+        p["shared_" + k] = getattr(layer.shared, k).kernel[...]
   if layer.shared_gate is not None:
     p["shared_sigmoid"] = layer.shared_gate.kernel[...]
   return p
@@ -80,8 +86,16 @@ def reference_choice(layer, x):
 def token_loop(layer, p, x, experts, np_=np):
   """``y [N, D]``: a Python loop over the tokens of ``x [N, D]`` and their
   ``experts [N, k]`` (fixed), scores recomputed from ``p`` with ``np_``
-  (``np`` or ``jnp``, so that ``jax.grad`` sees the parameters)."""
+  (``np`` or ``jnp``, so that ``jax.grad`` sees the parameters). Without
+  ``gate`` weights the experts are ``down(relu(up x)^2)``."""
   sigmoid = lambda z: 1 / (1 + np_.exp(-z))
+
+  def mlp(xn, gate, up, down):
+    if gate is None:
+      return (np_.maximum(xn @ up, 0.0) ** 2) @ down
+    g = xn @ gate
+    return (g * sigmoid(g) * (xn @ up)) @ down
+
   rows = []
   for n in range(x.shape[0]):
     xn = x[n]
@@ -96,11 +110,10 @@ def token_loop(layer, p, x, experts, np_=np):
     w = w * layer.routed_scale
     y = 0.0
     for i, wi in zip(np.asarray(experts[n]), w):
-      g = xn @ p["gate"][i]
-      y = y + wi * ((g * sigmoid(g) * (xn @ p["up"][i])) @ p["down"][i])
+      gate = p["gate"][i] if "gate" in p else None
+      y = y + wi * mlp(xn, gate, p["up"][i], p["down"][i])
     if "shared_up" in p:
-      g = xn @ p["shared_gate"]
-      s = (g * sigmoid(g) * (xn @ p["shared_up"])) @ p["shared_down"]
+      s = mlp(xn, p.get("shared_gate"), p["shared_up"], p["shared_down"])
       if "shared_sigmoid" in p:
         s = s * sigmoid(xn @ p["shared_sigmoid"])
       y = y + s
@@ -232,3 +245,29 @@ def test_bad_options(options, match):
   kw = {**dict(n_experts=8, top_k=2, expert_dim=4), **options}
   with pytest.raises(ValueError, match=match):
     MoE(D, **kw, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("name", ["granite", "nemotron_h"])
+def test_expert_parallel_forward_equals_one_device(name):
+  """The grouped matmuls split over an ``expert`` axis of 8 devices (the
+  ``shard_map`` dispatch), gated and non-gated experts."""
+  from lin_attn_jax import sharding as shd
+  layer = make(name) if name == "nemotron_h" else MoE(
+      D, **{**ROUTERS[name], "n_experts": 8}, rngs=nnx.Rngs(3))
+  graphdef, state = nnx.split(layer)
+  x = jnp.tile(inputs(), (4, 1, 1))                             # [8, 5, D]
+  call = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x)[0])
+  want = call(state, x)
+  mesh = shd.make_mesh("expert=8", jax.devices()[:8])
+  with jax.set_mesh(mesh):
+    got = call(state, x)
+  assert rel(got, want) < 1e-6
+
+
+def test_relu2_experts_have_no_gate():
+  layer = make("nemotron_h")
+  assert layer.gate is None and layer.shared.gate is None
+  assert layer.up.shape == (8, D, 8) and layer.down.shape == (8, 8, D)
+  with pytest.raises(ValueError, match="activation must be one of"):
+    MoE(D, n_experts=4, top_k=2, expert_dim=8, activation="gelu",
+        rngs=nnx.Rngs(0))

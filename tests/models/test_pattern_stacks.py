@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from lin_attn_jax.layers.moe import MoE
-from lin_attn_jax.models.lm import LM, LMConfig, SwiGLU
+from lin_attn_jax.models.lm import LM, LMConfig, SquaredReLUMLP, SwiGLU
 from lin_attn_jax.train import TrainConfig, Trainer
 from lin_attn_jax import sharding as shd
 
@@ -70,6 +70,8 @@ def test_the_config_round_trips_through_json():
     (dict(moe_options={"experts": 4}), r"unknown moe_options \['experts'\]"),
     (dict(multipliers={"attention": 2.0}), "unknown multiplier 'attention'"),
     (dict(multipliers={"logits": "2"}), "must be a number"),
+    (dict(mixer=("none", "softmax_attn"), mlp=("none", "swiglu")),
+     r"layers \[0, 2\] have mixer 'none' and mlp 'none'"),
 ])
 def test_config_errors(kw, match):
   with pytest.raises(ValueError, match=match):
@@ -126,3 +128,47 @@ def test_checkpoints_of_configs_before_moe_restore():
   record["model"]["mlp"] = "geglu"
   with pytest.raises(ValueError, match="another model"):
     trainer.check_stored_config(record)
+
+
+def test_mlp_only_blocks_relu2_gate_multiplier_and_mixer_heads():
+  """Nemotron-H's pieces: a block without a mixer (``x + mlp(norm(x))``,
+  no mixer norm, an empty cache), the squared-ReLU MLP, a mixer with a head
+  count of its own; Falcon-H1's gate multiplier."""
+  config = LMConfig(**{**BASE, "n_layers": 3,
+                       "mixer": ("none", "softmax_attn", "mamba2")},
+                    mlp=("relu2", "swiglu", "none"),
+                    mixer_options={"mamba2": {"n_heads": 4, "head_dim": 8,
+                                              "d_state": 4, "chunk_size": 4}},
+                    multipliers={"mlp_gate": 0.5})
+  lm = LM(config, rngs=nnx.Rngs(0))
+  first = lm.blocks[0]
+  assert first.mixer is None and first.mixer_norm is None
+  assert isinstance(first.mlp, SquaredReLUMLP)
+  assert lm.blocks[2].mixer.n_heads == 4 and lm.blocks[1].mixer.n_heads == 2
+  x = jax.random.normal(jax.random.key(0), (2, 6, 16))
+  y, cache, _ = first(x, segment_ids=None, mode="chunk", cache={})
+  hidden = jax.nn.relu(first.mlp_norm(x) @ first.mlp.up.kernel[...])
+  np.testing.assert_allclose(y, x + (hidden ** 2) @ first.mlp.down.kernel[...],
+                             rtol=1e-5, atol=1e-6)
+  assert cache == {}
+  mlp = lm.blocks[1].mlp
+  assert mlp.gate_scale == 0.5
+  gate = 0.5 * (x @ mlp.gate.kernel[...])
+  np.testing.assert_allclose(
+      mlp(x), (jax.nn.silu(gate) * (x @ mlp.up.kernel[...]))
+      @ mlp.down.kernel[...], rtol=1e-5, atol=1e-6)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 32, (2, 7)),
+                       jnp.int32)
+  graphdef, state = nnx.split(lm)
+  call = jax.jit(lambda state, tokens, cache: nnx.merge(graphdef, state)(
+      tokens, cache=cache))
+  full = jax.jit(lambda state, tokens: nnx.merge(graphdef, state)(tokens))(
+      state, tokens)
+  first_logits, cache = call(state, tokens[:, :5], lm.init_cache(2, 7))
+  steps = [first_logits]
+  for i in range(5, 7):
+    logits, cache = call(state, tokens[:, i:i + 1], cache)
+    steps.append(logits)
+  np.testing.assert_allclose(jnp.concatenate(steps, 1), full, rtol=1e-5,
+                             atol=1e-5)
+  assert lm.generate(tokens[:, :3], 2).shape == (2, 5)
