@@ -173,8 +173,7 @@ def _chunks_backward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc, do,
                          interpret=interpret)
   dg = None
   if g is not None:
-    rows, writes = (jnp.transpose(out[name][..., 0], (0, 2, 1))
-                    for name in ("gate_rows", "gate_writes"))  # [B, T, H]
+    rows, writes = tpu_chunks.gate_terms(out, lay)             # [B, T, H]
     dg = gpu.gate_gradient(rows, writes, lay.chunk)[:, :lay.length, :, None]
   ds0 = swept.get("state_out")
 

@@ -239,23 +239,25 @@ def _call(kernel, grid, inputs, outputs, *, parallel: int, scratch=(),
           name: str, cost, interpret: bool):
   """``pl.pallas_call`` of ``kernel(refs by name)``: ``inputs`` and
   ``outputs`` ``{name: (array or shape struct, BlockSpec)}``, ``scratch``
-  ``[(name, shape)]`` float32 VMEM; the first ``parallel`` grid axes
+  ``[(name, shape, dtype)]`` VMEM; the first ``parallel`` grid axes
   parallel, the rest sequential; the VMEM limit from the blocks."""
   window = sum(compiler.block_bytes(s.block_shape, x.dtype)
                for x, s in list(inputs.values()) + list(outputs.values()))
-  scratch_bytes = sum(compiler.nbytes(shape, _F32) for _, shape in scratch)
+  scratch_bytes = sum(compiler.nbytes(shape, dtype)
+                      for _, shape, dtype in scratch)
   semantics = (("parallel",) * parallel
                + ("arbitrary",) * (len(grid) - parallel))
   params = pltpu.CompilerParams(
       dimension_semantics=semantics,
       vmem_limit_bytes=compiler.vmem_limit(window, scratch_bytes))
-  names = list(inputs) + list(outputs) + [n for n, _ in scratch]
+  names = list(inputs) + list(outputs) + [n for n, _, _ in scratch]
   outs = pl.pallas_call(
       lambda *refs: kernel(dict(zip(names, refs))),
       out_shape=[x for x, _ in outputs.values()], grid=grid,
       in_specs=[s for _, s in inputs.values()],
       out_specs=[s for _, s in outputs.values()],
-      scratch_shapes=[pltpu.VMEM(shape, _F32) for _, shape in scratch],
+      scratch_shapes=[pltpu.VMEM(shape, dtype)
+                      for _, shape, dtype in scratch],
       compiler_params=params, cost_estimate=cost, interpret=interpret,
       name=name)(*[x for x, _ in inputs.values()])
   return dict(zip(outputs, outs))
@@ -265,8 +267,12 @@ def _dot(a, b, dims, spec: Spec):
   return dots.dot(a, b, dims, mode="bf16" if spec.bf16 else "f32")
 
 
+def _operand_dtype(spec: Spec):
+  return jnp.bfloat16 if spec.bf16 else _F32
+
+
 def _operand(x, spec: Spec):
-  return x.astype(jnp.bfloat16 if spec.bf16 else _F32)
+  return x.astype(_operand_dtype(spec))
 
 
 def _iota(shape, axis):
@@ -382,7 +388,7 @@ def sweep(arrays, spec: Spec, lay: Layout, *, reverse: bool, state_in=None,
   kernel = functools.partial(_sweep_kernel, spec=spec, reverse=reverse,
                              last_step=lay.chunks - 1)
   return _call(kernel, grid, inputs, outputs, parallel=4,
-               scratch=[("state", (lay.sweep_v, lay.sweep_k))],
+               scratch=[("state", (lay.sweep_v, lay.sweep_k), _F32)],
                name=("gated_linear_tpu_state_grads" if reverse
                      else "gated_linear_tpu_states"),
                cost=cost(spec, lay, "sweep", inputs, outputs),
@@ -405,16 +411,20 @@ def _cols(j, width: int):
 
 def _outputs_kernel(r, *, spec: Spec, lay: Layout):
   """``o = scale [(scores * W) v + (read exp(P) q) h_n]`` of one chunk: the
-  scores once, then one block of value columns per step."""
+  scores once, then one block of value columns per step. The scaled
+  scores and queries are matmul operands in VMEM scratch (``a``,
+  ``q_read``), read by every step rather than held in registers."""
   w = _chunk_weights(r, spec)
   scores = _dot(r["q"][...], r["k"][...], NT, spec) * _pair_weights(r, spec)
-  a = _operand(scores * spec.scale, spec)                       # [C, C]
-  q_read = _operand(r["q"][...].astype(_F32) * (w.read * spec.scale), spec)
+  r["a"][...] = _operand(scores * spec.scale, spec)             # [C, C]
+  r["q_read"][...] = _operand(
+      r["q"][...].astype(_F32) * (w.read * spec.scale), spec)  # [C, K]
 
   def block(j, carry):
     cols = _cols(j, lay.step)
-    o = (_dot(a, r["v"][:, cols], NN, spec)
-         + _dot(q_read, r["states"][cols, :], NT, spec))        # [C, BV]
+    o = (_dot(r["a"][...], r["v"][:, cols], NN, spec)
+         + _dot(r["q_read"][...], r["states"][cols, :], NT,
+                spec))                                          # [C, BV]
     r["o"][:, cols] = o.astype(r["o"].dtype)
     return carry
 
@@ -432,8 +442,11 @@ def outputs(arrays, h, spec: Spec, lay: Layout, *, out_dtype,
   b, hh = lay.batch, lay.heads
   out = {"o": (jax.ShapeDtypeStruct((b, hh, lay.t_pad, lay.v_pad), out_dtype),
                specs["v"])}
+  dtype = _operand_dtype(spec)
+  scratch = [("a", (lay.chunk, lay.chunk), dtype),
+             ("q_read", (lay.chunk, lay.k_pad), dtype)]
   return _call(functools.partial(_outputs_kernel, spec=spec, lay=lay),
-               (b, hh, lay.chunks), inputs, out, parallel=3,
+               (b, hh, lay.chunks), inputs, out, parallel=3, scratch=scratch,
                name="gated_linear_tpu_outputs",
                cost=cost(spec, lay, "outputs", inputs, out),
                interpret=interpret)["o"]
@@ -450,13 +463,16 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
       dk = write exp(P_L - P) (v dh^T) + dA^T q
 
   The log-decays' terms (``gpu.gate_gradient`` sums them inside the
-  chunk): ``gate_rows_i = q_i . dq_read_i + (pairs j < i of row i) -
-  (pairs i' > i of column i) + [i = L] carry exp(P_L) sum(h * dh)`` and
+  chunk): ``gate_rows_i = q_i . dq_read_i + (pairs j < i of row i) + [i =
+  L] carry exp(P_L) sum(h * dh)``, ``gate_cols_i`` = the pairs ``i' > i``
+  of column ``i`` (a row, subtracted from ``gate_rows`` in XLA) and
   ``gate_writes_j = k_j . dk_write_j``, the pairs' terms ``scale A_ij
-  (do_i . v_j)``."""
+  (do_i . v_j)``.
+
+  The ``[C, C]`` and ``[C, K]`` operands that the loops over value and key
+  blocks share (``a``, ``da``, ``k_write``) are written to VMEM scratch
+  once, so no ``[C, C]`` value lives across a loop."""
   c = spec.chunk
-  w = _chunk_weights(r, spec)
-  pair = _pair_weights(r, spec)
   n_v, n_k = lay.v_pad // lay.step, lay.k_pad // lay.step
 
   def score_part(j, acc):
@@ -464,20 +480,30 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
     return acc + _dot(r["do"][:, cols], r["v"][:, cols], NT, spec)
 
   d_scores = _loop(n_v, score_part, jnp.zeros((c, c), _F32))    # do v^T
+  w = _chunk_weights(r, spec)
+  pair = _pair_weights(r, spec)
   scores = _dot(r["q"][...], r["k"][...], NT, spec) * pair      # A [C, C]
-  a = _operand(scores * spec.scale, spec)
-  da = _operand(d_scores * pair * spec.scale, spec)
-  k_write = _operand(r["k"][...].astype(_F32) * w.write, spec)  # [C, K]
+  gated = spec.gate != "none"
+  if gated:
+    # The pairs' terms by row (a column) and by column (a row): no
+    # transpose in the kernel; gpu.gate_gradient's caller subtracts them.
+    below = _iota((c, c), 0) > _iota((c, c), 1)
+    terms = jnp.where(below, scores * d_scores * spec.scale, 0.0)  # [i, j]
+    pairs = jnp.sum(terms, axis=1, keepdims=True)               # [C, 1]
+    r["gate_cols"][...] = jnp.sum(terms, axis=0, keepdims=True)  # [1, C]
+  r["a"][...] = _operand(scores * spec.scale, spec)
+  r["da"][...] = _operand(d_scores * pair * spec.scale, spec)
+  r["k_write"][...] = _operand(r["k"][...].astype(_F32) * w.write, spec)
 
   def dv_block(j, carry):
     cols = _cols(j, lay.step)
-    dv = (_dot(a, r["do"][:, cols], TN, spec)
-          + _dot(k_write, r["d_states"][cols, :], NT, spec))   # [C, BV]
+    dv = (_dot(r["a"][...], r["do"][:, cols], TN, spec)
+          + _dot(r["k_write"][...], r["d_states"][cols, :], NT,
+                 spec))                                         # [C, BV]
     r["dv"][:, cols] = dv.astype(r["dv"].dtype)
     return carry
 
   _loop(n_v, dv_block, 0)
-  gated = spec.gate != "none"
 
   def key_block(j, totals):
     cols = _cols(j, lay.step)
@@ -486,28 +512,30 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
     dq_read = _dot(r["do"][...], h, NN, spec) * (w.read * spec.scale)
     dk_write = _dot(r["v"][...], dh, NN, spec) * w.write        # [C, BK]
     q, k = r["q"][:, cols], r["k"][:, cols]
-    r["dq"][:, cols] = (dq_read + _dot(da, k, NN, spec)).astype(
+    r["dq"][:, cols] = (dq_read + _dot(r["da"][...], k, NN, spec)).astype(
         r["dq"].dtype)
-    r["dk"][:, cols] = (dk_write + _dot(da, q, TN, spec)).astype(
+    r["dk"][:, cols] = (dk_write + _dot(r["da"][...], q, TN, spec)).astype(
         r["dk"].dtype)
     if not gated:
       return totals
-    reads, writes, carried = totals
+    reads, writes = totals
     return (reads + jnp.sum(q.astype(_F32) * dq_read, axis=1, keepdims=True),
             writes + jnp.sum(k.astype(_F32) * dk_write, axis=1,
-                             keepdims=True),
-            carried + jnp.sum(h.astype(_F32) * dh.astype(_F32),
-                              keepdims=True))
+                             keepdims=True))
 
   column = jnp.zeros((c, 1), _F32)
-  reads, writes, carried = _loop(n_k, key_block,
-                                 (column, column, jnp.zeros((1, 1), _F32)))
+  reads, writes = _loop(n_k, key_block, (column, column))
   if not gated:
     return
-  below = _iota((c, c), 0) > _iota((c, c), 1)
-  terms = jnp.where(below, scores * d_scores * spec.scale, 0.0)  # [i, j]
-  pairs = (jnp.sum(terms, axis=1, keepdims=True)
-           - jnp.sum(terms.T, axis=1, keepdims=True))           # [C, 1]
+
+  def carried_tile(j, acc):
+    # sum(h * dh) over one [step, step] tile of the [V, K] states.
+    rows, cols = _cols(j // n_k, lay.step), _cols(j % n_k, lay.step)
+    h = r["states"][rows, cols].astype(_F32)
+    dh = r["d_states"][rows, cols].astype(_F32)
+    return acc + jnp.sum(h * dh, keepdims=True)
+
+  carried = _loop(n_v * n_k, carried_tile, jnp.zeros((1, 1), _F32))
   last = _iota((c, 1), 0) == c - 1
   r["gate_rows"][...] = (reads + pairs
                          + jnp.where(last, w.carry * carried, 0.0))
@@ -517,7 +545,8 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
 def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool):
   """``{"dq", "dk": [B, H, T_pad, K_pad], "dv": [B, H, T_pad, V_pad]}`` in
   the inputs' dtype and, with a decay, ``{"gate_rows", "gate_writes"}``
-  ``[B, H, T_pad, 1]`` float32."""
+  ``[B, H, T_pad, 1]`` and ``"gate_cols"`` ``[B, H, N, 1, C]`` float32 (see
+  ``gate_terms``)."""
   specs = _chunk_specs(lay)
   inputs = {name: (arrays[name], specs[kind]) for name, kind in
             (("q", "k"), ("k", "k"), ("v", "v"), ("do", "v"))}
@@ -536,11 +565,28 @@ def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool):
     for name in ("gate_rows", "gate_writes"):
       out[name] = (jax.ShapeDtypeStruct((b, hh, t, 1), _F32),
                    specs["column"])
+    out["gate_cols"] = (jax.ShapeDtypeStruct((b, hh, lay.chunks, 1,
+                                              lay.chunk), _F32),
+                        specs["row"])
+  dtype = _operand_dtype(spec)
+  scratch = [("a", (lay.chunk, lay.chunk), dtype),
+             ("da", (lay.chunk, lay.chunk), dtype),
+             ("k_write", (lay.chunk, lay.k_pad), dtype)]
   return _call(functools.partial(_grads_kernel, spec=spec, lay=lay),
-               (b, hh, lay.chunks), inputs, out, parallel=3,
+               (b, hh, lay.chunks), inputs, out, parallel=3, scratch=scratch,
                name="gated_linear_tpu_grads",
                cost=cost(spec, lay, "grads", inputs, out),
                interpret=interpret)
+
+
+def gate_terms(out, lay: Layout):
+  """``(gate_rows, gate_writes)`` ``[B, T_pad, H]`` for
+  ``gpu.gate_gradient``, from ``grads``' outputs."""
+  b, h = lay.batch, lay.heads
+  rows = (out["gate_rows"][..., 0]
+          - out["gate_cols"].reshape(b, h, lay.t_pad))          # [B, H, T]
+  return (jnp.transpose(rows, (0, 2, 1)),
+          jnp.transpose(out["gate_writes"][..., 0], (0, 2, 1)))
 
 
 def flops_per_chunk(spec: Spec, lay: Layout, kind: str) -> int:
