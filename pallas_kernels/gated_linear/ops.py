@@ -8,7 +8,13 @@ again, the reverse sweep for the states' gradients, then the gradients of
 every chunk at once. XLA adds up the log-decays' gradient terms inside each
 chunk (``gpu.gate_gradient``).
 
-TPU (``tpu.py``, a sweep over sub-chunks):
+TPU, no decay or a scalar one (``tpu_chunks.py``): the GPU's split with
+Mosaic bodies, forward a states sweep then the outputs of every chunk at
+once; backward the states sweep again, the reverse sweep, then the
+gradients of every chunk at once.
+
+TPU, a decay per key channel, or ``BlockSizes(chunk_parallel=False)``
+(``tpu.py``, a sweep over sub-chunks):
 
 - Forward: one kernel, outputs and the final state.
 - Backward: two kernels that recompute the states instead of storing them:
