@@ -53,6 +53,8 @@ flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Input dtypes.")
 flags.DEFINE_list("report", [], "JSON results to merge into the report.")
 flags.DEFINE_string("out", None, "Output: JSON results, or with --report "
                     "the markdown report.")
+flags.DEFINE_list("compare", [], "Two TPU JSON results (before, after): "
+                  "print a markdown table of each case's kernels in both.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -477,8 +479,42 @@ def report(paths, out):
   return failed + [{"missing": m} for m in missing]
 
 
+def compare(before_path, after_path, targets=("v5e", "v6e")):
+  """Markdown rows ``| target | case | dtype | before | after |`` of two TPU
+  results: per kernel ``name VMEM MiB / spill KiB / MXU``, and the largest
+  spill of each side."""
+  def load(path):
+    with open(path) as f:
+      return {(r["target"], r["case"], r["dtype"]): r["kernels"]
+              for r in json.load(f)}
+
+  def cell(kernels):
+    return "<br>".join(
+        f"{k['kernel'].replace('gated_linear_', '')} "
+        f"{_mib(k['vmem_bytes'])} / {_kb(k['spill_bytes'])} / {k['matmuls']}"
+        for k in kernels)
+
+  def worst(kernels):
+    return max(k["spill_bytes"] for k in kernels) / 1024
+
+  before, after = load(before_path), load(after_path)
+  lines = ["| target | case | dtype | before: kernel VMEM / spill / MXU | "
+           "after: kernel VMEM / spill / MXU | largest spill before -> "
+           "after (KiB) |", "|---|---|---|---|---|---|"]
+  for key in sorted(after, key=lambda k: (k[1], k[2], k[0])):
+    if key[0] not in targets or key not in before:
+      continue
+    lines.append(f"| {' | '.join(key)} | {cell(before[key])} | "
+                 f"{cell(after[key])} | {worst(before[key]):.0f} -> "
+                 f"{worst(after[key]):.0f} |")
+  return "\n".join(lines)
+
+
 def main(argv):
   del argv
+  if FLAGS.compare:
+    print(compare(*FLAGS.compare))
+    return 0
   if FLAGS.report:
     failed = report(FLAGS.report, FLAGS.out)
     print(f"report: {FLAGS.out}; {len(failed)} failed")

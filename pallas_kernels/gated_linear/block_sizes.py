@@ -5,10 +5,11 @@ chunk (and on TPU every sub-chunk) is computed exactly, whatever its size,
 and a program that owns a block of key or value columns computes its part
 of every sum over them.
 
-The two backends run different designs (``../README.md``): on TPU a
-sequential sweep over sub-chunks per (batch, head, key block, value block);
-on GPU the chunk-parallel kernels of ``gpu.py``, whose only sequential pass
-is the state sweep over chunks.
+Both backends run chunk-parallel kernels (``../README.md``; ``gpu.py``,
+``tpu_chunks.py``), whose only sequential pass is the state sweep over
+chunks; on TPU a decay per key channel (or ``chunk_parallel=False``) runs
+the earlier sequential sweep over sub-chunks per (batch, head, key block,
+value block).
 """
 
 from __future__ import annotations
@@ -68,6 +69,15 @@ class BlockSizes:
   num_stages: int | None = None  # GPU only: software pipelining stages
                                 # (None: 2)
   per_channel: bool = False     # the defaults of a decay per key channel
+  chunk_parallel: bool | None = None  # TPU only: the chunk-parallel
+                                # kernels (tpu_chunks.py) rather than the
+                                # sweep over sub-chunks; None: chunk-
+                                # parallel for no decay or a scalar one
+                                # (a decay per key channel has only the
+                                # sweep on TPU)
+  step_block: int | None = None  # TPU chunk-parallel kernels only: key or
+                                # value columns per step of the outputs' and
+                                # gradients' loops (None: 128)
 
   def __post_init__(self):
     common.check_backend(self.backend)
@@ -81,7 +91,11 @@ class BlockSizes:
       for name in ("output_block_v", "chunk_block"):
         if getattr(self, name) is not None:
           raise ValueError(f"{name} is a GPU setting; leave it None on TPU")
+      common.check_width("step_block", self.step_block, self.backend)
     else:
+      for name in ("chunk_parallel", "step_block"):
+        if getattr(self, name) is not None:
+          raise ValueError(f"{name} is a TPU setting; leave it None on GPU")
       if self.sub_chunk is not None:
         raise ValueError("sub_chunk is a TPU setting (the GPU kernels split "
                          "a chunk's pairs by halving); leave it None on GPU")
@@ -92,6 +106,17 @@ class BlockSizes:
                  "backward_block_v"):
       common.check_width(name, getattr(self, name), self.backend)
     common.check_gpu_settings(self.backend, self.num_warps, self.num_stages)
+
+  def tpu_chunk_parallel(self, gate: str) -> bool:
+    """TPU: whether the chunk-parallel kernels run for a ``gate``
+    ("none", "scalar" or "channel"), the default filled in; they take no
+    decay per key channel (``ValueError`` when asked to)."""
+    if gate == "channel":
+      if self.chunk_parallel:
+        raise ValueError("chunk_parallel=True takes no decay per key "
+                         "channel on TPU yet; leave it None or False")
+      return False
+    return self.chunk_parallel is not False
 
   @property
   def sub_chunk_rows(self) -> int:
@@ -147,11 +172,13 @@ class BlockSizes:
               chunk_size: int | None = None) -> BlockSizes:
     """Defaults per backend and gate kind.
 
-    TPU: a decay per key channel needs a ``[c, K]`` exponential per key row
-    of a sub-chunk, so its sub-chunks are short (16); a scalar decay (or
-    none) builds the ``[c, c]`` scores with one matmul and uses 64 where the
-    chunk allows. ``chunk_size`` (an op's chunk length) sets the chunk,
-    rounded up to whole 16-token tiles; else 128 (per channel) or 256.
+    TPU, no decay or a scalar one: the chunk-parallel kernels, with chunks
+    of 128 tokens (one MXU tile of ``[C, C]`` scores), or ``chunk_size``
+    rounded up to whole 128-token tiles, at most 256. A decay per key
+    channel runs the sweep over sub-chunks: it needs a ``[c, K]``
+    exponential per key row of a sub-chunk, so its sub-chunks are short
+    (16), and ``chunk_size`` (an op's chunk length) sets the chunk, rounded
+    up to whole 16-token tiles; else 128.
 
     GPU: chunks of 64 tokens, or of ``chunk_size`` rounded up to a power of
     two when that is smaller (the ``[C, C]`` scores and ``[C, K]`` tiles of
@@ -162,11 +189,12 @@ class BlockSizes:
     if chunk_size is not None:
       common.check_positive("chunk_size", chunk_size)
     if backend == "tpu":
-      if chunk_size is None:
-        chunk = 128 if per_channel else 256
-      else:
-        chunk = -(-chunk_size // 16) * 16
-      sub_chunk = 16 if per_channel or chunk % 64 else 64
+      if not per_channel:
+        chunk = 128 if chunk_size is None else min(
+            256, -(-chunk_size // 128) * 128)
+        return cls("tpu", sub_chunk=64, chunk=chunk)
+      chunk = 128 if chunk_size is None else -(-chunk_size // 16) * 16
+      sub_chunk = 16
       return cls("tpu", sub_chunk=sub_chunk, chunk=chunk,
                  per_channel=per_channel)
     chunk = 64 if chunk_size is None else min(

@@ -8,7 +8,13 @@ again, the reverse sweep for the states' gradients, then the gradients of
 every chunk at once. XLA adds up the log-decays' gradient terms inside each
 chunk (``gpu.gate_gradient``).
 
-TPU (``tpu.py``, a sweep over sub-chunks):
+TPU, no decay or a scalar one (``tpu_chunks.py``): the GPU's split with
+Mosaic bodies, forward a states sweep then the outputs of every chunk at
+once; backward the states sweep again, the reverse sweep, then the
+gradients of every chunk at once.
+
+TPU, a decay per key channel, or ``BlockSizes(chunk_parallel=False)``
+(``tpu.py``, a sweep over sub-chunks):
 
 - Forward: one kernel, outputs and the final state.
 - Backward: two kernels that recompute the states instead of storing them:
@@ -39,7 +45,8 @@ import numpy as np
 from pallas_kernels.common import blocks as common_blocks
 from pallas_kernels.common import compiler, dispatch
 from pallas_kernels.common.layout import sum_parts
-from pallas_kernels.gated_linear import chunk_math, gpu, layout, tpu
+from pallas_kernels.gated_linear import (chunk_math, gpu, layout, tpu,
+                                         tpu_chunks)
 from pallas_kernels.gated_linear.block_sizes import BlockSizes
 from pallas_kernels.gated_linear.sub_chunk import KernelSpec
 
@@ -135,10 +142,61 @@ def _gpu_backward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc, do,
           None if ds0 is None else ds0[:, :, :lay.dim_k, :lay.dim_v])
 
 
+def _tpu_chunks(cfg: _Config, g) -> bool:
+  return dict(cfg.blocks)["tpu"].tpu_chunk_parallel(chunk_math.gate_kind(g))
+
+
+def _chunks_forward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc):
+  lay, spec = tpu_chunks.setup(q, k, v, g, doc, dict(cfg.blocks)["tpu"],
+                               cfg.scale)
+  arrays = tpu_chunks.prepare(q, k, v, g, doc, lay, spec)
+  state_in = None if s0 is None else layout.state_to_kernel(s0, lay)
+  swept = tpu_chunks.sweep(arrays, spec, lay, reverse=False,
+                           state_in=state_in,
+                           state_out=cfg.output_final_state,
+                           interpret=interpret)
+  o = tpu_chunks.outputs(arrays, swept["states"], spec, lay,
+                         out_dtype=jnp.bfloat16 if spec.bf16 else _F32,
+                         interpret=interpret)
+  o = layout.from_kernel(o, lay, lay.dim_v).astype(v.dtype)
+  final = swept.get("state_out")
+  return o, (None if final is None else layout.state_from_kernel(final, lay))
+
+
+def _chunks_backward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc, do,
+                     d_final):
+  blocks = dict(cfg.blocks)["tpu"]
+  lay, spec = tpu_chunks.setup(q, k, v, g, doc, blocks, cfg.scale)
+  arrays = tpu_chunks.prepare(q, k, v, g, doc, lay, spec, do=do)
+  state_in = None if s0 is None else layout.state_to_kernel(s0, lay)
+  h = tpu_chunks.sweep(arrays, spec, lay, reverse=False, state_in=state_in,
+                       state_out=False, interpret=interpret)["states"]
+  back = tpu_chunks.make_layout(*q.shape, v.shape[-1], blocks, "backward")
+  d_in = None if d_final is None else layout.state_to_kernel(d_final, lay)
+  swept = tpu_chunks.sweep(arrays, spec, back, reverse=True, state_in=d_in,
+                           state_out=s0 is not None, interpret=interpret)
+  out = tpu_chunks.grads(arrays, h, swept["states"], spec, lay,
+                         interpret=interpret)
+  dg = None
+  if g is not None:
+    rows, writes = tpu_chunks.gate_terms(out, lay)             # [B, T, H]
+    dg = gpu.gate_gradient(rows, writes, lay.chunk)[:, :lay.length, :, None]
+  ds0 = swept.get("state_out")
+
+  def cut(x, width):
+    return layout.from_kernel(x, lay, width).astype(_F32)
+
+  return (cut(out["dq"], lay.dim_k), cut(out["dk"], lay.dim_k),
+          cut(out["dv"], lay.dim_v), dg,
+          None if ds0 is None else layout.state_from_kernel(ds0, lay))
+
+
 def _forward(cfg: _Config, backend: str, interpret: bool, q, k, v, g, s0,
              doc):
   if backend == "gpu":
     return _gpu_forward(cfg, interpret, q, k, v, g, s0, doc)
+  if _tpu_chunks(cfg, g):
+    return _chunks_forward(cfg, interpret, q, k, v, g, s0, doc)
   blocks, lay, spec, bf16 = _prepare(cfg, backend, q, k, v, g, doc)
   arrays = layout.kernel_arrays(q, k, v, g, s0, doc, lay, bf16_dots=bf16)
   kwargs = dict(out_dtype=jnp.bfloat16 if bf16 else _F32,
@@ -154,6 +212,8 @@ def _backward(cfg: _Config, backend: str, interpret: bool, q, k, v, g, s0,
               doc, do, d_final):
   if backend == "gpu":
     return _gpu_backward(cfg, interpret, q, k, v, g, s0, doc, do, d_final)
+  if _tpu_chunks(cfg, g):
+    return _chunks_backward(cfg, interpret, q, k, v, g, s0, doc, do, d_final)
   blocks, lay, spec, bf16 = _prepare(cfg, backend, q, k, v, g, doc)
   arrays = layout.kernel_arrays(q, k, v, g, s0, doc, lay, bf16_dots=bf16,
                                 do=do)

@@ -174,6 +174,26 @@ class _KernelChecks:
                            interpret=self.interpret, blocks=TPU_STEP_BLOCKS)
     assert_close_errors(errors, 1e-5, label=f"{backend} {gate} strong")
 
+  @pytest.mark.parametrize("gate", ["none", "scalar"])
+  def test_tpu_chunks_of_128(self, gate):
+    """The TPU chunk-parallel kernels at their default 128-token chunk:
+    several chunks (T = 300, the last one partial), strong gates, segment
+    ids and an initial state."""
+    inputs = make_inputs(gate=gate, t=300, b=1, strong=True)
+    errors = kernel_errors(self.backend("tpu"), inputs,
+                           interpret=self.interpret,
+                           blocks=(BlockSizes("tpu", chunk=128),))
+    assert_close_errors(errors, 1e-5, label=f"tpu chunks of 128 {gate}")
+
+  def test_tpu_sweep_over_sub_chunks(self):
+    """``chunk_parallel=False`` keeps the TPU sweep over sub-chunks for a
+    scalar decay."""
+    blocks = (BlockSizes("tpu", sub_chunk=16, chunk=32,
+                         chunk_parallel=False),)
+    errors = kernel_errors(self.backend("tpu"), make_inputs(gate="scalar"),
+                           interpret=self.interpret, blocks=blocks)
+    assert_close_errors(errors, 1e-5, label="tpu sweep scalar")
+
   @pytest.mark.parametrize("backend, gate", [("tpu", "scalar"),
                                              ("gpu", "channel")])
   def test_several_key_and_value_blocks(self, backend, gate):
@@ -242,9 +262,13 @@ def test_exports_kernels(platform, gate, dtype):
     return chunk_gated_linear_attention(
         **{**inputs, **dict(zip(names, args))}, output_final_state=True)
 
-  if platform == "tpu":
+  if platform == "tpu" and gate == "channel":
     kernels = (["gated_linear_forward"],
                ["gated_linear_dq", "gated_linear_dkv"])
+  elif platform == "tpu":
+    kernels = (["gated_linear_tpu_states", "gated_linear_tpu_outputs"],
+               ["gated_linear_tpu_states", "gated_linear_tpu_state_grads",
+                "gated_linear_tpu_grads"])
   else:
     kernels = (["gated_linear_states", "gated_linear_outputs"],
                ["gated_linear_states", "gated_linear_state_grads",
@@ -300,6 +324,8 @@ def test_rejects_bad_shapes():
     ({"backend": "tpu", "sub_chunk": 16, "chunk": 32, "num_warps": 4},
      "GPU settings"),
     ({"backend": "tpu", "chunk_block": 32}, "GPU setting"),
+    ({"backend": "tpu", "step_block": 64}, "multiple of 128"),
+    ({"backend": "gpu", "chunk_parallel": True}, "TPU setting"),
     ({"backend": "gpu", "chunk": 24}, "power of two"),
     ({"backend": "gpu", "sub_chunk": 16}, "TPU setting"),
     ({"backend": "gpu", "chunk": 16, "block_v": 8}, "power of two"),
@@ -312,14 +338,30 @@ def test_block_sizes_validate(kwargs, message):
     BlockSizes(**kwargs)
 
 
+def test_chunk_parallel_takes_no_per_channel_decay_on_tpu():
+  inputs = make_inputs(gate="channel", t=8, b=1)
+  with pytest.raises(ValueError, match="chunk_parallel"):
+    chunk_gated_linear_attention(
+        **inputs, backend="tpu", interpret=True,
+        block_sizes=BlockSizes("tpu", chunk=16, chunk_parallel=True))
+
+
 def test_block_size_defaults_are_valid():
+  # TPU, a decay per key channel: the sweep over 16-token sub-chunks, the
+  # op's chunk size rounded up to whole 16-token tiles.
+  blocks = BlockSizes.default("tpu", per_channel=True)
+  assert (blocks.chunk, blocks.sub_chunk) == (128, 16)
+  assert not blocks.tpu_chunk_parallel("channel")
+  assert BlockSizes.default("tpu", per_channel=True,
+                            chunk_size=40).chunk == 48
+  # No decay or a scalar one: the chunk-parallel kernels, 128-token chunks
+  # or the op's chunk size rounded up to whole 128-token tiles, at most 256.
+  blocks = BlockSizes.default("tpu", per_channel=False)
+  assert blocks.chunk == 128 and blocks.tpu_chunk_parallel("scalar")
+  for size, chunk in ((40, 128), (200, 256), (1024, 256)):
+    assert BlockSizes.default("tpu", per_channel=False,
+                              chunk_size=size).chunk == chunk
   for per_channel in (False, True):
-    blocks = BlockSizes.default("tpu", per_channel=per_channel)
-    assert blocks.sub_chunk == (16 if per_channel else 64)
-    # An op's chunk size, rounded up to whole 16-token tiles.
-    blocks = BlockSizes.default("tpu", per_channel=per_channel,
-                                chunk_size=40)
-    assert blocks.chunk == 48 and blocks.sub_chunk == 16
     # GPU: 64-token chunks, or the op's chunk size rounded up to a power of
     # two when that is smaller.
     assert BlockSizes.default("gpu", per_channel=per_channel).chunk == 64

@@ -1,0 +1,636 @@
+"""Chunk-parallel Mosaic (TPU) kernels of the gated-linear recurrence, for
+no decay or a scalar decay per head.
+
+    S_t = exp(g_t) S_{t-1} + k_t v_t^T,    o_t = S_t^T (scale q_t)
+
+The split of ``gpu.py`` (and of flash-linear-attention's ``chunk_fwd_h`` /
+``chunk_fwd_o`` / ``chunk_bwd_dh`` / ``chunk_bwd_dqkwg``), with the math of
+``chunk_math.py`` written on the column and row forms Mosaic needs. Inside
+chunk ``n`` of ``C`` tokens, ``P_i`` the log-decay from the chunk's start
+(token i included), ``L`` its last token and ``h_n`` the state entering it:
+
+    h_{n+1} = carry exp(P_L) h_n + sum_j write_j exp(P_L - P_j) k_j v_j^T
+    o_i     = scale [ read_i exp(P_i) q_i h_n
+                      + sum_{j <= i} pair_ij exp(P_i - P_j) (q_i . k_j) v_j ]
+
+Kernels:
+
+- ``gated_linear_tpu_states``, grid ``(B, H, K / BK, V / BV, N)``, the
+  chunk axis sequential ("arbitrary"): a ``[BV, BK]`` float32 state tile in
+  VMEM scratch; per chunk it writes the state entering the chunk, then
+  adds one ``[C, BV]^T [C, BK]`` matmul. The states are written in the
+  matmul operands' precision (bfloat16 for bfloat16 inputs: every consumer
+  rounds them to bfloat16 for the MXU anyway, so storing float32 would
+  double the HBM traffic for no digit; float32 otherwise); the final state
+  in float32.
+- ``gated_linear_tpu_outputs``, grid ``(B, H, N)``, all parallel: the
+  ``[C, C]`` scores once per chunk (one matmul over all key channels),
+  then per block of value columns ``scores v + (read exp(P) q) h_n``.
+- ``gated_linear_tpu_state_grads``: the states kernel walked from the last
+  chunk with ``scale read exp(P) q`` and ``do``: the gradient of the state
+  leaving each chunk, and the initial state's gradient.
+- ``gated_linear_tpu_grads``, grid ``(B, H, N)``, all parallel: the
+  scores and ``dS = do v^T`` once per chunk, then ``dv`` per value block
+  and ``dq``, ``dk`` per key block, and the per-token terms of the scalar
+  log-decays' gradient (``gpu.gate_gradient`` adds them up).
+
+The backward pass keeps only the inputs: it reruns the states kernel for
+``h`` (a ``2 T K V`` pass per head, where keeping ``h`` would hold ``B H T
+/ C K V`` values per layer from the forward to the backward pass) and
+recomputes the ``[C, C]`` scores in the gradients kernel (``2 C^2 K`` per
+chunk, instead of writing and reading ``B H T C`` floats).
+
+Matmul flops per head and chunk (``2 m n k`` each), exactly the chunk
+algorithm's count (``../README.md``):
+
+    forward   2C (2KV + CK + CV)     states; scores, scores v, q h
+    backward  2C (5KV + 3CK + 2CV)   states, state grads; scores, dS,
+                                     scores^T do, k dh, do h^T, dA k,
+                                     v dh^T, dA^T q
+
+Numerics: ``P`` enters as double-float prefix sums per chunk (``hi + lo``,
+``common/cumsum.py``), so every log-decay is a difference accurate to
+float32 relative to itself; every exponent is a sum of gates, ``<= 0``,
+and the pair mask is applied before ``exp``. Matmuls take bfloat16
+operands for bfloat16 inputs, float32 at the highest precision otherwise,
+accumulating in float32.
+
+Layout: ``[B, H, T, F]`` (``layout.to_kernel``), K and V zero-padded to
+whole 128-lane tiles, T to whole chunks; states ``[B, H, N, V, K]``
+(transposed, as the sweep kernels keep them). Per-token scalars come as
+columns ``[.., T, 1]`` and, where a ``[C, C]`` matrix needs them along
+lanes, as rows ``[.., N, 1, C]``, so no kernel transposes a vector.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from pallas_kernels.common import compiler, dots
+from pallas_kernels.common import layout as common
+from pallas_kernels.common.cumsum import chunk_cumsum
+from pallas_kernels.gated_linear.block_sizes import BlockSizes
+
+_F32 = jnp.float32
+NN, NT, TN = dots.NN, dots.NT, dots.TN
+# Default state tile of the sweeps and columns per step of the chunk
+# kernels' loops: one 128 x 128 MXU pass (v4, v5e, v5p; v6e's 256 x 256
+# MXU takes 256 through BlockSizes).
+DEFAULT_TILE = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """Static description of one call's kernels."""
+  gate: str          # "none" or "scalar"
+  segments: bool     # document masks from segment ids
+  scale: float       # query scale
+  chunk: int         # C, a multiple of 16
+  bf16: bool         # bfloat16 matmul operands (else float32, HIGHEST)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Sizes of one call and its tiles."""
+  batch: int
+  length: int      # T
+  heads: int
+  dim_k: int
+  dim_v: int
+  t_pad: int       # T rounded up to whole chunks
+  k_pad: int       # K padded to whole 128-lane tiles
+  v_pad: int
+  chunk: int       # C
+  sweep_k: int     # state tile [sweep_v, sweep_k] of a sweep program
+  sweep_v: int
+  step: int        # key or value columns per step of the chunk kernels
+
+  @property
+  def chunks(self) -> int:
+    return self.t_pad // self.chunk
+
+
+def make_layout(b, t, h, dk, dv, blocks: BlockSizes,
+                direction: str = "forward") -> Layout:
+  """The chunk is ``blocks.chunk``, cut to the sequence (whole 16-row
+  tiles) when that is shorter; the sweeps' state tile is the
+  ``direction``'s ``(block_k, block_v)`` or ``DEFAULT_TILE``."""
+  chunk = min(blocks.chunk, common.round_up(t, 16))
+  k_pad = common.padded_features(dk, "tpu")
+  v_pad = common.padded_features(dv, "tpu")
+  given = ((blocks.block_k, blocks.block_v) if direction == "forward" else
+           (blocks.backward_block_k, blocks.backward_block_v))
+  prefix = "" if direction == "forward" else "backward_"
+  bk = common.feature_blocks(k_pad, given[0], DEFAULT_TILE, prefix + "block_k")
+  bv = common.feature_blocks(v_pad, given[1], DEFAULT_TILE, prefix + "block_v")
+  step = common.feature_blocks(min(k_pad, v_pad), blocks.step_block,
+                               DEFAULT_TILE, "step_block")
+  if k_pad % step or v_pad % step:
+    step = DEFAULT_TILE
+  return Layout(b, t, h, dk, dv, common.round_up(t, chunk), k_pad, v_pad,
+                chunk, bk, bv, step)
+
+
+def setup(q, k, v, g, doc, blocks: BlockSizes, scale: float,
+          direction: str = "forward"):
+  b, t, h, dk = q.shape
+  lay = make_layout(b, t, h, dk, v.shape[-1], blocks, direction)
+  spec = Spec(gate="none" if g is None else "scalar",
+              segments=doc is not None, scale=scale, chunk=lay.chunk,
+              bf16=all(x.dtype == jnp.bfloat16 for x in (q, k, v)))
+  return lay, spec
+
+
+def _to_kernel(x, lay: Layout, width: int, dtype):
+  """``[B, T, H, F] -> [B, H, T_pad, width]``, zero-padded."""
+  x = common.pad_to(x, (lay.batch, lay.t_pad, lay.heads, width), dtype)
+  return jnp.transpose(x, (0, 2, 1, 3))
+
+
+def _rows(column, lay: Layout):
+  """``[..., T_pad, 1] -> [..., N, 1, C]``: one row per chunk."""
+  *lead, t, _ = column.shape
+  return column.reshape(*lead, t // lay.chunk, 1, lay.chunk)
+
+
+def prepare(q, k, v, g, doc, lay: Layout, spec: Spec, do=None):
+  """The kernels' inputs by name: ``q``, ``k``, ``v`` (and ``do``) ``[B, H,
+  T_pad, F_pad]`` in the matmul dtype; with a decay ``p_hi``, ``p_lo``
+  (its chunk-local prefix sums, columns ``[B, H, T_pad, 1]``) and
+  ``p_row_hi``, ``p_row_lo`` (rows ``[B, H, N, 1, C]``); with segment ids
+  ``doc``, ``doc_prev`` (document index of each token and of the one
+  before it, ``[B, T_pad, 1]``) and ``doc_row`` (``[B, N, 1, C]``)."""
+  dtype = jnp.bfloat16 if spec.bf16 else _F32
+  arrays = {"q": _to_kernel(q, lay, lay.k_pad, dtype),
+            "k": _to_kernel(k, lay, lay.k_pad, dtype),
+            "v": _to_kernel(v, lay, lay.v_pad, dtype)}
+  if do is not None:
+    arrays["do"] = _to_kernel(do, lay, lay.v_pad, dtype)
+  if g is not None:
+    g = _to_kernel(g[..., :1], lay, 1, _F32)                   # [B, H, T, 1]
+    hi, lo = chunk_cumsum(g, lay.chunk, axis=2)
+    arrays.update(p_hi=hi, p_lo=lo, p_row_hi=_rows(hi, lay),
+                  p_row_lo=_rows(lo, lay))
+  if doc is not None:
+    doc = jnp.pad(jnp.asarray(doc, _F32),
+                  ((0, 0), (0, lay.t_pad - lay.length)), mode="edge")
+    prev = jnp.pad(doc, ((0, 0), (1, 0)))[:, :-1]
+    arrays.update(doc=doc[..., None], doc_prev=prev[..., None],
+                  doc_row=_rows(doc[..., None], lay))
+  return arrays
+
+
+def _specs(lay: Layout, reverse: bool = False):
+  """Block specs of the sweeps, grid ``(b, h, kb, vb, step)``: name ->
+  BlockSpec."""
+  c, bk, bv, n = lay.chunk, lay.sweep_k, lay.sweep_v, lay.chunks
+
+  def chunk(s):
+    return n - 1 - s if reverse else s
+
+  return {
+      "k": pl.BlockSpec((None, None, c, bk),
+                        lambda b, h, kb, vb, s: (b, h, chunk(s), kb)),
+      "v": pl.BlockSpec((None, None, c, bv),
+                        lambda b, h, kb, vb, s: (b, h, chunk(s), vb)),
+      "column": pl.BlockSpec((None, None, c, 1),
+                             lambda b, h, kb, vb, s: (b, h, chunk(s), 0)),
+      "doc": pl.BlockSpec((None, c, 1),
+                          lambda b, h, kb, vb, s: (b, chunk(s), 0)),
+      "state": pl.BlockSpec((None, None, bv, bk),
+                            lambda b, h, kb, vb, s: (b, h, vb, kb)),
+      "states": pl.BlockSpec((None, None, None, bv, bk),
+                             lambda b, h, kb, vb, s: (b, h, chunk(s), vb,
+                                                      kb)),
+  }
+
+
+def _chunk_specs(lay: Layout):
+  """Block specs of the chunk kernels, grid ``(b, h, n)``."""
+  c = lay.chunk
+  return {
+      "k": pl.BlockSpec((None, None, c, lay.k_pad),
+                        lambda b, h, n: (b, h, n, 0)),
+      "v": pl.BlockSpec((None, None, c, lay.v_pad),
+                        lambda b, h, n: (b, h, n, 0)),
+      "column": pl.BlockSpec((None, None, c, 1), lambda b, h, n: (b, h, n, 0)),
+      "row": pl.BlockSpec((None, None, None, 1, c),
+                          lambda b, h, n: (b, h, n, 0, 0)),
+      "doc": pl.BlockSpec((None, c, 1), lambda b, h, n: (b, n, 0)),
+      "doc_row": pl.BlockSpec((None, None, 1, c), lambda b, h, n: (b, n, 0, 0)),
+      "states": pl.BlockSpec((None, None, None, lay.v_pad, lay.k_pad),
+                             lambda b, h, n: (b, h, n, 0, 0)),
+  }
+
+
+_GATE_AND_DOC_KINDS = {"p_hi": "column", "p_lo": "column",
+                       "p_row_hi": "row", "p_row_lo": "row", "doc": "doc",
+                       "doc_prev": "doc", "doc_row": "doc_row"}
+
+
+def _call(kernel, grid, inputs, outputs, *, parallel: int, scratch=(),
+          name: str, cost, interpret: bool):
+  """``pl.pallas_call`` of ``kernel(refs by name)``: ``inputs`` and
+  ``outputs`` ``{name: (array or shape struct, BlockSpec)}``, ``scratch``
+  ``[(name, shape, dtype)]`` VMEM; the first ``parallel`` grid axes
+  parallel, the rest sequential; the VMEM limit from the blocks."""
+  window = sum(compiler.block_bytes(s.block_shape, x.dtype)
+               for x, s in list(inputs.values()) + list(outputs.values()))
+  scratch_bytes = sum(compiler.nbytes(shape, dtype)
+                      for _, shape, dtype in scratch)
+  semantics = (("parallel",) * parallel
+               + ("arbitrary",) * (len(grid) - parallel))
+  params = pltpu.CompilerParams(
+      dimension_semantics=semantics,
+      vmem_limit_bytes=compiler.vmem_limit(window, scratch_bytes))
+  names = list(inputs) + list(outputs) + [n for n, _, _ in scratch]
+  outs = pl.pallas_call(
+      lambda *refs: kernel(dict(zip(names, refs))),
+      out_shape=[x for x, _ in outputs.values()], grid=grid,
+      in_specs=[s for _, s in inputs.values()],
+      out_specs=[s for _, s in outputs.values()],
+      scratch_shapes=[pltpu.VMEM(shape, dtype)
+                      for _, shape, dtype in scratch],
+      compiler_params=params, cost_estimate=cost, interpret=interpret,
+      name=name)(*[x for x, _ in inputs.values()])
+  return dict(zip(outputs, outs))
+
+
+def _dot(a, b, dims, spec: Spec):
+  return dots.dot(a, b, dims, mode="bf16" if spec.bf16 else "f32")
+
+
+def _operand_dtype(spec: Spec):
+  return jnp.bfloat16 if spec.bf16 else _F32
+
+
+def _operand(x, spec: Spec):
+  return x.astype(_operand_dtype(spec))
+
+
+def _iota(shape, axis):
+  return jax.lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+@dataclasses.dataclass
+class _Chunk:
+  """A chunk's per-token weights as columns ``[C, 1]`` (``[1, 1]`` for the
+  carry): ``read_i exp(P_i)``, ``write_j exp(P_L - P_j)``, ``carry
+  exp(P_L)``."""
+  read: jax.Array
+  write: jax.Array
+  carry: jax.Array
+
+
+def _chunk_weights(r, spec: Spec) -> _Chunk:
+  c = spec.chunk
+  ones = jnp.ones((c, 1), _F32)
+  if spec.segments:
+    doc, enter = r["doc"][...], r["doc_prev"][0:1, :]           # [C,1] [1,1]
+    last = r["doc"][c - 1:c, :]
+    read, write, carry = doc == enter, doc == last, last == enter
+  if spec.gate == "none":
+    if not spec.segments:
+      return _Chunk(ones, ones, jnp.ones((1, 1), _F32))
+    return _Chunk(read.astype(_F32), write.astype(_F32), carry.astype(_F32))
+  hi, lo = r["p_hi"][...], r["p_lo"][...]                       # [C, 1]
+  hi_last, lo_last = r["p_hi"][c - 1:c, :], r["p_lo"][c - 1:c, :]
+  read_w = jnp.exp(hi + lo)
+  write_w = jnp.exp((hi_last - hi) + (lo_last - lo))            # <= 1
+  carry_w = jnp.exp(hi_last + lo_last)
+  if spec.segments:
+    read_w = jnp.where(read, read_w, 0.0)
+    write_w = jnp.where(write, write_w, 0.0)
+    carry_w = jnp.where(carry, carry_w, 0.0)
+  return _Chunk(read_w, write_w, carry_w)
+
+
+def _pair_weights(r, spec: Spec):
+  """``pair_ij exp(P_i - P_j)``, ``[C, C]`` float32: ``j <= i`` in one
+  document, the mask applied before ``exp``."""
+  c = spec.chunk
+  mask = _iota((c, c), 0) >= _iota((c, c), 1)
+  if spec.segments:
+    mask = mask & (r["doc"][...] == r["doc_row"][...])
+  if spec.gate == "none":
+    return mask.astype(_F32)
+  diff = ((r["p_hi"][...] - r["p_row_hi"][...])
+          + (r["p_lo"][...] - r["p_row_lo"][...]))              # P_i - P_j
+  return jnp.exp(jnp.where(mask, diff, -jnp.inf))
+
+
+def _sweep_kernel(r, *, spec: Spec, reverse: bool, last_step: int):
+  """One chunk of the state sweep (the transposed state ``[BV, BK]``):
+  forward ``S <- carry S + v^T (write k)``, reverse ``dS <- carry dS +
+  do^T (scale read q)``; writes the state before the update."""
+  step = pl.program_id(4)
+
+  @pl.when(step == 0)
+  def _():
+    if "state_in" in r:
+      r["state"][...] = r["state_in"][...]
+    else:
+      r["state"][...] = jnp.zeros(r["state"].shape, _F32)
+
+  s = r["state"][...]
+  r["states"][...] = s.astype(r["states"].dtype)
+  w = _chunk_weights(r, spec)
+  if reverse:
+    x = r["q"][...].astype(_F32) * (w.read * spec.scale)
+    y = r["do"][...]
+  else:
+    x = r["k"][...].astype(_F32) * w.write
+    y = r["v"][...]
+  s = s * w.carry + _dot(y, _operand(x, spec), TN, spec)        # [BV, BK]
+  r["state"][...] = s
+  if "state_out" in r:
+    @pl.when(step == last_step)
+    def _():
+      r["state_out"][...] = s
+
+
+def _gate_and_doc_inputs(arrays, specs, names):
+  return {n: (arrays[n], specs[_GATE_AND_DOC_KINDS[n]]) for n in names
+          if n in arrays}
+
+
+def sweep(arrays, spec: Spec, lay: Layout, *, reverse: bool, state_in=None,
+          state_out: bool, interpret: bool):
+  """Forward: ``{"states": h [B, H, N, V_pad, K_pad], "state_out"}``, ``h_n``
+  the state entering chunk ``n``; reverse: ``{"states": dh, "state_out"}``,
+  ``dh_n`` the gradient of the state leaving chunk ``n``, ``state_out``
+  the initial state's gradient. ``state_in`` ``[B, H, V_pad, K_pad]``
+  float32: the initial state, or the final state's gradient."""
+  specs = _specs(lay, reverse)
+  x_name, y_name = ("q", "do") if reverse else ("k", "v")
+  inputs = {x_name: (arrays[x_name], specs["k"]),
+            y_name: (arrays[y_name], specs["v"])}
+  inputs.update(_gate_and_doc_inputs(arrays, specs,
+                                     ("p_hi", "p_lo", "doc", "doc_prev")))
+  if state_in is not None:
+    inputs["state_in"] = (state_in, specs["state"])
+  b, h = lay.batch, lay.heads
+  outputs = {"states": (jax.ShapeDtypeStruct(
+      (b, h, lay.chunks, lay.v_pad, lay.k_pad),
+      jnp.bfloat16 if spec.bf16 else _F32), specs["states"])}
+  if state_out:
+    outputs["state_out"] = (jax.ShapeDtypeStruct(
+        (b, h, lay.v_pad, lay.k_pad), _F32), specs["state"])
+  grid = (b, h, lay.k_pad // lay.sweep_k, lay.v_pad // lay.sweep_v,
+          lay.chunks)
+  kernel = functools.partial(_sweep_kernel, spec=spec, reverse=reverse,
+                             last_step=lay.chunks - 1)
+  return _call(kernel, grid, inputs, outputs, parallel=4,
+               scratch=[("state", (lay.sweep_v, lay.sweep_k), _F32)],
+               name=("gated_linear_tpu_state_grads" if reverse
+                     else "gated_linear_tpu_states"),
+               cost=cost(spec, lay, "sweep", inputs, outputs),
+               interpret=interpret)
+
+
+def _loop(n: int, body, init):
+  """``body(j, carry)`` for ``j < n``: inline for one step, else a
+  ``fori_loop``."""
+  if n == 1:
+    return body(0, init)
+  return jax.lax.fori_loop(0, n, body, init)
+
+
+def _cols(j, width: int):
+  if isinstance(j, int):
+    return pl.ds(j * width, width)
+  return pl.ds(pl.multiple_of(j * width, width), width)
+
+
+def _outputs_kernel(r, *, spec: Spec, lay: Layout):
+  """``o = scale [(scores * W) v + (read exp(P) q) h_n]`` of one chunk: the
+  scores once, then one block of value columns per step. The scaled
+  scores and queries are matmul operands in VMEM scratch (``a``,
+  ``q_read``), read by every step rather than held in registers."""
+  w = _chunk_weights(r, spec)
+  scores = _dot(r["q"][...], r["k"][...], NT, spec) * _pair_weights(r, spec)
+  r["a"][...] = _operand(scores * spec.scale, spec)             # [C, C]
+  r["q_read"][...] = _operand(
+      r["q"][...].astype(_F32) * (w.read * spec.scale), spec)  # [C, K]
+
+  def block(j, carry):
+    cols = _cols(j, lay.step)
+    o = (_dot(r["a"][...], r["v"][:, cols], NN, spec)
+         + _dot(r["q_read"][...], r["states"][cols, :], NT,
+                spec))                                          # [C, BV]
+    r["o"][:, cols] = o.astype(r["o"].dtype)
+    return carry
+
+  _loop(lay.v_pad // lay.step, block, 0)
+
+
+def outputs(arrays, h, spec: Spec, lay: Layout, *, out_dtype,
+            interpret: bool):
+  """``o [B, H, T_pad, V_pad]`` from the inputs and the entering states
+  ``h [B, H, N, V_pad, K_pad]``."""
+  specs = _chunk_specs(lay)
+  inputs = {"q": (arrays["q"], specs["k"]), "k": (arrays["k"], specs["k"]),
+            "v": (arrays["v"], specs["v"]), "states": (h, specs["states"])}
+  inputs.update(_gate_and_doc_inputs(arrays, specs, _GATE_AND_DOC_KINDS))
+  b, hh = lay.batch, lay.heads
+  out = {"o": (jax.ShapeDtypeStruct((b, hh, lay.t_pad, lay.v_pad), out_dtype),
+               specs["v"])}
+  dtype = _operand_dtype(spec)
+  scratch = [("a", (lay.chunk, lay.chunk), dtype),
+             ("q_read", (lay.chunk, lay.k_pad), dtype)]
+  return _call(functools.partial(_outputs_kernel, spec=spec, lay=lay),
+               (b, hh, lay.chunks), inputs, out, parallel=3, scratch=scratch,
+               name="gated_linear_tpu_outputs",
+               cost=cost(spec, lay, "outputs", inputs, out),
+               interpret=interpret)["o"]
+
+
+def _grads_kernel(r, *, spec: Spec, lay: Layout):
+  """``dv``, ``dq``, ``dk`` and the scalar log-decays' gradient terms of one
+  chunk (``h`` the entering state, ``dh`` the leaving state's gradient,
+  both ``[V, K]``; ``W`` the pair weights, ``A = (q k^T) * W``):
+
+      dv = scale A^T do + (write exp(P_L - P) k) dh
+      dA = scale (do v^T) * W
+      dq = scale read exp(P) (do h^T) + dA k
+      dk = write exp(P_L - P) (v dh^T) + dA^T q
+
+  The log-decays' terms (``gpu.gate_gradient`` sums them inside the
+  chunk): ``gate_rows_i = q_i . dq_read_i + (pairs j < i of row i) + [i =
+  L] carry exp(P_L) sum(h * dh)``, ``gate_cols_i`` = the pairs ``i' > i``
+  of column ``i`` (a row, subtracted from ``gate_rows`` in XLA) and
+  ``gate_writes_j = k_j . dk_write_j``, the pairs' terms ``scale A_ij
+  (do_i . v_j)``.
+
+  The ``[C, C]`` and ``[C, K]`` operands that the loops over value and key
+  blocks share (``a``, ``da``, ``k_write``) are written to VMEM scratch
+  once, so no ``[C, C]`` value lives across a loop."""
+  c = spec.chunk
+  n_v, n_k = lay.v_pad // lay.step, lay.k_pad // lay.step
+
+  def score_part(j, acc):
+    cols = _cols(j, lay.step)
+    return acc + _dot(r["do"][:, cols], r["v"][:, cols], NT, spec)
+
+  d_scores = _loop(n_v, score_part, jnp.zeros((c, c), _F32))    # do v^T
+  w = _chunk_weights(r, spec)
+  pair = _pair_weights(r, spec)
+  scores = _dot(r["q"][...], r["k"][...], NT, spec) * pair      # A [C, C]
+  gated = spec.gate != "none"
+  if gated:
+    # The pairs' terms by row (a column) and by column (a row): no
+    # transpose in the kernel; gpu.gate_gradient's caller subtracts them.
+    below = _iota((c, c), 0) > _iota((c, c), 1)
+    terms = jnp.where(below, scores * d_scores * spec.scale, 0.0)  # [i, j]
+    pairs = jnp.sum(terms, axis=1, keepdims=True)               # [C, 1]
+    r["gate_cols"][...] = jnp.sum(terms, axis=0, keepdims=True)  # [1, C]
+  r["a"][...] = _operand(scores * spec.scale, spec)
+  r["da"][...] = _operand(d_scores * pair * spec.scale, spec)
+  r["k_write"][...] = _operand(r["k"][...].astype(_F32) * w.write, spec)
+
+  def dv_block(j, carry):
+    cols = _cols(j, lay.step)
+    dv = (_dot(r["a"][...], r["do"][:, cols], TN, spec)
+          + _dot(r["k_write"][...], r["d_states"][cols, :], NT,
+                 spec))                                         # [C, BV]
+    r["dv"][:, cols] = dv.astype(r["dv"].dtype)
+    return carry
+
+  _loop(n_v, dv_block, 0)
+
+  def key_block(j, totals):
+    cols = _cols(j, lay.step)
+    h = r["states"][:, cols]                                    # [V, BK]
+    dh = r["d_states"][:, cols]
+    dq_read = _dot(r["do"][...], h, NN, spec) * (w.read * spec.scale)
+    dk_write = _dot(r["v"][...], dh, NN, spec) * w.write        # [C, BK]
+    q, k = r["q"][:, cols], r["k"][:, cols]
+    r["dq"][:, cols] = (dq_read + _dot(r["da"][...], k, NN, spec)).astype(
+        r["dq"].dtype)
+    r["dk"][:, cols] = (dk_write + _dot(r["da"][...], q, TN, spec)).astype(
+        r["dk"].dtype)
+    if not gated:
+      return totals
+    reads, writes = totals
+    return (reads + jnp.sum(q.astype(_F32) * dq_read, axis=1, keepdims=True),
+            writes + jnp.sum(k.astype(_F32) * dk_write, axis=1,
+                             keepdims=True))
+
+  column = jnp.zeros((c, 1), _F32)
+  reads, writes = _loop(n_k, key_block, (column, column))
+  if not gated:
+    return
+
+  def carried_tile(j, acc):
+    # sum(h * dh) over one [step, step] tile of the [V, K] states.
+    rows, cols = _cols(j // n_k, lay.step), _cols(j % n_k, lay.step)
+    h = r["states"][rows, cols].astype(_F32)
+    dh = r["d_states"][rows, cols].astype(_F32)
+    return acc + jnp.sum(h * dh, keepdims=True)
+
+  carried = _loop(n_v * n_k, carried_tile, jnp.zeros((1, 1), _F32))
+  last = _iota((c, 1), 0) == c - 1
+  r["gate_rows"][...] = (reads + pairs
+                         + jnp.where(last, w.carry * carried, 0.0))
+  r["gate_writes"][...] = writes
+
+
+def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool):
+  """``{"dq", "dk": [B, H, T_pad, K_pad], "dv": [B, H, T_pad, V_pad]}`` in
+  the inputs' dtype and, with a decay, ``{"gate_rows", "gate_writes"}``
+  ``[B, H, T_pad, 1]`` and ``"gate_cols"`` ``[B, H, N, 1, C]`` float32 (see
+  ``gate_terms``)."""
+  specs = _chunk_specs(lay)
+  inputs = {name: (arrays[name], specs[kind]) for name, kind in
+            (("q", "k"), ("k", "k"), ("v", "v"), ("do", "v"))}
+  inputs["states"] = (h, specs["states"])
+  inputs["d_states"] = (dh, specs["states"])
+  inputs.update(_gate_and_doc_inputs(arrays, specs, _GATE_AND_DOC_KINDS))
+  b, hh, t = lay.batch, lay.heads, lay.t_pad
+  dtype = arrays["q"].dtype
+  out = {"dq": (jax.ShapeDtypeStruct((b, hh, t, lay.k_pad), dtype),
+                specs["k"]),
+         "dk": (jax.ShapeDtypeStruct((b, hh, t, lay.k_pad), dtype),
+                specs["k"]),
+         "dv": (jax.ShapeDtypeStruct((b, hh, t, lay.v_pad), dtype),
+                specs["v"])}
+  if spec.gate != "none":
+    for name in ("gate_rows", "gate_writes"):
+      out[name] = (jax.ShapeDtypeStruct((b, hh, t, 1), _F32),
+                   specs["column"])
+    out["gate_cols"] = (jax.ShapeDtypeStruct((b, hh, lay.chunks, 1,
+                                              lay.chunk), _F32),
+                        specs["row"])
+  dtype = _operand_dtype(spec)
+  scratch = [("a", (lay.chunk, lay.chunk), dtype),
+             ("da", (lay.chunk, lay.chunk), dtype),
+             ("k_write", (lay.chunk, lay.k_pad), dtype)]
+  return _call(functools.partial(_grads_kernel, spec=spec, lay=lay),
+               (b, hh, lay.chunks), inputs, out, parallel=3, scratch=scratch,
+               name="gated_linear_tpu_grads",
+               cost=cost(spec, lay, "grads", inputs, out),
+               interpret=interpret)
+
+
+def gate_terms(out, lay: Layout):
+  """``(gate_rows, gate_writes)`` ``[B, T_pad, H]`` for
+  ``gpu.gate_gradient``, from ``grads``' outputs."""
+  b, h = lay.batch, lay.heads
+  rows = (out["gate_rows"][..., 0]
+          - out["gate_cols"].reshape(b, h, lay.t_pad))          # [B, H, T]
+  return (jnp.transpose(rows, (0, 2, 1)),
+          jnp.transpose(out["gate_writes"][..., 0], (0, 2, 1)))
+
+
+def flops_per_chunk(spec: Spec, lay: Layout, kind: str) -> int:
+  """Matmul flops of one kernel per head and chunk, counted from its body
+  (``2 m n k`` per product, masked ones at full size)."""
+  c, k, v = lay.chunk, lay.k_pad, lay.v_pad
+  del spec
+  return {"sweep": 2 * c * k * v,
+          "outputs": 2 * c * c * k + 2 * c * c * v + 2 * c * k * v,
+          "grads": (2 * c * c * v + 2 * c * c * k              # dS, scores
+                    + 2 * c * c * v + 2 * c * k * v            # dv
+                    + 2 * (2 * c * k * v + 2 * c * c * k))}[kind]  # dq, dk
+
+
+def cost(spec: Spec, lay: Layout, kind: str, inputs, outputs):
+  """The ``pl.CostEstimate`` of one kernel: its matmul flops, its ``exp``s
+  (the pair weights and the read, write and carry weights per chunk) and
+  the bytes of its inputs and outputs."""
+  chunks = lay.batch * lay.heads * lay.chunks
+  exps = 0
+  if spec.gate == "scalar":
+    exps = 2 * lay.chunk + 1 + (0 if kind == "sweep" else lay.chunk ** 2)
+    if kind == "sweep":
+      exps *= (lay.k_pad // lay.sweep_k) * (lay.v_pad // lay.sweep_v)
+  arrays = [x for x, _ in list(inputs.values()) + list(outputs.values())]
+  return compiler.cost(flops=flops_per_chunk(spec, lay, kind) * chunks,
+                       transcendentals=exps * chunks, arrays=arrays)
+
+
+def kernel_table(lay: Layout, spec: Spec):
+  """``[(kernel, grid, programs, tiles)]`` of a call's kernels."""
+  sweep_grid = (lay.batch, lay.heads, lay.k_pad // lay.sweep_k,
+                lay.v_pad // lay.sweep_v, lay.chunks)
+  chunk_grid = (lay.batch, lay.heads, lay.chunks)
+  c, step = lay.chunk, lay.step
+  sweep = (f"state [{lay.sweep_v}, {lay.sweep_k}] float32; per chunk "
+           f"[{c}, {lay.sweep_v}]^T [{c}, {lay.sweep_k}]")
+  rows = [("gated_linear_tpu_states", sweep_grid, sweep),
+          ("gated_linear_tpu_outputs", chunk_grid,
+           f"scores [{c}, {lay.k_pad}] [{c}, {lay.k_pad}]^T; value steps "
+           f"[{c}, {step}]"),
+          ("gated_linear_tpu_state_grads", sweep_grid, sweep),
+          ("gated_linear_tpu_grads", chunk_grid,
+           f"scores and dS [{c}, {c}]; value and key steps [{c}, {step}]")]
+  # A sweep's programs walk its last grid axis.
+  return [(name, grid, math.prod(grid[:4] if len(grid) == 5 else grid), tiles)
+          for name, grid, tiles in rows]
