@@ -5,7 +5,7 @@ decaying recurrence bidirectional with one full ``[T, T]`` mask, the decays
 between ``i`` and ``j`` multiplied in both directions:
 
     o_i = sum_{j in i's document} M_ij (q_i . k_j) v_j
-    M_ij = prod_{m=j+1}^{i} a_m   (j <= i),   M_ij = prod_{m=i+1}^{j} a_m   (j >= i)
+    M_ij = prod_{m=j+1}^{i} a_m  (j <= i),   prod_{m=i+1}^{j} a_m  (j >= i)
 
 so ``M = L + L^T - I`` with ``L`` the causal mask: symmetric, 1 on the
 diagonal. The lower triangle is the causal form; the upper one is the
