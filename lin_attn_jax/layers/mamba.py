@@ -87,6 +87,8 @@ class Mamba(Mixer):
       memory only; the op's default, see ``ops.chunk_selective_scan``).
 
   Cache: ``{"conv": [B, d_conv - 1, E], "ssm": [B, E, N]}``, float32.
+    causal: False for the non-causal layer: every token reads its
+      whole document in both directions (``Mixer.set_causal``).
   """
 
   no_weight_decay = ("A_log", "dt_bias", "D")
@@ -97,8 +99,9 @@ class Mamba(Mixer):
                dt_max: float = 1e-1, dt_init_floor: float = 1e-4,
                dt_scale: float = 1.0, conv_bias: bool = True,
                bias: bool = False, chunk_size: int = CHUNK_SIZE,
-               dtype=jnp.float32,
+               causal: bool = True, dtype=jnp.float32,
                param_dtype=jnp.float32):
+    self.set_causal(causal)
     del n_heads
     width = inner_width(d_model, expand)
     if dt_rank == "auto":

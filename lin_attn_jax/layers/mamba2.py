@@ -72,6 +72,8 @@ class Mamba2(Mixer):
 
   Cache: ``{"conv": [B, d_conv - 1, E + 2 G N], "ssm": [B, H, N, P]}``,
   float32.
+    causal: False for the non-causal layer: every token reads its
+      whole document in both directions (``Mixer.set_causal``).
   """
 
   no_weight_decay = ("A_log", "dt_bias", "D")
@@ -84,8 +86,10 @@ class Mamba2(Mixer):
                bias: bool = False, norm_eps: float = 1e-5,
                head_dim: int | None = None,
                time_step_limit: tuple[float, float] = (0.0, float("inf")),
-               chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
+               chunk_size: int = 64, impl: str = "auto",
+               causal: bool = True, dtype=jnp.float32,
                param_dtype=jnp.float32):
+    self.set_causal(causal)
     if head_dim is None:
       width = inner_width(d_model, expand)
     elif isinstance(head_dim, int) and head_dim >= 1 and n_heads >= 1:

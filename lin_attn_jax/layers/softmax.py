@@ -112,16 +112,17 @@ def token_by_token(ctx: Context, q, k, v, cache, mask_fn=None):
 
 
 def window_attend(q, k, v, ctx: Context, *, window_size: int | None,
-                  block_size: int):
-  """Causal softmax attention of a call without a cache, in a window of
-  ``window_size`` tokens (None: no window): the blockwise form in chunk
-  mode, the dense masked form in parallel mode. ``o [B, T, H, V]``."""
+                  block_size: int, causal: bool = True):
+  """Softmax attention of a call without a cache, in a window of
+  ``window_size`` tokens (None: no window; symmetric, ``|i - j| < w``, when
+  not ``causal``): the blockwise form in chunk mode, the dense masked form
+  in parallel mode. ``o [B, T, H, V]``."""
   if ctx.mode == "chunk":
     return chunk_softmax_attn(q, k, v, window_size=window_size,
                               segment_ids=ctx.segment_ids,
-                              block_size=block_size)
+                              block_size=block_size, causal=causal)
   return parallel_softmax_attn(q, k, v, window_size=window_size,
-                               segment_ids=ctx.segment_ids)
+                               segment_ids=ctx.segment_ids, causal=causal)
 
 
 def attend_with_cache(ctx: Context, q, k, v, cache, *, attend: Callable,
@@ -171,6 +172,8 @@ class CausalAttention(Mixer):
       channels of every head and leaves the rest (1.0; RecurrentGemma 0.5).
     out_bias: the output projection has a bias (False; RecurrentGemma's
       has one).
+    causal: False for the non-causal layer: every token reads its
+      whole document in both directions (``Mixer.set_causal``).
   """
 
   # w of a sliding window (the cache is then a ring buffer), None for none.
@@ -179,7 +182,9 @@ class CausalAttention(Mixer):
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                n_kv_heads: int | None = None, rope_base: float = 10000.0,
                rope_fraction: float = 1.0, out_bias: bool = False,
+               causal: bool = True,
                dtype=jnp.float32, param_dtype=jnp.float32):
+    self.set_causal(causal)
     self.n_kv_heads, self.head_dim = head_layout(d_model, n_heads, n_kv_heads)
     self.rope_dim = int(rope_fraction * self.head_dim)
     if (self.rope_dim % 2 or not 0 < rope_fraction <= 1
@@ -256,17 +261,18 @@ class SoftmaxAttention(CausalAttention):
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                n_kv_heads: int | None = None, rope_base: float = 10000.0,
                rope_fraction: float = 1.0, out_bias: bool = False,
-               block_size: int = 128, dtype=jnp.float32,
+               block_size: int = 128, causal: bool = True, dtype=jnp.float32,
                param_dtype=jnp.float32):
     checks.positive_int("block_size", block_size)
     super().__init__(d_model, n_heads, rngs=rngs, n_kv_heads=n_kv_heads,
                      rope_base=rope_base, rope_fraction=rope_fraction,
-                     out_bias=out_bias, dtype=dtype, param_dtype=param_dtype)
+                     out_bias=out_bias, causal=causal, dtype=dtype,
+                     param_dtype=param_dtype)
     self.block_size = block_size
 
   def attend(self, q, k, v, ctx: Context):
     return window_attend(q, k, v, ctx, window_size=self.window_size,
-                         block_size=self.block_size)
+                         block_size=self.block_size, causal=self.causal)
 
 
 class SlidingWindowAttention(SoftmaxAttention):
@@ -290,15 +296,16 @@ class SlidingWindowAttention(SoftmaxAttention):
                window_size: int = 512, n_kv_heads: int | None = None,
                rope_base: float = 10000.0, rope_fraction: float = 1.0,
                out_bias: bool = False, block_size: int = 128,
-               dtype=jnp.float32, param_dtype=jnp.float32):
+               causal: bool = True, dtype=jnp.float32,
+               param_dtype=jnp.float32):
     if window_size is None:
       raise ValueError("window_size must be an integer >= 1, got None (use "
                        "softmax_attn for full attention)")
     check_window(window_size)
     super().__init__(d_model, n_heads, rngs=rngs, n_kv_heads=n_kv_heads,
                      rope_base=rope_base, rope_fraction=rope_fraction,
-                     out_bias=out_bias, block_size=block_size, dtype=dtype,
-                     param_dtype=param_dtype)
+                     out_bias=out_bias, block_size=block_size, causal=causal,
+                     dtype=dtype, param_dtype=param_dtype)
     self.window_size = int(window_size)
 
 
