@@ -21,7 +21,13 @@ mixer:
   inputs of its short convolutions, a KV buffer), from ``init_mixer_cache``.
 
 Subclasses implement ``mix(x, ctx)`` and ``init_mixer_cache``; non-causal
-mixers set ``causal = False`` and refuse a cache and the recurrent mode. A
+mixers set ``causal = False`` and refuse a cache and the recurrent mode.
+A mixer whose op has non-causal forms takes ``causal: bool = True`` in its
+constructor (``set_causal``): with False the instance's ``causal`` is False
+(the same refusals), and ``apply_forms`` runs the op's forms with
+``causal=False`` (every token reads its whole document, both ways; the
+recurrences as LION defines them, ``lin_attn_jax/ops/common/bidirectional.py``).
+Short convolutions stay causal (a local mixing of the last few tokens). A
 mixer names its op's forms once (``OpForms``) and runs them through
 ``Mixer.apply_forms``, which picks the decoding step or the form of the mode
 and threads the cached state, so that ``mix`` reads as the layer's
@@ -213,6 +219,14 @@ class Mixer(nnx.Module):
   # the mixer's own cache}`` (``with_conv_cache``, ``split_cache``).
   short_conv = None
 
+  def set_causal(self, causal: bool) -> None:
+    """The constructor option ``causal``: False makes this instance
+    non-causal (its ``causal`` attribute False: no cache, no recurrent
+    mode, ``apply_forms`` passes ``causal=False`` to the op's forms)."""
+    if not isinstance(causal, bool):
+      raise ValueError(f"causal must be a bool, got {causal!r}")
+    self.causal = causal
+
   def init_mixer_cache(self, batch_size: int, max_len: int, dtype):
     raise NotImplementedError
 
@@ -299,8 +313,11 @@ class Mixer(nnx.Module):
     """``forms`` as ``ctx`` asks: the step when decoding, else the form of
     ``ctx.mode`` with this mixer's ``chunk_options`` (see ``run_forms``).
 
-    Returns ``(o [B, T, ...], final state or None)``.
+    Returns ``(o [B, T, ...], final state or None)``; a non-causal mixer
+    runs the forms with ``causal=False``.
     """
+    if not self.causal:
+      params = {**params, "causal": False}
     return run_forms(ctx, forms, tokens, state,
                      chunk_options=self.chunk_options(), **params)
 

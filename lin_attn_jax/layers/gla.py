@@ -41,6 +41,8 @@ class GLA(MatrixStateMixer):
       on CPU, 64 on TPU/GPU (``base.resolved_chunk_size``).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
       implementation (``lin_attn_jax.ops.common.dispatch``).
+    causal: False for the non-causal layer: every token reads its
+      whole document in both directions (``Mixer.set_causal``).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
@@ -49,7 +51,9 @@ class GLA(MatrixStateMixer):
                norm_eps: float = 1e-5, use_short_conv: bool = False,
                conv_size: int = 4, conv_bias: bool = False,
                chunk_size: int | None = None, impl: str = "auto",
+               causal: bool = True,
                dtype=jnp.float32, param_dtype=jnp.float32):
+    self.set_causal(causal)
     key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
     if key_dim % n_heads or value_dim % n_heads:
       raise ValueError(f"expand_k * d_model = {key_dim} and expand_v * "

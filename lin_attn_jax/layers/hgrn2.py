@@ -66,13 +66,17 @@ class HGRN2(MatrixStateMixer):
       on CPU, 64 on TPU/GPU (``base.resolved_chunk_size``).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
       implementation (``lin_attn_jax.ops.common.dispatch``).
+    causal: False for the non-causal layer: every token reads its
+      whole document in both directions (``Mixer.set_causal``).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_ratio: int | None = None, lower_bound: float = 0.0,
                use_short_conv: bool = False, conv_size: int = 4,
                conv_bias: bool = False, chunk_size: int | None = None, impl: str = "auto",
+               causal: bool = True,
                dtype=jnp.float32, param_dtype=jnp.float32):
+    self.set_causal(causal)
     if expand_ratio is None:
       expand_ratio = head_dim(d_model, n_heads, "d_model")
     checks.positive_int("expand_ratio", expand_ratio)

@@ -70,13 +70,18 @@ class LinearAttention(Mixer):
     chunk_size: chunk length of the chunk form (speed only).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
       implementation (``lin_attn_jax.ops.common.dispatch``).
+    causal: False for the non-causal layer: every token reads its
+      whole document in both directions (``Mixer.set_causal``).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                feature_map: str = "elu_plus_one", normalize: bool = True,
                use_short_conv: bool = False, conv_size: int = 4,
-               conv_bias: bool = False, chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
+               conv_bias: bool = False, chunk_size: int = 64,
+               impl: str = "auto",
+               causal: bool = True, dtype=jnp.float32,
                param_dtype=jnp.float32):
+    self.set_causal(causal)
     if feature_map not in feature_maps.FEATURE_MAPS:
       raise ValueError(f"feature_map must be one of "
                        f"{sorted(feature_maps.FEATURE_MAPS)}, got "

@@ -95,6 +95,8 @@ class Mamba(Mixer):
     inner_norm_eps: their epsilon (1e-6, Jamba's ``rms_norm_eps``).
 
   Cache: ``{"conv": [B, d_conv - 1, E], "ssm": [B, E, N]}``, float32.
+    causal: False for the non-causal layer: every token reads its
+      whole document in both directions (``Mixer.set_causal``).
   """
 
   no_weight_decay = ("A_log", "dt_bias", "D")
@@ -106,7 +108,9 @@ class Mamba(Mixer):
                dt_scale: float = 1.0, conv_bias: bool = True,
                bias: bool = False, chunk_size: int = CHUNK_SIZE,
                inner_norms: bool = False, inner_norm_eps: float = 1e-6,
-               dtype=jnp.float32, param_dtype=jnp.float32):
+               causal: bool = True, dtype=jnp.float32,
+               param_dtype=jnp.float32):
+    self.set_causal(causal)
     del n_heads
     width = inner_width(d_model, expand)
     if dt_rank == "auto":

@@ -83,6 +83,8 @@ class Mamba2(Mixer):
 
   Cache: ``{"conv": [B, d_conv - 1, E + 2 G N], "ssm": [B, H, N, P]}``,
   float32.
+    causal: False for the non-causal layer: every token reads its
+      whole document in both directions (``Mixer.set_causal``).
   """
 
   no_weight_decay = ("A_log", "dt_bias", "D")
@@ -99,7 +101,9 @@ class Mamba2(Mixer):
                rms_norm: bool = True, norm_before_gate: bool = False,
                out_bias: bool | None = None,
                in_proj_multipliers: tuple[float, ...] | None = None,
-               dtype=jnp.float32, param_dtype=jnp.float32):
+               causal: bool = True, dtype=jnp.float32,
+               param_dtype=jnp.float32):
+    self.set_causal(causal)
     if head_dim is None:
       width = inner_width(d_model, expand)
     elif isinstance(head_dim, int) and head_dim >= 1 and n_heads >= 1:

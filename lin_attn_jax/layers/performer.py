@@ -109,12 +109,16 @@ class Performer(Mixer):
     chunk_size: chunk length of the chunk form (speed only).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
       implementation (``lin_attn_jax.ops.common.dispatch``).
+    causal: False for the non-causal layer: every token reads its
+      whole document in both directions (``Mixer.set_causal``).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                nb_features: int | None = None, orthogonal: bool = True,
-               chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
+               chunk_size: int = 64, impl: str = "auto",
+               causal: bool = True, dtype=jnp.float32,
                param_dtype=jnp.float32):
+    self.set_causal(causal)
     checks.positive_int("nb_features", nb_features, allow_none=True)
     self.n_heads, self.chunk_size = n_heads, chunk_size
     self.impl = checked_impl(impl)

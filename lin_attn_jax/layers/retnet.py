@@ -54,13 +54,17 @@ class RetNet(MatrixStateMixer):
     chunk_size: chunk length of the chunk form (speed only).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"``: the chunk form's
       implementation (``lin_attn_jax.ops.common.dispatch``).
+    causal: False for the non-causal layer: every token reads its
+      whole document in both directions (``Mixer.set_causal``).
   """
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_v: float = 2.0, use_short_conv: bool = False,
                conv_size: int = 4, conv_bias: bool = False,
-               chunk_size: int = 64, impl: str = "auto", dtype=jnp.float32,
+               chunk_size: int = 64, impl: str = "auto",
+               causal: bool = True, dtype=jnp.float32,
                param_dtype=jnp.float32):
+    self.set_causal(causal)
     value_dim = int(d_model * expand_v)
     self.n_heads, self.chunk_size = n_heads, chunk_size
     self.impl = checked_impl(impl)

@@ -100,6 +100,8 @@ class RGLRU(Mixer):
     chunk_size: chunk length of the chunk form (speed only).
 
   Cache: ``{"conv": [B, conv_width - 1, W], "lru": [B, W]}``, float32.
+    causal: False for the non-causal layer: every token reads its
+      whole document in both directions (``Mixer.set_causal``).
   """
 
   no_weight_decay = ("a_param",)
@@ -109,7 +111,9 @@ class RGLRU(Mixer):
                conv_width: int = 4, c: float = 8.0, a_min: float = 0.9,
                a_max: float = 0.999, use_bias: bool = False,
                scale_first_token: bool = True, chunk_size: int = 64,
+               causal: bool = True,
                dtype=jnp.float32, param_dtype=jnp.float32):
+    self.set_causal(causal)
     if n_heads < 1:
       raise ValueError(f"n_heads must be >= 1, got {n_heads}")
     if lru_width is None:

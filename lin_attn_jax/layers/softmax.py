@@ -117,16 +117,17 @@ def token_by_token(ctx: Context, q, k, v, cache, mask_fn=None):
 
 
 def window_attend(q, k, v, ctx: Context, *, window_size: int | None,
-                  block_size: int):
-  """Causal softmax attention of a call without a cache, in a window of
-  ``window_size`` tokens (None: no window): the blockwise form in chunk
-  mode, the dense masked form in parallel mode. ``o [B, T, H, V]``."""
+                  block_size: int, causal: bool = True):
+  """Softmax attention of a call without a cache, in a window of
+  ``window_size`` tokens (None: no window; symmetric, ``|i - j| < w``, when
+  not ``causal``): the blockwise form in chunk mode, the dense masked form
+  in parallel mode. ``o [B, T, H, V]``."""
   if ctx.mode == "chunk":
     return chunk_softmax_attn(q, k, v, window_size=window_size,
                               segment_ids=ctx.segment_ids,
-                              block_size=block_size)
+                              block_size=block_size, causal=causal)
   return parallel_softmax_attn(q, k, v, window_size=window_size,
-                               segment_ids=ctx.segment_ids)
+                               segment_ids=ctx.segment_ids, causal=causal)
 
 
 def attend_with_cache(ctx: Context, q, k, v, cache, *, attend: Callable,
@@ -207,6 +208,8 @@ class CausalAttention(Mixer):
     qk_norm_eps: the q/k norms' epsilon (1e-6).
     key_multiplier: factor on ``k`` after its norm, before RoPE (1.0;
       Falcon-H1's ``key_multiplier``).
+    causal: False for the non-causal layer: every token reads its
+      whole document in both directions (``Mixer.set_causal``).
   """
 
   # w of a sliding window (the cache is then a ring buffer), None for none.
@@ -218,7 +221,9 @@ class CausalAttention(Mixer):
                head_dim: int | None = None, qkv_bias: bool = False,
                output_gate: bool = False, qk_norm: str | None = None,
                qk_norm_eps: float = 1e-6, key_multiplier: float = 1.0,
+               causal: bool = True,
                dtype=jnp.float32, param_dtype=jnp.float32):
+    self.set_causal(causal)
     self.n_kv_heads, self.head_dim = head_layout(d_model, n_heads, n_kv_heads,
                                                  head_dim)
     self.rope_dim = int(rope_fraction * self.head_dim)
@@ -324,7 +329,7 @@ class SoftmaxAttention(CausalAttention):
                head_dim: int | None = None, qkv_bias: bool = False,
                output_gate: bool = False, qk_norm: str | None = None,
                qk_norm_eps: float = 1e-6, key_multiplier: float = 1.0,
-               block_size: int = 128, dtype=jnp.float32,
+               block_size: int = 128, causal: bool = True, dtype=jnp.float32,
                param_dtype=jnp.float32):
     checks.positive_int("block_size", block_size)
     super().__init__(d_model, n_heads, rngs=rngs, n_kv_heads=n_kv_heads,
@@ -332,12 +337,12 @@ class SoftmaxAttention(CausalAttention):
                      out_bias=out_bias, head_dim=head_dim, qkv_bias=qkv_bias,
                      output_gate=output_gate, qk_norm=qk_norm,
                      qk_norm_eps=qk_norm_eps, key_multiplier=key_multiplier,
-                     dtype=dtype, param_dtype=param_dtype)
+                     causal=causal, dtype=dtype, param_dtype=param_dtype)
     self.block_size = block_size
 
   def attend(self, q, k, v, ctx: Context):
     return window_attend(q, k, v, ctx, window_size=self.window_size,
-                         block_size=self.block_size)
+                         block_size=self.block_size, causal=self.causal)
 
 
 class GatedAttention(SoftmaxAttention):
@@ -404,15 +409,16 @@ class SlidingWindowAttention(SoftmaxAttention):
                window_size: int = 512, n_kv_heads: int | None = None,
                rope_base: float = 10000.0, rope_fraction: float = 1.0,
                out_bias: bool = False, block_size: int = 128,
-               dtype=jnp.float32, param_dtype=jnp.float32):
+               causal: bool = True, dtype=jnp.float32,
+               param_dtype=jnp.float32):
     if window_size is None:
       raise ValueError("window_size must be an integer >= 1, got None (use "
                        "softmax_attn for full attention)")
     check_window(window_size)
     super().__init__(d_model, n_heads, rngs=rngs, n_kv_heads=n_kv_heads,
                      rope_base=rope_base, rope_fraction=rope_fraction,
-                     out_bias=out_bias, block_size=block_size, dtype=dtype,
-                     param_dtype=param_dtype)
+                     out_bias=out_bias, block_size=block_size, causal=causal,
+                     dtype=dtype, param_dtype=param_dtype)
     self.window_size = int(window_size)
 
 

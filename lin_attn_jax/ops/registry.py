@@ -592,12 +592,107 @@ def _softmax_specs():
   ]
 
 
+def noncausal(fn, **static):
+  """``fn(..., causal=False)`` as a form returning ``(o, None)`` (a
+  non-causal form has no state; ``output_final_state`` is dropped)."""
+  def form(*, initial_state=None, output_final_state=False, **inputs):
+    del output_final_state
+    if initial_state is not None:
+      raise ValueError("a non-causal form has no initial state")
+    out = fn(**inputs, **static, causal=False)
+    return (out[0] if isinstance(out, tuple) else out), None
+  return form
+
+
+def stateless(make):
+  """The input maker ``make`` without its initial state."""
+  def inputs(key, dims, strong):
+    return {**make(key, dims, strong), "initial_state": None}
+  return inputs
+
+
+def _noncausal_forms(op, names=("parallel", "chunk", "recurrent"), **static):
+  """``<form>_<op>(..., causal=False)`` for the naive form (the dense
+  definition) and each of ``names``."""
+  forms = {"naive": noncausal(getattr(ops, f"naive_recurrent_{op}"),
+                              **static)}
+  for name in names:
+    forms[name] = noncausal(getattr(ops, f"{name}_{op}"), **static)
+  return forms
+
+
+def _noncausal_specs():
+  """The non-causal forms (``causal=False``): the recurrences' LION forms
+  (the causal form forward and on the reversed sequence, the diagonal
+  counted once) against their dense ``[T, T]`` definitions (the naive
+  forms with ``causal=False``), and the softmax family without the causal
+  mask against the dense masked form. No state: the inputs have none."""
+  qkv, qkvg = ("q", "k", "v"), ("q", "k", "v", "g")
+  attention = spec_inputs.attention
+  softmax = {"naive": noncausal(ops.parallel_softmax_attn),
+             "chunk": noncausal(_blocks(ops.chunk_softmax_attn))}
+  window = {"naive": noncausal(ops.parallel_softmax_attn, window_size=WINDOW),
+            "chunk": noncausal(_blocks(ops.chunk_softmax_attn),
+                               window_size=WINDOW)}
+  sparse = dict(stride=STRIDE, pattern="strided", summary_size=SUMMARY)
+  return [
+      OpSpec("linear_attn_noncausal",
+             _noncausal_forms("linear_attn", normalize=True),
+             stateless(functools.partial(spec_inputs.linear_attn,
+                                         normalize=True)),
+             qkv, context_parallel=("chunk",)),
+      OpSpec("retention_noncausal", _noncausal_forms("retention"),
+             stateless(spec_inputs.retention), qkv,
+             context_parallel=("chunk",)),
+      OpSpec("simple_gla_noncausal", _noncausal_forms("simple_gla"),
+             stateless(spec_inputs.simple_gla), qkvg,
+             context_parallel=("chunk",)),
+      OpSpec("gla_noncausal", _noncausal_forms("gla"),
+             stateless(spec_inputs.gla), qkvg, context_parallel=("chunk",)),
+      OpSpec("ssd_noncausal", _noncausal_forms("ssd", dt_softplus=True),
+             stateless(spec_inputs.ssd),
+             ("x", "dt", "A", "B", "C", "D", "dt_bias"),
+             context_parallel=("chunk",)),
+      OpSpec("linear_scan_noncausal", _noncausal_forms("linear_scan"),
+             stateless(spec_inputs.linear_scan), ("a", "b"),
+             context_parallel=("chunk",)),
+      OpSpec("selective_scan_noncausal",
+             _noncausal_forms("selective_scan", delta_softplus=True),
+             stateless(spec_inputs.selective_scan),
+             ("u", "delta", "A", "B", "C", "D", "z", "delta_bias"),
+             context_parallel=("chunk",)),
+      OpSpec("rg_lru_noncausal", _noncausal_forms("rg_lru"),
+             stateless(spec_inputs.rg_lru),
+             ("x", "a_gate", "x_gate", "a_param"),
+             context_parallel=("chunk",)),
+      OpSpec("softmax_attn_noncausal", softmax, attention, qkv,
+             context_parallel=("chunk",)),
+      OpSpec("sliding_window_attn_noncausal", window, attention, qkv,
+             context_parallel=("chunk",)),
+      OpSpec("sparse_attn_noncausal",
+             {"naive": noncausal(ops.sparse_attn_reference, **sparse),
+              "parallel": noncausal(_blocks(ops.parallel_sparse_attn),
+                                    **sparse)},
+             attention, qkv, chunked=("parallel",)),
+  ]
+
+
+def _blocks(fn):
+  """``fn`` taking ``chunk_size`` as its ``block_size``."""
+  def form(*args, chunk_size=None, **kwargs):
+    if chunk_size is not None:
+      kwargs["block_size"] = chunk_size
+    return fn(*args, **kwargs)
+  return form
+
+
 # The cores, in the order of the table.
 CORES = {
     "gated_linear": _gated_linear_specs,
     "diagonal_ssm": _diagonal_ssm_specs,
     "delta_rule": _delta_rule_specs,
     "softmax": _softmax_specs,
+    "noncausal": _noncausal_specs,
 }
 
 _REGISTERED: dict[str, OpSpec] = {}

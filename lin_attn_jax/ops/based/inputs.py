@@ -22,4 +22,5 @@ def _to_core(step, q, k, v, scale):
 
 BASED = Variant(name="based", params=("q", "k", "v"), core_arity=3,
                 to_core=_to_core, keywords=(("scale", None),),
-                fixed=(("scale", 1.0), ("normalize", True)))
+                fixed=(("scale", 1.0), ("normalize", True),
+                       ("causal", True)))

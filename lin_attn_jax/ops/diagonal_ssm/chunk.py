@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks, context_parallel
+from lin_attn_jax.ops.common.bidirectional import check_no_state
 from lin_attn_jax.ops.diagonal_ssm import context_parallel as split
+from lin_attn_jax.ops.diagonal_ssm.bidirectional import lion_scan
 from lin_attn_jax.ops.diagonal_ssm.inputs import initial, validate
 from lin_attn_jax.ops.diagonal_ssm.scan import (chunked_linear_scan,
                                                 expand_like, keep_flags)
@@ -18,8 +22,14 @@ def chunk_scan_f32(a, b, keep, initial_state, chunk_size):
   return chunked_linear_scan(a * expand_like(keep, a), b, state, chunk_size)
 
 
+def chunk_noncausal_scan(a, b, segment_ids, *, chunk_size):
+  """``chunk_scan_f32``'s states from zero, as ``lion_scan`` calls it."""
+  keep = keep_flags(segment_ids, a.shape[0], a.shape[1])
+  return chunk_scan_f32(a, b, keep, None, chunk_size)[0]
+
+
 def chunk_linear_scan(a, b, *, initial_state=None, output_final_state=False,
-                      segment_ids=None, chunk_size=64):
+                      segment_ids=None, chunk_size=64, causal=True):
   """``h_t = a_t * h_{t-1} + b_t`` over ``[B, T, D]``, returning every ``h_t``.
 
   Every chunk of ``chunk_size`` tokens is scanned from a zero state, all
@@ -33,6 +43,9 @@ def chunk_linear_scan(a, b, *, initial_state=None, output_final_state=False,
     output_final_state: also return ``h_{T-1}``.
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
     chunk_size: tokens per chunk (speed only, not results).
+    causal: False for the non-causal scan (``bidirectional.py``): every
+      ``h_i`` sums its whole document, the decays between the two tokens
+      multiplied in either direction; no state.
   Returns:
     ``(h [B, T, D] in b's dtype, final_state [B, D] float32 or None)``.
 
@@ -44,6 +57,12 @@ def chunk_linear_scan(a, b, *, initial_state=None, output_final_state=False,
   """
   batch, length, _ = validate(a, b, initial_state, segment_ids)
   checks.check_chunk_size(chunk_size)
+  check_no_state("chunk_linear_scan", causal, initial_state,
+                 output_final_state)
+  if not causal:
+    return lion_scan(functools.partial(chunk_noncausal_scan,
+                                       chunk_size=chunk_size),
+                     a, b, segment_ids).astype(b.dtype), None
   h, final = chunk_scan_f32(jnp.asarray(a, jnp.float32),
                             jnp.asarray(b, jnp.float32),
                             keep_flags(segment_ids, batch, length),

@@ -11,14 +11,23 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from lin_attn_jax.ops.common.bidirectional import check_no_state
 from lin_attn_jax.ops.common.segments import reset_flags
+from lin_attn_jax.ops.diagonal_ssm.bidirectional import lion_definition
 from lin_attn_jax.ops.diagonal_ssm.inputs import initial, validate
 
 
 def naive_recurrent_linear_scan(a, b, *, initial_state=None,
-                                output_final_state=False, segment_ids=None):
-  """Reference recurrence. Shapes as in ``chunk_linear_scan``."""
+                                output_final_state=False, segment_ids=None,
+                                causal=True):
+  """Reference recurrence. Shapes as in ``chunk_linear_scan``; with
+  ``causal=False`` the dense non-causal definition (``bidirectional.py``).
+  """
   batch, length, width = validate(a, b, initial_state, segment_ids)
+  check_no_state("naive_recurrent_linear_scan", causal, initial_state,
+                 output_final_state)
+  if not causal:
+    return lion_definition(a, b, segment_ids).astype(b.dtype), None
   state = initial(initial_state, (batch, width))
   reset = reset_flags(segment_ids, batch, length)
 

@@ -51,6 +51,7 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import (checks, context_parallel, dispatch,
                                     kernel_sharding)
+from lin_attn_jax.ops.common.bidirectional import check_no_state
 from lin_attn_jax.ops.common.chunking import (chunk_layout, chunks_per_group,
                                              map_chunk_groups, merge_chunks,
                                              pad_time, split_chunks)
@@ -60,6 +61,8 @@ from lin_attn_jax.ops.common.chunk_scores import (dot_last, halves,
 from lin_attn_jax.ops.common.decay import chunk_log_decays, shift
 from lin_attn_jax.ops.common.segments import chunk_documents
 from lin_attn_jax.ops.gated_linear import context_parallel as split
+from lin_attn_jax.ops.gated_linear.bidirectional import (gate_as_given,
+                                                   lion_outputs)
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
 from lin_attn_jax.ops.gated_linear.scalar_decay import scalar_decay_outputs
 from pallas_kernels.gated_linear import chunk_gated_linear_attention
@@ -165,7 +168,7 @@ def _chunk_outputs(q_c, k_c, v_c, g_c, doc_c, doc_before, entering, *, sub,
 def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
                        output_final_state=False, segment_ids=None,
                        chunk_size=64, sub_chunk_size=8, impl="auto",
-                       strictly_causal=False):
+                       strictly_causal=False, causal=True):
   """Gated linear attention, chunkwise; the training path on every backend.
 
   Args:
@@ -193,6 +196,12 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
     strictly_causal: ``o_t = S_{t-1}^T q_t``, the state before token t
       (RWKV-6), instead of ``S_t^T q_t``; the final state is the same. XLA
       only (``impl="pallas"`` raises).
+    causal: False for the non-causal form (LION, ``bidirectional.py``):
+      every token reads its whole document, ``o_i = sum_j M_ij (scale q_i
+      . k_j) v_j`` with ``M_ij`` the decays between i and j in either
+      direction; this form forward, then on the reversed sequence with the
+      gates one token earlier, minus the diagonal. No state: then
+      ``initial_state`` must be None and ``output_final_state`` False.
   Returns:
     ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32 or
     None)``.
@@ -208,6 +217,15 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
   checks.check_chunk_sizes(chunk_size, sub_chunk_size)
   dispatch.check_impl(impl)
   scale = default_scale(scale, dk)
+  check_no_state("chunk_gated_linear", causal, initial_state,
+                 output_final_state)
+  if not causal:
+    if strictly_causal:
+      raise ValueError("strictly_causal=True has no non-causal form")
+    form = functools.partial(chunk_gated_linear, chunk_size=chunk_size,
+                             sub_chunk_size=sub_chunk_size, impl=impl)
+    return lion_outputs(form, q, k, v, gate_as_given(g), scale=scale,
+                        segment_ids=segment_ids).astype(v.dtype), None
   xla = functools.partial(
       _chunk_xla, q, k, v, g, scale=scale, initial_state=initial_state,
       output_final_state=output_final_state, segment_ids=segment_ids,

@@ -17,12 +17,17 @@ read and bonus, HGRN2) reaches it through ``chunk_gated_linear``.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import context_parallel as cp
+from lin_attn_jax.ops.common.bidirectional import check_no_state
 from lin_attn_jax.ops.common.segments import document_index
 from lin_attn_jax.ops.gated_linear import chunk
+from lin_attn_jax.ops.gated_linear.bidirectional import (gate_as_given,
+                                                   lion_outputs)
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
 
 _F32 = jnp.float32
@@ -65,7 +70,7 @@ def context_parallel_gated_linear(q, k, v, g=None, *, scale=None,
                                   initial_state=None, output_final_state=False,
                                   segment_ids=None, chunk_size=64,
                                   sub_chunk_size=8, impl="auto",
-                                  strictly_causal=False,
+                                  strictly_causal=False, causal=True,
                                   axis_name=cp.SEQUENCE_AXIS, mesh=None):
   """``chunk_gated_linear`` with T split over the devices of ``axis_name``.
 
@@ -77,10 +82,24 @@ def context_parallel_gated_linear(q, k, v, g=None, *, scale=None,
   ``chunk_gated_linear`` (and every variant on it) calls this itself when
   the current mesh has a ``"sequence"`` axis of size > 1. Outputs in a
   low-precision dtype are rounded twice (the device's part, then the sum).
+  With ``causal=False`` the split runs forward and on the reversed sequence
+  (``bidirectional.py``).
   """
-  _, t, _, dk, _, _ = validate(q, k, v, g, initial_state, segment_ids)
+  _, t, _, dk, _, g_checked = validate(q, k, v, g, initial_state,
+                                       segment_ids)
   cp.local_length(t, cp.axis_size(axis_name, mesh), axis_name)
   scale = default_scale(scale, dk)
+  check_no_state("chunk_gated_linear", causal, initial_state,
+                 output_final_state)
+  if not causal:
+    if strictly_causal:
+      raise ValueError("strictly_causal=True has no non-causal form")
+    form = functools.partial(
+        context_parallel_gated_linear, chunk_size=chunk_size,
+        sub_chunk_size=sub_chunk_size, impl=impl, axis_name=axis_name,
+        mesh=mesh)
+    return lion_outputs(form, q, k, v, gate_as_given(g_checked), scale=scale,
+                        segment_ids=segment_ids).astype(v.dtype), None
 
   def device(split, whole):
     q, k, v, g, ids = split

@@ -5,6 +5,9 @@
 
 ``g_t`` is a natural-log decay, a scalar per head or one per key channel.
 At a document boundary (``segment_ids`` changes) ``S_{t-1}`` is replaced by 0.
+With ``causal=False`` the definition is LION's dense ``[T, T]`` form
+(``bidirectional.py``): every token reads its whole document, the decays
+between the two tokens multiplied in either direction.
 Everything here is float32 and written for reading; every other form and
 kernel is tested against it.
 """
@@ -14,7 +17,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from lin_attn_jax.ops.common.bidirectional import check_no_state
 from lin_attn_jax.ops.common.segments import reset_flags
+from lin_attn_jax.ops.gated_linear.bidirectional import lion_definition
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -22,10 +27,15 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 
 def naive_recurrent_gated_linear(q, k, v, g=None, *, scale=None,
                                  initial_state=None, output_final_state=False,
-                                 segment_ids=None):
+                                 segment_ids=None, causal=True):
   """Reference recurrence. Shapes as in ``chunk_gated_linear``."""
   b, t, h, dk, dv, g = validate(q, k, v, g, initial_state, segment_ids)
   scale = default_scale(scale, dk)
+  check_no_state("naive_recurrent_gated_linear", causal, initial_state,
+                 output_final_state)
+  if not causal:
+    o = lion_definition(q, k, v, g, scale=scale, segment_ids=segment_ids)
+    return o.astype(v.dtype), None
   if g is None:
     g = jnp.zeros((b, t, h, 1), jnp.float32)
   state = (jnp.zeros((b, h, dk, dv), jnp.float32) if initial_state is None

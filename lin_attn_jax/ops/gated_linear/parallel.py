@@ -14,10 +14,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from lin_attn_jax.ops.common.bidirectional import check_no_state
 from lin_attn_jax.ops.common.chunking import pad_time
 from lin_attn_jax.ops.common.decay import (pairwise_sums,
                                            reverse_exclusive_cumsum, segsum)
 from lin_attn_jax.ops.common.segments import document_index, same_document_mask
+from lin_attn_jax.ops.gated_linear.bidirectional import (gate_as_given,
+                                                   lion_outputs)
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, validate
 
 _ROW_BLOCK = 32
@@ -66,10 +69,19 @@ def _channel_decay_scores(q, k, g, mask):
 
 
 def parallel_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
-                          output_final_state=False, segment_ids=None):
-  """Quadratic masked form. Shapes as in ``chunk_gated_linear``."""
+                          output_final_state=False, segment_ids=None,
+                          causal=True):
+  """Quadratic masked form. Shapes as in ``chunk_gated_linear``; with
+  ``causal=False`` the causal form forward and on the reversed sequence
+  (``bidirectional.py``)."""
   b, t, h, dk, dv, g = validate(q, k, v, g, initial_state, segment_ids)
   scale = default_scale(scale, dk)
+  check_no_state("parallel_gated_linear", causal, initial_state,
+                 output_final_state)
+  if not causal:
+    return lion_outputs(parallel_gated_linear, q, k, v, gate_as_given(g),
+                        scale=scale,
+                        segment_ids=segment_ids).astype(v.dtype), None
   qf = scale * jnp.asarray(q, jnp.float32)
   kf = jnp.asarray(k, jnp.float32)
   vf = jnp.asarray(v, jnp.float32)

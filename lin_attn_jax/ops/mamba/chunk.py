@@ -40,10 +40,13 @@ import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks, context_parallel
+from lin_attn_jax.ops.common.bidirectional import check_no_state
 from lin_attn_jax.ops.common.chunking import pad_time
+from lin_attn_jax.ops.diagonal_ssm.chunk import chunk_noncausal_scan
 from lin_attn_jax.ops.diagonal_ssm.inputs import initial
 from lin_attn_jax.ops.diagonal_ssm.scan import keep_flags
 from lin_attn_jax.ops.mamba import context_parallel as split
+from lin_attn_jax.ops.mamba.bidirectional import noncausal_selective_scan
 from lin_attn_jax.ops.mamba.inputs import (CHUNK_SIZE, finish, grouped,
                                            grouped_projection, time_step,
                                            validate)
@@ -159,7 +162,8 @@ _scan.defvjp(_scan_fwd, _scan_bwd)
 def chunk_selective_scan(u, delta, A, B, C, *, D=None, z=None,
                          delta_bias=None, delta_softplus=False,
                          initial_state=None, output_final_state=False,
-                         segment_ids=None, chunk_size=CHUNK_SIZE):
+                         segment_ids=None, chunk_size=CHUNK_SIZE,
+                         causal=True):
   """Mamba's selective scan (S6) in the ``[B, T, D]`` layout; training path.
 
   Args:
@@ -180,6 +184,9 @@ def chunk_selective_scan(u, delta, A, B, C, *, D=None, z=None,
       and decays, fastest while they fit in cache (see
       docs/performance.md), and the saved states ``[T / C, B, D, N]``
       against a chunk's are smallest near ``C = sqrt(T)``.
+    causal: False for the non-causal scan (``bidirectional.py``): the
+      linear scan of the coefficients both ways (memory ``T D N``); no
+      state.
   Returns:
     ``(y [B, T, D] in u's dtype, final_state [B, D, N] float32 or None)``.
 
@@ -194,6 +201,14 @@ def chunk_selective_scan(u, delta, A, B, C, *, D=None, z=None,
   dims = validate(u, delta, A, B, C, D, z, delta_bias, initial_state,
                   segment_ids)
   checks.check_chunk_size(chunk_size)
+  check_no_state("chunk_selective_scan", causal, initial_state,
+                 output_final_state)
+  if not causal:
+    scan = functools.partial(chunk_noncausal_scan, chunk_size=chunk_size)
+    return noncausal_selective_scan(
+        scan, u, delta, A, B, C, D=D, z=z,
+        delta_bias=delta_bias, delta_softplus=delta_softplus,
+        segment_ids=segment_ids, dims=dims)
   batch, length = u.shape[:2]
   g, s = dims.groups, dims.state
   chunk = min(chunk_size, length)

@@ -13,12 +13,17 @@ split costs about one more forward pass of the scan.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import context_parallel as cp
+from lin_attn_jax.ops.common.bidirectional import check_no_state
 from lin_attn_jax.ops.common.segments import reset_flags
+from lin_attn_jax.ops.diagonal_ssm.chunk import chunk_noncausal_scan
 from lin_attn_jax.ops.mamba import chunk
+from lin_attn_jax.ops.mamba.bidirectional import noncausal_selective_scan
 from lin_attn_jax.ops.mamba.inputs import CHUNK_SIZE, time_step, validate
 
 
@@ -30,7 +35,7 @@ def context_parallel_selective_scan(u, delta, A, B, C, *, D=None, z=None,
                                     delta_bias=None, delta_softplus=False,
                                     initial_state=None,
                                     output_final_state=False, segment_ids=None,
-                                    chunk_size=CHUNK_SIZE,
+                                    chunk_size=CHUNK_SIZE, causal=True,
                                     axis_name=cp.SEQUENCE_AXIS,
                                     mesh=None):
   """``chunk_selective_scan`` with T split over the devices of ``axis_name``.
@@ -38,10 +43,20 @@ def context_parallel_selective_scan(u, delta, A, B, C, *, D=None, z=None,
   Arguments and result as in ``chunk_selective_scan``, plus ``axis_name``
   (T a multiple of its size) and ``mesh`` (None for the current one).
   ``chunk_selective_scan`` calls this itself when the current mesh has a
-  ``"sequence"`` axis of size > 1.
+  ``"sequence"`` axis of size > 1. With ``causal=False`` the coefficients'
+  linear scan runs both ways, each split as ``chunk_linear_scan`` splits
+  (``bidirectional.py``).
   """
-  validate(u, delta, A, B, C, D, z, delta_bias, initial_state, segment_ids)
+  dims = validate(u, delta, A, B, C, D, z, delta_bias, initial_state,
+                  segment_ids)
   cp.local_length(u.shape[1], cp.axis_size(axis_name, mesh), axis_name)
+  check_no_state("chunk_selective_scan", causal, initial_state,
+                 output_final_state)
+  if not causal:
+    scan = functools.partial(chunk_noncausal_scan, chunk_size=chunk_size)
+    return noncausal_selective_scan(
+        scan, u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias,
+        delta_softplus=delta_softplus, segment_ids=segment_ids, dims=dims)
   options = dict(delta_softplus=delta_softplus, chunk_size=chunk_size)
 
   def device(split, whole):

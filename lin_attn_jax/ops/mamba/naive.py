@@ -13,8 +13,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from lin_attn_jax.ops.common.bidirectional import check_no_state
 from lin_attn_jax.ops.common.segments import reset_flags
 from lin_attn_jax.ops.diagonal_ssm.inputs import initial
+from lin_attn_jax.ops.mamba.bidirectional import noncausal_selective_scan
 from lin_attn_jax.ops.mamba.inputs import (finish, grouped_projection,
                                            time_step, validate)
 
@@ -24,10 +26,17 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 def naive_recurrent_selective_scan(u, delta, A, B, C, *, D=None, z=None,
                                    delta_bias=None, delta_softplus=False,
                                    initial_state=None, output_final_state=False,
-                                   segment_ids=None):
+                                   segment_ids=None, causal=True):
   """Reference recurrence. Shapes as in ``chunk_selective_scan``."""
   dims = validate(u, delta, A, B, C, D, z, delta_bias, initial_state,
                   segment_ids)
+  check_no_state("naive_recurrent_selective_scan", causal, initial_state,
+                 output_final_state)
+  if not causal:
+    return noncausal_selective_scan(
+        None, u, delta, A, B, C, D=D, z=z,
+        delta_bias=delta_bias, delta_softplus=delta_softplus,
+        segment_ids=segment_ids, dims=dims)
   length = u.shape[1]
   per_group = dims.width // dims.groups
   dt = time_step(delta, delta_bias, delta_softplus)              # [B, T, D]

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.diagonal_ssm.parallel import parallel_scan_f32
+from lin_attn_jax.ops.common.bidirectional import check_no_state
+from lin_attn_jax.ops.diagonal_ssm.parallel import (parallel_noncausal_scan,
+                                                   parallel_scan_f32)
 from lin_attn_jax.ops.diagonal_ssm.scan import keep_flags
+from lin_attn_jax.ops.mamba.bidirectional import noncausal_selective_scan
 from lin_attn_jax.ops.mamba.inputs import (finish, grouped, grouped_projection,
                                            time_step, validate)
 
@@ -18,10 +21,17 @@ from lin_attn_jax.ops.mamba.inputs import (finish, grouped, grouped_projection,
 def parallel_selective_scan(u, delta, A, B, C, *, D=None, z=None,
                             delta_bias=None, delta_softplus=False,
                             initial_state=None, output_final_state=False,
-                            segment_ids=None):
+                            segment_ids=None, causal=True):
   """Shapes as in ``chunk_selective_scan``."""
   dims = validate(u, delta, A, B, C, D, z, delta_bias, initial_state,
                   segment_ids)
+  check_no_state("parallel_selective_scan", causal, initial_state,
+                 output_final_state)
+  if not causal:
+    return noncausal_selective_scan(
+        parallel_noncausal_scan, u, delta, A, B, C, D=D, z=z,
+        delta_bias=delta_bias, delta_softplus=delta_softplus,
+        segment_ids=segment_ids, dims=dims)
   batch, length = u.shape[:2]
   g, s = dims.groups, dims.state
   dt = grouped(time_step(delta, delta_bias, delta_softplus), g)  # [B,T,G,R]

@@ -5,8 +5,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from lin_attn_jax.ops.common.bidirectional import check_no_state
 from lin_attn_jax.ops.common.segments import reset_flags
 from lin_attn_jax.ops.diagonal_ssm.inputs import initial
+from lin_attn_jax.ops.diagonal_ssm.recurrent import (
+    recurrent_noncausal_scan)
+from lin_attn_jax.ops.mamba.bidirectional import noncausal_selective_scan
 from lin_attn_jax.ops.mamba.inputs import validate
 from lin_attn_jax.ops.mamba.step import selective_scan_step
 
@@ -14,10 +18,17 @@ from lin_attn_jax.ops.mamba.step import selective_scan_step
 def recurrent_selective_scan(u, delta, A, B, C, *, D=None, z=None,
                              delta_bias=None, delta_softplus=False,
                              initial_state=None, output_final_state=False,
-                             segment_ids=None):
+                             segment_ids=None, causal=True):
   """``selective_scan_step`` scanned over time. Shapes as in the chunk form."""
   dims = validate(u, delta, A, B, C, D, z, delta_bias, initial_state,
                   segment_ids)
+  check_no_state("recurrent_selective_scan", causal, initial_state,
+                 output_final_state)
+  if not causal:
+    return noncausal_selective_scan(
+        recurrent_noncausal_scan, u, delta, A, B, C, D=D, z=z,
+        delta_bias=delta_bias, delta_softplus=delta_softplus,
+        segment_ids=segment_ids, dims=dims)
   batch, length = u.shape[:2]
   state = initial(initial_state, (batch, dims.width, dims.state))
   # Parameters read at every step are cast once, outside the scan, so their

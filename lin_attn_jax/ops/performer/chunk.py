@@ -8,6 +8,7 @@ import functools
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.linear_attn.chunk import chunk_linear_attn
 from lin_attn_jax.ops.linear_attn.on_features import (check_feature_inputs,
                                                       run_on_features)
 from lin_attn_jax.ops.linear_attn.inputs import NORMALIZER_EPS
@@ -25,7 +26,7 @@ def favor_features(q, k, projection):
 
 def chunk_favor_attn(q, k, v, projection, *, initial_state=None,
                      output_final_state=False, segment_ids=None,
-                     chunk_size=64, impl="auto"):
+                     chunk_size=64, impl="auto", causal=True):
   """Normalized causal FAVOR+ attention, chunkwise.
 
   ``phi(k) = exp(W k' - |k'|^2 / 2) / sqrt(M)`` (``k' = k / K ** 0.25``);
@@ -38,8 +39,9 @@ def chunk_favor_attn(q, k, v, projection, *, initial_state=None,
     projection: ``[M, K]``, the random projection ``W``.
     initial_state: ``[B, H, M, V + 1]`` float32 (the last column the key
       feature sum).
-    output_final_state, segment_ids ``[B, T]``, chunk_size, impl: as in
-      ``chunk_linear_attn``.
+    output_final_state, segment_ids ``[B, T]``, chunk_size, impl, causal: as
+      in ``chunk_linear_attn`` (``causal=False``: normalized non-causal
+      linear attention of the features, ``chunk_linear_attn``'s).
   Returns:
     ``(o [B, T, H, V] in v's dtype, final_state [B, H, M, V + 1] or None)``.
   """
@@ -51,6 +53,13 @@ def chunk_favor_attn(q, k, v, projection, *, initial_state=None,
   check_feature_inputs(q, k, v, initial_state, segment_ids, chunk_size, impl,
                        state_rows=lambda dk: projection.shape[0],
                        rows_layout="M")
+  if not causal:
+    fq, fk = favor_features(q, k, projection)
+    return chunk_linear_attn(fq, fk, v, scale=1.0, normalize=True,
+                             initial_state=initial_state,
+                             output_final_state=output_final_state,
+                             segment_ids=segment_ids, chunk_size=chunk_size,
+                             impl=impl, causal=False)
   xla = functools.partial(
       favor_chunk, q, k, v, projection, initial_state=initial_state,
       output_final_state=output_final_state, segment_ids=segment_ids,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from lin_attn_jax.ops.common.bidirectional import check_no_state
 from lin_attn_jax.ops.common.segments import reset_flags
 from lin_attn_jax.ops.diagonal_ssm.inputs import initial
+from lin_attn_jax.ops.rg_lru.bidirectional import noncausal_rg_lru
 from lin_attn_jax.ops.rg_lru.coefficients import sqrt_bounded_derivative
 from lin_attn_jax.ops.rg_lru.inputs import validate
 
@@ -15,10 +17,16 @@ _F32 = jnp.float32
 
 def naive_recurrent_rg_lru(x, a_gate, x_gate, a_param, *, c=8.0,
                            initial_state=None, output_final_state=False,
-                           segment_ids=None, unscaled=None):
+                           segment_ids=None, unscaled=None, causal=True):
   """Reference recurrence, the gates computed token by token."""
   batch, width = validate(x, a_gate, x_gate, a_param, initial_state,
                           segment_ids, step=False, unscaled=unscaled)
+  check_no_state("naive_recurrent_rg_lru", causal, initial_state,
+                 output_final_state)
+  if not causal:
+    return noncausal_rg_lru(None, x, a_gate, x_gate,
+                            a_param, c=c, segment_ids=segment_ids,
+                            unscaled=unscaled)
   softplus_param = jax.nn.softplus(jnp.asarray(a_param, _F32))
   reset = reset_flags(segment_ids, batch, x.shape[1])
   unscaled = (jnp.zeros_like(reset) if unscaled is None

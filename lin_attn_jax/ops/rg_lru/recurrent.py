@@ -5,8 +5,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from lin_attn_jax.ops.common.bidirectional import check_no_state
 from lin_attn_jax.ops.common.segments import reset_flags
 from lin_attn_jax.ops.diagonal_ssm.inputs import initial
+from lin_attn_jax.ops.diagonal_ssm.recurrent import recurrent_noncausal_scan
+from lin_attn_jax.ops.rg_lru.bidirectional import noncausal_rg_lru
 from lin_attn_jax.ops.rg_lru.inputs import validate
 from lin_attn_jax.ops.rg_lru.step import rg_lru_step
 
@@ -15,10 +18,15 @@ _F32 = jnp.float32
 
 def recurrent_rg_lru(x, a_gate, x_gate, a_param, *, c=8.0, initial_state=None,
                      output_final_state=False, segment_ids=None,
-                     unscaled=None):
+                     unscaled=None, causal=True):
   """``rg_lru_step`` scanned over time. Shapes as in ``chunk_rg_lru``."""
   batch, width = validate(x, a_gate, x_gate, a_param, initial_state,
                           segment_ids, step=False, unscaled=unscaled)
+  check_no_state("recurrent_rg_lru", causal, initial_state, output_final_state)
+  if not causal:
+    return noncausal_rg_lru(recurrent_noncausal_scan, x, a_gate, x_gate,
+                            a_param, c=c, segment_ids=segment_ids,
+                            unscaled=unscaled)
   reset = reset_flags(segment_ids, batch, x.shape[1])
   unscaled = (jnp.zeros_like(reset) if unscaled is None
               else jnp.asarray(unscaled, bool))

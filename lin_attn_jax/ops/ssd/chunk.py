@@ -4,7 +4,9 @@ decomposition (``block_decomposition.py``)."""
 from __future__ import annotations
 
 from lin_attn_jax.ops.common import checks, context_parallel, dispatch
+from lin_attn_jax.ops.common.bidirectional import check_no_state
 from lin_attn_jax.ops.gated_linear import chunk_gated_linear
+from lin_attn_jax.ops.ssd.bidirectional import noncausal_ssd
 from lin_attn_jax.ops.ssd.block_decomposition import chunk_ssd_xla
 from lin_attn_jax.ops.ssd.inputs import (add_skip, time_step, to_gated_linear,
                                          validate)
@@ -12,7 +14,7 @@ from lin_attn_jax.ops.ssd.inputs import (add_skip, time_step, to_gated_linear,
 
 def chunk_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=False,
               initial_state=None, output_final_state=False, segment_ids=None,
-              chunk_size=64, sub_chunk_size=8, impl="auto"):
+              chunk_size=64, sub_chunk_size=8, impl="auto", causal=True):
   """Mamba-2's state-space dual, chunkwise: ``chunk_gated_linear`` with
 
       q = C, k = B, v = x * dt, g = dt * A (a scalar per head), scale = 1,
@@ -36,6 +38,8 @@ def chunk_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=False,
       only; ``impl="auto"`` runs the Pallas kernel on TPU and GPU). The XLA
       form is ``block_decomposition.py``'s, which keeps ``B`` and ``C`` per
       group; the kernels and the context-parallel split are the GLA core's.
+    causal: False for the non-causal form (``bidirectional.py``): the
+      core's with ``causal=False``, then ``D x``; no state.
   Returns:
     ``(y [B, T, H, P] in x's dtype, final_state [B, H, N, P] float32 or
     None)``.
@@ -48,6 +52,14 @@ def chunk_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=False,
     ((1, 100, 4, 16), (1, 4, 8, 16))
   """
   validate(x, dt, A, B, C, D, dt_bias, dt_softplus, initial_state, segment_ids)
+  check_no_state("chunk_ssd", causal, initial_state,
+                 output_final_state)
+  if not causal:
+    return noncausal_ssd(chunk_gated_linear, x, dt, A, B, C, D=D,
+                         dt_bias=dt_bias, dt_softplus=dt_softplus,
+                         segment_ids=segment_ids,
+                         chunk_size=chunk_size,
+                         sub_chunk_size=sub_chunk_size, impl=impl)
   checks.check_chunk_sizes(chunk_size, sub_chunk_size)
   dispatch.check_impl(impl)
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from lin_attn_jax.ops.common.bidirectional import check_no_state
 from lin_attn_jax.ops.common.segments import reset_flags
 from lin_attn_jax.ops.diagonal_ssm.inputs import initial
+from lin_attn_jax.ops.gated_linear import naive_recurrent_gated_linear
+from lin_attn_jax.ops.ssd.bidirectional import noncausal_ssd
 from lin_attn_jax.ops.ssd.inputs import add_skip, time_step, validate
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -22,10 +25,17 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 
 def naive_recurrent_ssd(x, dt, A, B, C, *, D=None, dt_bias=None,
                         dt_softplus=False, initial_state=None,
-                        output_final_state=False, segment_ids=None):
+                        output_final_state=False, segment_ids=None,
+                        causal=True):
   """Reference recurrence. Shapes as in ``chunk_ssd``."""
   batch, length, n_heads, head_dim, groups, n_state = validate(
       x, dt, A, B, C, D, dt_bias, dt_softplus, initial_state, segment_ids)
+  check_no_state("naive_recurrent_ssd", causal, initial_state,
+                 output_final_state)
+  if not causal:
+    return noncausal_ssd(naive_recurrent_gated_linear, x, dt, A, B, C, D=D,
+                         dt_bias=dt_bias, dt_softplus=dt_softplus,
+                         segment_ids=segment_ids)
   per_group = n_heads // groups
   step_size = time_step(dt, dt_bias, dt_softplus)                # [B, T, H]
   b_heads = jnp.repeat(jnp.asarray(B, jnp.float32), per_group, axis=2)
