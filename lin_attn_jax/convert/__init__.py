@@ -115,7 +115,7 @@ def export_pretrained(lm: LM, hf: dict, path: str) -> None:
   if config != lm.config:
     raise ValueError("the HF config describes a different LM config than "
                      f"the model's: {config} vs {lm.config}")
-  params = nnx.to_pure_dict(nnx.state(lm, nnx.Param))
+  params = core.loaded_state(lm)
   tensors = core.export_tensors(entries, params)
   for entry in entries:
     if entry.to_hf.__qualname__.startswith("head_shared"):
