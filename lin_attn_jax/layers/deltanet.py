@@ -371,6 +371,8 @@ class KDA(DeltaNet):
 
   no_weight_decay = ("A_log", "dt_bias")
   dt_bias_init = staticmethod(nnx.initializers.zeros_init())
+  # g_up has a bias (subclasses that do not take the option keep it).
+  gate_bias = True
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 1.0, expand_v: float = 1.0,
