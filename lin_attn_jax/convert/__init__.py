@@ -3,8 +3,9 @@
 A checkpoint directory holds ``config.json`` and safetensors weights
 (``model.safetensors``, or shards named by ``model.safetensors.index.json``);
 nothing is downloaded. Supported ``model_type`` values: ``mamba``,
-``mamba2``, ``recurrent_gemma``, ``qwen3_next`` (every layer Gated DeltaNet,
-dense MLPs) and ``xlstm`` (xLSTM-7B: mLSTM layers) from transformers, and
+``mamba2``, ``recurrent_gemma``, ``xlstm`` (xLSTM-7B: mLSTM layers) and the
+hybrids with mixture-of-experts MLPs ``qwen3_next``, ``kimi_linear`` and
+``minimax`` (``hybrids.py``) from transformers, and
 flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
 ``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
 ``nsa``, ``path_attn``, ``gated_deltaproduct``, ``comba``, ``mamba3``,

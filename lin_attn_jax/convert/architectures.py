@@ -4,7 +4,8 @@ Each architecture is keyed by the ``model_type`` of its ``config.json``:
 ``lm_config(hf) -> LMConfig`` (raising ``ValueError`` for options the LM
 cannot reproduce exactly) and ``entries(hf, config) -> [Entry]`` (see
 ``core.py``). Tensor names are those of ``save_pretrained``: transformers'
-``mamba``, ``mamba2``, ``recurrent_gemma``, ``qwen3_next`` and ``xlstm``,
+``mamba``, ``mamba2``, ``recurrent_gemma`` and ``xlstm`` (``qwen3_next``,
+``kimi_linear`` and ``minimax`` in ``hybrids.py``),
 and flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
 ``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
 ``nsa``, ``path_attn``, ``gated_deltaproduct``, ``comba``, ``mamba3``,
