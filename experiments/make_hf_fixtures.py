@@ -678,6 +678,65 @@ def _lfm2(transformers):
       tie_word_embeddings=True))
 
 
+def _qwen3_next_hybrid(transformers):
+  """Qwen3-Next with every kind of layer: Gated DeltaNet and gated softmax
+  attention (grouped KV heads, partial RoPE), a dense MLP (layer 0) and
+  mixture-of-experts MLPs (top-2 of 4, a gated shared expert)."""
+  return transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(
+      vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+      head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+      linear_key_head_dim=8, linear_value_head_dim=6,
+      linear_conv_kernel_dim=4,
+      layer_types=["linear_attention", "full_attention", "linear_attention",
+                   "full_attention"],
+      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+      shared_expert_intermediate_size=24, norm_topk_prob=True,
+      decoder_sparse_step=1, mlp_only_layers=[0], rms_norm_eps=1e-6,
+      rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                       "partial_rotary_factor": 0.25},
+      tie_word_embeddings=False))
+
+
+def _kimi_linear(transformers):
+  """Kimi Linear: KDA and MLA layers (no RoPE, no query low rank, as the
+  published model), a dense first layer and mixture-of-experts MLPs
+  (sigmoid router with a selection bias, 2 groups of 4 experts, one kept,
+  top-2, a shared expert, the routed scale)."""
+  return transformers.KimiLinearForCausalLM(transformers.KimiLinearConfig(
+      vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+      moe_intermediate_size=16, num_hidden_layers=4, num_attention_heads=4,
+      num_key_value_heads=4, kv_lora_rank=8, q_lora_rank=None,
+      qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+      num_experts=8, num_experts_per_token=2, num_expert_group=2,
+      topk_group=1, num_shared_experts=1, routed_scaling_factor=2.446,
+      moe_renormalize=True, linear_head_dim=8, linear_num_heads=2,
+      linear_conv_kernel_dim=4, rms_norm_eps=1e-5,
+      layer_types=["linear_attention", "full_attention", "linear_attention",
+                   "full_attention"],
+      mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+      pad_token_id=0, bos_token_id=1, eos_token_id=2,
+      tie_word_embeddings=False))
+
+
+def _minimax(transformers):
+  """MiniMax: lightning attention and softmax attention (grouped KV heads),
+  mixture-of-experts MLPs (top-2 of 4), blocks of 4 tokens (the fixture's
+  12 tokens span full and partial blocks), residual factors away from 1."""
+  return transformers.MiniMaxForCausalLM(transformers.MiniMaxConfig(
+      vocab_size=VOCAB, hidden_size=32, intermediate_size=16,
+      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+      head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+      block_size=4, rms_norm_eps=1e-5,
+      layer_types=["linear_attention", "full_attention", "linear_attention",
+                   "linear_attention"],
+      full_attn_alpha_factor=1.3, full_attn_beta_factor=0.9,
+      linear_attn_alpha_factor=1.7, linear_attn_beta_factor=1.1,
+      mlp_alpha_factor=1.2, mlp_beta_factor=0.8,
+      rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+      tie_word_embeddings=False))
+
+
 def _xlstm(weight_mode):
   """xLSTM-7B's architecture at a small size: its native torch kernels
   (chunkwise for whole chunks of 4, the recurrent sequence kernel for the
@@ -739,6 +798,9 @@ FIXTURES = {
     "granitemoehybrid": _granitemoehybrid,
     "jamba": _jamba,
     "lfm2": _lfm2,
+    "qwen3_next_hybrid": _qwen3_next_hybrid,
+    "kimi_linear": _kimi_linear,
+    "minimax": _minimax,
     "xlstm": _xlstm("single"),
     "xlstm_fused": _xlstm("fused"),
     "gla": _fla("GLA", hidden_size=32, num_heads=2, expand_k=0.5,
@@ -811,6 +873,7 @@ def _perturb(model, torch):
       if name.endswith("lm_head.weight") and model.config.tie_word_embeddings:
         continue
       p.add_(noise)
+    # Routers' selection biases are buffers (no gradient), and loaded.
     for name, b in model.named_buffers():
       if name.endswith("e_score_correction_bias"):
         b.add_(torch.randn(b.shape, generator=generator) * 0.1)
@@ -845,7 +908,11 @@ def _decode(model, tokens, torch):
       return None
 
   # Qwen3-Next without attention layers cannot count cached tokens itself.
-  positions = model.config.model_type == "qwen3_next"
+  linear_only = (model.config.model_type == "qwen3_next" and all(
+      kind == "linear_attention" for kind in model.config.layer_types))
+  # MiniMax counts cached tokens in its first layer, a lightning layer here
+  # (no count): positions are given.
+  positions = linear_only or model.config.model_type == "minimax"
   kw = dict(use_cache=True)
   if model.config.model_type == "recurrent_gemma":
     # Its recurrent state lives in the model; the output returns no cache.
@@ -860,7 +927,7 @@ def _decode(model, tokens, torch):
     kw["cache_position"] = torch.arange(PREFILL)
   if positions:
     kw["position_ids"] = torch.arange(PREFILL)[None]
-  if model.config.model_type == "qwen3_next":
+  if linear_only:
     kw["attention_mask"] = masks = {"full_attention": None,
                                     "linear_attention": None}
   if masked:
@@ -875,7 +942,7 @@ def _decode(model, tokens, torch):
       kw["cache_position"] = torch.tensor([i])
     if positions:
       kw["position_ids"] = torch.tensor([[i]])
-    if model.config.model_type == "qwen3_next":
+    if linear_only:
       kw["attention_mask"] = masks
     if masked:
       kw["attention_mask"] = torch.ones((tokens.shape[0], i + 1), dtype=int)
@@ -927,10 +994,12 @@ def main(argv):
     return
   warnings.filterwarnings("ignore")
   sys.setrecursionlimit(10000)
-  # Qwen3-Next picks fla's Triton kernels at import when fla is importable;
-  # import it while fla is hidden so that it keeps its torch reference.
+  # Qwen3-Next and Kimi Linear pick fla's Triton kernels at import when fla
+  # is importable; import them while fla is hidden so that they keep their
+  # torch references.
   sys.modules["fla"] = None
   import transformers.models.qwen3_next.modeling_qwen3_next  # noqa: F401
+  import transformers.models.kimi_linear.modeling_kimi_linear  # noqa: F401
   del sys.modules["fla"]
   fla_cpu_reference()
   os.makedirs(FLAGS.out, exist_ok=True)

@@ -85,7 +85,7 @@ ALL_MIXERS = ("softmax_attn", "sliding_window_attn", "sparse_attn",
               "gated_deltanet", "gdn2", "gated_deltaproduct", "kda", "mlstm",
               "rwkv6", "rwkv7", "gated_attn", "mla", "short_conv",
               "falcon_h1_parallel", "comba", "mamba3",
-              "log_linear_mamba2", "mesa_net")
+              "log_linear_mamba2", "mesa_net", "lightning_attn")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,10 +3,11 @@
 A checkpoint directory holds ``config.json`` and safetensors weights
 (``model.safetensors``, or shards named by ``model.safetensors.index.json``);
 nothing is downloaded. Supported ``model_type`` values: ``mamba``,
-``mamba2``, ``recurrent_gemma``, ``qwen3_next`` (every layer Gated DeltaNet,
-dense MLPs), ``xlstm`` (xLSTM-7B: mLSTM layers) and the hybrids
+``mamba2``, ``recurrent_gemma``, ``xlstm`` (xLSTM-7B: mLSTM layers), the
+linear-attention hybrids with mixture-of-experts MLPs ``qwen3_next``,
+``kimi_linear`` and ``minimax`` (``linear_hybrids.py``) and the SSM hybrids
 ``falcon_h1``, ``nemotron_h``, ``granitemoehybrid``, ``jamba`` and ``lfm2``
-(``hybrids.py``) from transformers, and
+(``ssm_hybrids.py``) from transformers, and
 flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
 ``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
 ``nsa``, ``path_attn``, ``gated_deltaproduct``, ``comba``, ``mamba3``,
@@ -29,7 +30,6 @@ import os
 
 import jax
 import numpy as np
-from flax import nnx
 
 from lin_attn_jax.convert import architectures, core, safetensors_io
 from lin_attn_jax.data import tokenizers
@@ -117,7 +117,7 @@ def export_pretrained(lm: LM, hf: dict, path: str) -> None:
   if config != lm.config:
     raise ValueError("the HF config describes a different LM config than "
                      f"the model's: {config} vs {lm.config}")
-  params = nnx.to_pure_dict(nnx.state(lm, core.CONVERTED))
+  params = core.loaded_state(lm)
   tensors = core.export_tensors(entries, params)
   for entry in entries:
     if entry.to_hf.__qualname__.startswith("head_shared"):

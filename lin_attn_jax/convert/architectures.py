@@ -4,8 +4,10 @@ Each architecture is keyed by the ``model_type`` of its ``config.json``:
 ``lm_config(hf) -> LMConfig`` (raising ``ValueError`` for options the LM
 cannot reproduce exactly) and ``entries(hf, config) -> [Entry]`` (see
 ``core.py``). Tensor names are those of ``save_pretrained``: transformers'
-``mamba``, ``mamba2``, ``recurrent_gemma``, ``qwen3_next`` and ``xlstm``
-(and the hybrids of ``hybrids.py``, joined to ``ARCHITECTURES``),
+``mamba``, ``mamba2``, ``recurrent_gemma`` and ``xlstm`` (the hybrids of
+``linear_hybrids.py``: ``qwen3_next``, ``kimi_linear`` and ``minimax``; of
+``ssm_hybrids.py``: ``falcon_h1``, ``nemotron_h``, ``granitemoehybrid``,
+``jamba`` and ``lfm2``),
 and flash-linear-attention's ``gla``, ``delta_net``, ``gated_deltanet``,
 ``rwkv6``, ``rwkv7``, ``stickbreaking_attn``, ``forgetting_transformer``,
 ``nsa``, ``path_attn``, ``gated_deltaproduct``, ``comba``, ``mamba3``,
@@ -25,7 +27,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from lin_attn_jax.convert import hybrids
+from lin_attn_jax.convert import ssm_hybrids
 from lin_attn_jax.convert.core import (Entry, conv, copy, head_shared, linear,
                                        offset_scale, transpose)
 from lin_attn_jax.models.lm import LMConfig
@@ -225,37 +227,7 @@ def recurrent_gemma_entries(hf: dict, config: LMConfig) -> list[Entry]:
   return out
 
 
-# --- transformers: Qwen3-Next (Gated DeltaNet layers) ---------------------
-
-def qwen3_next_config(hf: dict) -> LMConfig:
-  _unsupported(hf, "hidden_act", ("silu",))
-  n = int(hf["num_hidden_layers"])
-  types = list(hf.get("layer_types") or [])
-  if any(kind != "linear_attention" for kind in types) or len(types) != n:
-    raise ValueError(
-        f"config.json has layer_types = {types}; only models whose every "
-        "layer is linear_attention (Gated DeltaNet) load: Qwen3-Next's gated "
-        "softmax attention layers are not in the project's LM")
-  dense = set(hf.get("mlp_only_layers") or [])
-  experts, step = int(hf.get("num_experts") or 0), int(
-      hf.get("decoder_sparse_step") or 1)
-  sparse = [i for i in range(n)
-            if i not in dense and experts > 0 and (i + 1) % step == 0]
-  if sparse:
-    raise ValueError(f"config.json makes layers {sparse} mixture-of-experts "
-                     f"(num_experts = {experts}); only dense MLPs load (set "
-                     "mlp_only_layers or num_experts = 0)")
-  nk, nv = int(hf["linear_num_key_heads"]), int(hf["linear_num_value_heads"])
-  options = dict(n_v_heads=nv, head_k_dim=int(hf["linear_key_head_dim"]),
-                 head_v_dim=int(hf["linear_value_head_dim"]),
-                 conv_size=int(hf.get("linear_conv_kernel_dim", 4)),
-                 use_output_gate=True,
-                 norm_eps=float(hf.get("rms_norm_eps", 1e-6)))
-  return LMConfig(**_common(hf), n_heads=nk, mixer="gated_deltanet",
-                  mixer_options={"gated_deltanet": options},
-                  mlp_dim=int(hf["intermediate_size"]),
-                  norm_eps=float(hf.get("rms_norm_eps", 1e-6)))
-
+# --- transformers: Qwen3-Next's fused Gated DeltaNet tensors (linear_hybrids)
 
 def _qkvz_entry(hf_name: str, m, nk: int, nv: int, hk: int, hv: int) -> Entry:
   """``in_proj_qkvz``: per key head ``[q (hk), k (hk), v (r hv), z (r hv)]``
@@ -303,34 +275,6 @@ def _split_conv_entry(hf_name: str, convs, sizes) -> Entry:
   return Entry((hf_name,), tuple(c + ("weight",) for c in convs),
                lambda w: tuple(jnp.split(w[:, 0, :], cuts, axis=0)),
                lambda *ws: (jnp.concatenate(ws, axis=0)[:, None, :],))
-
-
-def qwen3_next_entries(hf: dict, config: LMConfig) -> list[Entry]:
-  nk, nv = int(hf["linear_num_key_heads"]), int(hf["linear_num_value_heads"])
-  hk, hv = int(hf["linear_key_head_dim"]), int(hf["linear_value_head_dim"])
-  out = [copy("model.embed_tokens.weight", ("embed", "embedding"))]
-  out += _norm("model.norm", ("final_norm",), offset=True)
-  for i in range(config.n_layers):
-    p = f"model.layers.{i}"
-    m = _block(i, "mixer")
-    out += _norm(f"{p}.input_layernorm", _block(i, "mixer_norm"), offset=True)
-    out += _norm(f"{p}.post_attention_layernorm", _block(i, "mlp_norm"),
-                 offset=True)
-    for hf_name, ours in (("gate_proj", "gate"), ("up_proj", "up"),
-                          ("down_proj", "down")):
-      out += linear(f"{p}.mlp.{hf_name}", _block(i, "mlp", ours))
-    a = f"{p}.linear_attn"
-    out += [_qkvz_entry(f"{a}.in_proj_qkvz.weight", m, nk, nv, hk, hv),
-            _ba_entry(f"{a}.in_proj_ba.weight", m, nk, nv),
-            _split_conv_entry(f"{a}.conv1d.weight",
-                              [m + ("short_conv", c)
-                               for c in ("q_conv", "k_conv", "v_conv")],
-                              (nk * hk, nk * hk, nv * hv)),
-            copy(f"{a}.dt_bias", m + ("dt_bias",)),
-            copy(f"{a}.A_log", m + ("A_log",)),
-            head_shared(f"{a}.norm.weight", m + ("norm", "scale"), nv)]
-    out += linear(f"{a}.out_proj", m + ("o_proj",))
-  return out + _head(hf, config)
 
 
 # --- transformers: xLSTM (xLSTM-7B) ---------------------------------------
@@ -1051,11 +995,15 @@ def mesa_net_entries(hf: dict, config: LMConfig) -> list[Entry]:
   return out
 
 
+# The hybrids with mixture-of-experts MLPs use the helpers above.
+from lin_attn_jax.convert import linear_hybrids  # noqa: E402
+
 ARCHITECTURES = {
     "mamba": (mamba_config, mamba_entries),
     "mamba2": (mamba2_config, mamba2_entries),
     "recurrent_gemma": (recurrent_gemma_config, recurrent_gemma_entries),
-    "qwen3_next": (qwen3_next_config, qwen3_next_entries),
+    "qwen3_next": (linear_hybrids.qwen3_next_config,
+                   linear_hybrids.qwen3_next_entries),
     "xlstm": (xlstm_config, xlstm_entries),
     "gla": (gla_config, gla_entries),
     "delta_net": (delta_net_config, delta_net_entries),
@@ -1075,8 +1023,11 @@ ARCHITECTURES = {
     "log_linear_mamba2": (log_linear_mamba2_config,
                           log_linear_mamba2_entries),
     "mesa_net": (mesa_net_config, mesa_net_entries),
+    "kimi_linear": (linear_hybrids.kimi_linear_config,
+                    linear_hybrids.kimi_linear_entries),
+    "minimax": (linear_hybrids.minimax_config, linear_hybrids.minimax_entries),
 }
-ARCHITECTURES.update(hybrids.ARCHITECTURES)
+ARCHITECTURES.update(ssm_hybrids.ARCHITECTURES)
 
 
 def ignored_tensor(name: str) -> bool:

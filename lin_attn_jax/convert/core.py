@@ -84,16 +84,29 @@ def offset_scale(hf: str, ours: Path) -> Entry:
   return Entry((hf,), (ours,), lambda w: (1.0 + w,), lambda p: (p - 1.0,))
 
 
-# The LM's variables a checkpoint holds: its parameters and the routers'
-# selection biases (``e_score_correction_bias``, not trained by gradients).
-CONVERTED = (nnx.Param, RouterBias)
+def constant(hf: str, value) -> Entry:
+  """A tensor the checkpoint stores but the LM derives from the config (a
+  buffer of fixed values): its shape is checked on import, and ``value``
+  (an array) is written on export."""
+  value = np.asarray(value, np.float32)
+  return Entry((hf,), (), lambda w: (), lambda: (jnp.asarray(value),))
+
+
+# The variables a checkpoint holds: parameters, and the routers' selection
+# biases (buffers in transformers, moved by balancing rather than gradients).
+LOADED = (nnx.Param, RouterBias)
+
+
+def loaded_state(lm: LM) -> dict:
+  """The ``LOADED`` variables of ``lm`` as a pure dict."""
+  return nnx.to_pure_dict(nnx.state(lm, LOADED))
 
 
 def abstract_params(config: LMConfig):
-  """The LM's ``CONVERTED`` variables as a pure dict of ``ShapeDtypeStruct``
+  """The LM's ``LOADED`` variables as a pure dict of ``ShapeDtypeStruct``
   (float32)."""
   lm = nnx.eval_shape(lambda: LM(config, rngs=nnx.Rngs(0)))
-  pure = nnx.to_pure_dict(nnx.state(lm, CONVERTED))
+  pure = loaded_state(lm)
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32),
                       pure)
 

@@ -18,6 +18,7 @@ from lin_attn_jax.layers.gated_deltaproduct import GatedDeltaProduct
 from lin_attn_jax.layers.gla import GLA
 from lin_attn_jax.layers.h3 import H3
 from lin_attn_jax.layers.hgrn2 import HGRN2
+from lin_attn_jax.layers.lightning import LightningAttention
 from lin_attn_jax.layers.linear_attn import LinearAttention
 from lin_attn_jax.layers.linformer import Linformer
 from lin_attn_jax.layers.mamba import Mamba
@@ -61,6 +62,7 @@ MIXERS: dict[str, type[Mixer]] = {
     "performer": Performer,
     "based": Based,
     "retnet": RetNet,
+    "lightning_attn": LightningAttention,
     "gla": GLA,
     "hgrn2": HGRN2,
     "mlstm": MLSTM,
@@ -86,7 +88,8 @@ MIXERS: dict[str, type[Mixer]] = {
 __all__ = ["Based", "Comba", "Context", "DeltaNet", "FalconH1Parallel",
            "ForgettingAttention", "GLA", "GatedAttention", "GatedDeltaNet",
            "GatedDeltaNet2", "GatedDeltaProduct", "GatedShortConv", "H3",
-           "HGRN2", "KDA", "LinearAttention", "Linformer", "LogLinearMamba2",
+           "HGRN2", "KDA", "LightningAttention", "LinearAttention",
+           "Linformer", "LogLinearMamba2",
            "MIXERS", "MODES", "Mamba", "Mamba2", "Mamba3", "MesaNet", "Mixer",
            "MoBA", "MultiHeadLatentAttention", "NativeSparseAttention",
            "OpForms", "PaTHAttention", "Performer", "RGLRU", "RWKV6", "RWKV7",

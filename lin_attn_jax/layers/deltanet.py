@@ -354,32 +354,41 @@ class KDA(DeltaNet):
   ``[B, T, H, K]`` (``A_log`` per head, ``A ~ U(1, 16)``; ``dt_bias`` per
   key channel, zeros; as in the paper's code), and a low-rank sigmoid output
   gate, ``W_o (rms_norm(o) * sigmoid(g_up(g_down(x))))`` (``g_up`` with a
-  bias). Both low ranks are the value width of a head.
+  bias unless ``gate_bias=False``). Both low ranks are the value width of a
+  head.
 
   Args:
     d_model: ``D``. n_heads: ``H``.
     expand_k, expand_v: key and value widths per head are ``expand * D / H``
       (1.0 each).
     use_short_conv, conv_size, conv_bias, allow_neg_eigval, norm_eps,
-      impl: as in ``DeltaNet``.
+      head_k_dim, head_v_dim, impl: as in ``DeltaNet``.
+    gate_bias: ``g_up`` has a bias (True, as the paper's code; transformers'
+      ``KimiLinearDeltaAttention.g_b_proj`` has none).
     chunk_size: as in ``DeltaNet`` (None: 16 on CPU, where longer chunks
       compile slower, see docs/performance.md).
   """
 
   no_weight_decay = ("A_log", "dt_bias")
   dt_bias_init = staticmethod(nnx.initializers.zeros_init())
+  # g_up has a bias (subclasses that do not take the option keep it).
+  gate_bias = True
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                expand_k: float = 1.0, expand_v: float = 1.0,
                use_short_conv: bool = True, conv_size: int = 4,
                conv_bias: bool = False, allow_neg_eigval: bool = False,
-               norm_eps: float = 1e-5, chunk_size: int | None = None,
-               impl: str = "auto", dtype=_F32, param_dtype=_F32):
+               norm_eps: float = 1e-5, head_k_dim: int | None = None,
+               head_v_dim: int | None = None, gate_bias: bool = True,
+               chunk_size: int | None = None, impl: str = "auto",
+               dtype=_F32, param_dtype=_F32):
+    self.gate_bias = gate_bias
     super().__init__(d_model, n_heads, rngs=rngs, expand_k=expand_k,
                      expand_v=expand_v, use_short_conv=use_short_conv,
                      conv_size=conv_size, conv_bias=conv_bias,
                      use_output_gate=True, allow_neg_eigval=allow_neg_eigval,
-                     norm_eps=norm_eps, chunk_size=chunk_size, impl=impl,
+                     norm_eps=norm_eps, head_k_dim=head_k_dim,
+                     head_v_dim=head_v_dim, chunk_size=chunk_size, impl=impl,
                      dtype=dtype, param_dtype=param_dtype)
 
   def init_decay(self, d_model, *, rngs, dtype, param_dtype):
@@ -398,7 +407,8 @@ class KDA(DeltaNet):
     kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
     self.g_down = modules.dense(d_model, self.head_v, ("embed", "rank"), **kw)
     self.g_up = modules.dense(self.head_v, self.n_v_heads * self.head_v,
-                              ("rank", "heads"), use_bias=True, **kw)
+                              ("rank", "heads"), use_bias=self.gate_bias,
+                              **kw)
 
   def log_decay(self, x):
     """``[B, T, H, K]`` float32, ``<= 0``."""

@@ -17,7 +17,9 @@ its biases; ``multipliers`` fixed factors at named points of the blocks; ``norm`
 LayerNorm with a bias, RWKV's); ``embed_norm`` a norm of the embeddings
 before the first block (RWKV's ``ln0``); ``embed_scale`` a factor on the
 embeddings (RecurrentGemma's ``sqrt(D)``); ``logits_soft_cap`` ``c tanh(z /
-c)`` on the logits. ``LMConfig.to_dict`` / ``from_dict`` give its JSON form.
+c)`` on the logits; ``residual_from_norm`` MiniMax's blocks, whose residual
+terms are the norms' outputs. ``LMConfig.to_dict`` / ``from_dict`` give its
+JSON form.
 
 Example:
   >>> config = LMConfig(vocab_size=256, d_model=64, n_layers=4, n_heads=4,
@@ -117,11 +119,19 @@ class LMConfig:
   moe_options: Any = ()
   # Fixed factors at named points, {name: factor}, 1 where not given:
   # "mixer_out" and "mlp_out" multiply the mixer's and the MLP's outputs
-  # before they join the residual stream, "logits" the logits (before the
-  # soft cap), "mlp_gate" the gate projection of the "swiglu"/"geglu" MLP
-  # before its activation (Falcon-H1's gate multiplier). A model that needs a factor elsewhere adds its name to
-  # MULTIPLIERS and applies it at one place. Stored as sorted tuples.
+  # before they join the residual stream, "mixer_residual" and
+  # "mlp_residual" the residual term they join (MiniMax's alpha factors),
+  # "logits" the logits (before the soft cap), "mlp_gate" the gate
+  # projection of the "swiglu"/"geglu" MLP before its activation (Falcon-H1's
+  # gate multiplier). A block's factor may be given per layer, as a tuple
+  # repeated like mixer's (MiniMax's factors differ between its lightning
+  # and softmax layers). A model that needs a factor elsewhere adds its name
+  # to MULTIPLIERS and applies it at one place. Stored as sorted tuples.
   multipliers: Any = ()
+  # The residual term of each half of a block is the norm's output instead
+  # of its input: x <- norm(x) + mixer(norm(x)) (times the multipliers);
+  # MiniMax's blocks.
+  residual_from_norm: bool = False
   # The MLP's projections have biases.
   mlp_bias: bool = False
   # Kind of every norm: "rms" (RMSNorm) or "layer" (LayerNorm with a bias).
@@ -144,7 +154,8 @@ class LMConfig:
     for name in ("moe_options", "multipliers"):
       value = getattr(self, name)
       if not isinstance(value, tuple):
-        object.__setattr__(self, name, tuple(sorted(dict(value).items())))
+        object.__setattr__(self, name, tuple(sorted(
+            (k, _tuples(v)) for k, v in dict(value).items())))
     if isinstance(self.mlp, list):
       object.__setattr__(self, "mlp", tuple(self.mlp))
     unknown = sorted(set(self.layer_mlps) - set(MLP_KINDS))
@@ -156,9 +167,17 @@ class LMConfig:
       if name not in MULTIPLIERS:
         raise ValueError(f"unknown multiplier {name!r}; known: "
                          f"{MULTIPLIERS}")
-      if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise ValueError(f"multiplier {name!r} must be a number, got "
-                         f"{value!r}")
+      per_layer = isinstance(value, tuple) and name in BLOCK_MULTIPLIERS
+      values = value if per_layer else (value,)
+      if not values or any(not isinstance(v, (int, float))
+                           or isinstance(v, bool) for v in values):
+        raise ValueError(f"multiplier {name!r} must be a number (or, for "
+                         f"{BLOCK_MULTIPLIERS}, a tuple of numbers, one per "
+                         f"layer), got {value!r}")
+      if per_layer and self.n_layers % len(values):
+        raise ValueError(f"multiplier {name!r} has {len(values)} values, "
+                         f"which does not divide n_layers = "
+                         f"{self.n_layers}")
     if self.norm not in NORM_KINDS:
       raise ValueError(f"norm must be one of {NORM_KINDS}, got {self.norm!r}")
     for name in ("embed_scale", "logits_soft_cap"):
@@ -214,9 +233,16 @@ class LMConfig:
       return None
     return dict(self.moe_options)["n_experts"]
 
-  def multiplier(self, name: str) -> float:
-    """The factor ``multipliers`` gives ``name`` (1.0 when absent)."""
-    return float(dict(self.multipliers).get(name, 1.0))
+  def multiplier(self, name: str, layer: int | None = None) -> float:
+    """The factor ``multipliers`` gives ``name`` (1.0 when absent), in
+    block ``layer`` for a factor given per layer."""
+    value = dict(self.multipliers).get(name, 1.0)
+    if isinstance(value, tuple):
+      if layer is None:
+        raise ValueError(f"multiplier {name!r} is given per layer; name the "
+                         "layer")
+      value = value[layer % len(value)]
+    return float(value)
 
   def _check_moe_options(self):
     options = dict(self.moe_options)
@@ -277,7 +303,9 @@ class LMConfig:
 
 
 MLP_KINDS = ("swiglu", "geglu", "rwkv6", "rwkv7", "relu2", "moe", "none")
-MULTIPLIERS = ("mixer_out", "mlp_out", "logits", "mlp_gate")
+# Factors of the blocks (these may be given per layer) and of the rest.
+BLOCK_MULTIPLIERS = ("mixer_out", "mlp_out", "mixer_residual", "mlp_residual")
+MULTIPLIERS = BLOCK_MULTIPLIERS + ("logits", "mlp_gate")
 NORM_KINDS = ("rms", "layer")
 
 
@@ -396,7 +424,9 @@ class RWKVChannelMix(nnx.Module):
 class Block(nnx.Module):
   """``x + mixer(norm(x))``, then ``x + mlp(norm(x))`` (no second half with
   the MLP ``"none"``, no first half with the mixer ``"none"``); the
-  ``"mixer_out"`` and ``"mlp_out"`` multipliers scale the two terms.
+  ``"mixer_out"`` and ``"mlp_out"`` multipliers scale the new terms,
+  ``"mixer_residual"`` and ``"mlp_residual"`` the residual ones, which are
+  ``norm(x)`` instead of ``x`` with ``residual_from_norm``.
 
   Its cache is the mixer's, or ``{"mixer_cache": ..., "mlp_shift": [B, D]}``
   with RWKV channel mixing. A ``"moe"`` MLP appends its ``router_stats`` to
@@ -406,14 +436,19 @@ class Block(nnx.Module):
   def __init__(self, config: LMConfig, mixer: str, *, rngs: nnx.Rngs,
                layer_index: int = 0):
     mlp = config.layer_mlps[layer_index]
-    self.mixer_scale = config.multiplier("mixer_out")
-    self.mlp_scale = config.multiplier("mlp_out")
+    self.mixer_scale = config.multiplier("mixer_out", layer_index)
+    self.mlp_scale = config.multiplier("mlp_out", layer_index)
+    self.mixer_residual = config.multiplier("mixer_residual", layer_index)
+    self.mlp_residual = config.multiplier("mlp_residual", layer_index)
+    self.residual_from_norm = config.residual_from_norm
     kw = dict(dtype=config.dtype, param_dtype=config.param_dtype)
     if mixer == "none":
       self.mixer_norm = self.mixer = None
     else:
       self.mixer_norm = make_norm(config, rngs=rngs)
       options = config.options_for(mixer)
+      # A mixer kind may have heads of its own (the attention layers of a
+      # hybrid beside its linear ones).
       n_heads = options.pop("n_heads", config.n_heads)
       # Mixers whose inits depend on depth (RWKV) learn where they are.
       accepted = inspect.signature(MIXERS[mixer].__init__).parameters
@@ -462,30 +497,40 @@ class Block(nnx.Module):
     if self.mixer is None:
       new_mixer_cache = None if cache is None else {}
     else:
+      normed = self.mixer_norm(x)
       y, new_mixer_cache, carry = self.mixer.run(
-          self.mixer_norm(x), segment_ids=segment_ids, mode=mode,
-          cache=mixer_cache, carry=carry)
-      x = x + self._scaled(y, self.mixer_scale)
+          normed, segment_ids=segment_ids, mode=mode, cache=mixer_cache,
+          carry=carry)
+      x = self._joined(x, normed, y, self.mixer_residual, self.mixer_scale)
     if self.mlp is None:
       return x, new_mixer_cache, carry
+    normed = self.mlp_norm(x)
     if self.moe:
       mask = None if segment_ids is None else segment_ids != 0
-      y, stats = self.mlp(self.mlp_norm(x), mask)
+      y, stats = self.mlp(normed, mask)
       carry = dict(carry or {})
       carry["router_stats"] = carry.get("router_stats", ()) + (stats,)
-      return x + self._scaled(y, self.mlp_scale), new_mixer_cache, carry
+      return (self._joined(x, normed, y, self.mlp_residual, self.mlp_scale),
+              new_mixer_cache, carry)
     if not self.shift_mlp:
-      y = self.mlp(self.mlp_norm(x))
-      return x + self._scaled(y, self.mlp_scale), new_mixer_cache, carry
+      y = self.mlp(normed)
+      return (self._joined(x, normed, y, self.mlp_residual, self.mlp_scale),
+              new_mixer_cache, carry)
     restart = None
     if cache is not None and segment_ids is not None:
       restart = segment_ids[:, 0] != mixer_cache["segment_id"]
     ctx = Context(mode, segment_ids, None, restart=restart)
-    y, shift = self.mlp(self.mlp_norm(x), ctx,
+    y, shift = self.mlp(normed, ctx,
                         None if cache is None else cache["mlp_shift"])
     new_cache = (None if cache is None
                  else {"mixer_cache": new_mixer_cache, "mlp_shift": shift})
-    return x + self._scaled(y, self.mlp_scale), new_cache, carry
+    return (self._joined(x, normed, y, self.mlp_residual, self.mlp_scale),
+            new_cache, carry)
+
+  def _joined(self, x, normed, y, residual: float, scale: float):
+    """``residual * (normed if residual_from_norm else x) + scale * y``."""
+    base = normed if self.residual_from_norm else x
+    return self._scaled(base, residual) + self._scaled(y, scale)
 
   @staticmethod
   def _scaled(y, factor: float):

@@ -41,7 +41,7 @@ TOL = 1e-5
 DECODE_AGAINST_FULL = {"mamba2"}
 # Fixtures of a variant of an architecture, named for the variant.
 MODEL_TYPE = {"gla_short_conv": "gla", "path_attn_forget_gate": "path_attn",
-              "xlstm_fused": "xlstm"}
+              "xlstm_fused": "xlstm", "qwen3_next_hybrid": "qwen3_next"}
 
 
 def _logits(lm, tokens, prefill):
@@ -90,7 +90,8 @@ def test_export_writes_the_same_tensors(tmp_path):
   for name in ("gla_short_conv", "path_attn", "qwen3_next", "rwkv6", "rwkv7",
                "gated_deltaproduct", "xlstm_fused", "comba", "mamba3",
                "log_linear_mamba2", "mesa_net", "falcon_h1", "nemotron_h",
-               "granitemoehybrid", "jamba", "lfm2"):
+               "granitemoehybrid", "jamba", "lfm2", "qwen3_next_hybrid",
+               "kimi_linear", "minimax"):
     path = os.path.join(FIXTURES, name)
     lm, _, hf = convert.load_pretrained(path)
     out = str(tmp_path / name)
@@ -177,9 +178,9 @@ def test_bad_checkpoints_name_the_tensor_and_shapes(tmp_path):
         tmp_path, "gla", lambda t: t.update(unexpected_extra=np.zeros(2))))
   for update, match in (({"model_type": "llama"}, "model_type = 'llama'"),
                         ({"layer_types": ["linear_attention",
-                                          "full_attention"]}, "layer_types"),
-                        ({"num_experts": 4, "mlp_only_layers": []},
-                         "mixture-of-experts")):
+                                          "sliding_attention"]},
+                         "layer_types"),
+                        ({"hidden_act": "gelu"}, "hidden_act")):
     out = tmp_path / f"config_{len(match)}"
     shutil.copytree(os.path.join(FIXTURES, "qwen3_next"), out)
     with open(out / "config.json") as f:
@@ -387,3 +388,66 @@ def test_hybrids_map_their_options_and_refuse_the_rest():
        "layer_types")):
     with pytest.raises(ValueError, match=match):
       plan(name, **update)
+def _hf(name):
+  return core.read_config(os.path.join(FIXTURES, name))
+
+
+def test_hybrids_map_their_options():
+  """Qwen3-Next, Kimi Linear and MiniMax: each layer's mixer and MLP, the
+  routers' options and MiniMax's residual factors reach the LM; Kimi's and
+  MiniMax's original config spellings give the same LM."""
+  config, _, _ = convert.plan(_hf("qwen3_next_hybrid"))
+  assert config.layer_mixers == ("gated_deltanet", "gated_attn") * 2
+  assert config.layer_mlps == ("swiglu", "moe", "moe", "moe")
+  assert config.options_for("gated_attn") == {
+      "n_kv_heads": 2, "head_dim": 16, "rope_base": 10000.0,
+      "rope_fraction": 0.25, "qk_norm_eps": 1e-6, "qkv_bias": False,
+      "out_bias": False}
+  assert config.options_for("gated_deltanet")["n_heads"] == 2
+  assert dict(config.moe_options) == {
+      "n_experts": 4, "top_k": 2, "expert_dim": 16, "score": "softmax",
+      "normalize_topk": True, "shared_dim": 24, "shared_gate": True}
+  kimi = _hf("kimi_linear")
+  config, _, _ = convert.plan(kimi)
+  assert config.layer_mixers == ("kda", "mla") * 2
+  assert config.layer_mlps == ("swiglu", "moe", "moe", "moe")
+  assert dict(config.moe_options) == {
+      "n_experts": 8, "top_k": 2, "expert_dim": 16, "score": "sigmoid",
+      "selection_bias": True, "n_groups": 2, "topk_groups": 1,
+      "normalize_topk": True, "routed_scale": 2.446, "shared_dim": 16}
+  original = {k: v for k, v in kimi.items()
+              if k not in ("layer_types", "mlp_layer_types", "linear_head_dim",
+                           "linear_num_heads", "linear_conv_kernel_dim")}
+  original.update(first_k_dense_replace=1, linear_attn_config={
+      "full_attn_layers": [2, 4], "kda_layers": [1, 3], "head_dim": 8,
+      "num_heads": 2, "short_conv_kernel_size": 4})
+  assert convert.plan(original)[0] == config
+  minimax = _hf("minimax")
+  config, _, _ = convert.plan(minimax)
+  assert config.residual_from_norm
+  assert dict(config.multipliers) == {
+      "mixer_residual": (1.7, 1.3, 1.7, 1.7), "mixer_out": (1.1, 0.9, 1.1, 1.1),
+      "mlp_residual": 1.2, "mlp_out": 0.8}
+  listed = {k: v for k, v in minimax.items() if k != "layer_types"}
+  assert convert.plan(dict(listed, attn_type_list=[0, 1, 0, 0]))[0] == config
+
+
+@pytest.mark.parametrize("name, update, match", [
+    ("qwen3_next_hybrid", {"rope_parameters": {"rope_type": "yarn",
+                                               "factor": 2.0}}, "rope_type"),
+    ("qwen3_next_hybrid", {"shared_expert_intermediate_size": 0},
+     "shared_expert_intermediate_size"),
+    ("qwen3_next_hybrid", {"layer_types": ["linear_attention"] * 3},
+     "layer_types"),
+    ("kimi_linear", {"num_key_value_heads": 2}, "num_key_value_heads"),
+    ("kimi_linear", {"hidden_act": "gelu"}, "hidden_act"),
+    ("kimi_linear", {"mlp_layer_types": ["dense", "moe", "moe", "moe"]},
+     "mlp_layer_types"),
+    ("minimax", {"sliding_window": 8}, "sliding_window"),
+    ("minimax", {"attn_type_list": [0, 2, 0, 0], "layer_types": None},
+     "layer_types"),
+    ("minimax", {"rope_scaling": {"type": "linear"}}, "rope_scaling"),
+])
+def test_hybrids_refuse_what_the_lm_lacks(name, update, match):
+  with pytest.raises(ValueError, match=match):
+    convert.plan(dict(_hf(name), **update))

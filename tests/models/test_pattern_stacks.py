@@ -72,6 +72,9 @@ def test_the_config_round_trips_through_json():
     (dict(multipliers={"logits": "2"}), "must be a number"),
     (dict(mixer=("none", "softmax_attn"), mlp=("none", "swiglu")),
      r"layers \[0, 2\] have mixer 'none' and mlp 'none'"),
+    (dict(multipliers={"logits": (1.0, 2.0)}), "must be a number"),
+    (dict(multipliers={"mixer_out": (1.0,) * 3}),
+     "multiplier 'mixer_out' has 3 values, which does not divide"),
 ])
 def test_config_errors(kw, match):
   with pytest.raises(ValueError, match=match):
@@ -91,6 +94,36 @@ def test_multipliers_scale_the_logits_and_the_residual_terms():
   x = residual.final_norm(residual.embed(tokens))
   np.testing.assert_allclose(residual(tokens), residual.embed.attend(x),
                              rtol=1e-6)
+
+
+def test_per_layer_multipliers_and_residuals_from_the_norms():
+  """MiniMax's blocks: ``x <- a_l norm(x) + b_l mixer(norm(x))``, then the
+  same with the MLP, ``a`` and ``b`` per layer; the config round-trips."""
+  config = LMConfig(**{**BASE, "n_layers": 2}, residual_from_norm=True,
+                    multipliers={"mixer_residual": (1.5, 0.5),
+                                 "mixer_out": (2.0, 0.25),
+                                 "mlp_residual": 1.2, "mlp_out": 0.8})
+  assert config.multiplier("mixer_out", 1) == 0.25
+  assert config.multiplier("mlp_out", 1) == 0.8
+  assert LMConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+  lm = LM(config, rngs=nnx.Rngs(0))
+  tokens = jnp.arange(12, dtype=jnp.int32).reshape(2, 6) % 32
+  x = lm.embed(tokens)
+  for block, a, b in zip(lm.blocks, (1.5, 0.5), (2.0, 0.25)):
+    h = block.mixer_norm(x)
+    x = a * h + b * block.mixer(h)
+    h = block.mlp_norm(x)
+    x = 1.2 * h + 0.8 * block.mlp(h)
+  np.testing.assert_allclose(lm(tokens), lm.embed.attend(lm.final_norm(x)),
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_a_mixer_kind_may_have_heads_of_its_own():
+  base = {**BASE, "n_layers": 2, "mixer": ("softmax_attn", "gla")}
+  lm = LM(LMConfig(**base, mixer_options={"softmax_attn": {"n_heads": 4,
+                                                           "head_dim": 8}}),
+          rngs=nnx.Rngs(0))
+  assert lm.blocks[0].mixer.n_heads == 4 and lm.blocks[1].mixer.n_heads == 2
 
 
 def test_moe_model_decodes_as_its_full_forward():
