@@ -13,6 +13,12 @@ tokens before the device's first document start. The heavy pass does not
 wait for the all-gather. Every variant on the core (linear attention,
 simple GLA, retention, GLA, Based, SSD, RWKV-6 with its strictly causal
 read and bonus, HGRN2) reaches it through ``chunk_gated_linear``.
+
+Non-causal with gates, the split runs forward and on the reversed sequence
+(LION, ``bidirectional.py``). Non-causal without gates (plain linear
+attention, its normaliser being one more value column) every token reads
+its whole document's sum ``sum_j k_j v_j^T``, so one all-reduce replaces
+the two scans (``_noncausal_sums``).
 """
 
 from __future__ import annotations
@@ -94,6 +100,11 @@ def context_parallel_gated_linear(q, k, v, g=None, *, scale=None,
   if not causal:
     if strictly_causal:
       raise ValueError("strictly_causal=True has no non-causal form")
+    if g_checked is None:
+      return _noncausal_sums(q, k, v, scale=scale, segment_ids=segment_ids,
+                             chunk_size=chunk_size,
+                             sub_chunk_size=sub_chunk_size, impl=impl,
+                             axis_name=axis_name, mesh=mesh), None
     form = functools.partial(
         context_parallel_gated_linear, chunk_size=chunk_size,
         sub_chunk_size=sub_chunk_size, impl=impl, axis_name=axis_name,
@@ -124,3 +135,74 @@ def context_parallel_gated_linear(q, k, v, g=None, *, scale=None,
 
   return cp.map_sequence(device, (q, k, v, g, segment_ids), (initial_state,),
                          axis_name=axis_name, mesh=mesh)
+
+
+def _boundary_slots(ids, b: int, length: int, axis_name: str):
+  """``[B, L, P]`` float32 one-hot: the slot of each token of this device
+  whose document reaches past the device, none for the others.
+
+  Slot ``s`` is the document holding device ``s``'s last token, keyed by the
+  device its first token is on: only such a document can cross a device
+  boundary, so ``P`` slots hold every crossing document, however many
+  documents there are. One all-gather of three numbers per row and device.
+  """
+  parts = jax.lax.axis_size(axis_name)
+  here = cp.device_index(axis_name)
+  doc = document_index(ids, b, length)                          # [B, L]
+  last = doc[:, -1]                                              # [B]
+  if ids is None:
+    ends = jnp.zeros((parts, b, 3), jnp.int32)
+  else:
+    ends = jax.lax.all_gather(
+        jnp.stack([ids[:, 0], ids[:, -1], last], axis=-1).astype(jnp.int32),
+        axis_name)                                               # [P, B, 3]
+  starts = jnp.concatenate(
+      [jnp.ones_like(ends[:1, :, 0], bool),
+       ends[1:, :, 0] != ends[:-1, :, 1]], axis=0)               # [P, B]
+  begins = starts | (ends[..., 2] > 0)                           # [P, B]
+  devices = jnp.arange(parts)[:, None]
+  origin_last = jax.lax.cummax(jnp.where(begins, devices, 0), axis=0)
+  previous = jnp.concatenate([jnp.zeros_like(origin_last[:1]),
+                              origin_last[:-1]], axis=0)
+  origin_first = jnp.where(starts, devices, previous)            # [P, B]
+  continued = ~starts[here]                                      # [B]
+  slot = jnp.where(doc == last[:, None], origin_last[here][:, None],
+                   jnp.where((doc == 0) & continued[:, None],
+                             origin_first[here][:, None], -1))   # [B, L]
+  return jax.nn.one_hot(slot, parts, dtype=_F32)                 # [B, L, P]
+
+
+def _noncausal_sums(q, k, v, *, scale, segment_ids, chunk_size,
+                    sub_chunk_size, impl, axis_name, mesh):
+  """Non-causal ungated ``o_i = scale q_i . sum_{j in i's document} k_j
+  v_j^T`` split over ``axis_name``, ``[B, T, H, V]`` in ``v``'s dtype.
+
+  Each device runs the non-causal chunk form on its tokens (its documents'
+  local sums), and adds to the tokens of its first and last documents the
+  part of their sums held by the other devices: the sums ``[B, P, H, K, V]``
+  of the documents that cross a device boundary (``_boundary_slots``), one
+  ``psum`` over the axis, less this device's own part. Exact with documents
+  spanning any number of devices; the table grows with ``P``, not with the
+  number of documents.
+  """
+
+  def device(split, whole):
+    del whole
+    q, k, v, ids = split
+    b, length = q.shape[:2]
+    o, _ = chunk.chunk_gated_linear(
+        q, k, v, None, scale=scale, segment_ids=ids, chunk_size=chunk_size,
+        sub_chunk_size=sub_chunk_size, impl=impl, causal=False)
+    slots = _boundary_slots(ids, b, length, axis_name)           # [B, L, P]
+    own = jnp.einsum("blp,blhk,blhv->bphkv", slots, jnp.asarray(k, _F32),
+                     jnp.asarray(v, _F32),
+                     preferred_element_type=_F32)                # [B,P,H,K,V]
+    others = jax.lax.psum(own, axis_name) - own
+    read = jnp.einsum("blp,blhk,bphkv->blhv", slots,
+                      scale * jnp.asarray(q, _F32), others,
+                      preferred_element_type=_F32)               # [B, L, H, V]
+    return (o.astype(_F32) + read).astype(v.dtype), None
+
+  o, _ = cp.map_sequence(device, (q, k, v, segment_ids), (),
+                         axis_name=axis_name, mesh=mesh)
+  return o
