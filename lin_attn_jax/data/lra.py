@@ -52,14 +52,18 @@ check it). Larger gaps (visible dashes) need a larger clearance, which at
 32 x 32 leaves little room for the hard level's two 14-dash paths. Images
 are generated a block at a time in lockstep (vectorised over the block);
 those whose target paths run into the border or another path are drawn
-again (as in the published generator), and a distractor that does not fit
-is left out.
+again (as in the published generator; those that run out of room are
+dropped from the block as soon as they do), and a distractor that does not
+fit is left out. Dashes are looked up, not rendered: their directions are
+snapped to 256 angles and their midpoints to a 1/16-pixel grid, whose
+windows are tabulated once per geometry (``_dash_table``).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -333,6 +337,47 @@ def _dilate(mask: np.ndarray, radius: int) -> np.ndarray:
   return out
 
 
+_ANGLE_BINS = 256   # dash directions drawn from the table
+_SUBPIXEL = 16      # dash midpoints on a 1/16-pixel grid
+
+
+@functools.lru_cache(maxsize=8)
+def _dash_table(length: float, half: float, contrast: float, radius: int):
+  """The 8-bit windows ``[A, S + 1, S + 1, W, W]`` (``W = 2 radius + 1``)
+  of a dash of centre-line ``length`` and half-width ``half`` with
+  direction ``2 pi a / A`` and midpoint ``(fy, fx) / S - 1/2`` pixels off
+  the window's centre pixel, ``_Canvas.window``'s formula: every candidate
+  dash is a table look-up."""
+  angles = np.arange(_ANGLE_BINS) * 2 * np.pi / _ANGLE_BINS
+  offsets = np.arange(_SUBPIXEL + 1) / _SUBPIXEL - 0.5
+  direction = _directions(angles)                                # [A, 2]
+  mid = np.stack(np.meshgrid(offsets, offsets, indexing="ij"), -1)  # [S,S,2]
+  p0 = mid[None] - length / 2 * direction[:, None, None]       # [A, S, S, 2]
+  p1 = mid[None] + length / 2 * direction[:, None, None]
+  span = np.arange(-radius, radius + 1)
+  y, x = np.broadcast_arrays(span[:, None], span[None, :])
+  return _render(p0, p1, y, x, half, contrast)
+
+
+def _render(p0, p1, y, x, half: float, contrast: float) -> np.ndarray:
+  """8-bit values at pixels ``(y, x) [..., W, W]`` (broadcast against
+  ``p0, p1 [..., 2]``) of the element from ``p0`` to ``p1``:
+  ``contrast * clip(half + 0.5 - d, 0, 1)`` clipped to 1."""
+  p0 = p0.astype(np.float32)
+  sy, sx = ((p1 - p0).astype(np.float32)[..., i, None, None]
+            for i in range(2))                                 # [..., 1, 1]
+  ry = y.astype(np.float32) - p0[..., 0, None, None]           # [..., W, W]
+  rx = x.astype(np.float32) - p0[..., 1, None, None]
+  norm = np.maximum(sy * sy + sx * sx, np.float32(1e-12))
+  t = np.clip((ry * sy + rx * sx) / norm, 0.0, 1.0)
+  ry -= t * sy
+  rx -= t * sx
+  dist = np.sqrt(ry * ry + rx * rx)
+  value = np.minimum(np.float32(contrast) * np.clip(
+      np.float32(half + 0.5) - dist, 0.0, 1.0), 1.0)
+  return np.rint(255.0 * value).astype(np.uint8)
+
+
 class _Canvas:
   """The images of a block of examples while their paths are drawn.
 
@@ -376,29 +421,31 @@ class _Canvas:
     y = centre[..., 0, None, None] + span[:, None]             # [n, ..., W, W]
     x = centre[..., 1, None, None] + span[None, :]
     y, x = np.broadcast_arrays(y, x)
-    p0 = p0.astype(np.float32)
-    sy, sx = ((p1 - p0).astype(np.float32)[..., i, None, None]
-              for i in range(2))                               # [n, ..., 1, 1]
-    ry = y.astype(np.float32) - p0[..., 0, None, None]         # [n, ..., W, W]
-    rx = x.astype(np.float32) - p0[..., 1, None, None]
-    norm = np.maximum(sy * sy + sx * sx, np.float32(1e-12))
-    t = np.clip((ry * sy + rx * sx) / norm, 0.0, 1.0)
-    ry -= t * sy
-    rx -= t * sx
-    dist = np.sqrt(ry * ry + rx * rx)
-    value = np.minimum(np.float32(contrast) * np.clip(
-        np.float32(half + 0.5) - dist, 0.0, 1.0), 1.0)
-    return y, x, np.rint(255.0 * value).astype(np.uint8)
+    return y, x, _render(p0, p1, y, x, half, contrast)
 
-  def lookup(self, maps: np.ndarray, y: np.ndarray, x: np.ndarray,
-             outside=0):
-    """``maps [n, res, res]`` at window pixels ``[n, ..., W, W]``;
-    ``outside`` beyond the image."""
-    res = self.cfg.resolution
-    ok = (y >= 0) & (y < res) & (x >= 0) & (x < res)
-    rows = self.rows[:len(maps)].reshape((-1,) + (1,) * (y.ndim - 1))
-    found = maps[rows, np.clip(y, 0, res - 1), np.clip(x, 0, res - 1)]
-    return np.where(ok, found, outside)
+  def dash(self, mid: np.ndarray, angle: np.ndarray, large: bool = True):
+    """Dashes of the configured size at midpoints ``mid [n, ..., 2]`` and
+    directions ``angle [n, ...]``, snapped to the table's grid
+    (``_dash_table``): ``(y, x, value)`` windows as ``window`` gives them,
+    and the snapped ``(p0, p1, angle)``."""
+    cfg = self.cfg
+    radius = self.large if large else self.small
+    table = _dash_table(cfg.paddle_length, cfg.paddle_thickness / 2,
+                        cfg.contrast, radius)
+    turn = np.rint(angle * (_ANGLE_BINS / (2 * np.pi))).astype(np.int64)
+    angle = turn * (2 * np.pi / _ANGLE_BINS)
+    centre = np.rint(mid).astype(np.int64)                      # [n, ..., 2]
+    sub = np.rint((mid - centre) * _SUBPIXEL).astype(np.int64)
+    sub = np.clip(sub, -_SUBPIXEL // 2, _SUBPIXEL // 2)
+    mid = centre + sub / _SUBPIXEL
+    half = cfg.paddle_length / 2 * _directions(angle)
+    sub += _SUBPIXEL // 2
+    value = table[turn % _ANGLE_BINS, sub[..., 0], sub[..., 1]]
+    span = np.arange(-radius, radius + 1)
+    y = centre[..., 0, None, None] + span[:, None]             # [n, ..., W, W]
+    x = centre[..., 1, None, None] + span[None, :]
+    y, x = np.broadcast_arrays(y, x)
+    return y, x, value, mid - half, mid + half, angle
 
   def flags(self, forbid: np.ndarray, previous=None) -> np.ndarray:
     """``[n, res, res]`` uint8: ``FORBIDDEN`` on ``forbid`` and the
@@ -420,9 +467,17 @@ class _Canvas:
   def fits(self, y, x, ink, codes, previous: bool = False):
     """``[n, ...]``: the windows' ink is off every ``FORBIDDEN`` pixel
     (and, with ``previous``, off ``TOO_CLOSE`` and on some ``NEAR``)."""
-    found = self.lookup(codes, y, x, outside=self.FORBIDDEN)
-    hit = np.bitwise_or.reduce(np.where(ink, found, 0).reshape(
-        found.shape[:-2] + (-1,)), axis=-1)
+    res, n = self.cfg.resolution, len(codes)
+    pad = 2 * self.large + 4
+    wide = res + 2 * pad
+    padded = np.pad(codes, ((0, 0), (pad, pad), (pad, pad)),
+                    constant_values=self.FORBIDDEN).reshape(-1)
+    rows = self.rows[:n].reshape((-1,) + (1,) * (y.ndim - 1))
+    at = (rows * wide + np.clip(y + pad, 0, wide - 1)) * wide + np.clip(
+        x + pad, 0, wide - 1)
+    found = np.where(ink, padded[at], 0)
+    hit = np.bitwise_or.reduce(found.reshape(found.shape[:-2] + (-1,)),
+                               axis=-1)
     ok = (hit & self.FORBIDDEN) == 0
     if previous:
       ok &= ((hit & self.TOO_CLOSE) == 0) & ((hit & self.NEAR) != 0)
@@ -456,6 +511,12 @@ class _Canvas:
     self.pending[where, path, 0] = self.pending[where, path, 1]
     self.pending[where, path, 1] = False
     self.stamp(self.pending[:, path, 1], y, x, grown)
+
+  def keep(self, rows: np.ndarray) -> None:
+    """Drops every example but ``rows`` (those still being drawn)."""
+    self.image, self.blocked, self.pending = (
+        a[rows] for a in (self.image, self.blocked, self.pending))
+    self.n, self.rows = len(rows), np.arange(len(rows))
 
   def flush(self, path: int) -> None:
     self.blocked |= self.pending[:, path].any(axis=1)
@@ -518,21 +579,21 @@ class _Paths:
 
   def _choose(self, p0, angles, weights, codes, previous, alive):
     canvas, cfg = self.canvas, self.cfg
-    half = cfg.paddle_thickness / 2
-    p1 = p0 + cfg.paddle_length * _directions(angles)
-    y, x, value = canvas.window(p0, p1, half, cfg.contrast, large=False)
+    mid = p0 + cfg.paddle_length / 2 * _directions(angles)
+    y, x, value, _, _, _ = canvas.dash(mid, angles, large=False)
     ok = canvas.fits(y, x, value > 0, codes, previous)
     index, found = _sample(self.rng, weights * ok)
     rows = np.arange(len(p0))
-    head, tail = p1[rows, index], p0[rows, index]
-    y, x, value = canvas.window(tail, head, half, cfg.contrast)
-    return y, x, value, head, angles[rows, index], found & alive
+    y, x, value, _, head, angle = canvas.dash(mid[rows, index],
+                                              angles[rows, index])
+    return y, x, value, head, angle, found & alive
 
 
 def _target_paths(rng: np.random.Generator, cfg: PathfinderConfig, n: int):
-  """Two target paths and the dots on ``n`` canvases: ``(image, blocked,
-  labels, dots, done)``; rows with ``done`` False found no room and are
-  to be drawn again."""
+  """Two target paths and the dots on up to ``n`` canvases: ``(image,
+  blocked, labels, dots, done)``; rows with ``done`` False found no room
+  and are to be drawn again (most of those that run out of room on the
+  way are dropped as soon as they do)."""
   canvas = _Canvas(cfg, n, 2)
   paths = _Paths(canvas, rng)
   res, rows = cfg.resolution, np.arange(n)
@@ -566,6 +627,14 @@ def _target_paths(rng: np.random.Generator, cfg: PathfinderConfig, n: int):
       canvas.commit(p, y, x, value > 0, alive)
       canvas.draw(y, x, value, alive)
       heads[:, p], angles[:, p], last[p] = head, angle, (y, x, value > 0)
+    if alive.mean() < 0.75:
+      keep = np.flatnonzero(alive)
+      canvas.keep(keep)
+      starts, heads, angles, alive = (a[keep] for a in (starts, heads,
+                                                        angles, alive))
+      last = [tuple(a[keep] for a in window) for window in last]
+      dots = [tuple(a[keep] for a in window) for window in dots]
+      n, rows = len(keep), np.arange(len(keep))
   origin = rng.integers(0, 2, n)
   labels = rng.integers(0, 2, n).astype(np.int32)
   terminal = np.where(labels == 1, origin, 1 - origin)
