@@ -476,8 +476,8 @@ class _Canvas:
     at = (rows * wide + np.clip(y + pad, 0, wide - 1)) * wide + np.clip(
         x + pad, 0, wide - 1)
     found = np.where(ink, padded[at], 0)
-    hit = np.bitwise_or.reduce(found.reshape(found.shape[:-2] + (-1,)),
-                               axis=-1)
+    hit = np.bitwise_or.reduce(found.reshape(
+        found.shape[:-2] + (found.shape[-2] * found.shape[-1],)), axis=-1)
     ok = (hit & self.FORBIDDEN) == 0
     if previous:
       ok &= ((hit & self.TOO_CLOSE) == 0) & ((hit & self.NEAR) != 0)
