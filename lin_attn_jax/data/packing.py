@@ -69,6 +69,11 @@ class PackedRows:
       self._fill(index, tokens[i], segments[i])
     return tokens, segments
 
+  def batch(self, indices) -> dict:
+    """``model_inputs`` of rows ``indices``: ``[len(indices), row_len]``
+    arrays (the interface of a row source, ``pipeline.BatchSource``)."""
+    return model_inputs(*self.rows(indices))
+
   def _fill(self, index: int, tokens: np.ndarray,
             segments: np.ndarray) -> None:
     """Writes row ``index`` into ``tokens`` and ``segments``

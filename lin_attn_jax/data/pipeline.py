@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from lin_attn_jax import sharding as shd
-from lin_attn_jax.data.packing import PackedRows, model_inputs
+from lin_attn_jax.data.packing import PackedRows
 from lin_attn_jax.ops.common import checks
 
 
@@ -49,7 +49,8 @@ class BatchSource:
   """The rows of every step that one process reads.
 
   Args:
-    rows: packed rows of ``T + 1`` tokens.
+    rows: packed rows of ``T + 1`` tokens, or another row source
+      (``rows_per_epoch`` and ``batch(indices)``: ``data.tasks``).
     global_batch: ``B``, rows per step over all processes.
     positions: which of the ``B`` rows this process reads (``process_rows``);
       None for all of them.
@@ -70,10 +71,9 @@ class BatchSource:
     return epoch * per_epoch + self.positions * steps_per_epoch + offset
 
   def batch(self, step: int) -> dict:
-    """This process's rows of step ``step`` as ``model_inputs`` arrays
-    ``[len(positions), T]``."""
-    tokens, segments = self.rows.rows(self.row_indices(step))
-    return model_inputs(tokens, segments)
+    """This process's rows of step ``step``: the row source's arrays
+    (``model_inputs``, ``[len(positions), T]``, for packed rows)."""
+    return self.rows.batch(self.row_indices(step))
 
   def dataset(self, num_steps: int) -> grain.MapDataset:
     """Element ``s`` is ``batch(s)``, for ``s < num_steps``."""
@@ -107,14 +107,17 @@ class _Steps:
 def global_batch_to_device(local: dict, positions: np.ndarray,
                            mesh: jax.sharding.Mesh,
                            global_batch: int) -> dict:
-  """Global arrays ``[B, T]`` sharded as ``batch_sharding(mesh)`` from this
-  process's rows ``local`` (at ``positions`` of the global batch)."""
+  """Global arrays ``[B, T, ...]`` sharded as ``batch_sharding(mesh)`` (and
+  ``[B]`` arrays over the batch axes alone) from this process's rows
+  ``local`` (at ``positions`` of the global batch)."""
   where = {int(p): i for i, p in enumerate(positions)}
   out = {}
   for name, value in local.items():
     value = np.asarray(value)
     shape = (global_batch,) + value.shape[1:]
-    sharding = shd.batch_sharding(mesh, value.ndim)
+    sharding = (shd.batch_sharding(mesh, value.ndim) if value.ndim >= 2
+                else jax.sharding.NamedSharding(
+                    mesh, jax.sharding.PartitionSpec(shd.BATCH_AXES)))
 
     def part(index, value=value):
       rows = range(*index[0].indices(global_batch))

@@ -89,9 +89,11 @@ def mixing_flops_per_token(mixer, seq_len: int) -> float:
 
 
 def flops_per_token(model, seq_len: int) -> float:
-  """Training FLOPs per token (forward + backward) of an ``LM``."""
+  """Training FLOPs per token (forward + backward) of an ``LM`` (or of a
+  model of ``models.encoder``, whose blocks are its ``encoder``'s)."""
   params = nnx.state(model, nnx.Param)
-  embed = getattr(model, "embed", None)
+  stack = getattr(model, "encoder", model)
+  embed = getattr(stack, "embed", None)
   table = None if embed is None else id(embed.embedding)
   matrix = 0
   for _, variable in nnx.to_flat_state(params):
@@ -100,10 +102,10 @@ def flops_per_token(model, seq_len: int) -> float:
     shape = np.shape(variable.get_value())
     if len(shape) >= 2:
       matrix += math.prod(shape)
-  if embed is not None and getattr(model, "lm_head", None) is None:
+  if embed is not None and getattr(model, "lm_head", False) is None:
     matrix += math.prod(np.shape(embed.embedding.get_value()))
   mixing = sum(mixing_flops_per_token(block.mixer, seq_len)
-               for block in model.blocks if block.mixer is not None)
+               for block in stack.blocks if block.mixer is not None)
   return 3.0 * (2.0 * matrix + mixing)
 
 

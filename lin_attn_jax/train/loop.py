@@ -34,7 +34,6 @@ from flax import nnx
 from lin_attn_jax.data.packing import PackedRows
 from lin_attn_jax.data.pipeline import (BatchSource, global_batch_to_device,
                                         process_rows)
-from lin_attn_jax.models.lm import LM
 from lin_attn_jax.train import flops
 from lin_attn_jax.train.checkpoint import Checkpointer
 from lin_attn_jax.train.trainer import Trainer, TrainState
@@ -77,7 +76,9 @@ def _check_data_record(stored: dict, expected: dict, log) -> None:
 class Evaluator:
   """Held-out loss on ``num_batches`` fixed batches of ``rows``.
 
-  Returns nats and bits per token; with ``token_bytes`` (``[vocab_size]``,
+  Returns nats and bits per token, and the accuracy (the share of counted
+  targets that are the logits' argmax: of the labels, for a classifier);
+  with ``token_bytes`` (``[vocab_size]``,
   the UTF-8 bytes of text each id stands for, ``data.token_bytes``) also
   bits per byte: the summed loss over the bytes the counted targets cover,
   comparable across tokenizers (with byte tokens, every count 1, it is bits
@@ -121,14 +122,16 @@ class Evaluator:
     return int(_total(placed))
 
   def __call__(self, state: TrainState) -> dict:
-    loss_sum = tokens = 0.0
+    loss_sum = tokens = correct = 0.0
     for batch in self.batches():
       sums = self.trainer.eval_sums(state, batch)
       loss_sum += float(sums["loss_sum"])
       tokens += float(sums["tokens"])
+      correct += float(sums["correct"])
     loss = loss_sum / max(tokens, 1.0)
     out = {"eval_loss": loss, "eval_bits_per_token": loss / math.log(2),
-           "eval_tokens": tokens}
+           "eval_tokens": tokens,
+           "eval_accuracy": correct / max(tokens, 1.0)}
     if self.token_bytes is not None:
       out["eval_bits_per_byte"] = (loss_sum / self._bytes / math.log(2)
                                    if self._bytes else float("nan"))
@@ -237,8 +240,8 @@ def fit(trainer: Trainer, train_rows: PackedRows, *,
     metrics_log.truncate_after(0)
   evaluator = (None if heldout_rows is None else
                Evaluator(trainer, heldout_rows, eval_batches, token_bytes))
-  abstract = nnx.eval_shape(lambda: LM(trainer.model_config,
-                                       rngs=nnx.Rngs(0)))
+  abstract = nnx.eval_shape(lambda: trainer.model_class(trainer.model_config,
+                                                        rngs=nnx.Rngs(0)))
   flops_token = flops.flops_per_token(abstract, config.seq_len)
   positions = process_rows(trainer.mesh, config.batch_size)
   source = BatchSource(train_rows, config.batch_size, positions)

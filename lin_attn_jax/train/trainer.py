@@ -37,12 +37,53 @@ import optax
 from flax import nnx, struct
 
 from lin_attn_jax import sharding as shd
+from lin_attn_jax.models.encoder import (Classifier, ClassifierConfig,
+                                         MaskedLM, MLMConfig, ViT, ViTConfig)
 from lin_attn_jax.models.lm import LM, LMConfig
 from lin_attn_jax.train import optim
 from lin_attn_jax.train.config import TrainConfig
 from lin_attn_jax.train.loss import cross_entropy_sums
 
 BATCH_KEYS = ("inputs", "targets", "weights", "segment_ids")
+
+# The model class of each config class (the exact type).
+MODEL_CLASSES = {LMConfig: LM, MLMConfig: MaskedLM,
+                 ClassifierConfig: Classifier, ViTConfig: ViT}
+
+
+def model_class(model_config):
+  """The model class that ``model_config`` (by its exact type) builds."""
+  found = MODEL_CLASSES.get(type(model_config))
+  if found is None:
+    raise ValueError(f"no model for a {type(model_config).__name__}; known: "
+                     f"{sorted(c.__name__ for c in MODEL_CLASSES)}")
+  return found
+
+
+def batch_shapes(model_config, batch_size: int, seq_len: int) -> dict:
+  """``{key: shape}`` of the batch a step of ``model_config``'s model
+  reads: ``[B, T]`` arrays for the LM and the masked LM (``BATCH_KEYS``);
+  ``inputs`` and ``segment_ids`` ``[B, T]``, ``targets`` (labels) and
+  ``weights`` ``[B]`` for a classifier; ``inputs [B, H, W, C]`` images and
+  ``[B]`` labels and weights for a ViT (``seq_len`` unused)."""
+  b, t = batch_size, seq_len
+  if isinstance(model_config, ViTConfig):
+    side = model_config.image_size
+    return {"inputs": (b, side, side, model_config.channels),
+            "targets": (b,), "weights": (b,)}
+  if isinstance(model_config, ClassifierConfig):
+    return {"inputs": (b, t), "segment_ids": (b, t), "targets": (b,),
+            "weights": (b,)}
+  return {key: (b, t) for key in BATCH_KEYS}
+
+
+def _batch_sharding(mesh, ndim: int):
+  """Rows over the batch axes; the length (for ``ndim >= 2``) as
+  ``sharding.batch_sharding`` places it."""
+  if ndim == 1:
+    return jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(shd.BATCH_AXES))
+  return shd.batch_sharding(mesh, ndim)
 
 
 @struct.dataclass
@@ -85,7 +126,10 @@ class Trainer:
   """Builds, steps, evaluates and checkpoints one model on one mesh.
 
   Args:
-    model_config: the ``LMConfig``.
+    model_config: an ``LMConfig``, or a config of ``models.encoder``
+      (``MODEL_CLASSES``: classifier, masked LM, ViT), whose batches
+      ``batch_shapes`` gives; every model is trained on the cross-entropy
+      of its logits at ``targets``, weighted by ``weights``.
     train_config: the ``TrainConfig``.
     mesh: a mesh from ``sharding.make_mesh`` (default: every device on
       ``fsdp``).
@@ -124,8 +168,11 @@ class Trainer:
     shd.check_model_fits(model_config, self.mesh, self.rules)
 
     seed = train_config.seed
+    self.model_class = model_class(model_config)
+    self.batch_shapes = batch_shapes(model_config, train_config.batch_size,
+                                     train_config.seq_len)
     abstract_model = nnx.eval_shape(
-        lambda: LM(model_config, rngs=nnx.Rngs(seed)))
+        lambda: self.model_class(model_config, rngs=nnx.Rngs(seed)))
     self.graphdef, abstract_params, abstract_rest = nnx.split(
         abstract_model, nnx.Param, ...)
     self.decay_mask = optim.weight_decay_mask(abstract_model, abstract_params)
@@ -133,7 +180,7 @@ class Trainer:
     self.schedule = optim.learning_rate_schedule(train_config)
 
     def init():
-      model = LM(model_config, rngs=nnx.Rngs(seed))
+      model = self.model_class(model_config, rngs=nnx.Rngs(seed))
       _, params, rest = nnx.split(model, nnx.Param, ...)
       return TrainState(jnp.zeros((), jnp.int32), params,
                         self.tx.init(params), rest)
@@ -153,8 +200,8 @@ class Trainer:
         lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
                                              sharding=s),
         abstract, self.state_shardings)
-    self.batch_shardings = {key: shd.batch_sharding(self.mesh)
-                            for key in BATCH_KEYS}
+    self.batch_shardings = {key: _batch_sharding(self.mesh, len(shape))
+                            for key, shape in self.batch_shapes.items()}
     self._step = jax.jit(self._train_step,
                          in_shardings=(self.state_shardings,
                                        self.batch_shardings),
@@ -171,30 +218,33 @@ class Trainer:
       return jax.jit(self._init_fn, out_shardings=self.state_shardings,
                      compiler_options=self.compiler_options)()
 
-  def model(self, state: TrainState) -> LM:
-    """The ``LM`` holding ``state``'s parameters (for evaluation and
+  def model(self, state: TrainState):
+    """The model (an ``LM`` or ``model_class``'s) holding ``state``'s parameters (for evaluation and
     generation; call it under ``jax.set_mesh(trainer.mesh)``)."""
     return nnx.merge(self.graphdef, state.params, state.rest)
 
   def _loss_sums(self, params, rest, batch):
-    """``(loss_sum, count, z_sum, aux)`` of a batch (``aux``: the LM's)."""
+    """``(loss_sum, count, z_sum, aux, correct)`` of a batch (``aux``: the
+    model's; ``correct``: counted targets that are the logits' argmax)."""
     model = nnx.merge(self.graphdef, params, rest)
-    logits, aux = model(batch["inputs"], segment_ids=batch["segment_ids"],
+    logits, aux = model(batch["inputs"], segment_ids=batch.get("segment_ids"),
                         return_aux=True)
+    hits = jnp.argmax(logits, axis=-1) == batch["targets"]
+    correct = jnp.sum(jnp.where(hits, batch["weights"], 0.0))
     return cross_entropy_sums(logits, batch["targets"], batch["weights"],
-                              self.config.z_loss) + (aux,)
+                              self.config.z_loss) + (aux, correct)
 
   def _train_step(self, state: TrainState, batch: dict):
     with shd.use_rules(self.rules):
       accum = self.config.grad_accum
-      batch = {key: batch[key] for key in BATCH_KEYS}
+      batch = {key: batch[key] for key in self.batch_shapes}
 
       coef = self.config.router_aux_loss_coef
 
       def grads_of(micro):
         def objective(params):
-          loss_sum, count, z_sum, aux = self._loss_sums(params, state.rest,
-                                                        micro)
+          loss_sum, count, z_sum, aux, _ = self._loss_sums(
+              params, state.rest, micro)
           balance = aux["load_balancing_loss"]
           return (loss_sum + coef * balance * count,
                   (loss_sum, count, z_sum, aux))
@@ -214,7 +264,8 @@ class Trainer:
           b = x.shape[0]
           x = x.reshape((b // accum, accum) + x.shape[1:])
           x = jnp.swapaxes(x, 0, 1)                  # [accum, B / accum, ...]
-          return shd.constrain(x, (None, "batch", "length"))
+          axes = (None, "batch", "length") + (None,) * (x.ndim - 3)
+          return shd.constrain(x, axes[:x.ndim])
 
         micros = jax.tree.map(split, batch)
         zeros = jax.tree.map(jnp.zeros_like, state.params)
@@ -260,38 +311,41 @@ class Trainer:
 
   def _eval_step(self, state: TrainState, batch: dict):
     with shd.use_rules(self.rules):
-      loss_sum, count, z_sum, _ = self._loss_sums(state.params, state.rest,
-                                                  batch)
-      return {"loss_sum": loss_sum - z_sum, "tokens": count}
+      loss_sum, count, z_sum, _, correct = self._loss_sums(
+          state.params, state.rest, batch)
+      return {"loss_sum": loss_sum - z_sum, "tokens": count,
+              "correct": correct}
 
   def step(self, state: TrainState, batch: dict):
     """One optimizer step; ``state`` is donated (do not use it again).
 
-    ``batch`` holds ``[B, T]`` arrays ``inputs``, ``targets``, ``weights``
-    and ``segment_ids`` (``data.model_inputs``), global arrays or host
-    arrays (placed here). Returns ``(new state, metrics)``.
+    ``batch`` holds the arrays of ``batch_shapes`` (for an LM ``[B, T]``
+    ``inputs``, ``targets``, ``weights`` and ``segment_ids``,
+    ``data.model_inputs``), global arrays or host arrays (placed here).
+    Returns ``(new state, metrics)``.
     """
     with jax.set_mesh(self.mesh):
       return self._step(state, self.place_batch(batch))
 
   def eval_sums(self, state: TrainState, batch: dict) -> dict:
-    """``{"loss_sum", "tokens"}`` of a batch, no update."""
+    """``{"loss_sum", "tokens", "correct"}`` of a batch, no update
+    (``correct``: counted targets that are the argmax of the logits)."""
     with jax.set_mesh(self.mesh):
       return self._eval(state, self.place_batch(batch))
 
   def place_batch(self, batch: dict) -> dict:
     """``batch`` (host or global arrays) sharded as the step expects."""
-    missing = sorted(set(BATCH_KEYS) - set(batch))
+    missing = sorted(set(self.batch_shapes) - set(batch))
     if missing:
-      raise ValueError(f"batch lacks {missing}; it needs {BATCH_KEYS} "
-                       "(see data.model_inputs)")
-    want = (self.config.batch_size, self.config.seq_len)
+      raise ValueError(f"batch lacks {missing}; it needs "
+                       f"{tuple(self.batch_shapes)} (see data.model_inputs, "
+                       "data.tasks)")
     out = {}
-    for key in BATCH_KEYS:
+    for key, want in self.batch_shapes.items():
       value = batch[key]
       if tuple(np.shape(value)) != want:
         raise ValueError(f"batch[{key!r}] must have shape {want} "
-                         f"([batch_size, seq_len]), got {np.shape(value)}")
+                         f"(Trainer.batch_shapes), got {np.shape(value)}")
       if isinstance(value, jax.Array) and value.sharding == \
           self.batch_shardings[key]:
         out[key] = value
@@ -317,7 +371,7 @@ class Trainer:
     mine = self.model_config.to_dict()
     theirs = dict(stored.get("model", {}))
     # Fields added since the checkpoint was written hold their defaults.
-    defaults = LMConfig().to_dict()
+    defaults = type(self.model_config)().to_dict()
     theirs.update({k: defaults[k] for k in set(defaults) - set(theirs)})
     differ = sorted(k for k in set(mine) | set(theirs)
                     if mine.get(k) != theirs.get(k)
