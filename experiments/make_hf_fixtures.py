@@ -485,7 +485,8 @@ def fla_cpu_reference():
   import fla.layers.mamba3 as fla_mamba3
   from fla.layers.utils import get_layer_cache, update_layer_cache
   from fla.modules.layernorm_gated import RMSNormGated, rms_norm_ref
-  from experiments.mamba3_reference import mamba3_siso_step_ref
+  from experiments.mamba3_reference import (mamba3_mimo_step_ref,
+                                            mamba3_siso_step_ref)
 
   RMSNormGated.forward = lambda self, x, z=None: rms_norm_ref(
       x, self.weight, self.bias, z=z, eps=self.eps,
@@ -498,7 +499,10 @@ def fla_cpu_reference():
     # (mamba3_siso_step_ref of state-spaces/mamba, as make_op_fixtures
     # copies it) and the skip D x and the gate z that its kernels apply.
     # The cache holds the reference's (Angle, SSM, K, V) states.
-    assert not self.is_mimo and attention_mask is None
+    if self.is_mimo:
+      return mamba3_mimo(self, hidden_states, attention_mask, past_key_values,
+                         use_cache)
+    assert attention_mask is None
     b, t, _ = hidden_states.shape
     h, p = self.num_heads, self.head_dim
     last = get_layer_cache(self, past_key_values)
@@ -528,6 +532,39 @@ def fla_cpu_reference():
       update_layer_cache(self, past_key_values, recurrent_state=states,
                          offset=t)
     return self.out_proj(y.to(x.dtype)), None, past_key_values
+
+  def mamba3_mimo(self, hidden_states, attention_mask, past_key_values,
+                  use_cache):
+    # The same with MIMO: mamba3_MIMO_step_ref of state-spaces/mamba, which
+    # applies D, the gate and the rank projections, with the (i, i + N / 2)
+    # rotation of its TileLang kernels and decoding step.
+    assert attention_mask is None and not self.is_outproj_norm
+    b, t, _ = hidden_states.shape
+    h, p, r = self.num_heads, self.head_dim, self.mimo_rank
+    n = self.ssm_state_size
+    last = get_layer_cache(self, past_key_values)
+    z, x, B, C, dd_dt, dd_A, trap, angles = self._project_and_split(
+        hidden_states)
+    z, x = z.reshape(b, t, h, p), x.reshape(b, t, h, p)
+    B = self.B_norm(B.reshape(b, t, r, self.n_groups, n))
+    C = self.C_norm(C.reshape(b, t, r, self.n_groups, n))
+    B, C = (y.repeat_interleave(h // self.n_groups, dim=3) for y in (B, C))
+    DT = F.softplus(dd_dt + self.dt_bias)
+    ADT = self._compute_a(dd_A) * DT
+    angles = angles.unsqueeze(-2).expand(-1, -1, h, -1).float()
+    states = (last["recurrent_state"] if last is not None else (
+        x.new_zeros(b, h, self.num_rope_angles), x.new_zeros(b, h, p, n),
+        x.new_zeros(b, h, r, n), x.new_zeros(b, h, r, p)))
+    y, states = mamba3_mimo_step_ref(
+        C, B, x, ADT.transpose(1, 2), DT.transpose(1, 2),
+        trap.transpose(1, 2), self.C_bias, self.B_bias, angles, self.mimo_x,
+        self.mimo_o, D=self.D, Z=z, MIMO_Z=self.mimo_z, Input_States=states,
+        rotate_pairwise=False)
+    if use_cache or last is not None:
+      update_layer_cache(self, past_key_values, recurrent_state=states,
+                         offset=t)
+    return self.out_proj(y.reshape(b, t, -1).to(x.dtype)), None, \
+        past_key_values
 
   fla_mamba3.Mamba3.forward = mamba3
   def log_linear_mamba2(self, hidden_states, attention_mask=None,
@@ -849,6 +886,10 @@ FIXTURES = {
     # Two groups of B and C over four heads, biases on the projections.
     "mamba3": _fla("Mamba3", hidden_size=32, state_size=16, head_dim=16,
                    expand=2, n_groups=2, use_bias=True, norm_eps=1e-5),
+    # MIMO of rank 3 over two groups of B and C.
+    "mamba3_mimo": _fla("Mamba3", hidden_size=32, state_size=16, head_dim=16,
+                        expand=2, n_groups=2, is_mimo=True, mimo_rank=3,
+                        norm_eps=1e-5),
     # Time steps drawn in [0.1, 1] (fla's: [1e-3, 0.1]), so that the
     # log-linear part, level weights included, moves the logits well past
     # the tests' tolerance next to the D x skip.

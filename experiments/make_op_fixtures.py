@@ -536,6 +536,9 @@ def comba():
     arrays[f"{case}_ht_decayed_read"] = ht_read.numpy()
     arrays.update({f"{case}_d{n}": tensors[n].grad.numpy() for n in names
                    if tensors[n].grad is not None})
+  return arrays
+
+
 MAMBA3_INPUTS = ("Q", "K", "V", "ADT", "DT", "Trap", "Q_bias", "K_bias",
                  "Angles", "angle0", "ssm0", "k0", "v0")
 
@@ -592,6 +595,75 @@ def mamba3():
                for name, y in outputs.items()}
     arrays.update({f"{case}_{name}": y for name, y in {**inputs,
                                                        **outputs}.items()})
+  return arrays
+
+
+MAMBA3_MIMO_INPUTS = ("Q", "K", "V", "ADT", "DT", "Trap", "Q_bias", "K_bias",
+                      "Angles", "MIMO_V", "MIMO_O", "D", "Z", "MIMO_Z",
+                      "angle0", "ssm0", "k0", "v0")
+
+
+@fixture("mamba3_mimo")
+def mamba3_mimo():
+  """The reference's ``mamba3_MIMO_step_ref`` (state-spaces/mamba, see
+  ``experiments/mamba3_reference.py``; its pairwise rotation) in float64
+  on float32 inputs, R = 3 ranks, K = N = 8 != V = P = 6, A = 2 rotated
+  pairs, T = 23, with ``D``, the gate ``Z`` and the rank projections
+  ``MIMO_V``, ``MIMO_Z``, ``MIMO_O``, from a random state ``(angle0,
+  ssm0, k0, v0)``: ``<case>_*`` for ``gentle`` and ``strong`` (the gates
+  as in ``mamba3``). Each holds the inputs in the reference's layouts, the
+  cotangent ``dout``, the outputs ``out``, ``angle, ssm, k, v`` (final
+  states) and the gradients of ``sum(out * dout)`` for every input but
+  the state."""
+  import torch
+
+  from experiments.mamba3_reference import mamba3_mimo_step_ref
+
+  rng = np.random.default_rng(SEED)
+  b, t, r, h, n, p, a = 2, 23, 3, 2, 8, 6, 2
+  diff = MAMBA3_MIMO_INPUTS[:14]
+  arrays = {}
+  for case, strong in (("gentle", False), ("strong", True)):
+    dt = np.log1p(np.exp(rng.standard_normal((b, h, t)) - 1.0))
+    adt = (-rng.uniform(0.0, 20.0, (b, h, t)) if strong
+           else -np.exp(0.5 * rng.standard_normal((b, h, t))) * dt)
+    inputs = {"Q": rng.standard_normal((b, t, r, h, n)),
+              "K": rng.standard_normal((b, t, r, h, n)),
+              "V": rng.standard_normal((b, t, h, p)),
+              "ADT": adt, "DT": dt,
+              "Trap": (4.0 if strong else 1.0)
+                      * rng.standard_normal((b, h, t)),
+              "Q_bias": rng.standard_normal((h, r, n)),
+              "K_bias": rng.standard_normal((h, r, n)),
+              "Angles": (3.0 if strong else 1.0)
+                        * rng.standard_normal((b, t, h, a)),
+              "MIMO_V": rng.standard_normal((h, r, p)) / r,
+              "MIMO_O": rng.standard_normal((h, r, p)) / r,
+              "D": rng.standard_normal((h,)),
+              "Z": rng.standard_normal((b, t, h, p)),
+              "MIMO_Z": rng.standard_normal((h, r, p)),
+              "angle0": rng.uniform(0.0, 2 * np.pi, (b, h, a)),
+              "ssm0": rng.standard_normal((b, h, p, n)),
+              "k0": rng.standard_normal((b, h, r, n)),
+              "v0": rng.standard_normal((b, h, r, p)),
+              "dout": rng.standard_normal((b, t, h, p))}
+    inputs = {name: x.astype(np.float32) for name, x in inputs.items()}
+    x = {name: torch.tensor(inputs[name], dtype=torch.float64,
+                            requires_grad=name in diff)
+         for name in MAMBA3_MIMO_INPUTS}
+    out, states = mamba3_mimo_step_ref(
+        *(x[name] for name in diff),
+        Input_States=tuple(x[name] for name in MAMBA3_MIMO_INPUTS[14:]))
+    (out * torch.tensor(inputs["dout"], dtype=torch.float64)).sum().backward()
+    outputs = {"out": out, **dict(zip(("angle", "ssm", "k", "v"), states)),
+               **{"d" + name: x[name].grad for name in diff}}
+    outputs = {name: y.detach().numpy().astype(np.float32)
+               for name, y in outputs.items()}
+    arrays.update({f"{case}_{name}": y for name, y in {**inputs,
+                                                       **outputs}.items()})
+  return arrays
+
+
 @fixture("log_linear_attn")
 def log_linear_attn():
   """fla's ``naive_log_linear_attn`` (``fla/ops/log_linear_attn/naive.py``:

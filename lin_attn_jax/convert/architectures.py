@@ -852,9 +852,8 @@ def path_attn_entries(hf: dict, config: LMConfig) -> list[Entry]:
 # --- flash-linear-attention: Mamba-3 ---------------------------------------
 
 def mamba3_config(hf: dict) -> LMConfig:
-  """fla's ``mamba3`` (SISO): no MLP, the mixer alone in each block."""
-  _unsupported(hf, "is_mimo", (False, None), "only the SISO layer is "
-               "implemented")
+  """fla's ``mamba3`` (SISO or MIMO): no MLP, the mixer alone in each
+  block."""
   width = int(hf.get("expand", 2) * hf["hidden_size"])
   head_dim = int(hf.get("head_dim", 64))
   if width % head_dim:
@@ -868,6 +867,8 @@ def mamba3_config(hf: dict) -> LMConfig:
                  is_outproj_norm=bool(hf.get("is_outproj_norm", False)),
                  bias=bool(hf.get("use_bias", False)), norm_eps=eps,
                  chunk_size=int(hf.get("chunk_size", 64)))
+  if hf.get("is_mimo", False):
+    options.update(is_mimo=True, mimo_rank=int(hf.get("mimo_rank", 4)))
   return LMConfig(**_common(hf), n_heads=width // head_dim, mixer="mamba3",
                   mixer_options={"mamba3": options}, mlp="none",
                   norm_eps=eps)
@@ -883,8 +884,12 @@ def mamba3_entries(hf: dict, config: LMConfig) -> list[Entry]:
     p, m = f"backbone.layers.{i}", _block(i, "mixer")
     out += _norm(f"{p}.norm", _block(i, "mixer_norm"))
     out += linear(f"{p}.mixer.in_proj", m + ("in_proj",), bias)
-    out += [copy(f"{p}.mixer.{name}", m + (name,), (heads, 1, n), (heads, n))
-            for name in ("B_bias", "C_bias")]
+    if options.get("is_mimo", False):
+      out += [copy(f"{p}.mixer.{name}", m + (name,))
+              for name in ("B_bias", "C_bias", "mimo_x", "mimo_z", "mimo_o")]
+    else:
+      out += [copy(f"{p}.mixer.{name}", m + (name,), (heads, 1, n),
+                   (heads, n)) for name in ("B_bias", "C_bias")]
     out += [copy(f"{p}.mixer.{name}.weight", m + (name,))
             for name in ("B_norm", "C_norm")]
     out += [copy(f"{p}.mixer.{name}", m + (name,)) for name in ("dt_bias",

@@ -98,6 +98,12 @@ from lin_attn_jax.ops.mamba3 import (chunk_mamba3, mamba3_step,
                                      naive_recurrent_mamba3, pack_mamba3_state,
                                      parallel_mamba3, recurrent_mamba3,
                                      unpack_mamba3_state)
+from lin_attn_jax.ops.mamba3 import (chunk_mamba3_mimo, mamba3_mimo_step,
+                                     naive_recurrent_mamba3_mimo,
+                                     pack_mamba3_mimo_state,
+                                     parallel_mamba3_mimo,
+                                     recurrent_mamba3_mimo,
+                                     unpack_mamba3_mimo_state)
 
 # Delta-rule core (DeltaNet, Gated DeltaNet, KDA, RWKV-7) and RWKV-6 (on the
 # gated-linear-attention core).

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from lin_attn_jax import feature_maps
-from lin_attn_jax.ops.mamba3 import pack_mamba3_state
+from lin_attn_jax.ops.mamba3 import (pack_mamba3_mimo_state,
+                                     pack_mamba3_state)
 from lin_attn_jax.ops.mlstm import pack_mlstm_state
 from lin_attn_jax.ops.mesa_net import pack_mesa_net_state
 
@@ -165,6 +166,27 @@ def mamba3(key, dims, strong):
       _normal(keys[6], (b, h, dv)))
   return inputs
 
+
+
+MAMBA3_MIMO_RANK = 2
+
+
+def mamba3_mimo(key, dims, strong):
+  """``mamba3``'s gates, angles and segment ids with ``R = 2`` queries,
+  keys and values per token and head, and an initial state with every part
+  random."""
+  inputs = mamba3(key, dims, strong)
+  keys = jax.random.split(jax.random.fold_in(key, 1), 6)
+  b, t, h, dk, dv = (dims.batch, dims.length, dims.heads, dims.dim_k,
+                     dims.dim_v)
+  r = MAMBA3_MIMO_RANK
+  inputs["q"] = _normal(keys[0], (b, t, h, r, dk))
+  inputs["k"] = _normal(keys[1], (b, t, h, r, dk))
+  inputs["v"] = _normal(keys[2], (b, t, h, r, dv))
+  inputs["initial_state"] = pack_mamba3_mimo_state(
+      _normal(keys[3], (b, h, dk, dv)), _normal(keys[4], (b, h, r, dk)),
+      _normal(keys[5], (b, h, r, dv)))
+  return inputs
 
 
 def log_linear_attn(key, dims, strong):

@@ -41,7 +41,8 @@ TOL = 1e-5
 DECODE_AGAINST_FULL = {"mamba2"}
 # Fixtures of a variant of an architecture, named for the variant.
 MODEL_TYPE = {"gla_short_conv": "gla", "path_attn_forget_gate": "path_attn",
-              "xlstm_fused": "xlstm", "qwen3_next_hybrid": "qwen3_next"}
+              "xlstm_fused": "xlstm", "qwen3_next_hybrid": "qwen3_next",
+              "mamba3_mimo": "mamba3"}
 
 
 def _logits(lm, tokens, prefill):
@@ -89,6 +90,7 @@ def test_export_writes_the_same_tensors(tmp_path):
   # The architectures whose tables go beyond transposes and copies.
   for name in ("gla_short_conv", "path_attn", "qwen3_next", "rwkv6", "rwkv7",
                "gated_deltaproduct", "xlstm_fused", "comba", "mamba3",
+               "mamba3_mimo",
                "log_linear_mamba2", "mesa_net", "falcon_h1", "nemotron_h",
                "granitemoehybrid", "jamba", "lfm2", "qwen3_next_hybrid",
                "kimi_linear", "minimax"):

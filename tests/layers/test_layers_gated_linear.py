@@ -44,6 +44,17 @@ def test_modes_decoding_and_gradients(name, use_segments):
 SHORT_CONV = {"use_short_conv": True, "conv_size": 3, "conv_bias": True}
 
 
+# Mamba-3 MIMO (rank 3, grouped B and C, with and without the per-head
+# output norm) in every mode.
+@pytest.mark.parametrize("outproj_norm", [False, True])
+def test_mamba3_mimo_modes_decoding_and_gradients(outproj_norm):
+  lm_checks.check_mixer(
+      lm_checks.tiny_lm("mamba3", {**MIXER_OPTIONS["mamba3"], "is_mimo": True,
+                                   "mimo_rank": 3, "n_groups": 2,
+                                   "is_outproj_norm": outproj_norm}),
+      use_segments=True)
+
+
 @pytest.mark.parametrize("name", ["based", "gla", "hgrn2", "linear_attn",
                                   "retnet"])
 def test_short_conv_modes_decoding_and_gradients(name):

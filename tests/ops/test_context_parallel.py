@@ -420,6 +420,22 @@ def _mamba3():
   return make, fn
 
 
+def _mamba3_mimo(rank=2):
+  def make():
+    return (dict(q=_normal(0, (B, T, H, rank, K)),
+                 k=_normal(1, (B, T, H, rank, K)),
+                 v=_normal(2, (B, T, H, rank, V)), g=_log_gate(3, (B, T, H)),
+                 dt=jax.nn.softplus(_normal(4, (B, T, H))),
+                 trap=_normal(5, (B, T, H)), angles=_normal(6, (B, T, H, 2))),
+            (B, H, K + rank, V + rank))
+
+  def fn(initial_state, segment_ids, **inputs):
+    return ops.chunk_mamba3_mimo(**inputs, initial_state=initial_state,
+                                 output_final_state=True,
+                                 segment_ids=segment_ids, chunk_size=CHUNK)
+  return make, fn
+
+
 def _mesa_net():
   def make():
     keys = _normal(5, (B, 16, H, K))
@@ -499,6 +515,8 @@ CASES = {
     # The angles summed over the devices before, the next device's first
     # trapezoid weight, then the core's split.
     "mamba3": (_mamba3(), (2, 8)),
+    # The same on R T sub-steps: a device's share is its tokens' sub-steps.
+    "mamba3_mimo": (_mamba3_mimo(), (2, 8)),
     # The core's split of the block terms (stacked on the batch axis),
     # with positions from an offset and 5 levels for 35 positions.
     "log_linear_attn": (_log_linear(), (2, 8)),

@@ -44,6 +44,7 @@ CASES_BY_OP = {
     "based": [CASES[3], CASES[5], CASES[6]],
     "mlstm": [CASES[0], CASES[1], CASES[5]],
     "mamba3": [CASES[0], CASES[1], CASES[5]],
+    "mamba3_mimo": [CASES[1], CASES[5]],
     "mesa_net": [CASES[1]],
 }
 

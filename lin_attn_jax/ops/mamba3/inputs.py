@@ -156,3 +156,117 @@ def trapezoid(dt, trap):
   dt = jnp.asarray(dt, _F32)
   lam = jax.nn.sigmoid(jnp.asarray(trap, _F32))
   return lam * dt, (1.0 - lam) * dt
+
+
+def _check_mimo_qkv(q, k, v, lead, layout_qk, layout_v):
+  for name, x, layout in (("q", q, layout_qk), ("k", k, layout_qk),
+                          ("v", v, layout_v)):
+    checks.check_rank(name, x, len(lead) + 2, layout)
+    checks.check_float(name, x)
+  shape = checks.shape_of(q)
+  if shape[:len(lead)] != tuple(lead):
+    raise ValueError(f"q must have shape {tuple(lead)} + (R, K) "
+                     f"({layout_qk}), got {shape}")
+  if checks.shape_of(k) != shape:
+    raise ValueError(f"k must have the shape of q {layout_qk} = {shape}, "
+                     f"got {checks.shape_of(k)}")
+  if checks.shape_of(v)[:-1] != shape[:-1]:
+    raise ValueError(f"v ({layout_v}) must agree with q on all but its "
+                     f"last axis, {shape[:-1]}, got {checks.shape_of(v)}")
+  return shape[-2], shape[-1], checks.shape_of(v)[-1]
+
+
+def mimo_state_shape(b, h, rank, dk, dv):
+  return (b, h, dk + rank, dv + rank)
+
+
+def validate_mimo(q, k, v, g, dt, trap, angles, initial_state, segment_ids):
+  """Checks a MIMO sequence call; returns ``(B, T, H, R, K, V, A)``."""
+  for name, x in (("q", q), ("v", v)):
+    checks.check_rank(name, x, 5, "[B, T, H, R, K]" if name == "q"
+                      else "[B, T, H, R, V]")
+  b, t, h = checks.shape_of(q)[:3]
+  rank, dk, dv = _check_mimo_qkv(q, k, v, (b, t, h), "[B, T, H, R, K]",
+                                 "[B, T, H, R, V]")
+  for name, x in (("g", g), ("dt", dt), ("trap", trap)):
+    _check_gate(name, x, (b, t, h), "[B, T, H]")
+  n_angles = _check_angles(angles, (b, t, h), dk, "[B, T, H, A]")
+  checks.check_nonpositive("g", g)
+  checks.check_state("initial_state", initial_state,
+                     mimo_state_shape(b, h, rank, dk, dv),
+                     "[B, H, K + R, V + R]")
+  checks.check_segment_ids(segment_ids, b, t)
+  return b, t, h, rank, dk, dv, n_angles
+
+
+def validate_mimo_step(q, k, v, g, dt, trap, angles, state, reset):
+  """Checks a MIMO decoding step; returns ``(B, H, R, K, V, A)``."""
+  for name, x in (("q", q), ("v", v)):
+    checks.check_rank(name, x, 4, "[B, H, R, K]" if name == "q"
+                      else "[B, H, R, V]")
+  b, h = checks.shape_of(q)[:2]
+  rank, dk, dv = _check_mimo_qkv(q, k, v, (b, h), "[B, H, R, K]",
+                                 "[B, H, R, V]")
+  for name, x in (("g", g), ("dt", dt), ("trap", trap)):
+    _check_gate(name, x, (b, h), "[B, H]")
+  n_angles = _check_angles(angles, (b, h), dk, "[B, H, A]")
+  checks.check_nonpositive("g", g)
+  checks.check_state("state", state, mimo_state_shape(b, h, rank, dk, dv),
+                     "[B, H, K + R, V + R]")
+  checks.check_reset(reset, b)
+  return b, h, rank, dk, dv, n_angles
+
+
+def pack_mamba3_mimo_state(ssm, k_last, v_last):
+  """``(S^ [B, H, K, V], k_{t, r} [B, H, R, K], v_{t, r} [B, H, R, V])``
+  -> the float32 MIMO state ``[B, H, K + R, V + R]``: ``S^`` in ``[:K,
+  :V]``, the last token's keys in the columns ``V:`` and its values in the
+  rows ``K:`` (with ``R = 1`` the SISO state of ``pack_mamba3_state``)."""
+  ssm = jnp.asarray(ssm, _F32)
+  k_last, v_last = jnp.asarray(k_last, _F32), jnp.asarray(v_last, _F32)
+  rank = k_last.shape[-2]
+  top = jnp.concatenate([ssm, jnp.swapaxes(k_last, -1, -2)],
+                        axis=-1)                        # [B, H, K, V + R]
+  bottom = jnp.concatenate(
+      [v_last, jnp.zeros(v_last.shape[:-1] + (rank,), _F32)],
+      axis=-1)                                          # [B, H, R, V + R]
+  return jnp.concatenate([top, bottom], axis=-2)
+
+
+def unpack_mamba3_mimo_state(state, rank):
+  """The MIMO state ``[B, H, K + R, V + R]`` -> ``(S^ [B, H, K, V], k [B,
+  H, R, K], v [B, H, R, V])``, float32."""
+  state = jnp.asarray(state, _F32)
+  return (state[..., :-rank, :-rank],
+          jnp.swapaxes(state[..., :-rank, -rank:], -1, -2),
+          state[..., -rank:, :-rank])
+
+
+def mimo_from_reference_state(angle, ssm, k_last, v_last):
+  """The reference's MIMO state (``Angle_State [B, H, A]``, ``SSM_State
+  [B, H, V, K]``, ``K_State [B, H, R, K]``, ``V_State [B, H, R, V]``, keys
+  paired ``(2i, 2i + 1)`` as in its ``mamba3_MIMO_step_ref``) -> ours."""
+  angle = jnp.asarray(angle, _F32)
+  return pack_mamba3_mimo_state(
+      rotate_rows(jnp.swapaxes(jnp.asarray(ssm, _F32), -1, -2), -angle),
+      rotate(k_last, -angle[..., None, :]), v_last)
+
+
+def mimo_to_reference_state(state, angle, rank):
+  """Ours, with the cumulative angles ``phi [B, H, A]`` -> the reference's
+  ``(SSM_State [B, H, V, K], K_State [B, H, R, K], V_State [B, H, R,
+  V])``."""
+  ssm, k_last, v_last = unpack_mamba3_mimo_state(state, rank)
+  angle = jnp.asarray(angle, _F32)
+  return (jnp.swapaxes(rotate_rows(ssm, angle), -1, -2),
+          rotate(k_last, angle[..., None, :]), v_last)
+
+
+def interleave_halves(x):
+  """Reorders the last axis ``N`` so that the pairs ``(i, i + N / 2)``
+  become ``(2i, 2i + 1)``: the reference's MIMO kernels rotate the halves'
+  pairs, the op the neighbours'; a permutation of the state's axis changes
+  no output."""
+  n = x.shape[-1]
+  return jnp.stack([x[..., :n // 2], x[..., n // 2:]],
+                   axis=-1).reshape(x.shape)

@@ -29,6 +29,16 @@ Under a ``sequence`` mesh axis each device scans its own tokens, the last
 sum of each device is all-gathered and summed over the devices before it,
 and the last token's ``beta'_{t+1}`` comes from the next device's first
 token (one ``ppermute``); the core then splits the sequence itself.
+
+MIMO (``R`` keys, values and queries per token) runs the core on ``R T``
+sub-steps, token t's rank r at ``t R + r``: the decay ``g_t`` on the first
+sub-step and 0 on the others, the key ``w_t k~_{t,r}``, the value
+``v_{t,r}`` and the query ``q~_{t,r}``. The read at sub-step ``(t, r)``
+then lacks the writes of the ranks after r, which the token's ``R x R``
+scores add back (and the pending second write, as above, leaves):
+
+    o_{t,r} = core_{tR+r} + sum_{r'} (q~_{t,r} . k~_{t,r'})
+              (w_t [r' > r] - beta'_{t+1}) v_{t,r'}.
 """
 
 from __future__ import annotations
@@ -38,10 +48,15 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import context_parallel as cp
 from lin_attn_jax.ops.common.segments import reset_flags
-from lin_attn_jax.ops.mamba3.inputs import (angle_steps, pack_mamba3_state,
-                                            rotate, rotate_rows, trapezoid,
+from lin_attn_jax.ops.mamba3.inputs import (angle_steps, mimo_state_shape,
+                                            pack_mamba3_mimo_state,
+                                            pack_mamba3_state, rotate,
+                                            rotate_rows, trapezoid,
+                                            unpack_mamba3_mimo_state,
                                             unpack_mamba3_state, validate,
-                                            validate_step, wrap, zero_state)
+                                            validate_mimo,
+                                            validate_mimo_step, validate_step,
+                                            wrap, zero_state)
 
 _F32 = jnp.float32
 
@@ -144,3 +159,81 @@ def step_on_core(core_step, q, k, v, g, dt, trap, angles, state=None, *,
   o, ssm = core_step(jnp.asarray(q, _F32), kf * gamma[..., None], vf,
                      jnp.asarray(g, _F32), ssm, scale=1.0)
   return o.astype(v.dtype), pack_mamba3_state(ssm, kf, vf)
+
+
+def _tokens_to_substeps(x):
+  """``[B, T, H, R, ...] -> [B, T R, H, ...]``, token t's rank r at ``t R +
+  r``."""
+  x = jnp.moveaxis(x, 3, 2)                                  # [B, T, R, H, ...]
+  return x.reshape((x.shape[0], x.shape[1] * x.shape[2]) + x.shape[3:])
+
+
+def _substeps_to_tokens(x, rank):
+  """The inverse of ``_tokens_to_substeps``."""
+  x = x.reshape((x.shape[0], x.shape[1] // rank, rank) + x.shape[2:])
+  return jnp.moveaxis(x, 2, 3)
+
+
+def run_mimo_on_core(core_form, q, k, v, g, dt, trap, angles, *,
+                     initial_state=None, output_final_state=False,
+                     segment_ids=None, **options):
+  """A Mamba-3 MIMO sequence form from the core's ``core_form`` on ``R T``
+  sub-steps (module docstring); arguments as in
+  ``naive_recurrent_mamba3_mimo``, ``options`` to the core."""
+  _, _, _, rank, _, _, _ = validate_mimo(q, k, v, g, dt, trap, angles,
+                                         initial_state, segment_ids)
+  gamma, beta = trapezoid(dt, trap)                             # [B, T, H]
+  psi, beta, following = angles_and_shift(angle_steps(angles, dt), beta,
+                                          segment_ids)
+  psi_r = psi[:, :, :, None]                                    # [B, T, H, 1, A]
+  q_rot, k_rot = rotate(q, psi_r), rotate(k, psi_r)          # [B, T, H, R, K]
+  vf = jnp.asarray(v, _F32)
+  weight = gamma + following                                    # [B, T, H]
+  g_sub = jnp.zeros(vf.shape[:4], _F32).at[..., 0].set(
+      jnp.asarray(g, _F32))                                     # [B, T, H, R]
+  core_state = None
+  if initial_state is not None:
+    ssm0, k0, v0 = unpack_mamba3_mimo_state(initial_state, rank)
+    core_state = ssm0 + jnp.einsum("bh,bhrk,bhrv->bhkv", beta[:, 0], k0, v0)
+  o, final = core_form(
+      _tokens_to_substeps(q_rot),
+      _tokens_to_substeps(k_rot * weight[..., None, None]),
+      _tokens_to_substeps(vf), _tokens_to_substeps(g_sub[..., None])[..., 0],
+      scale=1.0, initial_state=core_state,
+      output_final_state=output_final_state,
+      segment_ids=(None if segment_ids is None
+                   else jnp.repeat(segment_ids, rank, axis=1)), **options)
+  later = jnp.triu(jnp.ones((rank, rank), _F32), 1)             # [r, r'] r' > r
+  scores = jnp.einsum("bthrk,bthsk->bthrs", q_rot, k_rot) * (
+      weight[..., None, None] * later
+      - following[..., None, None])                          # [B, T, H, R, R]
+  o = _substeps_to_tokens(o, rank) + jnp.einsum("bthrs,bthsv->bthrv", scores,
+                                                vf)
+  o = o.astype(v.dtype)                                      # [B, T, H, R, V]
+  if not output_final_state:
+    return o, None
+  return o, pack_mamba3_mimo_state(rotate_rows(final, -psi[:, -1]),
+                                   jnp.asarray(k[:, -1], _F32), vf[:, -1])
+
+
+def mimo_step_on_core(q, k, v, g, dt, trap, angles, state=None, *,
+                      reset=None):
+  """One MIMO token: the previous token's pending writes join ``S^``, which
+  turns by ``-theta_t`` and decays; the token's ``R`` writes follow, then
+  its ``R`` reads (no core step: the core's writes one rank-1 term)."""
+  b, h, rank, dk, dv, _ = validate_mimo_step(q, k, v, g, dt, trap, angles,
+                                             state, reset)
+  state = (jnp.zeros(mimo_state_shape(b, h, rank, dk, dv), _F32)
+           if state is None else jnp.asarray(state, _F32))
+  if reset is not None:
+    state = jnp.where(jnp.asarray(reset)[:, None, None, None], 0.0, state)
+  ssm, k_last, v_last = unpack_mamba3_mimo_state(state, rank)
+  gamma, beta = trapezoid(dt, trap)                             # [B, H]
+  ssm = rotate_rows(
+      ssm + jnp.einsum("bh,bhrk,bhrv->bhkv", beta, k_last, v_last),
+      -angle_steps(angles, dt))                                 # [B, H, K, V]
+  kf, vf = jnp.asarray(k, _F32), jnp.asarray(v, _F32)
+  ssm = (jnp.exp(jnp.asarray(g, _F32))[..., None, None] * ssm
+         + jnp.einsum("bh,bhrk,bhrv->bhkv", gamma, kf, vf))
+  o = jnp.einsum("bhrk,bhkv->bhrv", jnp.asarray(q, _F32), ssm)
+  return o.astype(v.dtype), pack_mamba3_mimo_state(ssm, kf, vf)
