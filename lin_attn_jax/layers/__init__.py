@@ -92,8 +92,8 @@ MIXERS: dict[str, type[Mixer]] = {
     "log_linear_mamba2": LogLinearMamba2,
 }
 
-__all__ = ["AgentAttention", "Based", "Comba", "Context", "DeltaNet", "EfficientViTAttention",
-           "FalconH1Parallel",
+__all__ = ["AgentAttention", "Based", "Comba", "Context", "DeltaNet",
+           "EfficientViTAttention", "FalconH1Parallel",
            "ForgettingAttention", "GLA", "GatedAttention", "GatedDeltaNet",
            "GatedDeltaNet2", "GatedDeltaProduct", "GatedShortConv", "H3",
            "HGRN2", "KDA", "LightningAttention", "LinearAttention",

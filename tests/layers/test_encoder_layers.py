@@ -42,7 +42,11 @@ def test_registered_and_not_causal():
       layer(_x(), mode="recurrent")
 
 
-@pytest.mark.parametrize("name", sorted(ENCODERS))
+# EfficientViT's op is checked in bfloat16 in the fast suite
+# (test_encoder_ops.py, test_noncausal.py), its layer in the slow one.
+@pytest.mark.parametrize("name", [
+    "agent_attn", "nystromformer",
+    pytest.param("efficientvit", marks=pytest.mark.slow)])
 def test_bfloat16_and_every_token_sees_the_future(name):
   """bfloat16 close to float32 (same parameters); a change to the last
   token moves the first token's output."""
@@ -75,6 +79,8 @@ def test_efficientvit_bounds_documents_in_convolutions_and_attention():
   assert np.abs(np.asarray(packed - run(x, 0 * ids, "chunk"))[0]).max() > 1e-3
 
 
+# The op's split is checked in the fast suite (test_noncausal.py).
+@pytest.mark.slow
 def test_efficientvit_splits_the_sequence_over_8_devices():
   layer = _layer("efficientvit")
   x = _x(3, 32)

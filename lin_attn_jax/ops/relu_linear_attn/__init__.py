@@ -4,7 +4,7 @@ Cai et al. 2023, "EfficientViT: Multi-Scale Linear Attention for
 High-Resolution Dense Prediction" (https://arxiv.org/abs/2205.14756), its
 Eq. 2 over every token of the document, ReLU features and no score scale:
 
-    o_i = sum_j (relu(q_i) . relu(k_j)) v_j / (sum_j relu(q_i) . relu(k_j) + eps)
+    s_ij = relu(q_i) . relu(k_j),   o_i = sum_j s_ij v_j / (sum_j s_ij + eps)
 
 with ``eps = 1e-15`` as the reference code (``LiteMLA``) adds it. The sums
 run over ``i``'s document (``segment_ids``) in both directions. The
