@@ -77,7 +77,9 @@ from lin_attn_jax.layers import MIXERS
 from lin_attn_jax.models.lm import LM, LMConfig
 from lin_attn_jax.train import TrainConfig, Trainer
 
-# Every causal mixer of the zoo (Linformer is not causal: no recall task).
+# Every causal mixer of the zoo (Linformer and the encoder-only mixers,
+# Agent Attention, Nystromformer and EfficientViT, are not causal: no recall
+# task).
 ALL_MIXERS = ("softmax_attn", "sliding_window_attn", "sparse_attn",
               "forgetting_attn", "stickbreaking_attn", "moba", "nsa",
               "path_attn", "linear_attn", "performer", "based", "retnet",

@@ -8,9 +8,11 @@ for ``OpForms``, the forms of an op that ``Mixer.apply_forms`` runs.
 
 from lin_attn_jax.layers.base import MODES, Context, Mixer, OpForms
 
+from lin_attn_jax.layers.agent_attn import AgentAttention
 from lin_attn_jax.layers.based import Based
 from lin_attn_jax.layers.comba import Comba
 from lin_attn_jax.layers.deltanet import KDA, DeltaNet, GatedDeltaNet
+from lin_attn_jax.layers.efficientvit import EfficientViTAttention
 from lin_attn_jax.layers.falcon_h1 import FalconH1Parallel
 from lin_attn_jax.layers.forgetting_attn import ForgettingAttention
 from lin_attn_jax.layers.gdn2 import GatedDeltaNet2
@@ -21,6 +23,7 @@ from lin_attn_jax.layers.hgrn2 import HGRN2
 from lin_attn_jax.layers.lightning import LightningAttention
 from lin_attn_jax.layers.linear_attn import LinearAttention
 from lin_attn_jax.layers.linformer import Linformer
+from lin_attn_jax.layers.nystromformer import Nystromformer
 from lin_attn_jax.layers.mamba import Mamba
 from lin_attn_jax.layers.mamba2 import Mamba2
 from lin_attn_jax.layers.mla import MultiHeadLatentAttention
@@ -48,6 +51,10 @@ MIXERS: dict[str, type[Mixer]] = {
     "sparse_attn": SparseAttention,
     "nsa": NativeSparseAttention,
     "linformer": Linformer,
+    # Encoder-only (non-causal) mixers.
+    "agent_attn": AgentAttention,
+    "nystromformer": Nystromformer,
+    "efficientvit": EfficientViTAttention,
     "stickbreaking_attn": StickBreakingAttention,
     "forgetting_attn": ForgettingAttention,
     "moba": MoBA,
@@ -85,13 +92,15 @@ MIXERS: dict[str, type[Mixer]] = {
     "log_linear_mamba2": LogLinearMamba2,
 }
 
-__all__ = ["Based", "Comba", "Context", "DeltaNet", "FalconH1Parallel",
+__all__ = ["AgentAttention", "Based", "Comba", "Context", "DeltaNet",
+           "EfficientViTAttention", "FalconH1Parallel",
            "ForgettingAttention", "GLA", "GatedAttention", "GatedDeltaNet",
            "GatedDeltaNet2", "GatedDeltaProduct", "GatedShortConv", "H3",
            "HGRN2", "KDA", "LightningAttention", "LinearAttention",
            "Linformer", "LogLinearMamba2",
            "MIXERS", "MODES", "Mamba", "Mamba2", "Mamba3", "MesaNet", "Mixer",
            "MoBA", "MultiHeadLatentAttention", "NativeSparseAttention",
+           "Nystromformer",
            "OpForms", "PaTHAttention", "Performer", "RGLRU", "RWKV6", "RWKV7",
            "RetNet", "SlidingWindowAttention", "SoftmaxAttention",
            "SparseAttention", "StickBreakingAttention"]

@@ -37,9 +37,14 @@ from lin_attn_jax.ops.simple_gla import (chunk_simple_gla,
                                          recurrent_simple_gla, simple_gla_step)
 
 # Softmax family: full, sliding window, global tokens, Sparse Transformer,
-# Linformer, native sparse attention, KV-cache decoding. These return ``o``
-# only (decoding returns ``(o, cache)``).
+# Linformer, the encoder-only mixers (Agent Attention, Nystromformer,
+# EfficientViT's ReLU linear attention), native sparse attention, KV-cache
+# decoding. These return ``o`` only (decoding returns ``(o, cache)``).
 from lin_attn_jax.ops.linformer import linformer_attn, linformer_attn_step
+from lin_attn_jax.ops.agent_attn import agent_attn
+from lin_attn_jax.ops.nystrom_attn import iterative_pinv, nystrom_attn
+from lin_attn_jax.ops.relu_linear_attn import (chunk_relu_linear_attn,
+                                               relu_linear_attn_reference)
 from lin_attn_jax.ops.nsa import (NSACache, chunk_nsa, init_nsa_cache,
                                   nsa_extend, nsa_step, parallel_nsa)
 from lin_attn_jax.ops.moba import (MoBACache, chunk_moba, init_moba_cache,

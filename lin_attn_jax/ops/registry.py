@@ -632,8 +632,11 @@ def _noncausal_specs():
   """The non-causal forms (``causal=False``): the recurrences' LION forms
   (the causal form forward and on the reversed sequence, the diagonal
   counted once) against their dense ``[T, T]`` definitions (the naive
-  forms with ``causal=False``), and the softmax family without the causal
-  mask against the dense masked form. No state: the inputs have none."""
+  forms with ``causal=False``), the softmax family without the causal
+  mask against the dense masked form, and the encoder-only ops: EfficientViT's
+  ReLU linear attention (its chunk form against its dense definition), Agent
+  Attention and Nystromformer (one form each; their tests hold them to the
+  papers' equations). No state: the inputs have none."""
   qkv, qkvg = ("q", "k", "v"), ("q", "k", "v", "g")
   attention = spec_inputs.attention
   softmax = {"naive": noncausal(ops.parallel_softmax_attn),
@@ -681,6 +684,19 @@ def _noncausal_specs():
               "parallel": noncausal(_blocks(ops.parallel_sparse_attn),
                                     **sparse)},
              attention, qkv, chunked=("parallel",)),
+      OpSpec("relu_linear_attn",
+             {"naive": noncausal(ops.relu_linear_attn_reference),
+              "chunk": noncausal(ops.chunk_relu_linear_attn)},
+             spec_inputs.relu_linear_attn, qkv, context_parallel=("chunk",)),
+      OpSpec("agent_attn",
+             {"naive": noncausal(ops.agent_attn,
+                                 agent_num=spec_inputs.AGENT_NUM)},
+             spec_inputs.agent_attn, qkv + ("agent_bias", "query_bias"),
+             chunked=()),
+      OpSpec("nystrom_attn",
+             {"naive": noncausal(ops.nystrom_attn,
+                                 num_landmarks=spec_inputs.NUM_LANDMARKS)},
+             spec_inputs.nystrom_attn, qkv, chunked=()),
   ]
 
 

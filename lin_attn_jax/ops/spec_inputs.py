@@ -32,6 +32,9 @@ BASED_FEATURE_DIM = 8
 CONV_WIDTH = 4
 # Linformer: the rank of the key and value projections.
 LINFORMER_RANK = 16
+# Agent Attention: the agent tokens. Nystromformer: the landmarks.
+AGENT_NUM = 7
+NUM_LANDMARKS = 8
 # Stick-breaking attention: the queries' scale in the strong inputs, so that
 # the logits ``q . k / sqrt(K)`` reach ``|z| ~ 30`` (saturated sigmoids).
 STRONG_LOGITS = 30.0
@@ -500,4 +503,33 @@ def mesa_net(key, dims, strong, prior=16):
   h_kk = jnp.einsum("bjhk,bjh,bjhl->bhkl", keys, weights, keys)
   inputs["initial_state"] = pack_mesa_net_state(
       h_kk, inputs["initial_state"][..., :dims.dim_v])
+  return inputs
+
+
+def relu_linear_attn(key, dims, strong):
+  """q, k, v and segment ids (no state: the op is not causal)."""
+  del strong
+  inputs = qkv(key, dims)
+  del inputs["initial_state"]
+  return inputs
+
+
+def agent_attn(key, dims, strong):
+  """q, k, v (one document per row) and the agent biases ``[H, N, T]``,
+  ``[H, T, N]`` of ``AGENT_NUM`` agents, of the scale of the scores."""
+  del strong
+  kqkv, ka, kq = jax.random.split(key, 3)
+  inputs = qkv(kqkv, dims)
+  del inputs["initial_state"], inputs["segment_ids"]
+  h, t = dims.heads, dims.length
+  inputs["agent_bias"] = jax.random.normal(ka, (h, AGENT_NUM, t), jnp.float32)
+  inputs["query_bias"] = jax.random.normal(kq, (h, t, AGENT_NUM), jnp.float32)
+  return inputs
+
+
+def nystrom_attn(key, dims, strong):
+  """q, k, v (one document per row)."""
+  del strong
+  inputs = qkv(key, dims)
+  del inputs["initial_state"], inputs["segment_ids"]
   return inputs

@@ -30,11 +30,12 @@ OPTIONS = {
     "nsa": {"block_size": 2, "block_counts": 2, "window_size": 3},
     "moba": {"block_size": 2, "top_k": 2},
 }
-# Linformer is not causal; Gated DeltaProduct writes N values per token;
-# Falcon-H1's parallel mixer sums two ops with values of their own.
-CAUSAL = sorted(name for name in MIXERS
-                if name not in ("linformer", "gated_deltaproduct",
-                                "falcon_h1_parallel"))
+# Linformer and the encoder-only mixers are not causal; Gated DeltaProduct
+# writes N values per token; Falcon-H1's parallel mixer sums two ops with
+# values of their own.
+CAUSAL = sorted(name for name, cls in MIXERS.items()
+                if cls.causal and name not in ("gated_deltaproduct",
+                                               "falcon_h1_parallel"))
 # Two documents in row 0 (the second starts at token 6), one in row 1.
 SEGMENTS = jnp.array([[0] * 6 + [1] * (T - 6), [0] * T])
 
