@@ -28,16 +28,11 @@ import ml_dtypes
 import numpy as np
 
 from lin_attn_jax.convert import ssm_hybrids
+from lin_attn_jax.convert.common import (block, frame, head, norm, rope,
+                                         swiglu, unsupported)
 from lin_attn_jax.convert.core import (Entry, conv, copy, head_shared, linear,
-                                       offset_scale, transpose)
+                                       transpose)
 from lin_attn_jax.models.lm import LMConfig
-
-
-def _unsupported(hf: dict, key: str, allowed, why: str = ""):
-  value = hf.get(key)
-  if value not in allowed:
-    raise ValueError(f"config.json has {key} = {value!r}; only {allowed} can "
-                     f"be loaded{': ' + why if why else ''}")
 
 
 def _common(hf: dict, **kw) -> dict:
@@ -48,29 +43,10 @@ def _common(hf: dict, **kw) -> dict:
   return out
 
 
-def _head(hf: dict, config: LMConfig, name: str = "lm_head.weight"):
-  return [] if config.tie_embeddings else [transpose(name, ("lm_head",
-                                                            "kernel"))]
-
-
-def _norm(prefix: str, ours, offset: bool = False, bias: bool = False):
-  if offset:
-    out = [offset_scale(f"{prefix}.weight", ours + ("scale",))]
-  else:
-    out = [copy(f"{prefix}.weight", ours + ("scale",))]
-  if bias:
-    out.append(copy(f"{prefix}.bias", ours + ("bias",)))
-  return out
-
-
-def _block(i: int, *rest):
-  return ("blocks", i) + rest
-
-
 # --- transformers: Mamba --------------------------------------------------
 
 def mamba_config(hf: dict) -> LMConfig:
-  _unsupported(hf, "hidden_act", ("silu",))
+  unsupported(hf, "hidden_act", ("silu",))
   rank = hf.get("time_step_rank", "auto")
   rank = math.ceil(hf["hidden_size"] / 16) if rank == "auto" else int(rank)
   width = int(hf.get("intermediate_size") or hf["expand"] * hf["hidden_size"])
@@ -89,19 +65,18 @@ def _mamba_backbone(hf: dict, config: LMConfig, layer_rest) -> list[Entry]:
   norm and per layer its norm, ``in_proj`` and convolution, then
   ``layer_rest(p, m)`` (the mixer's own tensors) and ``out_proj``."""
   bias = bool(hf.get("use_bias", False))
-  out = [copy("backbone.embeddings.weight", ("embed", "embedding"))]
-  out += _norm("backbone.norm_f", ("final_norm",))
+  out = frame("backbone.embeddings.weight", "backbone.norm_f")
   for i in range(config.n_layers):
     p = f"backbone.layers.{i}"
-    m = _block(i, "mixer")
-    out += _norm(f"{p}.norm", _block(i, "mixer_norm"))
+    m = block(i, "mixer")
+    out += norm(f"{p}.norm", block(i, "mixer_norm"))
     out += linear(f"{p}.mixer.in_proj", m + ("in_proj",), bias)
     out += [conv(f"{p}.mixer.conv1d.weight", m + ("conv", "weight"))]
     if hf.get("use_conv_bias", True):
       out += [copy(f"{p}.mixer.conv1d.bias", m + ("conv", "bias"))]
     out += layer_rest(p, m)
     out += linear(f"{p}.mixer.out_proj", m + ("out_proj",), bias)
-  return out + _head(hf, config)
+  return out + head(config)
 
 
 def mamba_entries(hf: dict, config: LMConfig) -> list[Entry]:
@@ -118,8 +93,8 @@ def mamba_entries(hf: dict, config: LMConfig) -> list[Entry]:
 # --- transformers: Mamba-2 ------------------------------------------------
 
 def mamba2_config(hf: dict) -> LMConfig:
-  _unsupported(hf, "hidden_act", ("silu",))
-  _unsupported(hf, "rms_norm", (True, None), "the gated RMSNorm is always on")
+  unsupported(hf, "hidden_act", ("silu",))
+  unsupported(hf, "rms_norm", (True, None), "the gated RMSNorm is always on")
   width = int(hf["expand"] * hf["hidden_size"])
   heads, head_dim = int(hf["num_heads"]), int(hf["head_dim"])
   if heads * head_dim != width:
@@ -163,15 +138,10 @@ def _rg_block_types(hf: dict) -> list[str]:
 
 
 def recurrent_gemma_config(hf: dict) -> LMConfig:
-  _unsupported(hf, "hidden_activation", ("gelu_pytorch_tanh",))
-  _unsupported(hf, "attention_bias", (False, None))
+  unsupported(hf, "hidden_activation", ("gelu_pytorch_tanh",))
+  unsupported(hf, "attention_bias", (False, None))
   d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
-  rope = hf.get("rope_parameters") or {}
-  rope_theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
-  fraction = float(rope.get("partial_rotary_factor",
-                            hf.get("partial_rotary_factor", 0.5)))
-  _unsupported({"rope_type": rope.get("rope_type", "default")}, "rope_type",
-               ("default",))
+  rope_theta, fraction = rope(hf, partial_default=0.5)
   names = tuple("rg_lru" if kind == "recurrent" else "sliding_window_attn"
                 for kind in _rg_block_types(hf))
   options = {
@@ -197,17 +167,14 @@ def recurrent_gemma_entries(hf: dict, config: LMConfig) -> list[Entry]:
   if not hf.get("tie_word_embeddings", True):
     raise ValueError("config.json has tie_word_embeddings = False; "
                      "RecurrentGemma's head is the embedding")
-  out = [copy("model.embed_tokens.weight", ("embed", "embedding"))]
-  out += _norm("model.final_norm", ("final_norm",), offset=True)
+  out = frame("model.embed_tokens.weight", "model.final_norm", offset=True)
   for i, kind in enumerate(_rg_block_types(hf)):
     p = f"model.layers.{i}"
-    m = _block(i, "mixer")
-    out += _norm(f"{p}.temporal_pre_norm", _block(i, "mixer_norm"),
-                 offset=True)
-    out += _norm(f"{p}.channel_pre_norm", _block(i, "mlp_norm"), offset=True)
-    for hf_name, ours in (("gate_proj", "gate"), ("up_proj", "up"),
-                          ("down_proj", "down")):
-      out += linear(f"{p}.mlp_block.{hf_name}", _block(i, "mlp", ours), True)
+    m = block(i, "mixer")
+    out += norm(f"{p}.temporal_pre_norm", block(i, "mixer_norm"),
+                offset=True)
+    out += norm(f"{p}.channel_pre_norm", block(i, "mlp_norm"), offset=True)
+    out += swiglu(f"{p}.mlp_block", block(i, "mlp"), bias=True)
     t = f"{p}.temporal_block"
     if kind == "recurrent":
       out += linear(f"{t}.linear_y", m + ("gate_proj",), True)
@@ -287,10 +254,10 @@ def xlstm_config(hf: dict) -> LMConfig:
   reference's kernel dtype (``autocast_kernel_dtype``, bfloat16 by default)
   is a precision setting, not a parameter: the LM computes in its own
   ``dtype``."""
-  _unsupported(hf, "use_bias", (False, None),
-               "the blocks' RMS norms would have biases, which the LM's RMS "
-               "norms do not have")
-  _unsupported(hf, "weight_mode", ("single", "fused", None))
+  unsupported(hf, "use_bias", (False, None),
+              "the blocks' RMS norms would have biases, which the LM's RMS "
+              "norms do not have")
+  unsupported(hf, "weight_mode", ("single", "fused", None))
   d = int(hf["hidden_size"])
   for key, want in (("embedding_dim", d),
                     ("num_blocks", int(hf["num_hidden_layers"]))):
@@ -338,13 +305,12 @@ def xlstm_entries(hf: dict, config: LMConfig) -> list[Entry]:
   qk = int(d * options["qk_dim_factor"])
   v = int(d * options["v_dim_factor"])
   fused = hf.get("weight_mode", "single") == "fused"
-  out = [copy("backbone.embeddings.weight", ("embed", "embedding"))]
-  out += _norm("backbone.out_norm", ("final_norm",))
+  out = frame("backbone.embeddings.weight", "backbone.out_norm")
   for i in range(config.n_layers):
-    p, m, mlp = f"backbone.blocks.{i}", _block(i, "mixer"), _block(i, "mlp")
+    p, m, mlp = f"backbone.blocks.{i}", block(i, "mixer"), block(i, "mlp")
     a = f"{p}.mlstm_layer"
-    out += _norm(f"{p}.norm_mlstm", _block(i, "mixer_norm"))
-    out += _norm(f"{p}.norm_ffn", _block(i, "mlp_norm"))
+    out += norm(f"{p}.norm_mlstm", block(i, "mixer_norm"))
+    out += norm(f"{p}.norm_ffn", block(i, "mlp_norm"))
     if fused:
       out += [_split_rows(f"{a}.qkv_opreact.weight",
                           [m + (n, "kernel") for n in
@@ -370,16 +336,16 @@ def xlstm_entries(hf: dict, config: LMConfig) -> list[Entry]:
     out += [copy(f"{a}.multihead_norm.weight", m + ("norm", "scale"))]
     out += linear(f"{a}.out_proj", m + ("out_proj",))
     out += linear(f"{p}.ffn.proj_down", mlp + ("down",))
-  return out + _head(hf, config)
+  return out + head(config)
 
 
 # --- flash-linear-attention -----------------------------------------------
 
 def _fla_checks(hf: dict) -> None:
-  _unsupported(hf, "attn", (None,), "hybrid softmax-attention layers of fla "
-               "models are not mapped")
-  _unsupported(hf, "attnres_block_size", (None,))
-  _unsupported(hf, "elementwise_affine", (True, None))
+  unsupported(hf, "attn", (None,), "hybrid softmax-attention layers of fla "
+              "models are not mapped")
+  unsupported(hf, "attnres_block_size", (None,))
+  unsupported(hf, "elementwise_affine", (True, None))
 
 
 def _fla_mlp_dim(hf: dict) -> int:
@@ -393,7 +359,7 @@ def _fla_mlp_dim(hf: dict) -> int:
 def _fla_swiglu_config(hf: dict, mixer: str, n_heads: int,
                        options: dict) -> LMConfig:
   _fla_checks(hf)
-  _unsupported(hf, "hidden_act", ("swish",))
+  unsupported(hf, "hidden_act", ("swish",))
   return LMConfig(**_common(hf), n_heads=n_heads, mixer=mixer,
                   mixer_options={mixer: options}, mlp_dim=_fla_mlp_dim(hf),
                   norm_eps=float(hf.get("norm_eps", 1e-6)))
@@ -401,19 +367,17 @@ def _fla_swiglu_config(hf: dict, mixer: str, n_heads: int,
 
 def _fla_swiglu_block(i: int) -> list[Entry]:
   p = f"model.layers.{i}"
-  out = _norm(f"{p}.attn_norm", _block(i, "mixer_norm"))
-  out += _norm(f"{p}.mlp_norm", _block(i, "mlp_norm"))
-  for hf_name, ours in (("gate_proj", "gate"), ("up_proj", "up"),
-                        ("down_proj", "down")):
-    out += linear(f"{p}.mlp.{hf_name}", _block(i, "mlp", ours))
+  out = norm(f"{p}.attn_norm", block(i, "mixer_norm"))
+  out += norm(f"{p}.mlp_norm", block(i, "mlp_norm"))
+  out += swiglu(f"{p}.mlp", block(i, "mlp"))
   return out
 
 
 def _fla_frame(hf: dict, config: LMConfig) -> list[Entry]:
   out = [copy("model.embeddings.weight", ("embed", "embedding"))]
   norm_bias = config.norm == "layer"
-  out += _norm("model.norm", ("final_norm",), bias=norm_bias)
-  return out + _head(hf, config)
+  out += norm("model.norm", ("final_norm",), bias=norm_bias)
+  return out + head(config)
 
 
 def _fla_short_conv(hf: dict, default: bool) -> dict:
@@ -442,7 +406,7 @@ def gla_config(hf: dict) -> LMConfig:
                        ("use_output_gate", (True, None)),
                        ("clamp_min", (None,)), ("use_gk", (True, None)),
                        ("use_gv", (False, None))):
-    _unsupported(hf, key, allowed)
+    unsupported(hf, key, allowed)
   options = dict(expand_k=float(hf.get("expand_k", 0.5)),
                  expand_v=float(hf.get("expand_v", 1.0)),
                  norm_eps=float(hf.get("norm_eps", 1e-6)),
@@ -453,9 +417,9 @@ def gla_config(hf: dict) -> LMConfig:
 def gla_entries(hf: dict, config: LMConfig) -> list[Entry]:
   out = _fla_frame(hf, config)
   heads = config.n_heads
-  norm = ("g_norm_swish_gate" if hf.get("fuse_norm", True) else "g_norm")
+  o_norm = ("g_norm_swish_gate" if hf.get("fuse_norm", True) else "g_norm")
   for i in range(config.n_layers):
-    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
+    a, m = f"model.layers.{i}.attn", block(i, "mixer")
     out += _fla_swiglu_block(i)
     for hf_name, ours in (("q_proj", "q_proj"), ("k_proj", "k_proj"),
                           ("v_proj", "v_proj"), ("g_proj", "out_gate"),
@@ -463,7 +427,8 @@ def gla_entries(hf: dict, config: LMConfig) -> list[Entry]:
       out += linear(f"{a}.{hf_name}", m + (ours,))
     out += linear(f"{a}.gk_proj.1", m + ("gate_up",), True)
     out += _fla_short_conv_entries(a, m, config)
-    out += [head_shared(f"{a}.{norm}.weight", m + ("norm", "scale"), heads)]
+    out += [head_shared(f"{a}.{o_norm}.weight", m + ("norm", "scale"),
+                        heads)]
   return out
 
 
@@ -477,7 +442,7 @@ def delta_net_config(hf: dict) -> LMConfig:
   for key, allowed in (("use_beta", (True, None)),
                        ("qk_activation", ("silu", None)),
                        ("qk_norm", ("l2", None))):
-    _unsupported(hf, key, allowed)
+    unsupported(hf, key, allowed)
   options = dict(_delta_common(hf), expand_k=float(hf.get("expand_k", 1.0)),
                  expand_v=float(hf.get("expand_v", 1.0)),
                  use_output_gate=bool(hf.get("use_gate", False)))
@@ -485,8 +450,8 @@ def delta_net_config(hf: dict) -> LMConfig:
 
 
 def gated_deltanet_config(hf: dict) -> LMConfig:
-  _unsupported(hf, "use_gate", (True, None))
-  _unsupported(hf, "output_gate_activation", ("swish", "silu", None))
+  unsupported(hf, "use_gate", (True, None))
+  unsupported(hf, "output_gate_activation", ("swish", "silu", None))
   heads, head_dim = int(hf["num_heads"]), int(hf.get("head_dim", 256))
   value_width = head_dim * float(hf.get("expand_v", 2))
   if value_width != int(value_width):
@@ -504,7 +469,7 @@ def _delta_entries(hf: dict, config: LMConfig, gated: bool) -> list[Entry]:
   options = config.options_for(config.layer_mixers[0])
   heads = options.get("n_v_heads") or config.n_heads
   for i in range(config.n_layers):
-    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
+    a, m = f"model.layers.{i}.attn", block(i, "mixer")
     out += _fla_swiglu_block(i)
     for name in ("q_proj", "k_proj", "v_proj", "b_proj", "o_proj"):
       out += linear(f"{a}.{name}", m + (name,))
@@ -570,7 +535,7 @@ def comba_config(hf: dict) -> LMConfig:
 def comba_entries(hf: dict, config: LMConfig) -> list[Entry]:
   out = _delta_entries(hf, config, gated=True)
   for i in range(config.n_layers):
-    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
+    a, m = f"model.layers.{i}.attn", block(i, "mixer")
     out += [copy(f"{a}.decay", m + ("decay",)), copy(f"{a}.D", m + ("D",))]
   return out
 
@@ -598,7 +563,7 @@ def _fla_attention_entries(hf: dict, config: LMConfig, qkv_bias: bool,
   to the mixer's path ``m``."""
   out = _fla_frame(hf, config)
   for i in range(config.n_layers):
-    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
+    a, m = f"model.layers.{i}.attn", block(i, "mixer")
     out += _fla_swiglu_block(i)
     for name in ("q_proj", "k_proj", "v_proj"):
       out += linear(f"{a}.{name}", m + (name,), qkv_bias)
@@ -625,8 +590,8 @@ def forgetting_transformer_entries(hf: dict, config: LMConfig) -> list[Entry]:
 def _rwkv_config(hf: dict, mixer: str, n_heads: int, options: dict,
                  mlp_dim: int) -> LMConfig:
   _fla_checks(hf)
-  _unsupported(hf, "hidden_act", ("sqrelu",))
-  _unsupported(hf, "norm_bias", (True, None))
+  unsupported(hf, "hidden_act", ("sqrelu",))
+  unsupported(hf, "norm_bias", (True, None))
   return LMConfig(**_common(hf), n_heads=n_heads, mixer=mixer,
                   mixer_options={mixer: options}, mlp=mixer, mlp_dim=mlp_dim,
                   norm="layer", embed_norm=bool(hf.get("norm_first", True)),
@@ -643,16 +608,16 @@ def _rwkv_mlp_dim(hf: dict, ratio: float) -> int:
 def _rwkv_frame(hf: dict, config: LMConfig) -> list[Entry]:
   out = _fla_frame(hf, config)
   if config.embed_norm:
-    out += _norm("model.layers.0.pre_norm", ("embed_norm",), bias=True)
+    out += norm("model.layers.0.pre_norm", ("embed_norm",), bias=True)
   for i in range(config.n_layers):
     p = f"model.layers.{i}"
-    out += _norm(f"{p}.attn_norm", _block(i, "mixer_norm"), bias=True)
-    out += _norm(f"{p}.ffn_norm", _block(i, "mlp_norm"), bias=True)
+    out += norm(f"{p}.attn_norm", block(i, "mixer_norm"), bias=True)
+    out += norm(f"{p}.ffn_norm", block(i, "mlp_norm"), bias=True)
   return out
 
 
 def rwkv6_config(hf: dict) -> LMConfig:
-  _unsupported(hf, "fuse_norm", (True, False, None))
+  unsupported(hf, "fuse_norm", (True, False, None))
   heads = int(hf["num_heads"])
   options = dict(expand_k=float(hf.get("expand_k", 0.5)),
                  expand_v=float(hf.get("expand_v", 1.0)),
@@ -693,8 +658,8 @@ def rwkv6_entries(hf: dict, config: LMConfig) -> list[Entry]:
   options = config.options_for("rwkv6")
   d, rank = config.d_model, options["mix_low_rank_dim"]
   for i in range(config.n_layers):
-    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
-    f, mlp = f"model.layers.{i}.ffn", _block(i, "mlp")
+    a, m = f"model.layers.{i}.attn", block(i, "mixer")
+    f, mlp = f"model.layers.{i}.ffn", block(i, "mlp")
     out += [_rwkv6_lerp_entry(a, m, d, rank),
             copy(f"{a}.x_proj.0.mu", m + ("lerp_base",)),
             copy(f"{a}.bonus", m + ("bonus",)),
@@ -745,8 +710,8 @@ def rwkv7_entries(hf: dict, config: LMConfig) -> list[Entry]:
   out = _rwkv_frame(hf, config)
   d = config.d_model
   for i in range(config.n_layers):
-    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
-    f, mlp = f"model.layers.{i}.ffn", _block(i, "mlp")
+    a, m = f"model.layers.{i}.attn", block(i, "mixer")
+    f, mlp = f"model.layers.{i}.ffn", block(i, "mlp")
     mix_names = tuple(f"{a}.x_{c}" for c in "rwkvag")
     out += [Entry(mix_names, (m + ("lerp_weights",),),
                   lambda *xs: (jnp.stack([x.reshape(-1) for x in xs]),),
@@ -786,8 +751,8 @@ def stickbreaking_attn_entries(hf: dict, config: LMConfig) -> list[Entry]:
   def layer(a, m):
     out = linear(f"{a}.o_proj", m + ("o_proj",))
     if hf.get("qk_norm", False):
-      out += _norm(f"{a}.q_norm", m + ("q_norm",))
-      out += _norm(f"{a}.k_norm", m + ("k_norm",))
+      out += norm(f"{a}.q_norm", m + ("q_norm",))
+      out += norm(f"{a}.k_norm", m + ("k_norm",))
     return out
 
   return _fla_attention_entries(hf, config, bool(hf.get("qkv_bias", False)),
@@ -878,11 +843,10 @@ def mamba3_entries(hf: dict, config: LMConfig) -> list[Entry]:
   options = config.options_for("mamba3")
   heads, n = config.n_heads, options["d_state"]
   bias = options["bias"]
-  out = [copy("backbone.embeddings.weight", ("embed", "embedding"))]
-  out += _norm("backbone.norm_f", ("final_norm",))
+  out = frame("backbone.embeddings.weight", "backbone.norm_f")
   for i in range(config.n_layers):
-    p, m = f"backbone.layers.{i}", _block(i, "mixer")
-    out += _norm(f"{p}.norm", _block(i, "mixer_norm"))
+    p, m = f"backbone.layers.{i}", block(i, "mixer")
+    out += norm(f"{p}.norm", block(i, "mixer_norm"))
     out += linear(f"{p}.mixer.in_proj", m + ("in_proj",), bias)
     if options.get("is_mimo", False):
       out += [copy(f"{p}.mixer.{name}", m + (name,))
@@ -897,7 +861,7 @@ def mamba3_entries(hf: dict, config: LMConfig) -> list[Entry]:
     if options["is_outproj_norm"]:
       out += [copy(f"{p}.mixer.norm.weight", m + ("norm", "scale"))]
     out += linear(f"{p}.mixer.out_proj", m + ("out_proj",), bias)
-  return out + _head(hf, config)
+  return out + head(config)
 
 
 # --- flash-linear-attention: log-linear Mamba-2 ---------------------------
@@ -915,7 +879,7 @@ def log_linear_mamba2_config(hf: dict) -> LMConfig:
       ("rmsnorm", (True, None), "the gated RMSNorm is always on"),
       ("norm_before_gate", (False, None), "the norm is norm(y * silu(z))"),
       ("D_has_hdim", (False, None), "D is one value per head")):
-    _unsupported(hf, key, allowed, why)
+    unsupported(hf, key, allowed, why)
   limit = tuple(float(v) for v in hf.get("dt_limit", (0.0, math.inf)))
   if limit != (0.0, math.inf):
     raise ValueError(f"config.json has dt_limit = {list(limit)}; only (0.0, "
@@ -945,12 +909,11 @@ def log_linear_mamba2_config(hf: dict) -> LMConfig:
 
 def log_linear_mamba2_entries(hf: dict, config: LMConfig) -> list[Entry]:
   options = config.options_for("log_linear_mamba2")
-  out = [copy("backbone.embeddings.weight", ("embed", "embedding"))]
-  out += _norm("backbone.norm_f", ("final_norm",))
+  out = frame("backbone.embeddings.weight", "backbone.norm_f")
   for i in range(config.n_layers):
-    p, m = f"backbone.layers.{i}", _block(i, "mixer")
-    out += _norm(f"{p}.mixer_norm", _block(i, "mixer_norm"))
-    out += _norm(f"{p}.mlp_norm", _block(i, "mlp_norm"))
+    p, m = f"backbone.layers.{i}", block(i, "mixer")
+    out += norm(f"{p}.mixer_norm", block(i, "mixer_norm"))
+    out += norm(f"{p}.mlp_norm", block(i, "mlp_norm"))
     out += linear(f"{p}.mixer.in_proj", m + ("in_proj",), options["bias"])
     out += [conv(f"{p}.mixer.conv1d.weight", m + ("conv", "weight"))]
     if options["conv_bias"]:
@@ -959,10 +922,8 @@ def log_linear_mamba2_entries(hf: dict, config: LMConfig) -> list[Entry]:
             for name in ("dt_bias", "A_log", "D", "L")]
     out += [copy(f"{p}.mixer.norm.weight", m + ("norm", "scale"))]
     out += linear(f"{p}.mixer.out_proj", m + ("out_proj",), options["bias"])
-    for hf_name, ours in (("gate_proj", "gate"), ("up_proj", "up"),
-                          ("down_proj", "down")):
-      out += linear(f"{p}.mlp.{hf_name}", _block(i, "mlp", ours))
-  return out + _head(hf, config)
+    out += swiglu(f"{p}.mlp", block(i, "mlp"))
+  return out + head(config)
 def mesa_net_config(hf: dict) -> LMConfig:
   """fla's ``mesa_net``: the model config's defaults where the file leaves
   a key out. fla's layer always has the q and k short convolutions (its
@@ -983,7 +944,7 @@ def mesa_net_entries(hf: dict, config: LMConfig) -> list[Entry]:
   out = _fla_frame(hf, config)
   options = config.options_for(config.layer_mixers[0])
   for i in range(config.n_layers):
-    a, m = f"model.layers.{i}.attn", _block(i, "mixer")
+    a, m = f"model.layers.{i}.attn", block(i, "mixer")
     out += _fla_swiglu_block(i)
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
       out += linear(f"{a}.{name}", m + (name,))

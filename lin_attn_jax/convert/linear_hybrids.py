@@ -29,10 +29,12 @@ Options the LM cannot reproduce raise ``ValueError`` naming them.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
 from lin_attn_jax.convert import architectures as arch
+from lin_attn_jax.convert.common import (block, frame, head, norm,
+                                         per_expert, rope, swiglu,
+                                         unsupported)
 from lin_attn_jax.convert.core import (Entry, constant, conv, copy,
                                        head_shared, linear, transpose)
 from lin_attn_jax.layers.lightning import lightning_slopes
@@ -51,26 +53,10 @@ def _layer_kinds(hf: dict, kinds: list, allowed=(LINEAR, FULL)) -> list:
 
 
 def _rope(hf: dict, partial_default: float = 1.0) -> tuple[float, float]:
-  """``(rope_theta, partial_rotary_factor)`` of ``rope_parameters`` (or of
-  the older top-level keys); only the default RoPE loads."""
-  rope = dict(hf.get("rope_parameters") or {})
-  arch._unsupported({"rope_type": rope.get("rope_type", "default")},
-                    "rope_type", ("default",), "scaled RoPE is not "
-                    "implemented")
-  arch._unsupported(hf, "rope_scaling", (None,), "scaled RoPE is not "
-                    "implemented")
-  theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
-  fraction = float(rope.get("partial_rotary_factor",
-                            hf.get("partial_rotary_factor", partial_default)))
+  """``common.rope``, with the older ``rope_scaling`` key refused too."""
+  theta, fraction = rope(hf, partial_default)
+  unsupported(hf, "rope_scaling", (None,), "scaled RoPE is not implemented")
   return theta, fraction
-
-
-def _experts(names, ours, n_experts: int) -> Entry:
-  """One ``Linear`` weight ``[out, in]`` per expert (``names(e)``) <-> the
-  stacked kernels ``[E, in, out]``."""
-  return Entry(tuple(names(e) for e in range(n_experts)), (ours,),
-               lambda *ws: (jnp.stack([w.T for w in ws]),),
-               lambda p: tuple(p[e].T for e in range(n_experts)))
 
 
 def _moe_entries(p: str, mlp, n_experts: int, expert_names: dict,
@@ -82,13 +68,9 @@ def _moe_entries(p: str, mlp, n_experts: int, expert_names: dict,
   ``up_proj`` and ``down_proj`` under ``{p}.{shared}``, its gate and the
   router's selection bias."""
   out = [transpose(f"{p}.gate.weight", mlp + ("router",))]
-  for ours, name in expert_names.items():
-    out.append(_experts(lambda e, name=name: f"{p}.experts.{e}.{name}.weight",
-                        mlp + (ours,), n_experts))
+  out += per_expert(p, mlp, n_experts, expert_names)
   if shared is not None:
-    for hf_name, ours in (("gate_proj", "gate"), ("up_proj", "up"),
-                          ("down_proj", "down")):
-      out += linear(f"{p}.{shared}.{hf_name}", mlp + ("shared", ours))
+    out += swiglu(f"{p}.{shared}", mlp + ("shared",))
   if shared_gate is not None:
     out += linear(f"{p}.{shared_gate}", mlp + ("shared_gate",))
   if bias is not None:
@@ -96,17 +78,16 @@ def _moe_entries(p: str, mlp, n_experts: int, expert_names: dict,
   return out
 
 
-def _swiglu_entries(p: str, mlp) -> list[Entry]:
-  out = []
-  for hf_name, ours in (("gate_proj", "gate"), ("up_proj", "up"),
-                        ("down_proj", "down")):
-    out += linear(f"{p}.{hf_name}", mlp + (ours,))
-  return out
+def _frame(offset: bool = False) -> list[Entry]:
+  return frame("model.embed_tokens.weight", "model.norm", offset=offset)
 
 
-def _frame(config: LMConfig, offset: bool = False) -> list[Entry]:
-  out = [copy("model.embed_tokens.weight", ("embed", "embedding"))]
-  return out + arch._norm("model.norm", ("final_norm",), offset=offset)
+def _norms(p: str, i: int, offset: bool = False) -> list[Entry]:
+  """Layer ``p``'s ``input_layernorm`` and ``post_attention_layernorm``
+  <-> block ``i``'s mixer and MLP norms."""
+  return (norm(f"{p}.input_layernorm", block(i, "mixer_norm"), offset)
+          + norm(f"{p}.post_attention_layernorm", block(i, "mlp_norm"),
+                 offset))
 
 
 # --- Qwen3-Next --------------------------------------------------------------
@@ -134,7 +115,7 @@ def qwen3_next_config(hf: dict) -> LMConfig:
   """transformers' ``qwen3_next``: every layer kind (see the module
   docstring). The router's training-time options (``router_aux_loss_coef``,
   ``output_router_logits``) change no output."""
-  arch._unsupported(hf, "hidden_act", ("silu",))
+  unsupported(hf, "hidden_act", ("silu",))
   kinds = _qwen3_next_kinds(hf)
   sparse = _qwen3_next_sparse(hf)
   d, eps = int(hf["hidden_size"]), float(hf.get("rms_norm_eps", 1e-6))
@@ -179,23 +160,19 @@ def qwen3_next_config(hf: dict) -> LMConfig:
 
 
 def qwen3_next_entries(hf: dict, config: LMConfig) -> list[Entry]:
-  out = _frame(config, offset=True)
+  out = _frame(offset=True)
   kinds, sparse = _qwen3_next_kinds(hf), _qwen3_next_sparse(hf)
   bias = bool(hf.get("attention_bias", False))
   for i in range(config.n_layers):
-    p, m, mlp = f"model.layers.{i}", arch._block(i, "mixer"), arch._block(
-        i, "mlp")
-    out += arch._norm(f"{p}.input_layernorm", arch._block(i, "mixer_norm"),
-                      offset=True)
-    out += arch._norm(f"{p}.post_attention_layernorm",
-                      arch._block(i, "mlp_norm"), offset=True)
+    p, m, mlp = f"model.layers.{i}", block(i, "mixer"), block(i, "mlp")
+    out += _norms(p, i, offset=True)
     if sparse[i]:
       out += _moe_entries(f"{p}.mlp", mlp, int(hf["num_experts"]),
                           {"gate": "gate_proj", "up": "up_proj",
                            "down": "down_proj"}, "shared_expert",
                           "shared_expert_gate")
     else:
-      out += _swiglu_entries(f"{p}.mlp", mlp)
+      out += swiglu(f"{p}.mlp", mlp)
     if kinds[i] == LINEAR:
       out += _gdn_entries(hf, f"{p}.linear_attn", m)
       continue
@@ -204,7 +181,7 @@ def qwen3_next_entries(hf: dict, config: LMConfig) -> list[Entry]:
       out += linear(f"{a}.{name}", m + (name,), bias)
     out += [copy(f"{a}.q_norm.weight", m + ("q_norm", "scale")),
             copy(f"{a}.k_norm.weight", m + ("k_norm", "scale"))]
-  return out + arch._head(hf, config)
+  return out + head(config)
 
 
 def _gdn_entries(hf: dict, a: str, m) -> list[Entry]:
@@ -224,7 +201,7 @@ def _gdn_entries(hf: dict, a: str, m) -> list[Entry]:
   return out + linear(f"{a}.out_proj", m + ("o_proj",))
 
 
-# --- Kimi Linear ---------------------------------------------------------------
+# --- Kimi Linear ----------------------------------------------------------
 
 def _kimi(hf: dict, name: str, default, *aliases):
   """``hf[name]`` under its saved name or an alias (transformers'
@@ -276,7 +253,7 @@ def kimi_linear_config(hf: dict) -> LMConfig:
   layers have no RoPE (``qk_rope_head_dim`` channels stay unrotated) and
   their latent norms transformers' default epsilon 1e-6; its KDA gate's
   up-projection has no bias."""
-  arch._unsupported(hf, "hidden_act", ("silu",))
+  unsupported(hf, "hidden_act", ("silu",))
   kinds, mlps = _kimi_kinds(hf)
   heads = int(hf.get("num_attention_heads", 32))
   kv_heads = int(hf.get("num_key_value_heads") or heads)
@@ -326,23 +303,20 @@ def kimi_linear_config(hf: dict) -> LMConfig:
 
 
 def kimi_linear_entries(hf: dict, config: LMConfig) -> list[Entry]:
-  out = _frame(config)
+  out = _frame()
   kinds, mlps = _kimi_kinds(hf)
   heads = _kimi_linear_attn(hf)["num_heads"]
   bias = bool(hf.get("attention_bias", False))
   moe = dict(config.moe_options)
   for i in range(config.n_layers):
-    p, m, mlp = f"model.layers.{i}", arch._block(i, "mixer"), arch._block(
-        i, "mlp")
-    out += arch._norm(f"{p}.input_layernorm", arch._block(i, "mixer_norm"))
-    out += arch._norm(f"{p}.post_attention_layernorm",
-                      arch._block(i, "mlp_norm"))
+    p, m, mlp = f"model.layers.{i}", block(i, "mixer"), block(i, "mlp")
+    out += _norms(p, i)
     if mlps[i] == "sparse":
       out += _moe_entries(f"{p}.block_sparse_moe", mlp, moe["n_experts"],
                           {"gate": "w1", "up": "w3", "down": "w2"},
                           "shared_experts", bias="e_score_correction_bias")
     else:
-      out += _swiglu_entries(f"{p}.block_sparse_moe", mlp)
+      out += swiglu(f"{p}.block_sparse_moe", mlp)
     a = f"{p}.self_attn"
     if kinds[i] == LINEAR:
       for name in ("q_proj", "k_proj", "v_proj", "b_proj", "o_proj"):
@@ -367,10 +341,10 @@ def kimi_linear_entries(hf: dict, config: LMConfig) -> list[Entry]:
     out += [copy(f"{a}.kv_a_layernorm.weight", m + ("kv_a_norm", "scale"))]
     out += linear(f"{a}.kv_b_proj", m + ("kv_b_proj",))
     out += linear(f"{a}.o_proj", m + ("o_proj",), bias)
-  return out + arch._head(hf, config)
+  return out + head(config)
 
 
-# --- MiniMax -------------------------------------------------------------------
+# --- MiniMax --------------------------------------------------------------
 
 def _minimax_kinds(hf: dict) -> list:
   """``layer_types``, or the original checkpoints' ``attn_type_list`` (0
@@ -390,9 +364,9 @@ def minimax_config(hf: dict) -> LMConfig:
   """transformers' ``minimax`` (see the module docstring). ``block_size``
   (the reference's chunk length) changes no output; the router's
   ``router_jitter_noise`` acts in training only and is not implemented."""
-  arch._unsupported(hf, "hidden_act", ("silu",))
-  arch._unsupported(hf, "sliding_window", (None,),
-                    "the softmax layers attend to every token")
+  unsupported(hf, "hidden_act", ("silu",))
+  unsupported(hf, "sliding_window", (None,),
+              "the softmax layers attend to every token")
   kinds = _minimax_kinds(hf)
   d, heads = int(hf["hidden_size"]), int(hf.get("num_attention_heads", 32))
   head_dim = int(hf.get("head_dim") or d // heads)
@@ -433,29 +407,26 @@ def minimax_decay_buffers(hf: dict, layer: int) -> dict[str, np.ndarray]:
   """The decay tables transformers' ``MiniMaxLightningAttention`` keeps as
   buffers for layer ``layer`` (float32, as transformers computes them)."""
   heads = int(hf.get("num_attention_heads", 32))
-  block = int(hf.get("block_size", 256))
+  size = int(hf.get("block_size", 256))
   slope = lightning_slopes(heads, layer, int(hf["num_hidden_layers"]))
   slope = slope[:, None, None]                                  # [H, 1, 1]
-  steps = np.arange(1, block + 1, dtype=np.float32)[:, None]    # [S, 1]
+  steps = np.arange(1, size + 1, dtype=np.float32)[:, None]     # [S, 1]
   gaps = steps - steps.T                                        # [S, S]
   diagonal = slope * gaps[None]                                 # [H, S, S]
   diagonal = np.exp(np.where(diagonal >= 0, -diagonal, -np.inf))
   return {"slope_rate": slope,
           "query_decay": np.exp(-slope * steps),
-          "key_decay": np.exp(-slope * (block - steps)),
+          "key_decay": np.exp(-slope * (size - steps)),
           "diagonal_decay": diagonal[None].astype(np.float32)}
 
 
 def minimax_entries(hf: dict, config: LMConfig) -> list[Entry]:
-  out = _frame(config)
+  out = _frame()
   kinds = _minimax_kinds(hf)
   n_experts = dict(config.moe_options)["n_experts"]
   for i in range(config.n_layers):
-    p, m, mlp = f"model.layers.{i}", arch._block(i, "mixer"), arch._block(
-        i, "mlp")
-    out += arch._norm(f"{p}.input_layernorm", arch._block(i, "mixer_norm"))
-    out += arch._norm(f"{p}.post_attention_layernorm",
-                      arch._block(i, "mlp_norm"))
+    p, m, mlp = f"model.layers.{i}", block(i, "mixer"), block(i, "mlp")
+    out += _norms(p, i)
     out += _moe_entries(f"{p}.block_sparse_moe", mlp, n_experts,
                         {"gate": "w1", "up": "w3", "down": "w2"}, None)
     a = f"{p}.self_attn"
@@ -468,4 +439,4 @@ def minimax_entries(hf: dict, config: LMConfig) -> list[Entry]:
     out += [copy(f"{a}.norm.weight", m + ("norm", "scale"))]
     out += [constant(f"{a}.{name}", value)
             for name, value in minimax_decay_buffers(hf, i).items()]
-  return out + arch._head(hf, config)
+  return out + head(config)

@@ -41,37 +41,11 @@ import math
 
 import jax.numpy as jnp
 
+from lin_attn_jax.convert.common import (block, frame, head, norm,
+                                         per_expert, rope, swiglu,
+                                         unsupported)
 from lin_attn_jax.convert.core import Entry, conv, copy, linear, transpose
 from lin_attn_jax.models.lm import LMConfig
-
-
-def _refuse(hf: dict, key: str, allowed, why: str = "", default=None):
-  value = hf.get(key, default)
-  if value not in allowed:
-    raise ValueError(f"config.json has {key} = {value!r}; only {allowed} can "
-                     f"be loaded{': ' + why if why else ''}")
-
-
-def _block(i: int, *rest):
-  return ("blocks", i) + rest
-
-
-def _norm(prefix: str, ours):
-  return [copy(f"{prefix}.weight", ours + ("scale",))]
-
-
-def _head(config: LMConfig):
-  return [] if config.tie_embeddings else [transpose("lm_head.weight",
-                                                     ("lm_head", "kernel"))]
-
-
-def _rope(hf: dict) -> float:
-  """``rope_theta`` of a default (unscaled) RoPE; ``ValueError`` for any
-  other ``rope_type``."""
-  rope = hf.get("rope_parameters") or {}
-  _refuse({"rope_type": rope.get("rope_type", "default")}, "rope_type",
-          ("default",), "scaled RoPE is not implemented")
-  return float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
 
 
 def _multipliers(**factors) -> dict:
@@ -85,14 +59,6 @@ def _positive(hf: dict, key: str, default: float = 1.0) -> float:
     raise ValueError(f"config.json has {key} = {value!r}; only a positive "
                      "factor can be loaded")
   return value
-
-
-def _swiglu(prefix: str, mlp, names=("gate_proj", "up_proj", "down_proj"),
-            bias: bool = False):
-  out = []
-  for hf_name, ours in zip(names, ("gate", "up", "down")):
-    out += linear(f"{prefix}.{hf_name}", mlp + (ours,), bias)
-  return out
 
 
 def _attention(prefix: str, m, bias: bool = False, out: str = "o_proj"):
@@ -126,15 +92,9 @@ def _time_step_limit(hf: dict, key: str = "time_step_limit"):
           else tuple(float(v) for v in limit))
 
 
-def _moe_tensors(hf_names, ours_paths, stack: bool):
-  """Routed experts: ``stack`` one HF tensor per expert (``to_ours`` stacks
-  and transposes each ``[out, in]``), else one ``[E, out, in]`` tensor."""
-  if stack:
-    return Entry(tuple(hf_names), tuple(ours_paths),
-                 lambda *ws: (jnp.stack([w.T for w in ws]),),
-                 lambda p: tuple(p[e].T for e in range(p.shape[0])))
-  return Entry(tuple(hf_names), tuple(ours_paths),
-               lambda w: (jnp.swapaxes(w, 1, 2),),
+def _fused_experts(hf_name: str, ours) -> Entry:
+  """Routed experts in one ``[E, out, in]`` tensor <-> ``[E, in, out]``."""
+  return Entry((hf_name,), (ours,), lambda w: (jnp.swapaxes(w, 1, 2),),
                lambda p: (jnp.swapaxes(p, 1, 2),))
 
 
@@ -153,20 +113,12 @@ def _split_rows(hf_name: str, first, second) -> Entry:
   return Entry((hf_name,), (first, second), to_ours, to_hf)
 
 
-def _per_expert(prefix: str, mlp, n: int, names: dict) -> list[Entry]:
-  """One ``Linear`` per expert, ``{prefix}.experts.{e}.{hf}.weight``, for
-  each of our ``gate``/``up``/``down`` in ``names`` (ours -> hf)."""
-  return [_moe_tensors([f"{prefix}.experts.{e}.{hf}.weight" for e in range(n)],
-                       [mlp + (ours,)], stack=True)
-          for ours, hf in names.items()]
-
-
 # --- Falcon-H1 -------------------------------------------------------------
 
 def falcon_h1_config(hf: dict) -> LMConfig:
   """transformers' ``falcon_h1``: see the module docstring. ``mamba_chunk_size``
   is speed only."""
-  _refuse(hf, "hidden_act", ("silu",), default="silu")
+  unsupported(hf, "hidden_act", ("silu",), default="silu")
   d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
   m_heads = int(hf["mamba_n_heads"])
   d_ssm = hf.get("mamba_d_ssm")
@@ -188,7 +140,7 @@ def falcon_h1_config(hf: dict) -> LMConfig:
   options = dict(
       n_kv_heads=int(hf.get("num_key_value_heads") or heads),
       head_dim=None if head_dim is None else int(head_dim),
-      rope_base=_rope(hf), attention_bias=bool(hf.get("attention_bias")),
+      rope_base=rope(hf)[0], attention_bias=bool(hf.get("attention_bias")),
       key_multiplier=float(hf.get("key_multiplier", 1.0)),
       mamba_n_heads=m_heads, mamba_head_dim=m_head_dim,
       d_state=int(hf["mamba_d_state"]), d_conv=int(hf["mamba_d_conv"]),
@@ -227,18 +179,17 @@ def falcon_h1_entries(hf: dict, config: LMConfig) -> list[Entry]:
                conv_bias=options["mamba_conv_bias"],
                rms_norm=options["mamba_rms_norm"],
                out_bias=options["projectors_bias"])
-  out = [copy("model.embed_tokens.weight", ("embed", "embedding"))]
-  out += _norm("model.final_layernorm", ("final_norm",))
+  out = frame("model.embed_tokens.weight", "model.final_layernorm")
   for i in range(config.n_layers):
-    p, m = f"model.layers.{i}", _block(i, "mixer")
-    out += _norm(f"{p}.input_layernorm", _block(i, "mixer_norm"))
-    out += _norm(f"{p}.pre_ff_layernorm", _block(i, "mlp_norm"))
-    out += _swiglu(f"{p}.feed_forward", _block(i, "mlp"),
-                   bias=config.mlp_bias)
+    p, m = f"model.layers.{i}", block(i, "mixer")
+    out += norm(f"{p}.input_layernorm", block(i, "mixer_norm"))
+    out += norm(f"{p}.pre_ff_layernorm", block(i, "mlp_norm"))
+    out += swiglu(f"{p}.feed_forward", block(i, "mlp"),
+                  bias=config.mlp_bias)
     out += _attention(f"{p}.self_attn", m + ("self_attn",),
                       options["attention_bias"])
     out += _mamba2_tensors(f"{p}.mamba", m + ("mamba",), mamba)
-  return out + _head(config)
+  return out + head(config)
 
 
 # --- Nemotron-H ------------------------------------------------------------
@@ -269,13 +220,13 @@ def nemotron_h_config(hf: dict) -> LMConfig:
   biases are never built (``attention_bias`` is not read);
   ``mamba_proj_bias`` is not read either (``use_bias`` is)."""
   kinds = _nemotron_kinds(hf)
-  _refuse(hf, "mlp_hidden_act", ("relu2",), default="relu2")
-  _refuse(hf, "mamba_hidden_act", ("silu",), default="silu")
-  _refuse(hf, "sliding_window", (None,))
-  _refuse(hf, "num_nextn_predict_layers", (0, None),
-          "multi-token prediction layers are not loaded")
-  _refuse(hf, "moe_latent_size", (None,), "the latent projections of the "
-          "experts are not implemented")
+  unsupported(hf, "mlp_hidden_act", ("relu2",), default="relu2")
+  unsupported(hf, "mamba_hidden_act", ("silu",), default="silu")
+  unsupported(hf, "sliding_window", (None,))
+  unsupported(hf, "num_nextn_predict_layers", (0, None),
+              "multi-token prediction layers are not loaded")
+  unsupported(hf, "moe_latent_size", (None,), "the latent projections of "
+              "the experts are not implemented")
   d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
   eps = float(hf.get("layer_norm_epsilon", 1e-5))
   m_heads, m_head_dim = int(hf["mamba_num_heads"]), int(hf["mamba_head_dim"])
@@ -326,33 +277,32 @@ def nemotron_h_config(hf: dict) -> LMConfig:
 
 
 def nemotron_h_entries(hf: dict, config: LMConfig) -> list[Entry]:
-  out = [copy("backbone.embeddings.weight", ("embed", "embedding"))]
-  out += _norm("backbone.norm_f", ("final_norm",))
+  out = frame("backbone.embeddings.weight", "backbone.norm_f")
   options = config.options_for("mamba2")
   for i, (mixer, mlp) in enumerate(zip(config.layer_mixers,
                                        config.layer_mlps)):
-    p, m = f"backbone.layers.{i}", _block(i, "mixer")
-    norm = "mlp_norm" if mixer == "none" else "mixer_norm"
-    out += _norm(f"{p}.norm", _block(i, norm))
+    p, m = f"backbone.layers.{i}", block(i, "mixer")
+    before = "mlp_norm" if mixer == "none" else "mixer_norm"
+    out += norm(f"{p}.norm", block(i, before))
     if mixer == "mamba2":
       out += _mamba2_tensors(f"{p}.mixer", m, options)
     elif mixer == "softmax_attn":
       out += _attention(f"{p}.mixer", m)
     elif mlp == "moe":
-      mlp_path = _block(i, "mlp")
+      mlp_path = block(i, "mlp")
       out += [transpose(f"{p}.mixer.gate.weight", mlp_path + ("router",)),
               copy(f"{p}.mixer.gate.e_score_correction_bias",
                    mlp_path + ("selection_bias",))]
-      out += _per_expert(f"{p}.mixer", mlp_path, config.n_experts,
-                         {"up": "up_proj", "down": "down_proj"})
+      out += per_expert(f"{p}.mixer", mlp_path, config.n_experts,
+                        {"up": "up_proj", "down": "down_proj"})
       for name in ("up", "down"):
         out += linear(f"{p}.mixer.shared_experts.{name}_proj",
                       mlp_path + ("shared", name))
     else:
       for name in ("up", "down"):
-        out += linear(f"{p}.mixer.{name}_proj", _block(i, "mlp", name),
+        out += linear(f"{p}.mixer.{name}_proj", block(i, "mlp", name),
                       config.mlp_bias)
-  return out + _head(config)
+  return out + head(config)
 
 
 # --- Granite 4.0-H ---------------------------------------------------------
@@ -371,15 +321,15 @@ def _granite_kinds(hf: dict) -> list[str]:
 def granitemoehybrid_config(hf: dict) -> LMConfig:
   """transformers' ``granitemoehybrid``: see the module docstring.
   ``router_aux_loss_coef`` is a training setting (the train step's)."""
-  _refuse(hf, "hidden_act", ("silu",), default="silu")
-  _refuse(hf, "position_embedding_type", ("rope", "nope", None),
-          default="rope")
+  unsupported(hf, "hidden_act", ("silu",), default="silu")
+  unsupported(hf, "position_embedding_type", ("rope", "nope", None),
+              default="rope")
   d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
   head_dim = int(hf.get("head_dim") or d // heads)
   eps = float(hf.get("rms_norm_eps", 1e-6))
   mixers = tuple(_granite_kinds(hf))
   bias = bool(hf.get("attention_bias", False))
-  rope = hf.get("position_embedding_type", "rope") == "rope"
+  use_rope = hf.get("position_embedding_type", "rope") == "rope"
   options = {
       "mamba2": dict(n_heads=int(hf["mamba_n_heads"]),
                      head_dim=int(hf["mamba_d_head"]),
@@ -393,8 +343,8 @@ def granitemoehybrid_config(hf: dict) -> LMConfig:
       "softmax_attn": dict(
           n_kv_heads=int(hf.get("num_key_value_heads") or heads),
           head_dim=head_dim, qkv_bias=bias, out_bias=bias,
-          rope_base=_rope(hf) if rope else 10000.0,
-          rope_fraction=1.0 if rope else 0.0,
+          rope_base=rope(hf)[0] if use_rope else 10000.0,
+          rope_fraction=1.0 if use_rope else 0.0,
           key_multiplier=float(hf.get("attention_multiplier",
                                       head_dim ** -0.5)) * head_dim ** 0.5),
   }
@@ -426,14 +376,13 @@ def granitemoehybrid_config(hf: dict) -> LMConfig:
 
 
 def granitemoehybrid_entries(hf: dict, config: LMConfig) -> list[Entry]:
-  out = [copy("model.embed_tokens.weight", ("embed", "embedding"))]
-  out += _norm("model.norm", ("final_norm",))
+  out = frame("model.embed_tokens.weight", "model.norm")
   options = config.options_for("mamba2")
   bias = bool(hf.get("attention_bias", False))
   for i, mixer in enumerate(config.layer_mixers):
-    p, m, mlp = f"model.layers.{i}", _block(i, "mixer"), _block(i, "mlp")
-    out += _norm(f"{p}.input_layernorm", _block(i, "mixer_norm"))
-    out += _norm(f"{p}.post_attention_layernorm", _block(i, "mlp_norm"))
+    p, m, mlp = f"model.layers.{i}", block(i, "mixer"), block(i, "mlp")
+    out += norm(f"{p}.input_layernorm", block(i, "mixer_norm"))
+    out += norm(f"{p}.post_attention_layernorm", block(i, "mlp_norm"))
     if mixer == "mamba2":
       out += _mamba2_tensors(f"{p}.mamba", m, options)
     else:
@@ -448,9 +397,8 @@ def granitemoehybrid_entries(hf: dict, config: LMConfig) -> list[Entry]:
       out += [transpose(f"{e}.router.layer.weight", mlp + ("router",)),
               _split_rows(f"{e}.input_linear.weight", mlp + ("gate",),
                           mlp + ("up",)),
-              _moe_tensors([f"{e}.output_linear.weight"], [mlp + ("down",)],
-                           stack=False)]
-  return out + _head(config)
+              _fused_experts(f"{e}.output_linear.weight", mlp + ("down",))]
+  return out + head(config)
 
 
 # --- Jamba -----------------------------------------------------------------
@@ -474,8 +422,8 @@ def jamba_config(hf: dict) -> LMConfig:
   """transformers' ``jamba``: see the module docstring. Its attention has
   no position encoding; its router takes the top-k of a softmax over all
   experts and does not renormalise."""
-  _refuse(hf, "hidden_act", ("silu",), default="silu")
-  _refuse(hf, "sliding_window", (None,))
+  unsupported(hf, "hidden_act", ("silu",), default="silu")
+  unsupported(hf, "sliding_window", (None,))
   d, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
   eps = float(hf.get("rms_norm_eps", 1e-6))
   mixers, mlps = _jamba_layers(hf)
@@ -507,15 +455,14 @@ def jamba_config(hf: dict) -> LMConfig:
 
 
 def jamba_entries(hf: dict, config: LMConfig) -> list[Entry]:
-  out = [copy("model.embed_tokens.weight", ("embed", "embedding"))]
-  out += _norm("model.final_layernorm", ("final_norm",))
+  out = frame("model.embed_tokens.weight", "model.final_layernorm")
   options = config.options_for("mamba")
   n_experts = config.n_experts
   for i, (mixer, mlp_kind) in enumerate(zip(config.layer_mixers,
                                             config.layer_mlps)):
-    p, m, mlp = f"model.layers.{i}", _block(i, "mixer"), _block(i, "mlp")
-    out += _norm(f"{p}.input_layernorm", _block(i, "mixer_norm"))
-    out += _norm(f"{p}.pre_ff_layernorm", _block(i, "mlp_norm"))
+    p, m, mlp = f"model.layers.{i}", block(i, "mixer"), block(i, "mlp")
+    out += norm(f"{p}.input_layernorm", block(i, "mixer_norm"))
+    out += norm(f"{p}.pre_ff_layernorm", block(i, "mlp_norm"))
     if mixer == "mamba":
       a = f"{p}.mamba"
       out += linear(f"{a}.in_proj", m + ("in_proj",), options["bias"])
@@ -536,12 +483,12 @@ def jamba_entries(hf: dict, config: LMConfig) -> list[Entry]:
     f = f"{p}.feed_forward"
     if mlp_kind == "moe":
       out += [transpose(f"{f}.router.weight", mlp + ("router",))]
-      out += _per_expert(f, mlp, n_experts, {"gate": "gate_proj",
-                                             "up": "up_proj",
-                                             "down": "down_proj"})
+      out += per_expert(f, mlp, n_experts, {"gate": "gate_proj",
+                                            "up": "up_proj",
+                                            "down": "down_proj"})
     else:
-      out += _swiglu(f, mlp)
-  return out + _head(config)
+      out += swiglu(f, mlp)
+  return out + head(config)
 
 
 # --- LFM2 ------------------------------------------------------------------
@@ -584,7 +531,7 @@ def lfm2_config(hf: dict) -> LMConfig:
                          bias=bool(hf.get("conv_bias", False))),
       "softmax_attn": dict(n_kv_heads=int(hf.get("num_key_value_heads")
                                           or heads),
-                           rope_base=_rope(hf), qk_norm="rms",
+                           rope_base=rope(hf)[0], qk_norm="rms",
                            qk_norm_eps=eps),
   }
   options = {k: v for k, v in options.items() if k in mixers}
@@ -596,13 +543,12 @@ def lfm2_config(hf: dict) -> LMConfig:
 
 
 def lfm2_entries(hf: dict, config: LMConfig) -> list[Entry]:
-  out = [copy("model.embed_tokens.weight", ("embed", "embedding"))]
-  out += _norm("model.embedding_norm", ("final_norm",))
+  out = frame("model.embed_tokens.weight", "model.embedding_norm")
   for i, mixer in enumerate(config.layer_mixers):
-    p, m = f"model.layers.{i}", _block(i, "mixer")
-    out += _norm(f"{p}.operator_norm", _block(i, "mixer_norm"))
-    out += _norm(f"{p}.ffn_norm", _block(i, "mlp_norm"))
-    out += _swiglu(f"{p}.feed_forward", _block(i, "mlp"), ("w1", "w3", "w2"))
+    p, m = f"model.layers.{i}", block(i, "mixer")
+    out += norm(f"{p}.operator_norm", block(i, "mixer_norm"))
+    out += norm(f"{p}.ffn_norm", block(i, "mlp_norm"))
+    out += swiglu(f"{p}.feed_forward", block(i, "mlp"), ("w1", "w3", "w2"))
     if mixer == "short_conv":
       bias = config.options_for("short_conv")["bias"]
       c = f"{p}.conv"
@@ -614,9 +560,9 @@ def lfm2_entries(hf: dict, config: LMConfig) -> list[Entry]:
     else:
       a = f"{p}.self_attn"
       out += _attention(a, m, out="out_proj")
-      out += _norm(f"{a}.q_layernorm", m + ("q_norm",))
-      out += _norm(f"{a}.k_layernorm", m + ("k_norm",))
-  return out + _head(config)
+      out += norm(f"{a}.q_layernorm", m + ("q_norm",))
+      out += norm(f"{a}.k_layernorm", m + ("k_norm",))
+  return out + head(config)
 
 
 ARCHITECTURES = {

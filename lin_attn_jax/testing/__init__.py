@@ -12,19 +12,23 @@ from lin_attn_jax.testing.calls import (CHUNK_SIZE, DIMS, Call,
                                         concrete_arrays, is_float, op_calls)
 from lin_attn_jax.testing.errors import (assert_close_errors, cast_floats,
                                          compare_results,
+                                         errors_against_fixture,
                                          errors_against_reference,
                                          outputs_and_grads, over_tolerance,
                                          rel_rms, run_reference, value_name)
-from lin_attn_jax.testing.harness import (FormMismatch, check_forms,
-                                          make_inputs, sequence_mesh)
+from lin_attn_jax.testing.harness import (FormMismatch, check_chunk_variant,
+                                          check_forms, make_inputs,
+                                          sequence_mesh)
 from lin_attn_jax.testing.traced import (CUSTOM_CALL_PRIMITIVES,
                                          check_custom_calls, primitives,
                                          traced_closed_over, traced_grads)
 
 __all__ = [
     "CHUNK_SIZE", "CUSTOM_CALL_PRIMITIVES", "Call", "DIMS", "FormMismatch",
-    "assert_close_errors", "cast_floats", "check_custom_calls", "check_forms",
-    "compare_results", "concrete_arrays", "errors_against_reference",
+    "assert_close_errors", "cast_floats", "check_chunk_variant",
+    "check_custom_calls", "check_forms",
+    "compare_results", "concrete_arrays", "errors_against_fixture",
+    "errors_against_reference",
     "is_float", "make_inputs", "op_calls", "outputs_and_grads",
     "over_tolerance", "primitives", "rel_rms", "run_reference",
     "sequence_mesh", "traced_closed_over", "traced_grads", "value_name",

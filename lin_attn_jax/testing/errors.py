@@ -162,6 +162,38 @@ def errors_against_reference(form: Callable, reference: Callable,
   return compare_results(result, reference_result)
 
 
+
+def errors_against_fixture(form: Callable, data: Mapping[str, object],
+                           args: Sequence[str]) -> dict[str, float]:
+  """Relative RMS errors of ``form`` against a reference's committed
+  outputs and gradients (``experiments/make_op_fixtures.py``).
+
+  ``data`` holds the inputs ``args`` and ``h0`` (used as the initial state
+  where ``data["initial"]``), the cotangents ``do`` and ``dht``, the
+  reference's ``o``, ``ht`` and, for the inputs it differentiates,
+  ``d<name>``. ``form(*args, initial_state=, output_final_state=True)``
+  returns ``(o, final_state)``.
+
+  Returns:
+    ``{"o": err, "state": err, "d<name>": err, ...}``, a gradient for each
+    ``d<name>`` in ``data``.
+  """
+  initial = bool(data["initial"])
+  names = tuple(args) + ("h0",)
+
+  def run(*arrays):
+    *inputs, h0 = arrays
+    return form(*inputs, initial_state=h0 if initial else None,
+                output_final_state=True)
+
+  (o, ht), vjp = jax.vjp(run, *(data[n] for n in names))
+  grads = vjp((jnp.asarray(data["do"]), jnp.asarray(data["dht"])))
+  errors = {"o": rel_rms(o, data["o"]), "state": rel_rms(ht, data["ht"])}
+  for name, grad in zip(names, grads):
+    if f"d{name}" in data:
+      errors[f"d{name}"] = rel_rms(grad, data[f"d{name}"])
+  return errors
+
 def value_name(inputs: Mapping[str, object]) -> str:
   """The input whose dtype the output takes: ``v``, ``x``, ``u`` or the
   first."""

@@ -190,6 +190,19 @@ def check_forms(spec: OpSpec, *, dims: Dims | None = None,
   return results
 
 
+
+def check_chunk_variant(spec: OpSpec, chunk, *, dims: Dims, seed: int = 0,
+                        chunk_size: int | None = 16
+                        ) -> dict[str, dict[str, float]]:
+  """``check_forms`` of ``chunk`` (the op's chunk form with other options,
+  e.g. ``impl="pallas"``) against ``spec``'s naive form, at the default
+  tolerances, on the input maker's gentle inputs of ``dims``."""
+  inputs = spec.make_inputs(jax.random.PRNGKey(seed), dims, False)
+  variant = OpSpec(f"{spec.name}_variant",
+                   {"naive": spec.forms["naive"], "chunk": chunk},
+                   spec.make_inputs, spec.grad_args)
+  return check_forms(variant, inputs=inputs, chunk_size=chunk_size)
+
 def _one_program(spec, names, make, bound, dtype, cotangent_seed,
                  compiler_options):
   """The naive form's and every form's ``(o, state, grads)`` (as

@@ -72,6 +72,24 @@ def all_modes(lm, toks, segment_ids, modes=("chunk", "parallel", "recurrent")):
                                                      segment_ids)
 
 
+
+def mixer_modes_and_decoding(mixer, x, segment_ids, prefill: int = 3,
+                             modes=("chunk", "parallel", "recurrent")):
+  """A mixer's outputs in every mode, and from one prefill of ``prefill``
+  tokens then one token a call with its cache: ``([y per mode], decoded)``,
+  each ``[B, T, D]``. Traceable: call it inside one jitted program."""
+  batch, length = x.shape[:2]
+  outputs = [mixer(x, segment_ids=segment_ids, mode=m) for m in modes]
+  cache = mixer.init_cache(batch, length)
+  first, cache = mixer(x[:, :prefill], segment_ids=segment_ids[:, :prefill],
+                       cache=cache)
+  decoded = [first]
+  for t in range(prefill, length):
+    y, cache = mixer(x[:, t:t + 1], segment_ids=segment_ids[:, t:t + 1],
+                     cache=cache)
+    decoded.append(y)
+  return outputs, jnp.concatenate(decoded, axis=1)
+
 def check_modes(lm, *, use_segments: bool,
                 modes=("chunk", "parallel", "recurrent"), tol=TOL):
   logits = all_modes(lm, tokens(), segments(use_segments), modes)

@@ -69,18 +69,8 @@ def test_correction_and_options_change_the_output():
 
   def run(state, x):
     layer, no_correction, zero_d, plain = nnx.merge(graphdef, state)
-    modes = [plain(x, segment_ids=segment_ids, mode=m)
-             for m in ("chunk", "parallel", "recurrent")]
-    cache = plain.init_cache(2, 7)
-    first, cache = plain(x[:, :3], segment_ids=segment_ids[:, :3],
-                         cache=cache)
-    rest = []
-    for t in range(3, 7):
-      y, cache = plain(x[:, t:t + 1], segment_ids=segment_ids[:, t:t + 1],
-                       cache=cache)
-      rest.append(y)
-    return ((layer(x), no_correction(x), zero_d(x)), modes,
-            jnp.concatenate([first] + rest, axis=1))
+    modes, decoded = lm_checks.mixer_modes_and_decoding(plain, x, segment_ids)
+    return (layer(x), no_correction(x), zero_d(x)), modes, decoded
 
   (y, y_none, y_zero), (chunk, parallel, recurrent), decoded = jax.jit(
       run, compiler_options=lm_checks.FAST_COMPILE)(state, x)

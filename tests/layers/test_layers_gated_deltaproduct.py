@@ -48,18 +48,8 @@ def test_without_gate_or_convolutions_modes_and_decoding_agree():
   graphdef, state = nnx.split(layer)
 
   def run(state, x):
-    mixer = nnx.merge(graphdef, state)
-    modes = [mixer(x, segment_ids=segment_ids, mode=m)
-             for m in ("chunk", "parallel", "recurrent")]
-    cache = mixer.init_cache(2, 7)
-    first, cache = mixer(x[:, :3], segment_ids=segment_ids[:, :3],
-                         cache=cache)
-    rest = []
-    for t in range(3, 7):
-      y, cache = mixer(x[:, t:t + 1], segment_ids=segment_ids[:, t:t + 1],
-                       cache=cache)
-      rest.append(y)
-    return modes, jnp.concatenate([first] + rest, axis=1)
+    return lm_checks.mixer_modes_and_decoding(nnx.merge(graphdef, state), x,
+                                              segment_ids)
 
   (chunk, parallel, recurrent), decoded = jax.jit(
       run, compiler_options=lm_checks.FAST_COMPILE)(state, x)

@@ -58,31 +58,22 @@ def _case(case):
           if name.startswith(case + "_")}
 
 
-@pytest.mark.parametrize("case", [pytest.param("gentle", marks=pytest.mark.slow), "strong"])
+@pytest.mark.parametrize(
+    "case", [pytest.param("gentle", marks=pytest.mark.slow), "strong"])
 def test_naive_matches_fla_chunk_reference(case):
   """``naive_recurrent_comba`` against fla's ``naive_chunk_comba`` (torch,
   float32: the recurrence of fla's kernels; ``python -m
   experiments.make_op_fixtures --only=comba``): outputs, final state and
   the gradients of every input."""
   data = _case(case)
-  initial = bool(data["initial"])
-
-  def run(q, k, v, p, g, beta, h0):
-    return ops.naive_recurrent_comba(
-        q, k, v, p, g, beta, initial_state=h0 if initial else None,
-        output_final_state=True)
-
-  (o, ht), vjp = jax.vjp(run, *(data[n] for n in ARGS + ("h0",)))
-  grads = vjp((jnp.asarray(data["do"]), jnp.asarray(data["dht"])))
-  errors = {"o": rel_rms(o, data["o"]), "state": rel_rms(ht, data["ht"])}
-  for name, grad in zip(ARGS + ("h0",), grads):
-    if f"d{name}" in data:
-      errors[f"d{name}"] = rel_rms(grad, data[f"d{name}"])
+  errors = testing.errors_against_fixture(ops.naive_recurrent_comba, data,
+                                          ARGS)
   assert set(errors) >= {"o", "state", "dq", "dk", "dv", "dp", "dg", "dbeta"}
   assert_close_errors(errors, 1e-5, label=f"comba/{case}")
 
 
-@pytest.mark.parametrize("case", [pytest.param("gentle", marks=pytest.mark.slow), "strong"])
+@pytest.mark.parametrize(
+    "case", [pytest.param("gentle", marks=pytest.mark.slow), "strong"])
 def test_erase_key_times_decay_is_fla_naive_recurrent(case):
   """fla's ``naive_recurrent_comba`` reads the state after the decay,
   ``(exp(g_t) S_{t-1})^T p_t``: it is ``naive_recurrent_comba`` with the
@@ -104,15 +95,10 @@ def test_erase_key_times_decay_is_fla_naive_recurrent(case):
 def test_pallas_sweep_matches_naive_on_cpu():
   """``impl="pallas"``: the delta-rule core's sweep kernels (interpret mode
   on CPU), outputs, final state and gradients."""
-  inputs = SPEC.make_inputs(jax.random.PRNGKey(3), Dims(batch=1, length=20,
-                                                        dim_k=8, dim_v=8),
-                            False)
-  forms = {"naive": SPEC.forms["naive"],
-           "chunk": functools.partial(ops.chunk_comba, use_qk_l2norm=True,
-                                      impl="pallas")}
-  spec = registry.OpSpec("comba_pallas", forms, SPEC.make_inputs,
-                         SPEC.grad_args)
-  testing.check_forms(spec, inputs=inputs, chunk_size=8)
+  testing.check_chunk_variant(
+      SPEC, functools.partial(ops.chunk_comba, use_qk_l2norm=True,
+                              impl="pallas"),
+      dims=Dims(batch=1, length=20, dim_k=8, dim_v=8), seed=3, chunk_size=8)
 
 
 def _inputs(bs=2, t=5, h=2, hv=4, dk=8, dv=6):

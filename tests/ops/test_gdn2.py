@@ -61,19 +61,8 @@ def test_naive_matches_fla_naive(case):
   outputs, final state and the gradients of every input."""
   data = {name[len(case) + 1:]: x for name, x in np.load(FIXTURE).items()
           if name.startswith(case + "_")}
-  initial = bool(data["initial"])
-
-  def run(q, k, v, g, b, w, h0):
-    return ops.naive_recurrent_gdn2(
-        q, k, v, g, b, w, initial_state=h0 if initial else None,
-        output_final_state=True)
-
-  (o, ht), vjp = jax.vjp(run, *(data[n] for n in ARGS + ("h0",)))
-  grads = vjp((jnp.asarray(data["do"]), jnp.asarray(data["dht"])))
-  errors = {"o": rel_rms(o, data["o"]), "state": rel_rms(ht, data["ht"])}
-  for name, grad in zip(ARGS + ("h0",), grads):
-    if f"d{name}" in data:
-      errors[f"d{name}"] = rel_rms(grad, data[f"d{name}"])
+  errors = testing.errors_against_fixture(ops.naive_recurrent_gdn2, data,
+                                          ARGS)
   assert set(errors) >= {"o", "state", "dq", "dk", "dv", "dg", "db", "dw"}
   assert_close_errors(errors, 1e-5, label=f"gdn2/{case}")
 
@@ -102,15 +91,10 @@ def test_scalar_gates_are_kda():
 def test_pallas_sweep_matches_naive_on_cpu():
   """``impl="pallas"``: the delta-rule core's sweep kernels (interpret mode
   on CPU), outputs, final state and gradients."""
-  inputs = SPEC.make_inputs(jax.random.PRNGKey(3), Dims(batch=1, length=20,
-                                                        dim_k=8, dim_v=8),
-                            False)
-  forms = {"naive": SPEC.forms["naive"],
-           "chunk": functools.partial(ops.chunk_gdn2, use_qk_l2norm=True,
-                                      impl="pallas")}
-  spec = registry.OpSpec("gdn2_pallas", forms, SPEC.make_inputs,
-                         SPEC.grad_args)
-  testing.check_forms(spec, inputs=inputs, chunk_size=8)
+  testing.check_chunk_variant(
+      SPEC, functools.partial(ops.chunk_gdn2, use_qk_l2norm=True,
+                              impl="pallas"),
+      dims=Dims(batch=1, length=20, dim_k=8, dim_v=8), seed=3, chunk_size=8)
 
 
 def _inputs(bs=2, t=5, h=2, hv=4, dk=8, dv=6):

@@ -26,13 +26,10 @@ Letters as in ``delta_rule/chunk.py``.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from lin_attn_jax.ops.comba import context_parallel as split
 from lin_attn_jax.ops.comba.inputs import core_inputs, default_scale, validate
-from lin_attn_jax.ops.common import checks, context_parallel, dispatch
-from lin_attn_jax.ops.common.chunking import chunk_layout, pad_time
-from lin_attn_jax.ops.delta_rule.chunk import chunk_terms, sweep_forms
+from lin_attn_jax.ops.common import context_parallel
+from lin_attn_jax.ops.delta_rule.chunk import chunk_erase_write
 
 
 @context_parallel.splits_sequence(lambda: split.context_parallel_comba)
@@ -82,20 +79,9 @@ def chunk_comba(q, k, v, p, g, beta, *, scale=None, initial_state=None,
   """
   _, t, _, hv, dk, _, g = validate(q, k, v, p, g, beta, initial_state,
                                    segment_ids)
-  checks.check_chunk_sizes(chunk_size, sub_chunk_size)
-  dispatch.check_impl(impl)
-  scale = default_scale(scale, dk)
-  chunk, _ = chunk_layout(t, chunk_size, sub_chunk_size)
-  out_dtype = v.dtype
-  bf16 = all(jnp.result_type(x) == jnp.bfloat16 for x in (q, k, v))
-  q, k, erase, written, g = (
-      pad_time(x, chunk)
-      for x in core_inputs(q, k, v, p, g, beta, hv, use_qk_l2norm))
-  terms = chunk_terms(scale * q, k, erase, written, g,
-                      segment_ids=segment_ids, length=t, chunk=chunk,
-                      read_before_decay=True)
-  xla, sweep_kernels = sweep_forms(
-      terms, initial_state=initial_state,
-      output_final_state=output_final_state, length=t, out_dtype=out_dtype,
-      bf16_dots=bf16)
-  return dispatch.run(impl, xla, sweep_kernels, family="delta_rule")
+  return chunk_erase_write(
+      (q, k, v), core_inputs(q, k, v, p, g, beta, hv, use_qk_l2norm),
+      scale=default_scale(scale, dk), length=t, initial_state=initial_state,
+      output_final_state=output_final_state, segment_ids=segment_ids,
+      chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, impl=impl,
+      read_before_decay=True)

@@ -28,20 +28,9 @@ def context_parallel_comba(q, k, v, p, g, beta, *, scale=None,
   """
   _, t, _, _, dk, _, _ = validate(q, k, v, p, g, beta, initial_state,
                                   segment_ids)
-  cp.local_length(t, cp.axis_size(axis_name, mesh), axis_name)
-  options = dict(scale=scale, chunk_size=chunk_size,
-                 sub_chunk_size=sub_chunk_size, use_qk_l2norm=use_qk_l2norm,
-                 impl=impl)
-
-  def device(split, whole):
-    q, k, v, p, g, beta, ids = split
-    (initial,) = whole
-    o, final = cp.split_with_state_read(
-        lambda values, state0: chunk.chunk_comba(
-            q, k, values, p, g, beta, initial_state=state0,
-            output_final_state=True, segment_ids=ids, **options),
-        v, dk, initial, ids, axis_name=axis_name)
-    return o, (final if output_final_state else None)
-
-  return cp.map_sequence(device, (q, k, v, p, g, beta, segment_ids),
-                         (initial_state,), axis_name=axis_name, mesh=mesh)
+  return cp.split_state_read_form(
+      chunk.chunk_comba, (q, k, v, p, g, beta), value_index=2, length=t,
+      key_dim=dk, initial_state=initial_state,
+      output_final_state=output_final_state, segment_ids=segment_ids,
+      axis_name=axis_name, mesh=mesh, scale=scale, chunk_size=chunk_size,
+      sub_chunk_size=sub_chunk_size, use_qk_l2norm=use_qk_l2norm, impl=impl)

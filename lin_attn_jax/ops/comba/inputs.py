@@ -8,11 +8,12 @@ k and the erase key p have ``H`` heads; v, g, beta and the state have
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
-from lin_attn_jax.ops.delta_rule.inputs import (check_value_heads,
-                                                default_scale,
+from lin_attn_jax.ops.delta_rule.inputs import (check_call, default_scale,
                                                 expand_query_key,
                                                 l2_normalize)
 from lin_attn_jax.ops.gated_linear.inputs import normalise_gate
@@ -23,7 +24,7 @@ __all__ = ["core_inputs", "default_scale", "expand_erase_key", "validate",
 _F32 = jnp.float32
 
 
-def _check(q, p, g, beta, lead, lead_layout, hv, dk):
+def _check(q, p, g, beta, lead, lead_layout, hv, dk, dv):
   """p like q; g and beta ``lead + [HV]``, g a log-decay. Returns g
   float32 ``lead + [HV, 1]``."""
   layout = "[" + ", ".join(lead_layout)
@@ -44,20 +45,17 @@ def _check(q, p, g, beta, lead, lead_layout, hv, dk):
 def validate(q, k, v, p, g, beta, initial_state, segment_ids):
   """Checks a sequence call; returns ``(B, T, H, HV, K, V, g [B, T, HV,
   1])``."""
-  (bs, t), h, hv, dk, dv = check_value_heads(q, k, v, ("B", "T"))
-  g = _check(q, p, g, beta, (bs, t), ("B", "T"), hv, dk)
-  checks.check_state("initial_state", initial_state, (bs, hv, dk, dv),
-                     "[B, HV, K, V]")
-  checks.check_segment_ids(segment_ids, bs, t)
+  (bs, t), h, hv, dk, dv, g = check_call(
+      q, k, v, initial_state, segment_ids,
+      functools.partial(_check, q, p, g, beta), step=False)
   return bs, t, h, hv, dk, dv, g
 
 
 def validate_step(q, k, v, p, g, beta, state, reset):
   """Checks a decoding step; returns ``(B, H, HV, K, V, g [B, HV, 1])``."""
-  (bs,), h, hv, dk, dv = check_value_heads(q, k, v, ("B",))
-  g = _check(q, p, g, beta, (bs,), ("B",), hv, dk)
-  checks.check_state("state", state, (bs, hv, dk, dv), "[B, HV, K, V]")
-  checks.check_reset(reset, bs)
+  (bs,), h, hv, dk, dv, g = check_call(
+      q, k, v, state, reset, functools.partial(_check, q, p, g, beta),
+      step=True)
   return bs, h, hv, dk, dv, g
 
 

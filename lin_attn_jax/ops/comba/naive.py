@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from lin_attn_jax.ops.comba.inputs import (default_scale, expand_erase_key,
                                            validate)
-from lin_attn_jax.ops.common.segments import reset_flags
+from lin_attn_jax.ops.common.segments import scan_tokens
 from lin_attn_jax.ops.delta_rule.inputs import expand_query_key
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -44,11 +44,9 @@ def naive_recurrent_comba(q, k, v, p, g, beta, *, scale=None,
   p = expand_erase_key(p, hv, use_qk_l2norm)                  # [B, T, HV, K]
   state = (jnp.zeros((bs, hv, dk, dv), jnp.float32) if initial_state is None
            else jnp.asarray(initial_state, jnp.float32))
-  reset = reset_flags(segment_ids, bs, t)
 
   def step(state, inputs):
-    q_t, k_t, v_t, p_t, g_t, beta_t, reset_t = inputs   # [B, HV, *], [B]
-    state = jnp.where(reset_t[:, None, None, None], 0.0, state)
+    q_t, k_t, v_t, p_t, g_t, beta_t = inputs            # [B, HV, *]
     read = jnp.einsum("bhk,bhkv->bhv", p_t, state,
                       precision=_HIGHEST)                   # [B, HV, V]
     state = jnp.exp(g_t)[..., None] * state + k_t[..., :, None] * (
@@ -56,8 +54,5 @@ def naive_recurrent_comba(q, k, v, p, g, beta, *, scale=None,
     o_t = jnp.einsum("bhk,bhkv->bhv", scale * q_t, state, precision=_HIGHEST)
     return state, o_t
 
-  time_major = [jnp.moveaxis(jnp.asarray(x, jnp.float32), 1, 0)
-                for x in (q, k, v, p, g, beta)]
-  state, o = jax.lax.scan(step, state, (*time_major, reset.T))
-  o = jnp.moveaxis(o, 0, 1).astype(v.dtype)                 # [B, T, HV, V]
-  return o, (state if output_final_state else None)
+  o, state = scan_tokens(step, (q, k, v, p, g, beta), state, segment_ids)
+  return o.astype(v.dtype), (state if output_final_state else None)

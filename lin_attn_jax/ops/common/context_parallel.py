@@ -237,6 +237,49 @@ def split_with_state_read(run: Callable, v, key_dim: int, initial_state,
   return add_state_read(o, reads, entering).astype(v.dtype), final
 
 
+
+def split_state_read_form(chunk_form: Callable, inputs: tuple, *,
+                          value_index: int, length: int, key_dim: int,
+                          initial_state, output_final_state: bool,
+                          segment_ids, axis_name: str, mesh=None,
+                          widen: Callable | None = None, **options):
+  """A chunk form whose transitions ignore the values, with T split over
+  the devices of ``axis_name`` (``split_with_state_read`` on every device).
+
+  Args:
+    chunk_form: ``chunk_form(*inputs, initial_state=, output_final_state=,
+      segment_ids=, **options) -> (o, final state)``.
+    inputs: the form's leading ``[B, T, ...]`` arguments, validated;
+      ``inputs[value_index]`` is ``v [B, T, H, V]``.
+    length: ``T``; key_dim: ``K``, the state's key width.
+    widen: ``(device_inputs, key_dim) -> device_inputs`` for the run with
+      ``K`` extra value columns (a value-width gate gets ``K`` columns of
+      its own), or None.
+    options: passed to ``chunk_form`` on every device.
+  Returns:
+    ``(o [B, T, H, V] in v's dtype, final state [B, H, K, V] or None)``.
+  """
+  local_length(length, axis_size(axis_name, mesh), axis_name)
+
+  def device(split, whole):
+    *local, ids = split
+    (initial,) = whole
+    if widen is not None:
+      local = list(widen(tuple(local), key_dim))
+
+    def run(values, state0):
+      args = list(local)
+      args[value_index] = values
+      return chunk_form(*args, initial_state=state0, output_final_state=True,
+                        segment_ids=ids, **options)
+
+    o, final = split_with_state_read(run, local[value_index], key_dim,
+                                     initial, ids, axis_name=axis_name)
+    return o, (final if output_final_state else None)
+
+  return map_sequence(device, tuple(inputs) + (segment_ids,),
+                      (initial_state,), axis_name=axis_name, mesh=mesh)
+
 def apply_matrix(transition, state):
   """``M S`` for ``M [B, H, K, K]`` and ``S [B, H, K, V]``."""
   return jnp.einsum("bhkl,bhlv->bhkv", transition, state,

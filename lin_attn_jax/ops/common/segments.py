@@ -8,6 +8,7 @@ documents (``[0, 0, 1, 1, 0]`` is three documents).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common.chunking import pad_time, split_chunks
@@ -21,6 +22,33 @@ def reset_flags(segment_ids, batch: int, length: int):
   changed = ids[:, 1:] != ids[:, :-1]
   return jnp.concatenate([jnp.zeros((batch, 1), dtype=bool), changed], axis=1)
 
+
+
+def scan_tokens(step, inputs, state, segment_ids):
+  """``lax.scan`` of ``step(state, inputs_t) -> (state, o_t)`` over T, with
+  the state zeroed where a document starts (the naive forms' loop).
+
+  Args:
+    step: the recurrence at one token; ``inputs_t`` holds every input at
+      that token, float32 ``[B, ...]``.
+    inputs: ``[B, T, ...]`` arrays.
+    state: the state before the first token, float32 ``[B, ...]``.
+    segment_ids: ``[B, T]`` int or None.
+  Returns:
+    ``(o [B, T, ...] float32, final state)``.
+  """
+  bs, t = inputs[0].shape[:2]
+
+  def body(state, xs):
+    *inputs_t, reset_t = xs                                     # [B, ...], [B]
+    reset_t = reset_t.reshape((bs,) + (1,) * (state.ndim - 1))
+    return step(jnp.where(reset_t, 0.0, state), tuple(inputs_t))
+
+  time_major = [jnp.moveaxis(jnp.asarray(x, jnp.float32), 1, 0)
+                for x in inputs]                                # [T, B, ...]
+  state, o = jax.lax.scan(
+      body, state, (*time_major, reset_flags(segment_ids, bs, t).T))
+  return jnp.moveaxis(o, 0, 1), state
 
 def document_index(segment_ids, batch: int, length: int):
   """``[B, T]`` int32: how many resets happened up to and including t.

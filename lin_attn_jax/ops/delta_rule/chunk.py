@@ -411,6 +411,38 @@ def sweep_forms(terms: ChunkTerms, *, initial_state, output_final_state,
   return xla, sweep_kernels
 
 
+
+def chunk_erase_write(dtypes, core_inputs, *, scale, length, initial_state,
+                      output_final_state, segment_ids, chunk_size,
+                      sub_chunk_size, impl, read_before_decay=False):
+  """The chunk form of a variant given by its erase keys and written values
+  (Gated DeltaNet-2, Comba): steps 1-3 (``chunk_terms``) in XLA, steps 4-5
+  (``sweep_forms``) in XLA or as the Pallas sweep kernels, by ``impl``.
+
+  Args:
+    dtypes: the variant's ``(q, k, v)`` as given: o is in v's dtype, and
+      the kernels' matmul operands are bfloat16 when all three are.
+    core_inputs: float32 ``(q, k, erase, written, g)``, ``[B, T, HV, *]``,
+      q not yet scaled (``chunk_terms``' arguments).
+    scale: the query scale; length: ``T``; read_before_decay: as in
+      ``chunk_terms``; the rest as in ``chunk_delta_rule``.
+  Returns:
+    ``(o [B, T, HV, V], final_state [B, HV, K, V] float32 or None)``.
+  """
+  checks.check_chunk_sizes(chunk_size, sub_chunk_size)
+  dispatch.check_impl(impl)
+  chunk, _ = chunk_layout(length, chunk_size, sub_chunk_size)
+  q, k, erase, written, g = (pad_time(x, chunk) for x in core_inputs)
+  terms = chunk_terms(scale * q, k, erase, written, g,
+                      segment_ids=segment_ids, length=length, chunk=chunk,
+                      read_before_decay=read_before_decay)
+  xla, sweep_kernels = sweep_forms(
+      terms, initial_state=initial_state,
+      output_final_state=output_final_state, length=length,
+      out_dtype=dtypes[2].dtype,
+      bf16_dots=all(jnp.result_type(x) == jnp.bfloat16 for x in dtypes))
+  return dispatch.run(impl, xla, sweep_kernels, family="delta_rule")
+
 # The input dtypes that run the chunk-parallel kernels on CUDA
 # (``pallas_kernels.delta_rule.chunk_delta_rule_gpu``); float32 inputs run
 # the sweep kernels there, since the chunk-parallel sweeps' float32 state

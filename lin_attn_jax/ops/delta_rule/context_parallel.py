@@ -37,19 +37,9 @@ def context_parallel_delta_rule(q, k, v, beta, g=None, *, scale=None,
   > 1.
   """
   _, t, _, _, dk, _, _ = validate(q, k, v, beta, g, initial_state, segment_ids)
-  cp.local_length(t, cp.axis_size(axis_name, mesh), axis_name)
-  options = dict(scale=scale, chunk_size=chunk_size,
-                 sub_chunk_size=sub_chunk_size, use_qk_l2norm=use_qk_l2norm)
-
-  def device(split, whole):
-    q, k, v, beta, g, ids = split
-    (initial,) = whole
-    o, final = cp.split_with_state_read(
-        lambda values, state0: chunk.chunk_delta_rule(
-            q, k, values, beta, g, initial_state=state0,
-            output_final_state=True, segment_ids=ids, impl=impl, **options),
-        v, dk, initial, ids, axis_name=axis_name)
-    return o, (final if output_final_state else None)
-
-  return cp.map_sequence(device, (q, k, v, beta, g, segment_ids),
-                         (initial_state,), axis_name=axis_name, mesh=mesh)
+  return cp.split_state_read_form(
+      chunk.chunk_delta_rule, (q, k, v, beta, g), value_index=2, length=t,
+      key_dim=dk, initial_state=initial_state,
+      output_final_state=output_final_state, segment_ids=segment_ids,
+      axis_name=axis_name, mesh=mesh, scale=scale, chunk_size=chunk_size,
+      sub_chunk_size=sub_chunk_size, use_qk_l2norm=use_qk_l2norm, impl=impl)

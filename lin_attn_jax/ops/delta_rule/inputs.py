@@ -8,14 +8,17 @@ is ``[B, HV, K, V]``, one ``[K, V]`` matrix per value head.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
 from lin_attn_jax.ops.gated_linear.inputs import default_scale, normalise_gate
 
-__all__ = ["check_value_heads", "default_scale", "expand_query_key",
-           "gate_before_beta", "l2_normalize", "validate", "validate_step"]
+__all__ = ["check_call", "check_value_heads", "default_scale",
+           "expand_query_key", "gate_before_beta", "l2_normalize", "validate",
+           "validate_step"]
 
 L2_EPS = 1e-6
 
@@ -48,9 +51,35 @@ def check_value_heads(q, k, v, lead_layout):
   return qs[:-2], h, hv, qs[-1], vs[-1]
 
 
-def _check_beta(beta, expected, layout):
+def check_call(q, k, v, state, positions, check_gates, *, step: bool):
+  """The checks of a call with grouped value heads, in this order: q, k and
+  v (``check_value_heads``), ``check_gates(lead, lead_layout, HV, K, V)``
+  (the variant's own arguments), the state ``[B, HV, K, V]`` and the
+  positions: a sequence call (q ``[B, T, H, K]``) takes ``initial_state``
+  and ``segment_ids``, a decoding step (``step``, q ``[B, H, K]``)
+  ``state`` and ``reset``.
+
+  Returns:
+    ``(lead, H, HV, K, V, check_gates' result)``.
+  """
+  lead_layout = ("B",) if step else ("B", "T")
+  lead, h, hv, dk, dv = check_value_heads(q, k, v, lead_layout)
+  gates = check_gates(lead, lead_layout, hv, dk, dv)
+  checks.check_state("state" if step else "initial_state", state,
+                     (lead[0], hv, dk, dv), "[B, HV, K, V]")
+  if step:
+    checks.check_reset(positions, lead[0])
+  else:
+    checks.check_segment_ids(positions, *lead)
+  return lead, h, hv, dk, dv, gates
+
+
+def _check_gates(beta, g, gate_kinds, lead, lead_layout, hv, dk, dv):
+  """beta ``lead + [HV]``; returns g normalised (``normalise_gate``)."""
+  layout = "[" + ", ".join(lead_layout) + ", HV]"
   checks.check_float("beta", beta)
-  checks.check_shape("beta", beta, expected, layout)
+  checks.check_shape("beta", beta, tuple(lead) + (hv,), layout)
+  return normalise_gate(g, tuple(lead) + (hv,), dk, "g", gate_kinds, layout)
 
 
 def validate(q, k, v, beta, g, initial_state, segment_ids, *,
@@ -61,23 +90,18 @@ def validate(q, k, v, beta, g, initial_state, segment_ids, *,
     ``(B, T, H, HV, K, V, g)`` with ``g`` float32 ``[B, T, HV, G]`` (``G`` 1
     or ``K``) or None.
   """
-  (b, t), h, hv, dk, dv = check_value_heads(q, k, v, ("B", "T"))
-  _check_beta(beta, (b, t, hv), "[B, T, HV]")
-  g = normalise_gate(g, (b, t, hv), dk, "g", gate_kinds, "[B, T, HV]")
-  checks.check_state("initial_state", initial_state, (b, hv, dk, dv),
-                     "[B, HV, K, V]")
-  checks.check_segment_ids(segment_ids, b, t)
+  (b, t), h, hv, dk, dv, g = check_call(
+      q, k, v, initial_state, segment_ids,
+      functools.partial(_check_gates, beta, g, gate_kinds), step=False)
   return b, t, h, hv, dk, dv, g
 
 
 def validate_step(q, k, v, beta, g, state, reset, *,
                   gate_kinds=("scalar", "channel")):
   """Checks a decoding step; returns ``(B, H, HV, K, V, g [B, HV, G])``."""
-  (b,), h, hv, dk, dv = check_value_heads(q, k, v, ("B",))
-  _check_beta(beta, (b, hv), "[B, HV]")
-  g = normalise_gate(g, (b, hv), dk, "g", gate_kinds, "[B, HV]")
-  checks.check_state("state", state, (b, hv, dk, dv), "[B, HV, K, V]")
-  checks.check_reset(reset, b)
+  (b,), h, hv, dk, dv, g = check_call(
+      q, k, v, state, reset,
+      functools.partial(_check_gates, beta, g, gate_kinds), step=True)
   return b, h, hv, dk, dv, g
 
 

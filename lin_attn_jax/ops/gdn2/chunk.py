@@ -25,11 +25,8 @@ Letters as in ``delta_rule/chunk.py``.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
-from lin_attn_jax.ops.common import checks, context_parallel, dispatch
-from lin_attn_jax.ops.common.chunking import chunk_layout, pad_time
-from lin_attn_jax.ops.delta_rule.chunk import chunk_terms, sweep_forms
+from lin_attn_jax.ops.common import context_parallel
+from lin_attn_jax.ops.delta_rule.chunk import chunk_erase_write
 from lin_attn_jax.ops.gdn2 import context_parallel as split
 from lin_attn_jax.ops.gdn2.inputs import core_inputs, default_scale, validate
 
@@ -80,19 +77,8 @@ def chunk_gdn2(q, k, v, g, b, w, *, scale=None, initial_state=None,
   """
   _, t, _, hv, dk, _ = validate(q, k, v, g, b, w, initial_state,
                                 segment_ids)
-  checks.check_chunk_sizes(chunk_size, sub_chunk_size)
-  dispatch.check_impl(impl)
-  scale = default_scale(scale, dk)
-  chunk, _ = chunk_layout(t, chunk_size, sub_chunk_size)
-  out_dtype = v.dtype
-  bf16 = all(jnp.result_type(x) == jnp.bfloat16 for x in (q, k, v))
-  q, k, erase, written, g = (
-      pad_time(x, chunk)
-      for x in core_inputs(q, k, v, g, b, w, hv, use_qk_l2norm))
-  terms = chunk_terms(scale * q, k, erase, written, g,
-                      segment_ids=segment_ids, length=t, chunk=chunk)
-  xla, sweep_kernels = sweep_forms(
-      terms, initial_state=initial_state,
-      output_final_state=output_final_state, length=t, out_dtype=out_dtype,
-      bf16_dots=bf16)
-  return dispatch.run(impl, xla, sweep_kernels, family="delta_rule")
+  return chunk_erase_write(
+      (q, k, v), core_inputs(q, k, v, g, b, w, hv, use_qk_l2norm),
+      scale=default_scale(scale, dk), length=t, initial_state=initial_state,
+      output_final_state=output_final_state, segment_ids=segment_ids,
+      chunk_size=chunk_size, sub_chunk_size=sub_chunk_size, impl=impl)

@@ -30,24 +30,20 @@ def context_parallel_gdn2(q, k, v, g, b, w, *, scale=None,
   itself when the current mesh has a ``"sequence"`` axis of size > 1.
   """
   _, t, _, _, dk, _ = validate(q, k, v, g, b, w, initial_state, segment_ids)
-  cp.local_length(t, cp.axis_size(axis_name, mesh), axis_name)
-  options = dict(scale=scale, chunk_size=chunk_size,
-                 sub_chunk_size=sub_chunk_size, use_qk_l2norm=use_qk_l2norm,
-                 impl=impl)
+  return cp.split_state_read_form(
+      chunk.chunk_gdn2, (q, k, v, g, b, w), value_index=2, length=t,
+      key_dim=dk, initial_state=initial_state,
+      output_final_state=output_final_state, segment_ids=segment_ids,
+      axis_name=axis_name, mesh=mesh, widen=_widen_write_gate, scale=scale,
+      chunk_size=chunk_size, sub_chunk_size=sub_chunk_size,
+      use_qk_l2norm=use_qk_l2norm, impl=impl)
 
-  def device(split, whole):
-    q, k, v, g, b, w, ids = split
-    (initial,) = whole
-    # The extra value columns are zeros: their write gate is immaterial.
-    w_read = jnp.concatenate(
-        [jnp.asarray(w, jnp.float32),
-         jnp.ones(w.shape[:-1] + (dk,), jnp.float32)], axis=-1)
-    o, final = cp.split_with_state_read(
-        lambda values, state0: chunk.chunk_gdn2(
-            q, k, values, g, b, w_read, initial_state=state0,
-            output_final_state=True, segment_ids=ids, **options),
-        v, dk, initial, ids, axis_name=axis_name)
-    return o, (final if output_final_state else None)
 
-  return cp.map_sequence(device, (q, k, v, g, b, w, segment_ids),
-                         (initial_state,), axis_name=axis_name, mesh=mesh)
+def _widen_write_gate(inputs, key_dim):
+  """w with ``key_dim`` columns of ones for the extra value columns (zeros:
+  their write gate is immaterial)."""
+  q, k, v, g, b, w = inputs
+  w = jnp.concatenate([jnp.asarray(w, jnp.float32),
+                       jnp.ones(w.shape[:-1] + (key_dim,), jnp.float32)],
+                      axis=-1)                                  # [B,L,HV,V+K]
+  return q, k, v, g, b, w

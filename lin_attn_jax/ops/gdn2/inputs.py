@@ -8,11 +8,12 @@ H)``.
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 
 from lin_attn_jax.ops.common import checks
-from lin_attn_jax.ops.delta_rule.inputs import (check_value_heads,
-                                                default_scale,
+from lin_attn_jax.ops.delta_rule.inputs import (check_call, default_scale,
                                                 expand_query_key)
 from lin_attn_jax.ops.gated_linear.inputs import normalise_gate
 
@@ -34,20 +35,17 @@ def _check_gates(g, b, w, lead, lead_layout, hv, dk, dv):
 
 def validate(q, k, v, g, b, w, initial_state, segment_ids):
   """Checks a sequence call; returns ``(B, T, H, HV, K, V)``."""
-  (bs, t), h, hv, dk, dv = check_value_heads(q, k, v, ("B", "T"))
-  _check_gates(g, b, w, (bs, t), ("B", "T"), hv, dk, dv)
-  checks.check_state("initial_state", initial_state, (bs, hv, dk, dv),
-                     "[B, HV, K, V]")
-  checks.check_segment_ids(segment_ids, bs, t)
+  (bs, t), h, hv, dk, dv, _ = check_call(
+      q, k, v, initial_state, segment_ids,
+      functools.partial(_check_gates, g, b, w), step=False)
   return bs, t, h, hv, dk, dv
 
 
 def validate_step(q, k, v, g, b, w, state, reset):
   """Checks a decoding step; returns ``(B, H, HV, K, V)``."""
-  (bs,), h, hv, dk, dv = check_value_heads(q, k, v, ("B",))
-  _check_gates(g, b, w, (bs,), ("B",), hv, dk, dv)
-  checks.check_state("state", state, (bs, hv, dk, dv), "[B, HV, K, V]")
-  checks.check_reset(reset, bs)
+  (bs,), h, hv, dk, dv, _ = check_call(
+      q, k, v, state, reset, functools.partial(_check_gates, g, b, w),
+      step=True)
   return bs, h, hv, dk, dv
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common.segments import reset_flags
+from lin_attn_jax.ops.common.segments import scan_tokens
 from lin_attn_jax.ops.gdn2.inputs import (default_scale, expand_query_key,
                                           validate)
 
@@ -38,11 +38,9 @@ def naive_recurrent_gdn2(q, k, v, g, b, w, *, scale=None, initial_state=None,
   q, k = expand_query_key(q, k, hv, use_qk_l2norm)            # [B, T, HV, K]
   state = (jnp.zeros((bs, hv, dk, dv), jnp.float32) if initial_state is None
            else jnp.asarray(initial_state, jnp.float32))
-  reset = reset_flags(segment_ids, bs, t)
 
   def step(state, inputs):
-    q_t, k_t, v_t, g_t, b_t, w_t, reset_t = inputs     # [B, HV, *], [B]
-    state = jnp.where(reset_t[:, None, None, None], 0.0, state)
+    q_t, k_t, v_t, g_t, b_t, w_t = inputs              # [B, HV, *]
     state = jnp.exp(g_t)[..., None] * state                 # [B, HV, K, V]
     erased = jnp.einsum("bhk,bhkv->bhv", b_t * k_t, state,
                         precision=_HIGHEST)                 # [B, HV, V]
@@ -50,8 +48,5 @@ def naive_recurrent_gdn2(q, k, v, g, b, w, *, scale=None, initial_state=None,
     o_t = jnp.einsum("bhk,bhkv->bhv", scale * q_t, state, precision=_HIGHEST)
     return state, o_t
 
-  time_major = [jnp.moveaxis(jnp.asarray(x, jnp.float32), 1, 0)
-                for x in (q, k, v, g, b, w)]
-  state, o = jax.lax.scan(step, state, (*time_major, reset.T))
-  o = jnp.moveaxis(o, 0, 1).astype(v.dtype)                 # [B, T, HV, V]
-  return o, (state if output_final_state else None)
+  o, state = scan_tokens(step, (q, k, v, g, b, w), state, segment_ids)
+  return o.astype(v.dtype), (state if output_final_state else None)

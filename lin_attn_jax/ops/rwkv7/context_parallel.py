@@ -18,7 +18,8 @@ from lin_attn_jax.ops.rwkv7.inputs import validate
 def context_parallel_rwkv7(r, w, k, v, a, b, *, scale=None,
                            initial_state=None, output_final_state=False,
                            segment_ids=None, chunk_size=64, sub_chunk_size=8,
-                           min_log_decay=None, axis_name=cp.SEQUENCE_AXIS, mesh=None):
+                           min_log_decay=None, axis_name=cp.SEQUENCE_AXIS,
+                           mesh=None):
   """``chunk_rwkv7`` with T split over the devices of ``axis_name``.
 
   Arguments and result as in ``chunk_rwkv7``, plus ``axis_name`` and
@@ -26,19 +27,9 @@ def context_parallel_rwkv7(r, w, k, v, a, b, *, scale=None,
   this itself when the current mesh has a ``"sequence"`` axis of size > 1.
   """
   _, t, _, dk, _ = validate(r, w, k, v, a, b, initial_state, segment_ids)
-  cp.local_length(t, cp.axis_size(axis_name, mesh), axis_name)
-  options = dict(scale=scale, chunk_size=chunk_size,
-                 sub_chunk_size=sub_chunk_size, min_log_decay=min_log_decay)
-
-  def device(split, whole):
-    r, w, k, v, a, b, ids = split
-    (initial,) = whole
-    o, final = cp.split_with_state_read(
-        lambda values, state0: chunk.chunk_rwkv7(
-            r, w, k, values, a, b, initial_state=state0,
-            output_final_state=True, segment_ids=ids, **options),
-        v, dk, initial, ids, axis_name=axis_name)
-    return o, (final if output_final_state else None)
-
-  return cp.map_sequence(device, (r, w, k, v, a, b, segment_ids),
-                         (initial_state,), axis_name=axis_name, mesh=mesh)
+  return cp.split_state_read_form(
+      chunk.chunk_rwkv7, (r, w, k, v, a, b), value_index=3, length=t,
+      key_dim=dk, initial_state=initial_state,
+      output_final_state=output_final_state, segment_ids=segment_ids,
+      axis_name=axis_name, mesh=mesh, scale=scale, chunk_size=chunk_size,
+      sub_chunk_size=sub_chunk_size, min_log_decay=min_log_decay)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common.segments import reset_flags
+from lin_attn_jax.ops.common.segments import scan_tokens
 from lin_attn_jax.ops.rwkv7.inputs import default_scale, validate
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -36,11 +36,9 @@ def naive_recurrent_rwkv7(r, w, k, v, a, b, *, scale=None,
   scale = default_scale(scale, dk)
   state = (jnp.zeros((bs, h, dk, dv), jnp.float32) if initial_state is None
            else jnp.asarray(initial_state, jnp.float32))
-  reset = reset_flags(segment_ids, bs, t)
 
   def step(state, inputs):
-    r_t, w_t, k_t, v_t, a_t, b_t, reset_t = inputs     # [B, H, K], [B]
-    state = jnp.where(reset_t[:, None, None, None], 0.0, state)
+    r_t, w_t, k_t, v_t, a_t, b_t = inputs              # [B, H, *]
     read = jnp.einsum("bhk,bhkv->bhv", a_t, state, precision=_HIGHEST)
     state = (jnp.exp(w_t)[..., None] * state
              + b_t[..., :, None] * read[..., None, :]
@@ -48,8 +46,5 @@ def naive_recurrent_rwkv7(r, w, k, v, a, b, *, scale=None,
     o_t = jnp.einsum("bhk,bhkv->bhv", scale * r_t, state, precision=_HIGHEST)
     return state, o_t
 
-  time_major = [jnp.moveaxis(jnp.asarray(x, jnp.float32), 1, 0)
-                for x in (r, w, k, v, a, b)]
-  state, o = jax.lax.scan(step, state, (*time_major, reset.T))
-  o = jnp.moveaxis(o, 0, 1).astype(v.dtype)                 # [B, T, H, V]
-  return o, (state if output_final_state else None)
+  o, state = scan_tokens(step, (r, w, k, v, a, b), state, segment_ids)
+  return o.astype(v.dtype), (state if output_final_state else None)
