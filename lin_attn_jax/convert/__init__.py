@@ -30,9 +30,12 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
-from lin_attn_jax.convert import architectures, core, safetensors_io
+from lin_attn_jax import sharding as shd
+from lin_attn_jax.convert import architectures, core, safetensors_io, sharded
 from lin_attn_jax.data import tokenizers
 from lin_attn_jax.models.lm import LM, LMConfig
 
@@ -93,6 +96,38 @@ def load_pretrained(path: str, *, param_dtype=None,
   if with_tokenizer:
     return lm, lm.config, hf, checkpoint_tokenizer(path)
   return lm, lm.config, hf
+
+
+def load_sharded(path: str, mesh: jax.sharding.Mesh,
+                 rules: str | shd.Rules = "fsdp", *, param_dtype=None):
+  """``(LM, LMConfig, hf_config)`` from the checkpoint at ``path``, every
+  parameter created directly in its sharded layout on ``mesh`` (the
+  ``NamedSharding`` that ``sharding.state_shardings`` gives it under
+  ``rules``).
+
+  Each process reads, through memory maps of the safetensors files, only
+  the slices of the tensors that its devices hold; no tensor is
+  materialised whole on one host or device (see ``convert.sharded`` for
+  how each conversion entry is sliced). The values equal
+  ``load_pretrained``'s, cast to ``param_dtype`` (default the config's,
+  float32). Tensors are checked as by ``load_pretrained`` before anything
+  is read.
+  """
+  hf = core.read_config(path)
+  config, entries, abstract = plan(hf)
+  tensors = safetensors_io.checkpoint_tensors(path)
+  core.check_tensors(tensors, core.expected_tensors(entries, abstract),
+                     architectures.ignored_tensor)
+  if param_dtype is not None:
+    config = dataclasses.replace(config, param_dtype=param_dtype)
+  model = nnx.eval_shape(lambda: LM(config, rngs=nnx.Rngs(0)))
+  shardings = nnx.to_pure_dict(shd.state_shardings(
+      nnx.state(model, core.LOADED), mesh, rules))
+  loaded = sharded.sharded_params(entries, tensors, abstract, shardings,
+                                  jnp.dtype(config.param_dtype))
+  graphdef, state = nnx.split(model)
+  nnx.replace_by_pure_dict(state, loaded.params)
+  return nnx.merge(graphdef, state), config, hf
 
 
 def checkpoint_tokenizer(path: str) -> tokenizers.Tokenizer | None:
@@ -158,4 +193,4 @@ def export_pretrained(lm: LM, hf: dict, path: str, *,
 
 __all__ = ["SUPPORTED", "checkpoint_tokenizer", "convert_checkpoint",
            "expected_tensors",
-           "export_pretrained", "load_pretrained", "plan"]
+           "export_pretrained", "load_pretrained", "load_sharded", "plan"]
