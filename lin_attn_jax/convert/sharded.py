@@ -15,7 +15,9 @@ HF tensors:
 - any other entry whose ``to_ours`` only moves elements (reshapes,
   transposes, splits, concatenations, head tilings) is traced on an int32
   index array of each HF tensor's size: the indices a slice of the output
-  takes give the box of each HF tensor to read. The index map costs four
+  takes give the boxes of each HF tensor to read (one per run of
+  consecutive leading indices, so that interleaved heads are read only
+  where the slice needs them). The index map costs four
   bytes per element of the tensor on the host, transiently; no weight is
   read beyond the box. "Only moves elements" is checked: ``to_ours`` must
   keep integers integers and commute with ``x + 1`` and ``2 * x``;
@@ -125,14 +127,29 @@ class _Slicer:
     for j, info in enumerate(self.infos):
       offset, size = self.offsets[j], self.sizes[j]
       mask = (flat >= offset) & (flat < offset + size)
-      if not mask.any():
-        continue
-      coords = np.unravel_index(flat[mask] - offset, info.shape)
-      lows = [int(c.min()) for c in coords]
+      if mask.any():
+        out[mask] = self._gather(info, flat[mask] - offset)
+    return out
+
+  @staticmethod
+  def _gather(info: TensorInfo, flat: np.ndarray) -> np.ndarray:
+    """``info``'s elements at the flat indices ``flat``, read as one box per
+    run of consecutive leading indices (rows of interleaved heads are not
+    read for the heads between them)."""
+    if not info.shape:
+      return np.full(flat.shape, info.read_slice(()), np.float32)
+    coords = np.unravel_index(flat, info.shape)
+    rows = np.unique(coords[0])
+    breaks = np.flatnonzero(np.diff(rows) > 1)
+    out = np.empty(flat.shape, np.float32)
+    for run in np.split(rows, breaks + 1):
+      here = (coords[0] >= run[0]) & (coords[0] <= run[-1])
+      sub = [c[here] for c in coords]
+      lows = [int(c.min()) for c in sub]
       part = info.read_slice(tuple(
-          slice(lo, int(c.max()) + 1) for lo, c in zip(lows, coords)))
-      out[mask] = np.asarray(part, np.float32)[
-          tuple(c - lo for c, lo in zip(coords, lows))]
+          slice(lo, int(c.max()) + 1) for lo, c in zip(lows, sub)))
+      out[here] = np.asarray(part, np.float32)[
+          tuple(c - lo for c, lo in zip(sub, lows))]
     return out
 
 
