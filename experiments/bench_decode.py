@@ -117,7 +117,8 @@ def main(argv):
   source = (f"--checkpoints={','.join(names)}" if FLAGS.checkpoints else
             f"--mixers={','.join(names)} --d_model={FLAGS.d_model} "
             f"--n_layers={FLAGS.n_layers} --n_heads={FLAGS.n_heads}")
-  head = (f"| {'checkpoint' if FLAGS.checkpoints else 'mixer'} | " + " | ".join(f"ms/token @{c}" for c in contexts)
+  kind = "checkpoint" if FLAGS.checkpoints else "mixer"
+  head = (f"| {kind} | " + " | ".join(f"ms/token @{c}" for c in contexts)
           + f" | ratio {contexts[-1]}/{contexts[0]} | "
           + " | ".join(f"cache MiB @{c}" for c in contexts) + " |")
   lines = [
