@@ -12,6 +12,14 @@ arrays).
   python -m experiments.bench_decode --out=benchmarks/RESULTS.md
   python -m experiments.bench_decode --mixers=gla,softmax_attn \
       --contexts=512,8192
+
+``--checkpoints`` times HuggingFace-format checkpoints instead (each LM as
+``convert.load_pretrained`` builds it, its mixers and MLPs as they are),
+e.g. the tiny hybrids of ``tests/fixtures/hf``:
+
+  python -m experiments.bench_decode --contexts=512,1024,2048,4096,8192 \
+      --checkpoints=tests/fixtures/hf/qwen3_next_hybrid,... \
+      --out=benchmarks/RESULTS_hybrids.md
 """
 
 from __future__ import annotations
@@ -28,12 +36,15 @@ import numpy as np
 from flax import nnx
 
 from experiments.bench_utils import write_section
+from lin_attn_jax import convert
 from lin_attn_jax.layers import MIXERS
 from lin_attn_jax.models import LM, LMConfig
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("mixers", [], "Mixers to time (default: every causal one).")
 flags.DEFINE_list("contexts", ["512", "8192"], "Context lengths.")
+flags.DEFINE_list("checkpoints", [], "HuggingFace-format checkpoint "
+                  "directories to time instead of --mixers.")
 flags.DEFINE_integer("d_model", 256, "Model width.")
 flags.DEFINE_integer("n_layers", 2, "Blocks.")
 flags.DEFINE_integer("n_heads", 4, "Heads per mixer.")
@@ -48,12 +59,21 @@ def _nbytes(tree) -> int:
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _prepare(name: str, contexts):
-  """Returns (decode fn, {context: (state, cache, token)})."""
+def _model(name: str) -> LM:
+  """The LM of a checkpoint directory, or a small LM of the mixer
+  ``name``."""
+  if os.path.isdir(name):
+    return convert.load_pretrained(name)[0]
   config = LMConfig(vocab_size=256, d_model=FLAGS.d_model,
                     n_layers=FLAGS.n_layers, n_heads=FLAGS.n_heads,
                     mixer=name)
-  lm = LM(config, rngs=nnx.Rngs(0))
+  return LM(config, rngs=nnx.Rngs(0))
+
+
+def _prepare(name: str, contexts):
+  """Returns (decode fn, {context: (state, cache, token)})."""
+  lm = _model(name)
+  vocab = lm.config.vocab_size
   graphdef, state = nnx.split(lm)
 
   @jax.jit
@@ -81,7 +101,7 @@ def _prepare(name: str, contexts):
     if context % piece:
       raise ValueError(f"context {context} is not a multiple of "
                        f"--prefill_piece={piece}")
-    tokens = jnp.asarray(rng.integers(0, 256, (FLAGS.batch, context)),
+    tokens = jnp.asarray(rng.integers(0, vocab, (FLAGS.batch, context)),
                          jnp.int32)
     for start in range(0, context, piece):
       token, cache = prefill(state, cache, tokens[:, start:start + piece])
@@ -92,17 +112,19 @@ def _prepare(name: str, contexts):
 def main(argv):
   del argv
   contexts = [int(c) for c in FLAGS.contexts]
-  names = FLAGS.mixers or [n for n in MIXERS if MIXERS[n].causal]
-  head = ("| mixer | " + " | ".join(f"ms/token @{c}" for c in contexts)
+  names = (FLAGS.checkpoints or FLAGS.mixers
+           or [n for n in MIXERS if MIXERS[n].causal])
+  source = (f"--checkpoints={','.join(names)}" if FLAGS.checkpoints else
+            f"--mixers={','.join(names)} --d_model={FLAGS.d_model} "
+            f"--n_layers={FLAGS.n_layers} --n_heads={FLAGS.n_heads}")
+  kind = "checkpoint" if FLAGS.checkpoints else "mixer"
+  head = (f"| {kind} | " + " | ".join(f"ms/token @{c}" for c in contexts)
           + f" | ratio {contexts[-1]}/{contexts[0]} | "
           + " | ".join(f"cache MiB @{c}" for c in contexts) + " |")
   lines = [
-      f"Command: `python -m experiments.bench_decode "
-      f"--mixers={','.join(names)} --contexts={FLAGS.contexts[0]}"
-      f"{''.join(',' + c for c in FLAGS.contexts[1:])} --d_model="
-      f"{FLAGS.d_model} --n_layers={FLAGS.n_layers} --n_heads="
-      f"{FLAGS.n_heads} --batch={FLAGS.batch} --steps={FLAGS.steps} "
-      f"--repeats={FLAGS.repeats}`",
+      f"Command: `python -m experiments.bench_decode {source} "
+      f"--contexts={','.join(FLAGS.contexts)} --batch={FLAGS.batch} "
+      f"--steps={FLAGS.steps} --repeats={FLAGS.repeats}`",
       f"Device: {jax.devices()[0].device_kind}, {os.cpu_count()} cores; "
       f"median of {FLAGS.repeats} alternating runs of {FLAGS.steps} greedy "
       "decoding steps in one compiled scan, float32.",
@@ -120,14 +142,17 @@ def main(argv):
         times[c].append((time.perf_counter() - start) / FLAGS.steps)
     per_token = {c: statistics.median(times[c]) * 1e3 for c in contexts}
     mib = {c: _nbytes(inputs[c][1]) / 2 ** 20 for c in contexts}
-    row = (f"| {name} | " + " | ".join(f"{per_token[c]:.3f}" for c in contexts)
+    label = os.path.basename(os.path.normpath(name))
+    row = (f"| {label} | " + " | ".join(f"{per_token[c]:.3f}" for c in contexts)
            + f" | {per_token[contexts[-1]] / per_token[contexts[0]]:.2f}x | "
            + " | ".join(f"{mib[c]:.2f}" for c in contexts) + " |")
     lines.append(row)
     print(row, flush=True)
   if FLAGS.out:
-    write_section(FLAGS.out, f"bench_decode d_model={FLAGS.d_model} "
-                  f"n_layers={FLAGS.n_layers} B={FLAGS.batch}", lines)
+    title = (f"bench_decode checkpoints B={FLAGS.batch}" if FLAGS.checkpoints
+             else f"bench_decode d_model={FLAGS.d_model} "
+             f"n_layers={FLAGS.n_layers} B={FLAGS.batch}")
+    write_section(FLAGS.out, title, lines)
 
 
 if __name__ == "__main__":

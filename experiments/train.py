@@ -203,18 +203,20 @@ def announce(run: Run, say) -> None:
 
 
 def initial_params(run: Run, say):
-  """The parameters of ``--init_from`` for a new run, else None."""
+  """``(params, rest)`` of ``--init_from`` for a new run (parameters and
+  non-parameter state, the routers' selection biases included), else
+  ``(None, None)``."""
   if not FLAGS.init_from:
-    return None
+    return None, None
   if run.resume_step is not None:
     say("--init_from is ignored: the run resumes from its own checkpoint")
-    return None
+    return None, None
   try:
-    params, where = workdirs.source_params(FLAGS.init_from, run.trainer)
+    params, rest, where = workdirs.source_state(FLAGS.init_from, run.trainer)
   except (ValueError, OSError) as error:
     raise setup.FlagError("init_from", str(error)) from None
   say(f"starting from the parameters in {where}")
-  return params
+  return params, rest
 
 
 class Reporter:
@@ -343,7 +345,7 @@ def train(run: Run) -> None:
                       {"preset": run.preset,
                        "settings": experiment.to_dict()})
   announce(run, say)
-  init_params = initial_params(run, say)
+  init_params, init_rest = initial_params(run, say)
   events = run_output.EventWriter(workdirs.join(workdir, EVENTS_DIR),
                                   enabled=lead)
   reporter = Reporter(run, console, events,
@@ -358,6 +360,7 @@ def train(run: Run) -> None:
                  eval_every=experiment.eval_every,
                  eval_batches=experiment.eval_batches,
                  callbacks=[reporter], log=say, init_params=init_params,
+                 init_rest=init_rest,
                  eval_at_start=True, token_bytes=run.token_bytes)
   finally:
     console.close()

@@ -27,7 +27,8 @@ import jax
 from flax import nnx
 
 from lin_attn_jax.data import tokenizers
-from lin_attn_jax.models.checkpoints import load_params, save_params
+from lin_attn_jax.models.checkpoints import (STORED_VARIABLES, load_variables,
+                                             save_params)
 from lin_attn_jax.models.lm import LMConfig
 from lin_attn_jax.train import Checkpointer, Trainer
 from lin_attn_jax.train.loop import CHECKPOINT_DIR
@@ -114,11 +115,33 @@ def source_model_config(path: str) -> LMConfig:
 def source_params(path: str, trainer: Trainer) -> tuple[nnx.State, str]:
   """The parameters of an ``--init_from`` directory, placed as
   ``trainer``'s, and a description of where they came from."""
+  params, _, where = source_state(path, trainer)
+  return params, where
+
+
+def source_state(path: str, trainer: Trainer
+                 ) -> tuple[nnx.State, nnx.State, str]:
+  """``(params, rest, where)`` of an ``--init_from`` directory: its
+  parameters placed as ``trainer``'s, the non-parameter state of a fresh
+  ``trainer.init()`` with the stored variables (routers' selection biases)
+  put in, and where they came from."""
+  fresh = trainer.init()
   if source_kind(path) == "params":
-    params = load_params(join(path, PARAMS_DIR),
-                         trainer.abstract_state.params)
-    return params, join(path, PARAMS_DIR)
-  return checkpoint_params(join(path, CHECKPOINT_DIR), trainer)
+    stored = nnx.filter_state(fresh.rest, STORED_VARIABLES)
+    params, variables = load_variables(
+        join(path, PARAMS_DIR), trainer.abstract_state.params, stored)
+    rest = nnx.merge_state(fresh.rest, variables)
+    return params, rest, join(path, PARAMS_DIR)
+  directory = join(path, CHECKPOINT_DIR)
+  checkpointer = Checkpointer(directory, async_save=False)
+  try:
+    restored = trainer.restore(checkpointer)
+  finally:
+    checkpointer.close()
+  if restored is None:
+    raise ValueError(f"no readable checkpoint in {directory}")
+  state, _, step = restored
+  return state.params, state.rest, join(directory, str(step))
 
 
 def checkpoint_params(directory: str, trainer: Trainer

@@ -25,13 +25,17 @@ config implies before anything is converted; a bad checkpoint raises
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
-from lin_attn_jax.convert import architectures, core, safetensors_io
+from lin_attn_jax import sharding as shd
+from lin_attn_jax.convert import architectures, core, safetensors_io, sharded
 from lin_attn_jax.data import tokenizers
 from lin_attn_jax.models.lm import LM, LMConfig
 
@@ -80,7 +84,10 @@ def load_pretrained(path: str, *, param_dtype=None,
   """``(LM, LMConfig, hf_config)`` from the checkpoint at ``path``, and
   its tokenizer as a fourth element with ``with_tokenizer``.
 
-  ``param_dtype`` (e.g. ``jnp.bfloat16``) casts the float32 conversion.
+  Tensors of any floating dtype (float32, bfloat16, float16) are converted
+  in float32; ``param_dtype`` (e.g. ``jnp.bfloat16``; default the
+  config's, float32) casts the result, so a bfloat16 checkpoint loads into
+  float32 or bfloat16 parameters.
   The tokenizer is ``checkpoint_tokenizer(path)``: None when the
   checkpoint ships none.
   """
@@ -89,6 +96,38 @@ def load_pretrained(path: str, *, param_dtype=None,
   if with_tokenizer:
     return lm, lm.config, hf, checkpoint_tokenizer(path)
   return lm, lm.config, hf
+
+
+def load_sharded(path: str, mesh: jax.sharding.Mesh,
+                 rules: str | shd.Rules = "fsdp", *, param_dtype=None):
+  """``(LM, LMConfig, hf_config)`` from the checkpoint at ``path``, every
+  parameter created directly in its sharded layout on ``mesh`` (the
+  ``NamedSharding`` that ``sharding.state_shardings`` gives it under
+  ``rules``).
+
+  Each process reads, through memory maps of the safetensors files, only
+  the slices of the tensors that its devices hold; no tensor is
+  materialised whole on one host or device (see ``convert.sharded`` for
+  how each conversion entry is sliced). The values equal
+  ``load_pretrained``'s, cast to ``param_dtype`` (default the config's,
+  float32). Tensors are checked as by ``load_pretrained`` before anything
+  is read.
+  """
+  hf = core.read_config(path)
+  config, entries, abstract = plan(hf)
+  tensors = safetensors_io.checkpoint_tensors(path)
+  core.check_tensors(tensors, core.expected_tensors(entries, abstract),
+                     architectures.ignored_tensor)
+  if param_dtype is not None:
+    config = dataclasses.replace(config, param_dtype=param_dtype)
+  model = nnx.eval_shape(lambda: LM(config, rngs=nnx.Rngs(0)))
+  shardings = nnx.to_pure_dict(shd.state_shardings(
+      nnx.state(model, core.LOADED), mesh, rules))
+  loaded = sharded.sharded_params(entries, tensors, abstract, shardings,
+                                  jnp.dtype(config.param_dtype))
+  graphdef, state = nnx.split(model)
+  nnx.replace_by_pure_dict(state, loaded.params)
+  return nnx.merge(graphdef, state), config, hf
 
 
 def checkpoint_tokenizer(path: str) -> tokenizers.Tokenizer | None:
@@ -106,15 +145,25 @@ def checkpoint_tokenizer(path: str) -> tokenizers.Tokenizer | None:
   return tokenizer
 
 
-def export_pretrained(lm: LM, hf: dict, path: str) -> None:
+def export_pretrained(lm: LM, hf: dict, path: str, *,
+                      dtype=np.float32) -> None:
   """Writes ``lm`` as a HF checkpoint (``config.json`` = ``hf`` and
-  ``model.safetensors``, float32) into the new directory ``path``.
+  ``model.safetensors`` of ``dtype`` tensors: float32, or e.g.
+  ``jnp.bfloat16``) into the new directory ``path``. The tensors are
+  computed in float32 and rounded to ``dtype`` once, so a bfloat16
+  checkpoint loaded into float32 parameters exports back to the same bits
+  (entries whose transform is not exact in float32, such as a zero-centred
+  norm's ``1 + w``, can differ in the last bit).
 
   ``hf`` must describe ``lm`` (the config it was loaded with). Norm weights
   that the HF layer shares over heads must be equal over heads.
   """
   config, entries, abstract = plan(hf)
-  if config != lm.config:
+  # The parameter and compute dtypes are the loader's choice, not the
+  # checkpoint's.
+  ours = dataclasses.replace(lm.config, dtype=config.dtype,
+                             param_dtype=config.param_dtype)
+  if config != ours:
     raise ValueError("the HF config describes a different LM config than "
                      f"the model's: {config} vs {lm.config}")
   params = core.loaded_state(lm)
@@ -127,6 +176,10 @@ def export_pretrained(lm: LM, hf: dict, path: str) -> None:
         if not np.all(heads == heads[:1]):
           raise ValueError(f"{p} differs between heads; {entry.hf[0]} holds "
                            "one weight for every head")
+  dtype = np.dtype(dtype)
+  if dtype.name not in ("float32", "bfloat16", "float16"):
+    raise ValueError(f"dtype {dtype} cannot be exported; use float32, "
+                     "bfloat16 or float16")
   if os.path.exists(path):
     raise ValueError(f"{path} exists; export writes a new directory")
   os.makedirs(path)
@@ -134,10 +187,10 @@ def export_pretrained(lm: LM, hf: dict, path: str) -> None:
     json.dump(hf, f, indent=2)
   safetensors_io.write_file(
       os.path.join(path, safetensors_io.SINGLE_FILE),
-      {name: np.asarray(jax.device_get(v), np.float32)
+      {name: np.asarray(jax.device_get(v), np.float32).astype(dtype)
        for name, v in tensors.items()})
 
 
 __all__ = ["SUPPORTED", "checkpoint_tokenizer", "convert_checkpoint",
            "expected_tensors",
-           "export_pretrained", "load_pretrained", "plan"]
+           "export_pretrained", "load_pretrained", "load_sharded", "plan"]

@@ -42,16 +42,39 @@ class TensorInfo:
     self.path, self.dtype, self.shape = path, dtype, tuple(shape)
     self.start, self.end = start, end
 
-  def read(self) -> np.ndarray:
+  def _dtype(self) -> np.dtype:
     if self.dtype not in DTYPES:
       raise ValueError(f"tensor dtype {self.dtype} is not readable (known: "
                        f"{sorted(DTYPES)})")
+    return DTYPES[self.dtype].newbyteorder("<")
+
+  def read(self) -> np.ndarray:
+    """The whole tensor."""
+    dtype = self._dtype()
     with open(self.path, "rb") as f:
       (header_len,) = struct.unpack("<Q", f.read(8))
       f.seek(8 + header_len + self.start)
       data = f.read(self.end - self.start)
-    dtype = DTYPES[self.dtype].newbyteorder("<")
     return np.frombuffer(data, dtype).reshape(self.shape)
+
+  def read_slice(self, index: tuple[slice, ...]) -> np.ndarray:
+    """``tensor[index]`` (one slice with unit step per dimension), read
+    through a memory map: only the pages that hold the slice are read, and
+    only the slice is copied into memory."""
+    dtype = self._dtype()
+    if len(index) != len(self.shape):
+      raise ValueError(f"index {index} does not match the shape "
+                       f"{self.shape}")
+    if 0 in self.shape:
+      return np.zeros(self.shape, dtype)[index]
+    with open(self.path, "rb") as f:
+      (header_len,) = struct.unpack("<Q", f.read(8))
+    data = np.memmap(self.path, dtype=dtype, mode="r",
+                     offset=8 + header_len + self.start, shape=self.shape)
+    try:
+      return np.array(data[index])
+    finally:
+      del data
 
 
 def read_header(path: str) -> dict[str, TensorInfo]:

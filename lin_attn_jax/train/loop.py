@@ -182,6 +182,7 @@ def fit(trainer: Trainer, train_rows: PackedRows, *,
         callbacks: Sequence[Callable[[dict, TrainState], Any]] = (),
         log: Callable[[str], Any] | None = None,
         init_params: Any = None,
+        init_rest: Any = None,
         checkpoint_dir: str | None = None,
         eval_at_start: bool = False,
         token_bytes: np.ndarray | None = None) -> FitResult:
@@ -201,6 +202,9 @@ def fit(trainer: Trainer, train_rows: PackedRows, *,
     log: where progress lines go (default ``absl.logging.info``).
     init_params: an ``nnx.State`` of parameters to start from instead of
       the config's initialisation (ignored when resuming).
+    init_rest: with ``init_params``, the non-parameter state to start from
+      (``Trainer.init()``'s ``rest`` with stored variables such as the
+      routers' selection biases put in; ignored when resuming).
     checkpoint_dir: where checkpoints go instead of
       ``<workdir>/checkpoints`` (a local path or a ``gs://`` URL).
     eval_at_start: also evaluate the starting model of a new run (step 0),
@@ -237,6 +241,9 @@ def fit(trainer: Trainer, train_rows: PackedRows, *,
     if init_params is not None:
       state = state.replace(params=_placed(init_params,
                                            trainer.state_shardings.params))
+    if init_rest is not None:
+      state = state.replace(rest=_placed(init_rest,
+                                         trainer.state_shardings.rest))
     metrics_log.truncate_after(0)
   evaluator = (None if heldout_rows is None else
                Evaluator(trainer, heldout_rows, eval_batches, token_bytes))

@@ -129,6 +129,54 @@ def test_sharded_checkpoint_loads_the_same(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, params, want)
 
 
+def _copy_with(tmp_path, name, tensors, label):
+  out = tmp_path / label
+  out.mkdir()
+  shutil.copy(os.path.join(FIXTURES, name, "config.json"), out)
+  safetensors_io.write_file(str(out / safetensors_io.SINGLE_FILE), tensors)
+  return str(out)
+
+
+def test_bfloat16_checkpoint_loads_as_float32_or_bfloat16_and_exports(
+    tmp_path):
+  """A bfloat16 copy of the nemotron_h fixture loads into float32
+  parameters exactly as a float32 checkpoint of the same (rounded) values
+  does, into bfloat16 parameters as their rounding, and exports back to
+  the same bfloat16 bits."""
+  bf16 = jnp.bfloat16
+  rounded = {n: v.astype(bf16) for n, v in _stored(
+      os.path.join(FIXTURES, "nemotron_h")).items()}
+  low = _copy_with(tmp_path, "nemotron_h", rounded, "bf16")
+  high = _copy_with(tmp_path, "nemotron_h",
+                    {n: v.astype(np.float32) for n, v in rounded.items()},
+                    "f32")
+  assert {i.dtype for i in safetensors_io.checkpoint_tensors(low).values()
+          } == {"BF16"}
+  lm32, _, hf = convert.load_pretrained(low, param_dtype=jnp.float32)
+  want, _, _ = convert.load_pretrained(high)
+  state32, state_want = (core.loaded_state(m) for m in (lm32, want))
+  jax.tree.map(np.testing.assert_array_equal, state32, state_want)
+  lm16, config16, _ = convert.load_pretrained(low, param_dtype=bf16)
+  assert config16.param_dtype == bf16
+  params16 = nnx.to_pure_dict(nnx.state(lm16, nnx.Param))
+  assert {x.dtype for x in jax.tree.leaves(params16)} == {jnp.dtype(bf16)}
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b.astype(bf16)),
+               params16, nnx.to_pure_dict(nnx.state(want, nnx.Param)))
+  for lm, label in ((lm32, "out32"), (lm16, "out16")):
+    out = str(tmp_path / label)
+    convert.export_pretrained(lm, hf, out, dtype=bf16)
+    exported = {n: i.read()
+                for n, i in safetensors_io.checkpoint_tensors(out).items()}
+    assert sorted(exported) == sorted(rounded)
+    for name, value in rounded.items():
+      assert exported[name].dtype == value.dtype, name
+      np.testing.assert_array_equal(exported[name].view(np.uint16),
+                                    value.view(np.uint16), err_msg=name)
+  with pytest.raises(ValueError, match="cannot be exported"):
+    convert.export_pretrained(lm32, hf, str(tmp_path / "never"),
+                              dtype=np.int8)
+
+
 @pytest.mark.parametrize("spelling", ['{"__float__": "Infinity"}',
                                       "Infinity"])
 def test_mamba2_config_with_an_infinite_time_step_limit_loads(tmp_path,

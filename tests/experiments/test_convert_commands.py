@@ -42,6 +42,65 @@ def test_convert_command_writes_a_workdir_generate_reads(tmp_path):
   assert not os.path.exists(tmp_path / "never")
 
 
+def test_workdir_keeps_the_router_selection_biases(tmp_path):
+  """A nemotron_h workdir stores its routers' selection biases (not
+  parameters): the reloaded LM's logits equal ``load_pretrained``'s, and a
+  workdir written before variables were stored (parameters alone) still
+  loads, with the biases at their initial zeros."""
+  import orbax.checkpoint as ocp
+  from lin_attn_jax.layers.moe import RouterBias
+  from lin_attn_jax.models import checkpoints
+  source = os.path.join(FIXTURES, "nemotron_h")
+  work = str(tmp_path / "work")
+  convert_command.convert(source, work)
+  want, _, _ = convert.load_pretrained(source)
+  biases = nnx.to_pure_dict(nnx.state(want, RouterBias))
+  assert jax.tree.leaves(biases) and all(
+      np.abs(b).max() > 0 for b in jax.tree.leaves(biases))
+  lm = generate.load_workdir(work)
+  tokens = jnp.arange(24, dtype=jnp.int32)[None] % lm.config.vocab_size
+  forward = jax.jit(lambda s, t: nnx.merge(nnx.graphdef(lm), s)(t))
+  np.testing.assert_array_equal(forward(nnx.state(lm), tokens),
+                                forward(nnx.state(want), tokens))
+  old = str(tmp_path / "old")
+  os.makedirs(old)
+  for name in ("config.json", "hf_config.json"):
+    with open(os.path.join(work, name)) as f, open(
+        os.path.join(old, name), "w") as g:
+      g.write(f.read())
+  params = checkpoints._string_keys(
+      nnx.to_pure_dict(nnx.state(want, nnx.Param)))
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(os.path.join(old, "params"), params)
+  legacy = generate.load_workdir(old)
+  jax.tree.map(np.testing.assert_array_equal,
+               nnx.to_pure_dict(nnx.state(legacy, nnx.Param)),
+               nnx.to_pure_dict(nnx.state(want, nnx.Param)))
+  assert all(np.all(b == 0) for b in jax.tree.leaves(
+      nnx.state(legacy, RouterBias)))
+
+
+def test_init_from_a_workdir_keeps_the_router_selection_biases(tmp_path):
+  """``--init_from`` of a converted workdir starts the trainer with the
+  stored selection biases in its non-parameter state."""
+  from experiments import workdirs
+  from lin_attn_jax.layers.moe import RouterBias
+  from lin_attn_jax.train import Trainer, TrainConfig
+  source = os.path.join(FIXTURES, "nemotron_h")
+  work = str(tmp_path / "work")
+  convert_command.convert(source, work)
+  want, _, _ = convert.load_pretrained(source)
+  trainer = Trainer(workdirs.source_model_config(work),
+                    TrainConfig(batch_size=8, seq_len=8))
+  params, rest, where = workdirs.source_state(work, trainer)
+  assert where == os.path.join(work, "params")
+  jax.tree.map(np.testing.assert_array_equal,
+               nnx.to_pure_dict(nnx.filter_state(rest, RouterBias)),
+               nnx.to_pure_dict(nnx.state(want, RouterBias)))
+  jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(params),
+               nnx.to_pure_dict(nnx.state(want, nnx.Param)))
+
+
 def test_generate_model_takes_dotted_overrides():
   assert generate.model_config({}) == generate.MODEL
   config = generate.model_config({"mixer": "gla,softmax_attn",
