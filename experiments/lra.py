@@ -34,7 +34,11 @@ Presets (``PRESETS``):
   (``--workers=2``): ListOps of up to 512 tokens (at least 128), 2 layers,
   width 32, 2 heads, MLP 64, mean pooling, batch 32, 400 steps;
   Pathfinder-32 hard (1,024 pixels) with the same model, batch 32, 400
-  steps; learning rate 2e-3 with cosine decay, 1,000 test examples.
+  steps; learning rate 2e-3 with cosine decay; 12,800 ListOps and 6,400
+  Pathfinder training examples (one and two epochs), 1,000 test examples
+  each. The examples are generated once per grid (``--data_dir``, about
+  ten minutes of one core, most of it Pathfinder's) and shared by the
+  runs.
 
 Outputs in ``--out_dir``: ``lra_<preset>.jsonl`` (a line per run, written
 as runs finish; a rerun skips the runs already there), ``lra_<preset>.md``
@@ -56,6 +60,7 @@ import multiprocessing
 import os
 import resource
 import sys
+import tempfile
 import time
 from typing import Any, Mapping, Sequence
 
@@ -174,7 +179,7 @@ CPU_TASK = TaskSettings(
     seq_len=512, n_layers=2, d_model=32, n_heads=2, mlp_dim=64,
     pooling="mean", positions="learned", batch_size=32, steps=400,
     learning_rate=2e-3, warmup_steps=40, weight_decay=0.01,
-    num_train=96_000, num_test=1000)
+    num_train=12_800, num_test=1000)
 
 PRESETS = {
     "lra": Preset(
@@ -192,7 +197,8 @@ PRESETS = {
     # Sized for 2 cores in an hour with --workers=2: 16 runs of 400 steps.
     "cpu": Preset(
         mixers=tuple(VARIANTS), listops=CPU_TASK,
-        pathfinder32=dataclasses.replace(CPU_TASK, seq_len=1024)),
+        pathfinder32=dataclasses.replace(CPU_TASK, seq_len=1024,
+                                         num_train=6400)),
 }
 
 FLAGS = flags.FLAGS
@@ -210,6 +216,9 @@ def define_flags() -> None:
   flags.DEFINE_string("name", None, "file name stem (default lra_<config>)")
   flags.DEFINE_integer("workers", 1, "processes training runs side by side "
                        "(on a CPU, one per core)")
+  flags.DEFINE_string("data_dir", os.path.join(
+      tempfile.gettempdir(), "lin_attn_jax_lra"), "where the generated "
+      "examples are kept for the runs (and later calls) to share")
   flags.DEFINE_bool("report_only", False, "write the table and plot from the "
                     "results file, train nothing")
 
@@ -231,6 +240,60 @@ def datasets(preset: Preset, task: str, seed: int):
                               level=preset.level)
                for n, split in ((s.num_train, "train"),
                                 (s.num_test, "test")))
+
+
+class Materialized:
+  """An example set held as arrays (``inputs``, ``segment_ids``,
+  ``positions``, ``labels``), read as ``lra.ListOps`` is."""
+
+  def __init__(self, arrays: Mapping[str, np.ndarray], num_classes: int,
+               vocab_size: int, name: str):
+    self.arrays = dict(arrays)
+    self.num_classes, self.vocab_size = num_classes, vocab_size
+    self.seq_len = self.arrays["inputs"].shape[1]
+    self.key = (name,)
+
+  def __len__(self) -> int:
+    return len(self.arrays["labels"])
+
+  def batch(self, indices) -> dict:
+    at = np.asarray([int(i) for i in indices], np.int64)
+    return {k: v[at].astype(np.int32) for k, v in self.arrays.items()}
+
+
+def cache_path(preset: Preset, task: str, seed: int, split: str,
+               data_dir: str) -> str:
+  s = preset.settings(task)
+  count = s.num_train if split == "train" else s.num_test
+  level = f"_{preset.level}" if task == "pathfinder32" else ""
+  return os.path.join(data_dir, f"{task}{level}_T{s.seq_len}_seed{seed}_"
+                      f"{split}{count}.npz")
+
+
+def materialize(dataset, path: str, chunk: int = 1024) -> Materialized:
+  """``dataset`` generated once into ``path`` (uint8 arrays; read back on
+  later calls): the runs of a grid share their examples instead of
+  drawing them again (Pathfinder-32 costs tens of ms an image)."""
+  if not os.path.exists(path):
+    parts = [dataset.batch(range(i, min(i + chunk, len(dataset))))
+             for i in range(0, len(dataset), chunk)]
+    arrays = {k: np.concatenate([p[k] for p in parts]).astype(np.uint8)
+              for k in parts[0]}
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    np.savez(path + ".tmp.npz", **arrays)
+    os.replace(path + ".tmp.npz", path)
+  with np.load(path) as stored:
+    arrays = {k: stored[k] for k in stored.files}
+  return Materialized(arrays, dataset.num_classes, dataset.vocab_size,
+                      os.path.basename(path))
+
+
+def cached_datasets(preset: Preset, task: str, seed: int, data_dir: str):
+  """``datasets`` generated once into ``data_dir`` (``materialize``)."""
+  return tuple(materialize(d, cache_path(preset, task, seed, split,
+                                         data_dir))
+               for d, split in zip(datasets(preset, task, seed),
+                                   ("train", "test")))
 
 
 def model_config(preset: Preset, task: str, variant: str) -> ClassifierConfig:
@@ -272,15 +335,18 @@ def measure_accuracy(trainer: Trainer, state, test, batch_size: int) -> float:
   return correct / max(count, 1.0)
 
 
-def run_one(preset: Preset, task: str, variant: str, seed: int) -> dict:
-  """Trains ``variant`` on ``task`` and measures it on the test split."""
+def run_one(preset: Preset, task: str, variant: str, seed: int,
+            data_dir: str | None = None) -> dict:
+  """Trains ``variant`` on ``task`` and measures it on the test split
+  (the examples read from ``data_dir``'s cache when given)."""
   wall, cpu = time.perf_counter(), cpu_seconds()
   s = preset.settings(task)
   mesh = shd.make_mesh("fsdp=1", jax.devices()[:1])
   config = model_config(preset, task, variant)
   trainer = Trainer(config, train_config(preset, task, seed), mesh=mesh,
                     rules="dp")
-  train, test = datasets(preset, task, seed)
+  train, test = (datasets(preset, task, seed) if data_dir is None
+                 else cached_datasets(preset, task, seed, data_dir))
   rows = ExampleRows(train, seed=seed)
   state = trainer.init()
   history, data_seconds = [], 0.0
@@ -331,12 +397,19 @@ def _run_star(args):
 
 
 def run_grid(preset: Preset, results_path: str, workers: int = 1,
-             log=print) -> list[dict]:
+             log=print, data_dir: str | None = None) -> list[dict]:
   """Runs every job of ``preset`` not in ``results_path`` yet, appending a
-  line per run; returns all records."""
+  line per run; returns all records. With ``data_dir`` the examples of
+  each (task, seed) are generated once, here, and the runs read them."""
   done = {run_key(r) for r in read_results(results_path)}
   todo = [job for job in jobs_of(preset) if job_key(preset, job) not in done]
   log(f"{len(todo)} runs to do ({len(done)} already in {results_path})")
+  if data_dir is not None:
+    for task, seed in dict.fromkeys((t, s) for t, _, s in todo):
+      began = time.perf_counter()
+      cached_datasets(preset, task, seed, data_dir)
+      log(f"data: {task}, seed {seed}, in {data_dir} "
+          f"({time.perf_counter() - began:.0f} s)")
 
   def save(record):
     with open(results_path, "a") as f:
@@ -347,14 +420,14 @@ def run_grid(preset: Preset, results_path: str, workers: int = 1,
 
   if workers <= 1:
     for job in todo:
-      save(run_one(preset, *job))
+      save(run_one(preset, *job, data_dir))
   else:
     context = multiprocessing.get_context("spawn")
     counter = context.Value("i", 0)
     with context.Pool(workers, initializer=_pin_next_core,
                       initargs=(counter,)) as pool:
       for record in pool.imap_unordered(
-          _run_star, [(preset, *job) for job in todo]):
+          _run_star, [(preset, *job, data_dir) for job in todo]):
         save(record)
   return read_results(results_path)
 
@@ -496,7 +569,8 @@ def main(argv):
   if FLAGS.report_only:
     records = read_results(results_path)
   else:
-    records = run_grid(preset, results_path, FLAGS.workers)
+    records = run_grid(preset, results_path, FLAGS.workers,
+                       data_dir=FLAGS.data_dir)
   wanted = {job_key(preset, job) for job in jobs_of(preset)}
   records = [r for r in records if run_key(r) in wanted]
   command = " ".join(["python -m experiments.lra"] + sys.argv[1:])

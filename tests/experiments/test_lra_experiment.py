@@ -29,12 +29,21 @@ STUB = dataclasses.replace(
 
 def test_cpu_preset_stub_runs_end_to_end(tmp_path):
   results = str(tmp_path / "lra_stub.jsonl")
-  records = experiment.run_grid(STUB, results, log=lambda _: None)
+  records = experiment.run_grid(STUB, results, log=lambda _: None,
+                                data_dir=str(tmp_path / "data"))
   (record,) = records
   assert (record["task"], record["mixer"], record["steps"]) == (
       "listops", "linear_attn", 2)
   assert 0 <= record["accuracy"] <= 1 and len(record["history"]) == 2
+  assert sorted(os.listdir(tmp_path / "data")) == [
+      "listops_T32_seed0_test8.npz", "listops_T32_seed0_train8.npz"]
   assert experiment.run_grid(STUB, results, log=lambda _: None) == records
+  train, _ = experiment.datasets(STUB, "listops", 0)
+  cached, _ = experiment.cached_datasets(STUB, "listops", 0,
+                                         str(tmp_path / "data"))
+  fresh, stored = train.batch([3, 5]), cached.batch([3, 5])
+  for key in ("inputs", "segment_ids", "labels"):
+    assert (fresh[key] == stored[key]).all()
   stem = str(tmp_path / "lra_stub")
   plotted = experiment.write_report("cpu", STUB, records, stem, "cmd")
   text = open(stem + ".md").read()
