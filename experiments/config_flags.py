@@ -22,6 +22,12 @@ joined by ``:`` (``settings=64:4,128:8``); a JSON object for a mapping
 field (``mixer_options``), or a dotted path into it that sets one entry
 (its value JSON, or the plain text when it is not JSON).
 
+A config class may decide the type of a field from other fields: its
+``field_type(name, values)`` (``values``: the ``to_dict`` form) returns the
+type or None (the annotation's), and the overrides of its
+``leading_fields`` are applied first (``Experiment.task`` picks the model
+config's class).
+
 ``flags_parser`` wires this into ``absl.app.run``; ``to_dict`` and
 ``from_dict`` are the pair a config dataclass built of plain fields and
 nested configs can delegate to.
@@ -167,7 +173,9 @@ def _set(values: dict, cls, path: str, text: str | None, prefix: str) -> None:
       if name not in hints:
         raise FlagError(flag, f"{kind.__name__} has no field {name!r}; its "
                         f"fields: {', '.join(hints)}")
-      kind = hints[name]
+      refine = getattr(kind, "field_type", None)
+      kind = (refine(name, values) if refine is not None else None) \
+          or hints[name]
     elif isinstance(values, dict) and not last:
       values = values.setdefault(name, {})
       if not isinstance(values, dict):
@@ -192,9 +200,17 @@ def _build(config, overrides: Mapping[str, str | None], prefix: str):
   """``config`` rebuilt with ``overrides``; the config's ``ValueError``
   propagates."""
   values = config.to_dict()
-  for path, text in overrides.items():
+  for path, text in _ordered(type(config), overrides).items():
     _set(values, type(config), path, text, prefix)
   return type(config).from_dict(values)
+
+
+def _ordered(cls, overrides: Mapping[str, str | None]) -> dict:
+  """``overrides`` with the paths of ``cls.leading_fields`` (fields that
+  decide the types of others, e.g. ``Experiment.task``) first."""
+  leading = getattr(cls, "leading_fields", ())
+  return dict(sorted(overrides.items(),
+                     key=lambda item: item[0].split(".")[0] not in leading))
 
 
 def _error(config, overrides: Mapping[str, str | None], prefix: str):
@@ -219,8 +235,9 @@ def apply_overrides(config, overrides: Mapping[str, str | None],
   Raises:
     FlagError: naming the dotted field (or fields) whose value is bad.
   """
-  for path, text in overrides.items():
-    _set(config.to_dict(), type(config), path, text, prefix)
+  values = config.to_dict()
+  for path, text in _ordered(type(config), overrides).items():
+    _set(values, type(config), path, text, prefix)
   try:
     return _build(config, overrides, prefix)
   except ValueError as error:

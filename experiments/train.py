@@ -1,5 +1,5 @@
-"""Trains a language model: mesh, data, model, progress, evaluation,
-samples, checkpoints, plots.
+"""Trains a language model, a sequence classifier or a masked LM: mesh,
+data, model, progress, evaluation, samples, checkpoints, plots.
 
   python -m experiments.train --workdir=runs/tiny                # CPU
   python -m experiments.train --workdir=runs/tiny \\
@@ -8,9 +8,22 @@ samples, checkpoints, plots.
       --config.model.mixer=gla,gla,gla,sliding_window_attn \\
       --config.model.n_layers=12 --config.model.mixer_options.gla.chunk_size=32
   python -m experiments.train --workdir=runs/ft --init_from=CONVERTED_DIR
+  python -m experiments.train --task=classify --workdir=runs/listops \
+      --config.data=listops --config.train.seq_len=512 \
+      --config.model.num_classes=10 --config.model.max_len=512
+  python -m experiments.train --task=mlm --workdir=runs/mlm
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
       python -m experiments.train --workdir=runs/x \\
       --config.mesh=data=2,fsdp=4
+
+``--task`` (``--config.task``) says what is trained (``Experiment.task``):
+``lm`` (the default: next-token loss over packed text, with samples),
+``classify`` (a ``Classifier`` over the labelled examples of a
+``listops``, ``pathfinder`` or ``synthetic`` data spec, one per row,
+held-out loss and accuracy on the validation split) or ``mlm`` (a
+``MaskedLM`` over the packed text, BERT's masking). The model fields of the
+task's config (``model.num_classes``, ``model.pooling``, ...) are
+``--config.model.<field>`` flags too. Only ``lm`` samples.
 
 ``--config=NAME`` picks a preset (the modules of ``experiments/configs/``,
 each an ``Experiment``); ``--config.<field>=VALUE`` changes any field of it
@@ -57,7 +70,6 @@ from experiments import config_flags, configs, run_output, workdirs
 from experiments import train_setup as setup
 from experiments.configs.base import Experiment
 from lin_attn_jax import sharding as shd
-from lin_attn_jax.data import PackedRows
 from lin_attn_jax.data.corpus import BYTE_VOCAB
 from lin_attn_jax.train import Trainer, distributed
 from lin_attn_jax.train.loop import METRICS_FILE, fit
@@ -67,6 +79,9 @@ flags.DEFINE_string("config", "tiny", "Preset: " + ", ".join(configs.PRESETS)
                     + " (experiments/configs/); --config.<field>=VALUE "
                     "overrides a field by dotted name, e.g. "
                     "--config.model.d_model=256, --config.train.steps=50.")
+flags.DEFINE_enum("task", None, ["lm", "classify", "mlm"], "What is "
+                  "trained (--config.task): lm, classify or mlm; a resumed "
+                  "run keeps its own.")
 flags.DEFINE_bool("show_config", False, "Print the config (the preset with "
                   "the overrides) as --config.<field>=VALUE lines and exit.")
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics, plot and the "
@@ -125,16 +140,32 @@ class Run:
   @property
   def unit(self) -> str:
     """What the loss curves (per token) are measured in."""
+    if self.experiment.task == "classify":
+      return "bits/example"
     return ("bits/byte" if self.experiment.model.vocab_size == BYTE_VOCAB
             else "bits/token")
 
 
-def held_out(record: dict) -> tuple[float, str]:
-  """``(value, unit)`` of an evaluation record: bits per byte when the
-  bytes are known, else bits per token."""
+def held_out(record: dict, task: str = "lm") -> tuple[float, str]:
+  """``(value, unit)`` of an evaluation record: the accuracy of a
+  classifier, else bits per byte when the bytes are known, else bits per
+  token."""
+  if task == "classify":
+    return 100 * record["eval_accuracy"], "% accuracy"
   if "eval_bits_per_byte" in record:
     return record["eval_bits_per_byte"], "bits/byte"
   return record["eval_bits_per_token"], "bits/token"
+
+
+def task_overrides() -> dict[str, str | None]:
+  """The ``--config.*`` overrides with ``--task`` as ``task``."""
+  if FLAGS.task is None:
+    return OVERRIDES
+  given = OVERRIDES.get("task", FLAGS.task)
+  if given != FLAGS.task:
+    raise setup.FlagError("task", f"--config.task={given} says otherwise; "
+                          "give one of them")
+  return {"task": FLAGS.task, **OVERRIDES}
 
 
 def prepare() -> Run:
@@ -162,16 +193,24 @@ def prepare() -> Run:
             "--config or use another --workdir")
       base, preset = Experiment.from_dict(stored["settings"]), stored["preset"]
       fixed_model = base.model
+      task = task_overrides().get("task")
+      if task is not None and task != base.task:
+        raise setup.FlagError(
+            "task", f"the run in {workdir} trains task {base.task!r} and "
+            "resumes with it; drop --task or use another --workdir")
     else:
       fixed_model = workdirs.stored_model_config(checkpoint_dir, resume_step)
     fixed_by = f"the checkpoint in {checkpoint_dir}"
   elif FLAGS.init_from:
+    if task_overrides().get("task", base.task) != "lm":
+      raise setup.FlagError("init_from", "starts language models (task lm) "
+                            "only")
     try:
       fixed_model = workdirs.source_model_config(FLAGS.init_from)
     except (ValueError, OSError) as error:
       raise setup.FlagError("init_from", str(error)) from None
     fixed_by = f"--init_from={FLAGS.init_from}"
-  experiment = setup.resolve(base, OVERRIDES, fixed_model, fixed_by)
+  experiment = setup.resolve(base, task_overrides(), fixed_model, fixed_by)
   return Run(experiment, preset, setup.build_trainer(experiment),
              setup.load_corpora(experiment), checkpoint_dir, resume_step,
              setup.token_bytes(experiment))
@@ -187,10 +226,19 @@ def announce(run: Run, say) -> None:
       f"{jax.process_count()} process(es); mesh "
       f"{shd.describe(run.trainer.mesh)}, rules {experiment.rules}")
   train_corpus, held_corpus = run.corpora
-  say(f"data: {experiment.data}: {train_corpus.num_tokens / 1e6:.1f}M "
-      f"training tokens in {train_corpus.num_documents} documents, "
-      f"{held_corpus.num_tokens / 1e3:.0f}k held out; batch "
-      f"{config.batch_size} x {config.seq_len} tokens, {config.steps} steps")
+  if experiment.task == "classify":
+    say(f"data: {experiment.data}: {len(train_corpus)} training examples, "
+        f"{len(held_corpus)} held out, {train_corpus.num_classes} classes; "
+        f"batch {config.batch_size} x {config.seq_len} tokens, "
+        f"{config.steps} steps")
+  else:
+    masked = " (masked)" if experiment.task == "mlm" else ""
+    say(f"data: {experiment.data}{masked}: "
+        f"{train_corpus.num_tokens / 1e6:.1f}M training tokens in "
+        f"{train_corpus.num_documents} documents, "
+        f"{held_corpus.num_tokens / 1e3:.0f}k held out; batch "
+        f"{config.batch_size} x {config.seq_len} tokens, {config.steps} "
+        "steps")
   if run.resume_step is None:
     say(f"workdir: {workdir} (new run)")
   elif run.resume_step >= config.steps:
@@ -231,7 +279,10 @@ class Reporter:
     self.last = time.perf_counter()
 
   def sample(self, params, rest, step: int, heading: str) -> None:
-    """A greedy sample, printed under ``heading`` and sent to TensorBoard."""
+    """A greedy sample, printed under ``heading`` and sent to TensorBoard
+    (nothing without a sampler: tasks other than lm)."""
+    if self.sampler is None:
+      return
     began = time.perf_counter()
     text = self.sampler(params, rest)
     self.sample_seconds.append(time.perf_counter() - began)
@@ -251,13 +302,14 @@ class Reporter:
         self.sample(state.params, state.rest, step, f"sample at step {step}")
     elif "eval_loss" in record:
       self.eval_seconds.append(now - self.last)
-      value, unit = held_out(record)
+      value, unit = held_out(record, experiment.task)
       per_token = ("" if record.get("eval_bytes") == record["eval_tokens"]
-                   or unit == "bits/token" else
+                   or unit != "bits/byte" else
                    f"{record['eval_bits_per_token']:.3f} bits/token, ")
       self.console.message(
           f"step {step}: held-out {value:.3f} {unit} ({per_token}loss "
-          f"{record['eval_loss']:.4f} nats/token)")
+          f"{record['eval_loss']:.4f} nats/"
+          f"{'example' if experiment.task == 'classify' else 'token'})")
     self.last = time.perf_counter()
 
 
@@ -302,7 +354,9 @@ def summarize(run: Run, say, *, seconds: float, reporter: Reporter,
       f"{sum(reporter.eval_seconds):.1f} s; samples: "
       f"{sum(reporter.sample_seconds):.1f} s)")
   if evals:
-    (first, unit), (last, last_unit) = held_out(evals[0]), held_out(evals[-1])
+    task = run.experiment.task
+    (first, unit), (last, last_unit) = (held_out(evals[0], task),
+                                        held_out(evals[-1], task))
     if unit != last_unit:
       # A run resumed across the change of its held-out unit.
       first, last = (evals[0]["eval_bits_per_token"],
@@ -321,8 +375,9 @@ def summarize(run: Run, say, *, seconds: float, reporter: Reporter,
       "'.[tensorboard]')")
   export_dir, params_dir = exported
   if params_dir:
-    say(f"model:       {params_dir} (+ config.json; --init_from="
-        f"{export_dir} starts a new run from it)")
+    say(f"model:       {params_dir} (+ config.json" + (
+        f"; --init_from={export_dir} starts a new run from it)"
+        if run.experiment.task == "lm" else ")"))
   say(f"resume or extend: python -m experiments.train "
       f"--workdir={FLAGS.workdir} --config.train.steps={2 * steps}")
 
@@ -348,15 +403,14 @@ def train(run: Run) -> None:
   init_params, init_rest = initial_params(run, say)
   events = run_output.EventWriter(workdirs.join(workdir, EVENTS_DIR),
                                   enabled=lead)
-  reporter = Reporter(run, console, events,
-                      setup.Sampler(run.trainer, experiment))
-  train_corpus, held_corpus = run.corpora
+  sampler = (setup.Sampler(run.trainer, experiment)
+             if experiment.task == "lm" else None)
+  reporter = Reporter(run, console, events, sampler)
+  train_rows, heldout_rows = setup.training_rows(experiment, run.corpora)
   try:
-    result = fit(run.trainer,
-                 PackedRows(train_corpus, config.seq_len, seed=config.seed),
+    result = fit(run.trainer, train_rows,
                  workdir=workdir, checkpoint_dir=run.checkpoint_dir,
-                 heldout_rows=PackedRows(held_corpus, config.seq_len,
-                                         seed=0),
+                 heldout_rows=heldout_rows,
                  eval_every=experiment.eval_every,
                  eval_batches=experiment.eval_batches,
                  callbacks=[reporter], log=say, init_params=init_params,
@@ -396,7 +450,8 @@ def main(argv):
     jax.config.update("jax_compilation_cache_dir", FLAGS.compilation_cache)
   if FLAGS.show_config:
     try:
-      experiment = setup.resolve(configs.get(FLAGS.config), OVERRIDES)
+      experiment = setup.resolve(configs.get(FLAGS.config),
+                                 task_overrides())
     except ValueError as error:
       config_flags.fail(str(error))
     print("\n".join(config_flags.describe(experiment)))

@@ -206,6 +206,9 @@ class Mixer(nnx.Module):
   """Base class of the token mixers in ``lin_attn_jax.layers``."""
 
   causal: bool = True
+  # Whether ``segment_ids`` may be given (False: one document per row, and
+  # padding is read as tokens; Linformer's projections sum over the row).
+  segments: bool = True
   # Chunk length of the chunk forms (None: ``resolved_chunk_size``) and
   # the chunk forms' ``impl`` (None for ops that have one implementation).
   chunk_size: int | None = None

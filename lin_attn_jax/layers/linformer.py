@@ -48,6 +48,7 @@ class Linformer(Mixer):
   """
 
   causal = False
+  segments = False
 
   def __init__(self, d_model: int, n_heads: int, *, rngs: nnx.Rngs,
                max_len: int = 512, projected_length: int = 256,

@@ -37,6 +37,7 @@ import optax
 from flax import nnx, struct
 
 from lin_attn_jax import sharding as shd
+from lin_attn_jax.layers import MIXERS
 from lin_attn_jax.models.encoder import (Classifier, ClassifierConfig,
                                          MaskedLM, MLMConfig, ViT, ViTConfig)
 from lin_attn_jax.models.lm import LM, LMConfig
@@ -60,21 +61,35 @@ def model_class(model_config):
   return found
 
 
+def takes_segment_ids(model_config) -> bool:
+  """Whether every mixer of ``model_config`` takes ``segment_ids``
+  (``Mixer.segments``; Linformer does not)."""
+  return all(MIXERS[name].segments for name in model_config.layer_mixers
+             if name in MIXERS)
+
+
 def batch_shapes(model_config, batch_size: int, seq_len: int) -> dict:
   """``{key: shape}`` of the batch a step of ``model_config``'s model
   reads: ``[B, T]`` arrays for the LM and the masked LM (``BATCH_KEYS``);
   ``inputs`` and ``segment_ids`` ``[B, T]``, ``targets`` (labels) and
   ``weights`` ``[B]`` for a classifier; ``inputs [B, H, W, C]`` images and
-  ``[B]`` labels and weights for a ViT (``seq_len`` unused)."""
+  ``[B]`` labels and weights for a ViT (``seq_len`` unused). An encoder
+  with a mixer that takes no ``segment_ids`` (``takes_segment_ids``) reads
+  none: a row is one example, its padding read as tokens."""
   b, t = batch_size, seq_len
   if isinstance(model_config, ViTConfig):
     side = model_config.image_size
     return {"inputs": (b, side, side, model_config.channels),
             "targets": (b,), "weights": (b,)}
   if isinstance(model_config, ClassifierConfig):
-    return {"inputs": (b, t), "segment_ids": (b, t), "targets": (b,),
-            "weights": (b,)}
-  return {key: (b, t) for key in BATCH_KEYS}
+    shapes = {"inputs": (b, t), "segment_ids": (b, t), "targets": (b,),
+              "weights": (b,)}
+  else:
+    shapes = {key: (b, t) for key in BATCH_KEYS}
+  if (isinstance(model_config, (ClassifierConfig, MLMConfig))
+      and not takes_segment_ids(model_config)):
+    del shapes["segment_ids"]
+  return shapes
 
 
 def _batch_sharding(mesh, ndim: int):

@@ -198,6 +198,85 @@ def test_errors_name_the_dotted_field(overrides, field, words):
   assert words in str(caught.value)
 
 
+# A tiny encoder run of each task (the task given by --task, its model's
+# fields by --config.model.*).
+ENCODER = ["--config.model.d_model=16", "--config.model.n_layers=1",
+           "--config.model.n_heads=2", "--config.model.mixer=linear_attn",
+           "--config.model.max_len=16"] + SETTINGS
+
+
+@pytest.mark.parametrize("task, flags, unit", [
+    ("classify", ["--config.data=synthetic:examples=64",
+                  "--config.model.num_classes=4"], "% accuracy"),
+    ("mlm", [], "bits/byte"),
+])
+def test_encoder_task_runs_and_resumes(tmp_path, cache, task, flags, unit):
+  workdir = tmp_path / task
+  out = ok(train(workdir, f"--task={task}", "--config.train.steps=2",
+                 *flags, cache=cache, preset=ENCODER))
+  model = "Classifier" if task == "classify" else "MaskedLM"
+  assert f"model: {model}, " in out and "(new run)" in out
+  assert f"step 2: held-out" in out and unit in out
+  assert "sample" not in out.replace("samples: 0.0 s", "")
+  stored = json.load(open(workdir / "experiment.json"))["settings"]
+  assert stored["task"] == task
+  assert (workdir / "checkpoints/2").exists()
+
+  out = ok(train(workdir, "--config.train.steps=3", cache=cache, preset=()))
+  assert "holds a checkpoint at step 2: resuming to step 3" in out
+  assert f"model: {model}, " in out
+  rows = records(workdir)
+  assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
+  assert all(np.isfinite(r["loss"]) for r in rows if "loss" in r)
+  if task == "classify":
+    assert all(0 <= r["eval_accuracy"] <= 1 for r in rows
+               if "eval_loss" in r)
+
+  other = "mlm" if task == "classify" else "classify"
+  done = train(workdir, f"--task={other}", cache=cache, preset=())
+  assert done.returncode == 2 and f"trains task {task!r}" in done.stderr
+
+
+def test_task_picks_the_model_config():
+  tiny = configs.get("tiny")
+  experiment = setup.resolve(tiny, {
+      "model.num_classes": "10", "model.pooling": "cls",
+      "task": "classify", "data": "listops:examples=100",
+      "train.seq_len": "64"})
+  model = experiment.model
+  assert type(model).__name__ == "ClassifierConfig"
+  assert (model.num_classes, model.pooling, model.d_model) == (
+      10, "cls", tiny.model.d_model)
+  assert configs.Experiment.from_dict(experiment.to_dict()) == experiment
+  train_set, held = setup.load_corpora(experiment)
+  assert (len(train_set), train_set.seq_len, held.seq_len) == (100, 64, 64)
+  rows, _ = setup.training_rows(experiment, (train_set, held))
+  batch = rows.batch([0, 1])
+  assert batch["inputs"].shape == (2, 64) and batch["targets"].shape == (2,)
+  mlm = setup.resolve(tiny, {"task": "mlm"})
+  assert type(mlm.model).__name__ == "MLMConfig"
+  assert "MaskedLM, " in setup.describe_model(mlm)
+  assert "M parameters" in setup.describe_model(tiny)
+  for overrides, field, words in (
+      ({"task": "classify"}, "task", "data must be listops"),
+      ({"task": "mlm", "data": "synthetic"}, "data", "must not be"),
+      ({"model.num_classes": "3"}, "model.num_classes", "no field"),
+      ({"task": "vision"}, "task", "task must be one of")):
+    with pytest.raises(setup.FlagError) as caught:
+      setup.resolve(tiny, overrides)
+    assert caught.value.flag == f"config.{field}" and words in str(
+        caught.value), caught.value
+  small_classes = setup.resolve(tiny, {
+      "task": "classify", "data": "listops", "model.num_classes": "4",
+      "train.seq_len": "64"})
+  with pytest.raises(setup.FlagError, match="num_classes >= 10"):
+    setup.load_corpora(small_classes)
+  pathfinder = setup.resolve(tiny, {
+      "task": "classify", "data": "pathfinder", "train.seq_len": "64"})
+  with pytest.raises(setup.FlagError, match="rows of 1024 tokens"):
+    setup.load_corpora(pathfinder)
+
+
 def test_dotted_overrides():
   argv = ["train", "--workdir=w", "--config=tiny", "--config.train.steps=7",
           "--config.model.mixer=gla,sliding_window_attn",

@@ -176,3 +176,22 @@ def test_masked_lm_loss_falls_on_the_stdlib_corpus():
     state, metrics = trainer.step(state, batch)
     losses.append(float(metrics["loss"]))
   assert np.mean(losses[-8:]) < losses[0] - 1.0, losses
+
+
+def test_linformer_classifier_reads_rows_without_segment_ids():
+  """Linformer takes no segment_ids: its classifier's batches have none
+  (padding read as tokens), and a step trains."""
+  model = ClassifierConfig(vocab_size=16, n_layers=1, mixer="linformer",
+                           mixer_options={"linformer": {"max_len": 16}},
+                           num_classes=4, max_len=16, d_model=16, n_heads=2)
+  train = TrainConfig(batch_size=4, seq_len=16, steps=1, warmup_steps=1)
+  trainer = Trainer(model, train, mesh=shd.make_mesh(
+      "fsdp=1", jax.devices()[:1]), compiler_options=FAST)
+  assert set(trainer.batch_shapes) == {"inputs", "targets", "weights"}
+  rows = ExampleRows(SyntheticClassification(8, seq_len=16))
+  _, metrics = trainer.step(trainer.init(), rows.batch(range(4)))
+  assert np.isfinite(float(metrics["loss"]))
+  gla = Trainer(ClassifierConfig(vocab_size=16, n_layers=1, mixer="gla",
+                                 num_classes=4, max_len=16, **SMALL),
+                train, mesh=trainer.mesh)
+  assert "segment_ids" in gla.batch_shapes
