@@ -185,7 +185,7 @@ def test_bad_flags_are_one_line_errors(tmp_path):
     ({"mesh": "data=3"}, "mesh", "needs 3 devices, but there are 8"),
     ({"mesh": "data=2,fsdp=-1", "train.batch_size": "6"}, "mesh",
      "batch_size 6 (in 1 micro-batches of 6) is not divisible by data x "
-     "fsdp = 8"),
+     "fsdp x expert = 8"),
     ({"mesh": "fsdp=2,tensor=4", "rules": "fsdp_tp", "model.n_heads": "2"},
      "mesh", "not divisible by the tensor mesh axis"),
 ])
