@@ -56,7 +56,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import multiprocessing
 import os
 import resource
 import sys
@@ -69,8 +68,8 @@ from absl import flags
 import jax
 import numpy as np
 
-from experiments import config_flags
-from experiments.mqar import _pin_next_core, cpu_seconds, read_results
+from experiments import config_flags, process_pool
+from experiments.mqar import cpu_seconds, read_results
 from lin_attn_jax import sharding as shd
 from lin_attn_jax.data import lra
 from lin_attn_jax.data.tasks import ExampleRows
@@ -392,10 +391,6 @@ def job_key(preset: Preset, job: tuple[str, str, int]) -> tuple:
           s.batch_size)
 
 
-def _run_star(args):
-  return run_one(*args)
-
-
 def run_grid(preset: Preset, results_path: str, workers: int = 1,
              log=print, data_dir: str | None = None) -> list[dict]:
   """Runs every job of ``preset`` not in ``results_path`` yet, appending a
@@ -422,13 +417,9 @@ def run_grid(preset: Preset, results_path: str, workers: int = 1,
     for job in todo:
       save(run_one(preset, *job, data_dir))
   else:
-    context = multiprocessing.get_context("spawn")
-    counter = context.Value("i", 0)
-    with context.Pool(workers, initializer=_pin_next_core,
-                      initargs=(counter,)) as pool:
-      for record in pool.imap_unordered(
-          _run_star, [(preset, *job, data_dir) for job in todo]):
-        save(record)
+    for record in process_pool.unordered_results(
+        run_one, [(preset, *job, data_dir) for job in todo], workers):
+      save(record)
   return read_results(results_path)
 
 

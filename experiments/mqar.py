@@ -56,7 +56,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import multiprocessing
 import os
 import resource
 import sys
@@ -70,7 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments import config_flags
+from experiments import config_flags, process_pool
 from lin_attn_jax import sharding as shd
 from lin_attn_jax.data import mqar
 from lin_attn_jax.layers import MIXERS
@@ -599,10 +598,6 @@ def read_results(path: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def _run_job_star(args):
-  return run_job(*args)
-
-
 def run_grid(preset: Preset, results_path: str, workers: int = 1,
              log=print) -> list[dict]:
   """Runs every job of ``preset`` whose runs are not all in
@@ -628,24 +623,10 @@ def run_grid(preset: Preset, results_path: str, workers: int = 1,
     for job in todo:
       save(run_job(preset, job))
   else:
-    context = multiprocessing.get_context("spawn")
-    counter = context.Value("i", 0)
-    with context.Pool(workers, initializer=_pin_next_core,
-                      initargs=(counter,)) as pool:
-      for records in pool.imap_unordered(
-          _run_job_star, [(preset, job) for job in todo]):
-        save(records)
+    for records in process_pool.unordered_results(
+        run_job, [(preset, job) for job in todo], workers):
+      save(records)
   return read_results(results_path)
-
-
-def _pin_next_core(counter) -> None:
-  """Pins each worker process to its own core, in turn (on Linux)."""
-  with counter.get_lock():
-    index = counter.value
-    counter.value += 1
-  if hasattr(os, "sched_setaffinity"):
-    cores = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cores[index % len(cores)]})
 
 
 def cell_key(record: dict) -> tuple:
