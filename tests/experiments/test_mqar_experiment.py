@@ -39,6 +39,7 @@ def test_batches_weigh_only_the_queries():
   assert (batch["targets"][~queries] == 0).all()
 
 
+@pytest.mark.slow
 def test_attention_learns_mqar(tmp_path):
   records = experiment.run_grid(TINY, str(tmp_path / "runs.jsonl"))
   (record,) = records

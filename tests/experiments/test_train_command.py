@@ -208,7 +208,7 @@ ENCODER = ["--config.model.d_model=16", "--config.model.n_layers=1",
 @pytest.mark.parametrize("task, flags, unit", [
     ("classify", ["--config.data=synthetic:examples=64",
                   "--config.model.num_classes=4"], "% accuracy"),
-    ("mlm", [], "bits/byte"),
+    pytest.param("mlm", [], "bits/byte", marks=pytest.mark.slow),
 ])
 def test_encoder_task_runs_and_resumes(tmp_path, cache, task, flags, unit):
   workdir = tmp_path / task

@@ -46,7 +46,8 @@ SHORT_CONV = {"use_short_conv": True, "conv_size": 3, "conv_bias": True}
 
 # Mamba-3 MIMO (rank 3, grouped B and C, with and without the per-head
 # output norm) in every mode.
-@pytest.mark.parametrize("outproj_norm", [False, True])
+@pytest.mark.parametrize("outproj_norm", [
+    False, pytest.param(True, marks=pytest.mark.slow)])
 def test_mamba3_mimo_modes_decoding_and_gradients(outproj_norm):
   lm_checks.check_mixer(
       lm_checks.tiny_lm("mamba3", {**MIXER_OPTIONS["mamba3"], "is_mimo": True,
@@ -55,8 +56,11 @@ def test_mamba3_mimo_modes_decoding_and_gradients(outproj_norm):
       use_segments=True)
 
 
-@pytest.mark.parametrize("name", ["based", "gla", "hgrn2", "linear_attn",
-                                  "retnet"])
+# GLA's in the fast suite, the others' in the slow one (the same convolution
+# code in front of each).
+@pytest.mark.parametrize("name", [
+    "gla", *(pytest.param(n, marks=pytest.mark.slow)
+             for n in ("based", "hgrn2", "linear_attn", "retnet"))])
 def test_short_conv_modes_decoding_and_gradients(name):
   lm_checks.check_mixer(
       lm_checks.tiny_lm(name, {**MIXER_OPTIONS[name], **SHORT_CONV}),

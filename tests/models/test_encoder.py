@@ -140,7 +140,9 @@ def check_8_devices_equal_1(setup: str, spec: str):
   assert float(sums["tokens"]) == 8 and 0 <= float(sums["correct"]) <= 8
 
 
-@pytest.mark.parametrize("setup", ["classify", "vit"])
+# The ViT in the slow suite (with the data-parallel runs below).
+@pytest.mark.parametrize("setup", [
+    "classify", pytest.param("vit", marks=pytest.mark.slow)])
 def test_classifier_and_vit_train_alike_on_1_and_8_devices(setup):
   check_8_devices_equal_1(setup, "fsdp=8")
 

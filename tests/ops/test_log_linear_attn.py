@@ -75,6 +75,7 @@ def test_naive_matches_fla_reference(case):
     assert testing.rel_rms(grad, x["d" + name]) <= 1e-5, name
 
 
+@pytest.mark.slow
 def test_continuing_from_a_state_equals_one_call():
   """A sequence cut in two: the second half from the first's final state,
   at ``offset`` = the first half's length, in the chunk form."""

@@ -76,6 +76,7 @@ def test_matches_reference_step(case, form):
   assert max(errors.values()) <= FIXTURE_TOL, errors
 
 
+@pytest.mark.slow
 def test_rank_one_is_siso():
   inputs = {n: jax.random.normal(jax.random.PRNGKey(i), s) for i, (n, s)
             in enumerate((("q", (1, 9, 2, 8)), ("k", (1, 9, 2, 8)),

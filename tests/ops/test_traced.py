@@ -37,9 +37,16 @@ def _total(tree):
 
 
 OP_CALLS = op_calls()
+# The fast suite traces the chunk forms and the decoding steps (and
+# prefills) of every op; the naive, parallel and recurrent forms run under
+# jit and grad in every form check, and are traced here in the slow suite.
+SLOW_FORMS = ("naive", "parallel", "recurrent")
+OP_RUNS = [pytest.param(c, id=c.name, marks=pytest.mark.slow
+                        if c.name.split(".")[-1] in SLOW_FORMS else ())
+           for c in OP_CALLS]
 
 
-@pytest.mark.parametrize("call", OP_CALLS, ids=[c.name for c in OP_CALLS])
+@pytest.mark.parametrize("call", OP_RUNS)
 def test_op_traced(call):
   floats = {n: x for n, x in call.arrays.items()
             if all(is_float(leaf) for leaf in jax.tree.leaves(x))}
@@ -49,7 +56,7 @@ def test_op_traced(call):
   check_custom_calls(call.name, jaxpr)
 
 
-@pytest.mark.parametrize("call", OP_CALLS, ids=[c.name for c in OP_CALLS])
+@pytest.mark.parametrize("call", OP_RUNS)
 def test_op_concrete_inside_trace(call):
   arrays = concrete_arrays(call.arrays)
   traced_closed_over(lambda: call.run(arrays))
