@@ -36,7 +36,6 @@ import time
 
 from absl import app, flags, logging
 import jax
-import numpy as np
 from flax import nnx
 
 from experiments import config_flags, configs, stdlib_jsonl, tokenize

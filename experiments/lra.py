@@ -54,10 +54,8 @@ as runs finish; a rerun skips the runs already there), ``lra_<preset>.md``
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -68,8 +66,10 @@ from absl import flags
 import jax
 import numpy as np
 
-from experiments import config_flags, process_pool
-from experiments.mqar import cpu_seconds, read_results
+from experiments import config_flags, run_output
+from experiments.grids import (append_results, children_cpu_seconds,
+                               cost_line, cpu_seconds, read_results,
+                               run_jobs)
 from lin_attn_jax import sharding as shd
 from lin_attn_jax.data import lra
 from lin_attn_jax.data.tasks import ExampleRows
@@ -407,19 +407,13 @@ def run_grid(preset: Preset, results_path: str, workers: int = 1,
           f"({time.perf_counter() - began:.0f} s)")
 
   def save(record):
-    with open(results_path, "a") as f:
-      f.write(json.dumps(record) + "\n")
+    append_results(results_path, [record])
     log(f"{record['task']:>12s} {record['mixer']:>20s} seed={record['seed']}"
         f" acc={record['accuracy']:.4f} loss={record['history'][-1][1]} "
         f"({record['wall_s']:.0f} s)")
 
-  if workers <= 1:
-    for job in todo:
-      save(run_one(preset, *job, data_dir))
-  else:
-    for record in process_pool.unordered_results(
-        run_one, [(preset, *job, data_dir) for job in todo], workers):
-      save(record)
+  run_jobs(run_one, [(preset, *job, data_dir) for job in todo], workers,
+           save)
   return read_results(results_path)
 
 
@@ -464,11 +458,8 @@ def table(preset: Preset, records: Sequence[dict]) -> str:
 def plot(preset: Preset, records: Sequence[dict], path: str) -> bool:
   """Test accuracy per variant, a panel per task: ours as bars, the
   paper's as markers; False without matplotlib."""
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
+  plt = run_output.matplotlib_pyplot()
+  if plt is None:
     return False
   summary = cells(records)
   tasks = [t for t in preset.tasks if any(k[0] == t for k in summary)]
@@ -505,8 +496,6 @@ def header(preset_name: str, preset: Preset, records: Sequence[dict],
            command: str) -> str:
   """The title, command, settings, the budgets against the paper's, and
   the cost."""
-  cpu = sum(r["cpu_s"] for r in records)
-  wall = sum(r["wall_s"] for r in records)
   lra_preset = PRESETS["lra"]
   lines = [f"# Long Range Arena: ListOps and Pathfinder-32 (preset "
            f"`{preset_name}`)", "", "Command:", "", f"    {command}", ""]
@@ -534,9 +523,7 @@ def header(preset_name: str, preset: Preset, records: Sequence[dict],
       "are as quoted. This grid's budget is far smaller (above): its "
       "numbers are a smoke test of the encoders on these tasks, not a "
       "reproduction.", "",
-      f"{len(records)} runs, {cpu:,.0f} CPU seconds and {wall:,.0f} s of "
-      "wall time in all (sums over runs, compiling and data generation "
-      "included).", ""]
+      cost_line(records, "compiling and data generation included"), ""]
   return "\n".join(lines)
 
 
@@ -566,10 +553,9 @@ def main(argv):
   records = [r for r in records if run_key(r) in wanted]
   command = " ".join(["python -m experiments.lra"] + sys.argv[1:])
   plotted = write_report(FLAGS.config, preset, records, stem, command)
-  children = resource.getrusage(resource.RUSAGE_CHILDREN)
   print(table(preset, records))
   print(f"{len(records)} runs; this call: {time.perf_counter() - wall:.0f} s "
-        f"wall ({children.ru_utime + children.ru_stime:.0f} s CPU in "
+        f"wall ({children_cpu_seconds():.0f} s CPU in "
         f"workers); table: {stem}.md; plot: "
         f"{stem + '.png' if plotted else 'none (no matplotlib)'}")
 

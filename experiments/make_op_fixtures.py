@@ -25,11 +25,17 @@ from absl import app, flags
 import numpy as np
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", os.path.join(os.path.dirname(__file__), "..",
-                                        "tests", "fixtures", "ops"),
-                    "Directory of the fixtures (one .npz per entry).")
-flags.DEFINE_list("only", [], "Make only these fixtures (names as in "
-                  "FIXTURES).")
+
+
+def define_flags() -> None:
+  """The command's absl flags, defined when it runs (importing the module
+  defines none)."""
+  flags.DEFINE_string("out", os.path.join(os.path.dirname(__file__), "..",
+                                          "tests", "fixtures", "ops"),
+                      "Directory of the fixtures (one .npz per entry).")
+  flags.DEFINE_list("only", [], "Make only these fixtures (names as in "
+                    "FIXTURES).")
+
 
 SEED = 0
 FIXTURES = {}
@@ -56,8 +62,8 @@ def stickbreaking_attn():
   key/value heads), K != V, T = 19, for each case of
   ``STICKBREAKING_CASES``: ``<case>_{q,k,v}`` (float32), its ``o`` and
   ``rem``, and the gradients ``d{q,k,v}`` of ``sum(o * do) + sum(rem *
-  drem)`` for the stored cotangents. The reference runs in floaref on the
-  float32 inputs (fla's naive form keeps floaref inputs in floaref)."""
+  drem)`` for the stored cotangents. The reference runs in float64 on the
+  float32 inputs (fla's naive form keeps float64 inputs in float64)."""
   import torch
   from fla.ops.stickbreaking_attn.naive import naive_stickbreaking_attn
 
@@ -71,11 +77,11 @@ def stickbreaking_attn():
               "do": rng.standard_normal((b, t, h, dv)),
               "drem": rng.standard_normal((b, t, h))}
     inputs = {n: x.astype(np.float32) for n, x in inputs.items()}
-    q, k, v = (torch.tensor(inputs[n], dtype=torch.floaref,
+    q, k, v = (torch.tensor(inputs[n], dtype=torch.float64,
                             requires_grad=True) for n in ("q", "k", "v"))
     o, rem = naive_stickbreaking_attn(q, k, v, attend_current=attend_current)
-    loss = ((o * torch.tensor(inputs["do"], dtype=torch.floaref)).sum()
-            + (rem * torch.tensor(inputs["drem"], dtype=torch.floaref)).sum())
+    loss = ((o * torch.tensor(inputs["do"], dtype=torch.float64)).sum()
+            + (rem * torch.tensor(inputs["drem"], dtype=torch.float64)).sum())
     loss.backward()
     outputs = {"o": o, "rem": rem, "dq": q.grad, "dk": k.grad, "dv": v.grad}
     for n, x in {**inputs, **outputs}.items():
@@ -97,7 +103,7 @@ def _fla_forgetting_attn(rng, *, batch, length, heads, heads_kv, dim,
   o = naive_forgetting_attn(*(torch.from_numpy(x) for x in (q, k, v, g)),
                             scale=scale, window_size=window_size)
   return dict(q=q, k=k, v=v, g=g, o=o.numpy(), scale=np.float32(scale),
-              window=np.inref(window_size or 0))
+              window=np.int64(window_size or 0))
 
 
 @fixture("forgetting_attn")
@@ -150,8 +156,8 @@ def nsa():
                                                      "g_slc", "g_swa")),
                   block_counts=counts, block_size=block, window_size=window,
                   cu_seqlens=cu_seqlens)
-    x.update(o=o.numpy(), block_size=np.inref(block),
-             block_counts=np.inref(counts), window_size=np.inref(window))
+    x.update(o=o.numpy(), block_size=np.int64(block),
+             block_counts=np.int64(counts), window_size=np.int64(window))
     arrays.update({f"{name}_{n}": a for n, a in x.items()})
   return arrays
 
@@ -305,6 +311,28 @@ def path_attn():
   return arrays
 
 
+def _state_case(case: str, inputs: dict, names: tuple[str, ...],
+                initial: bool, run) -> dict:
+  """One case of a fixture of a state-carrying op: ``run(tensors, h0)``
+  gives ``(o, ht)`` from ``inputs[names]`` as float32 leaf tensors (``h0``
+  is None when the case has no initial state); the gradients are those of
+  ``sum(o * do) + sum(ht * dht)`` for the stored cotangents. Returns the
+  inputs, ``initial``, ``o``, ``ht`` and ``d<name>``, each named
+  ``<case>_...``."""
+  import torch
+  tensors = {n: torch.tensor(inputs[n], requires_grad=True) for n in names}
+  o, ht = run(tensors, tensors["h0"] if initial else None)
+  ((o * torch.tensor(inputs["do"])).sum()
+   + (ht * torch.tensor(inputs["dht"])).sum()).backward()
+  arrays = {f"{case}_{n}": x for n, x in inputs.items()}
+  arrays[f"{case}_initial"] = np.bool_(initial)
+  arrays[f"{case}_o"] = o.detach().numpy()
+  arrays[f"{case}_ht"] = ht.detach().numpy()
+  arrays.update({f"{case}_d{n}": tensors[n].grad.numpy() for n in names
+                 if tensors[n].grad is not None})
+  return arrays
+
+
 # Gated DeltaNet-2: the cases of the fixture, as (name, gate strength, erase
 # gate's upper bound, initial state).
 GDN2_CASES = (("gentle", 1.0, 1.0, True), ("strong", 20.0, 2.0, False))
@@ -319,7 +347,6 @@ def gdn2():
   the output ``o``, the final state ``ht`` and the gradients ``d{q,k,v,g,
   b,w,h0}`` of ``sum(o * do) + sum(ht * dht)`` for the stored
   cotangents."""
-  import torch
   from fla.ops.gdn2.naive import naive_recurrent_gdn2
 
   rng = np.random.default_rng(SEED)
@@ -343,19 +370,11 @@ def gdn2():
     }
     inputs = {n: x.astype(np.float32) for n, x in inputs.items()}
     names = ("q", "k", "v", "g", "b", "w", "h0")
-    tensors = {n: torch.tensor(inputs[n], requires_grad=True) for n in names}
-    o, ht = naive_recurrent_gdn2(
-        *(tensors[n] for n in names[:-1]),
-        initial_state=tensors["h0"] if initial else None,
-        output_final_state=True)
-    ((o * torch.tensor(inputs["do"])).sum()
-     + (ht * torch.tensor(inputs["dht"])).sum()).backward()
-    arrays.update({f"{case}_{n}": x for n, x in inputs.items()})
-    arrays[f"{case}_initial"] = np.bool_(initial)
-    arrays[f"{case}_o"] = o.detach().numpy()
-    arrays[f"{case}_ht"] = ht.detach().numpy()
-    arrays.update({f"{case}_d{n}": tensors[n].grad.numpy() for n in names
-                   if tensors[n].grad is not None})
+    arrays.update(_state_case(
+        case, inputs, names, initial,
+        lambda x, h0: naive_recurrent_gdn2(
+            *(x[n] for n in names[:-1]), initial_state=h0,
+            output_final_state=True)))
   return arrays
 
 
@@ -400,31 +419,31 @@ def gated_delta_product():
 def _xlstm_native(inputs, chunk_size=None):
   """transformers' native mLSTM on ``inputs`` (our layout, float32): the
   token-by-token ``mlstm_recurrent_sequence_native`` (or, with
-  ``chunk_size``, ``mlstm_chunkwise_native_autograd``) in floaref from the
+  ``chunk_size``, ``mlstm_chunkwise_native_autograd``) in float64 from the
   stored initial ``(C, n, m)``; ``h``, the final state and the gradients of
   ``sum(h * dh) + sum(C * dC) + sum(n * dn) + sum(m * dm)``."""
   import torch
   from transformers.models.xlstm import modeling_xlstm as xlstm
 
   def heads_first(x):
-    return torch.tensor(np.moveaxis(x, 1, 2), dtype=torch.floaref,
+    return torch.tensor(np.moveaxis(x, 1, 2), dtype=torch.float64,
                         requires_grad=True)
 
   q, k, v = (heads_first(inputs[n]) for n in ("q", "k", "v"))
   i, f = (heads_first(inputs[n]) for n in ("i", "f"))
-  c0, n0, m0 = (torch.tensor(inputs[n], dtype=torch.floaref,
+  c0, n0, m0 = (torch.tensor(inputs[n], dtype=torch.float64,
                              requires_grad=True) for n in ("c0", "n0", "m0"))
   if chunk_size is None:
     h, (c, n, m) = xlstm.mlstm_recurrent_sequence_native(
         q, k, v, i, f, c_initial=c0, n_initial=n0, m_initial=m0[..., None],
-        return_last_states=True, eps=1e-6, dtype_state=torch.floaref)
+        return_last_states=True, eps=1e-6, dtype_state=torch.float64)
   else:
     h, (c, n, m) = xlstm.mlstm_chunkwise_native_autograd(
         q, k, v, i, f, c_initial=c0, n_initial=n0, m_initial=m0[..., None],
         return_last_states=True, eps=1e-6, chunk_size=chunk_size)
   h = h.transpose(1, 2)                                       # [B, T, H, V]
   m = m[..., 0]
-  loss = sum((x * torch.tensor(inputs[name], dtype=torch.floaref)).sum()
+  loss = sum((x * torch.tensor(inputs[name], dtype=torch.float64)).sum()
              for x, name in ((h, "dh"), (c, "dc"), (n, "dn"), (m, "dm")))
   loss.backward()
   out = {"h": h, "c": c, "n": n, "m": m}
@@ -440,7 +459,7 @@ def _xlstm_native(inputs, chunk_size=None):
 def mlstm():
   """transformers' native mLSTM of xLSTM-7B (``models/xlstm``, the code
   its inference and training modes run without the ``xlstm`` package),
-  in floaref on float32 inputs, K != V, from a random initial ``(C, n,
+  in float64 on float32 inputs, K != V, from a random initial ``(C, n,
   m)``: ``<case>_*`` for ``gentle`` (T = 19, gates ``i ~ N(0, 1)``, ``f ~
   N(2, 1)``) and ``strong`` (T = 19, ``i ~ N(0, 8)``, ``f ~ N(0, 10)``),
   token by token, and ``chunkwise`` (T = 32, chunks of 16, gentle gates)
@@ -515,27 +534,19 @@ def comba():
     }
     inputs = {n: x.astype(np.float32) for n, x in inputs.items()}
     names = ("q", "k", "v", "p", "g", "beta", "h0")
-    tensors = {n: torch.tensor(inputs[n], requires_grad=True) for n in names}
-    o, ht = naive_chunk_comba(
-        *(tensors[n] for n in ("q", "k", "v", "p", "g", "beta")),
-        chunk_size=8, initial_state=tensors["h0"] if initial else None,
-        output_final_state=True)
-    ((o * torch.tensor(inputs["do"])).sum()
-     + (ht * torch.tensor(inputs["dht"])).sum()).backward()
+    arrays.update(_state_case(
+        case, inputs, names, initial,
+        lambda x, h0: naive_chunk_comba(
+            *(x[n] for n in names[:-1]), chunk_size=8, initial_state=h0,
+            output_final_state=True)))
     with torch.no_grad():
       o_read, ht_read = naive_recurrent_comba(
           *(torch.tensor(inputs[n]) for n in ("q", "k", "v", "p", "beta",
                                               "g")),
           initial_state=torch.tensor(inputs["h0"]) if initial else None,
           output_final_state=True)
-    arrays.update({f"{case}_{n}": x for n, x in inputs.items()})
-    arrays[f"{case}_initial"] = np.bool_(initial)
-    arrays[f"{case}_o"] = o.detach().numpy()
-    arrays[f"{case}_ht"] = ht.detach().numpy()
     arrays[f"{case}_o_decayed_read"] = o_read.numpy()
     arrays[f"{case}_ht_decayed_read"] = ht_read.numpy()
-    arrays.update({f"{case}_d{n}": tensors[n].grad.numpy() for n in names
-                   if tensors[n].grad is not None})
   return arrays
 
 
@@ -546,8 +557,8 @@ MAMBA3_INPUTS = ("Q", "K", "V", "ADT", "DT", "Trap", "Q_bias", "K_bias",
 @fixture("mamba3")
 def mamba3():
   """The reference's ``mamba3_siso_step_ref`` (state-spaces/mamba, see
-  ``experiments/mamba3_reference.py``) in float64 on float32 inputs, K = N = 8 != V
-  = P = 6, A = 2 rotated pairs (``rope_fraction = 0.5``), T = 23, from a
+  ``experiments/mamba3_reference.py``) in float64 on float32 inputs, K = N
+  = 8 != V = P = 6, A = 2 rotated pairs (``rope_fraction = 0.5``), T = 23, from a
   random state ``(angle0, ssm0, k0, v0)``: ``<case>_*`` for ``gentle``
   (``dt ~ softplus(N(-1, 1))``, ``ADT = -exp(N(0, 0.5)) dt``, ``Trap,
   Angles ~ N(0, 1)``) and ``strong`` (``ADT`` uniform in (-20, 0), ``Trap
@@ -797,4 +808,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -57,7 +57,6 @@ import dataclasses
 import inspect
 import json
 import os
-import resource
 import sys
 import time
 from typing import Any, Mapping, Sequence
@@ -69,7 +68,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments import config_flags, process_pool
+from experiments import config_flags, run_output
+from experiments.grids import (append_results, children_cpu_seconds,
+                               cost_line, cpu_seconds, read_results,
+                               run_jobs)
 from lin_attn_jax import sharding as shd
 from lin_attn_jax.data import mqar
 from lin_attn_jax.layers import MIXERS
@@ -526,11 +528,6 @@ def train_one(trainer: Trainer, accuracy_counts, data: mqar.MQARData,
   return {"accuracy": accuracy, "steps": step, "history": history}
 
 
-def cpu_seconds() -> float:
-  usage = resource.getrusage(resource.RUSAGE_SELF)
-  return usage.ru_utime + usage.ru_stime
-
-
 def run_job(preset: Preset, job: Job) -> list[dict]:
   """Every setting and seed of ``job``: one ``Trainer`` (one compiled
   step) for all; a seed's initial state comes from a ``Trainer`` of that
@@ -591,13 +588,6 @@ def run_keys(preset: Preset, job: Job | None = None) -> set[tuple]:
           for j in jobs for p in j.pairs for s in j.seeds}
 
 
-def read_results(path: str) -> list[dict]:
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
 def run_grid(preset: Preset, results_path: str, workers: int = 1,
              log=print) -> list[dict]:
   """Runs every job of ``preset`` whose runs are not all in
@@ -609,23 +599,16 @@ def run_grid(preset: Preset, results_path: str, workers: int = 1,
       f"{results_path})")
 
   def save(records):
-    with open(results_path, "a") as f:
-      for record in records:
-        if run_key(record) not in done:
-          f.write(json.dumps(record) + "\n")
-          log(f"{record['mixer']:>20s} d={record['d_model']:<4d} "
-              f"T={record['seq_len']:<4d} P={record['num_kv_pairs']:<3d} "
-              f"lr={record['learning_rate']:.1e} seed={record['seed']} "
-              f"acc={record['accuracy']:.3f} steps={record['steps']} "
-              f"({record['wall_s']:.0f} s)")
+    new = [r for r in records if run_key(r) not in done]
+    append_results(results_path, new)
+    for record in new:
+      log(f"{record['mixer']:>20s} d={record['d_model']:<4d} "
+          f"T={record['seq_len']:<4d} P={record['num_kv_pairs']:<3d} "
+          f"lr={record['learning_rate']:.1e} seed={record['seed']} "
+          f"acc={record['accuracy']:.3f} steps={record['steps']} "
+          f"({record['wall_s']:.0f} s)")
 
-  if workers <= 1:
-    for job in todo:
-      save(run_job(preset, job))
-  else:
-    for records in process_pool.unordered_results(
-        run_job, [(preset, job) for job in todo], workers):
-      save(records)
+  run_jobs(run_job, [(preset, job) for job in todo], workers, save)
   return read_results(results_path)
 
 
@@ -702,13 +685,10 @@ def plot(preset: Preset, records: Sequence[dict], path: str) -> bool:
   """Accuracy against state size (log scale), a panel per setting, a line
   per mixer through its widths: the median over seeds, error bars from
   the minimum to the maximum; False without matplotlib."""
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-  except ImportError:
+  plt = run_output.matplotlib_pyplot()
+  if plt is None:
     return False
+  import matplotlib.ticker
   summary = cells(records)
   settings = [s for s in preset.settings if any(k[3:] == s for k in summary)]
   if not settings:
@@ -752,8 +732,6 @@ def header(preset_name: str, preset: Preset, records: Sequence[dict],
            command: str) -> str:
   """The report's title, command, settings and cost (CPU seconds summed over
   the runs, compiling included, whichever calls ran them)."""
-  cpu = sum(r["cpu_s"] for r in records)
-  wall = sum(r["wall_s"] for r in records)
   lengths = sorted({t for t, _ in preset.settings})
   batches = ", ".join(f"{preset.batch_size_for(t)} rows x {t} tokens for "
                       f"at most {preset.steps_for(t)} steps" for t in lengths)
@@ -773,8 +751,7 @@ def header(preset_name: str, preset: Preset, records: Sequence[dict],
       "examples, then (minimum-maximum over seeds, number of seeds); state "
       "size is `Mixer.state_size` (floats per layer; attention's KV cache "
       "at the sequence length).", "",
-      f"{len(records)} runs, {cpu:,.0f} CPU seconds and {wall:,.0f} s of "
-      "wall time in all (sums over runs, compiling included).", ""])
+      cost_line(records), ""])
 
 
 def main(argv):
@@ -788,8 +765,7 @@ def main(argv):
     records = read_results(results_path)
   else:
     records = run_grid(preset, results_path, FLAGS.workers)
-  children = resource.getrusage(resource.RUSAGE_CHILDREN)
-  cpu_total = cpu_seconds() - cpu + children.ru_utime + children.ru_stime
+  cpu_total = cpu_seconds() - cpu + children_cpu_seconds()
   wanted = run_keys(preset)
   records = [r for r in records if run_key(r) in wanted]
   command = " ".join(["python -m experiments.mqar"] + sys.argv[1:])

@@ -132,7 +132,13 @@ def source_state(path: str, trainer: Trainer
         join(path, PARAMS_DIR), trainer.abstract_state.params, stored)
     rest = nnx.merge_state(fresh.rest, variables)
     return params, rest, join(path, PARAMS_DIR)
-  directory = join(path, CHECKPOINT_DIR)
+  state, where = restore_newest(join(path, CHECKPOINT_DIR), trainer)
+  return state.params, state.rest, where
+
+
+def restore_newest(directory: str, trainer: Trainer):
+  """``(state, where)``: the newest readable checkpoint under
+  ``directory``, restored onto ``trainer``'s mesh, and its path."""
   checkpointer = Checkpointer(directory, async_save=False)
   try:
     restored = trainer.restore(checkpointer)
@@ -141,22 +147,15 @@ def source_state(path: str, trainer: Trainer
   if restored is None:
     raise ValueError(f"no readable checkpoint in {directory}")
   state, _, step = restored
-  return state.params, state.rest, join(directory, str(step))
+  return state, join(directory, str(step))
 
 
 def checkpoint_params(directory: str, trainer: Trainer
                       ) -> tuple[nnx.State, str]:
   """The newest checkpoint's parameters, restored onto ``trainer``'s
   mesh."""
-  checkpointer = Checkpointer(directory, async_save=False)
-  try:
-    restored = trainer.restore(checkpointer)
-  finally:
-    checkpointer.close()
-  if restored is None:
-    raise ValueError(f"no readable checkpoint in {directory}")
-  state, _, step = restored
-  return state.params, join(directory, str(step))
+  state, where = restore_newest(directory, trainer)
+  return state.params, where
 
 
 def export_model(workdir: str, trainer: Trainer, state) -> str:

@@ -120,15 +120,7 @@ class Comba(GatedDeltaNet):
     return (self.norm(o).astype(_F32) * gate).astype(o.dtype)   # [B,T,HV*V]
 
   def mix(self, x, ctx: Context):
-    b, t, _ = x.shape
-    h = self.n_heads
-    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-    (q, k, v), conv, cache = self.short_convolved(q, k, v, ctx)
-    if self.short_conv is None:
-      q, k, v = jax.nn.silu(q), jax.nn.silu(k), jax.nn.silu(v)
-    q = q.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
-    k = k.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
-    v = v.reshape(b, t, self.n_v_heads, self.head_v)            # [B, T, HV, V]
+    (q, k, v), conv, cache = self.heads(x, ctx, silu_without_conv=True)
     p = k
     if self.decay is not None:
       p = k * jax.nn.sigmoid(self.decay[...])[:, None].astype(k.dtype)

@@ -2,8 +2,9 @@
 
 All three share one skeleton: ``q, k, v = silu(short_conv(x W))`` (a causal
 depthwise convolution of 4 taps on each, ``modules.QKVShortConv``; off with
-``use_short_conv=False``, as in the references), q and k L2-normalised inside the
-op, a writing strength ``beta = sigmoid(x W_b)`` per head, the delta rule
+``use_short_conv=False``, as in the references), q and k L2-normalised
+inside the op, a writing strength ``beta = sigmoid(x W_b)`` per head, the
+delta rule
 
     S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T
     o_t = S_t^T (q_t / sqrt(K))
@@ -248,14 +249,27 @@ class DeltaNet(Mixer):
     del seq_len
     return self.n_v_heads * self.head_k * self.head_v
 
-  def mix(self, x, ctx: Context):
+  def heads(self, x, ctx: Context, *, silu_without_conv: bool = False,
+            per_token: int | None = None):
+    """``((q, k, v), windows, own cache)``: the projections of ``x``
+    through the short convolutions (``short_convolved``; SiLU instead,
+    where the mixer has none and ``silu_without_conv``), split into heads:
+    ``q [B, T, H, K]``, ``k [B, T, H, K]``, ``v [B, T, HV, V]``, or with
+    ``per_token = N`` keys and values ``[B, T, N, H, K]`` and ``[B, T, N,
+    HV, V]``."""
     b, t, _ = x.shape
-    h = self.n_heads
     (q, k, v), conv, cache = self.short_convolved(
         self.q_proj(x), self.k_proj(x), self.v_proj(x), ctx)
-    q = q.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
-    k = k.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
-    v = v.reshape(b, t, self.n_v_heads, self.head_v)            # [B, T, HV, V]
+    if silu_without_conv and self.short_conv is None:
+      q, k, v = jax.nn.silu(q), jax.nn.silu(k), jax.nn.silu(v)
+    n = () if per_token is None else (per_token,)
+    q = q.reshape(b, t, self.n_heads, self.head_k)
+    k = k.reshape(b, t, *n, self.n_heads, self.head_k)
+    v = v.reshape(b, t, *n, self.n_v_heads, self.head_v)
+    return (q, k, v), conv, cache
+
+  def mix(self, x, ctx: Context):
+    (q, k, v), conv, cache = self.heads(x, ctx)
     # S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T
     # o_t = S_t^T q_t / sqrt(K), q and k L2-normalised by the op
     o, state = self.apply_forms(

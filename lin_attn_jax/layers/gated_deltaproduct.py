@@ -12,7 +12,6 @@ output gate are Gated DeltaNet's, once per token.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -104,15 +103,10 @@ class GatedDeltaProduct(GatedDeltaNet):
 
   def mix(self, x, ctx: Context):
     b, t, _ = x.shape
-    n, h, hv = self.num_householder, self.n_heads, self.n_v_heads
-    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-    (q, k, v), conv, cache = self.short_convolved(q, k, v, ctx)
-    if self.short_conv is None:
-      q, k, v = jax.nn.silu(q), jax.nn.silu(k), jax.nn.silu(v)
-    q = q.reshape(b, t, h, self.head_k)                         # [B, T, H, K]
-    k = k.reshape(b, t, n, h, self.head_k)                   # [B, T, N, H, K]
-    v = v.reshape(b, t, n, hv, self.head_v)                 # [B, T, N, HV, V]
-    beta = self.beta(x).reshape(b, t, n, hv)                   # [B, T, N, HV]
+    n = self.num_householder
+    (q, k, v), conv, cache = self.heads(x, ctx, silu_without_conv=True,
+                                        per_token=n)
+    beta = self.beta(x).reshape(b, t, n, self.n_v_heads)       # [B, T, N, HV]
     # S <- exp(g_t) S, then for j = 1..N:
     #   S <- S + beta_{t,j} k_{t,j} (v_{t,j} - S^T k_{t,j})^T
     # o_t = S^T q_t / sqrt(K), q and k L2-normalised by the op

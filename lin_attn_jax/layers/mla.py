@@ -31,7 +31,6 @@ up to float rounding (the tests check decoding against the full forward).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx

@@ -63,6 +63,16 @@ def pad_to(x, shape, dtype=None):
   return jnp.pad(x, [(0, n - m) for n, m in zip(shape, x.shape)])
 
 
+def documents(doc, t_pad: int):
+  """``(doc, before)`` ``[B, T_pad]`` float32: the document index of each
+  token (``doc [B, T]``: 0 for the first document, +1 at every change;
+  padding continues the last document) and of the token before it (0 at
+  t = 0, the document of the initial state)."""
+  doc = jnp.asarray(doc, _F32)
+  doc = jnp.pad(doc, ((0, 0), (0, t_pad - doc.shape[1])), mode="edge")
+  return doc, jnp.pad(doc, ((0, 0), (1, 0)))[:, :-1]
+
+
 def state_to_kernel(state, k_pad: int, v_pad: int):
   """``[B, H, K, V]`` float32 -> ``[B, H, V_pad, K_pad]``."""
   b, h = state.shape[:2]

@@ -68,31 +68,92 @@ def _whole(x):
   return pl.BlockSpec(x.shape, lambda *_: (0,) * x.ndim)
 
 
+class _QueryBlock:
+  """What a query block's program reads once (``forward`` and ``dq``: grid
+  ``(query blocks, B, H)``), and the key blocks it walks."""
+
+  def __init__(self, c_ref, doc_ref, spec: bm.Spec, walk: Walk):
+    qb = pl.program_id(0)
+    bq = walk.own
+    rows = pl.ds(qb * bq, bq)
+    self.spec, self.walk, self.doc_ref, self.c_ref = spec, walk, doc_ref, c_ref
+    self.c = c_ref[rows][:, None]                               # [bq, 1]
+    self.pos = _positions(qb * bq, bq, 0)
+    self.doc = None if doc_ref is None else doc_ref[rows][:, None]
+
+  def scores(self, q, k, kb):
+    """``(s, visible)`` ``[bq, bk]`` of key block ``kb`` (keys ``k``)."""
+    bk = self.walk.step
+    cols = pl.ds(kb * bk, bk)
+    s = bm.scores(self.spec, q, k, self.c, self.c_ref[cols][None, :])
+    mask = bm.visible(
+        self.spec, self.pos, _positions(kb * bk, bk, 1), self.doc,
+        None if self.doc_ref is None else self.doc_ref[cols][None, :])
+    return s, mask
+
+  def walk_keys(self, first_ref, blocks: int, body, init):
+    """``body`` over the key blocks this query block sees, from its first
+    (``first_ref``: ``layout.key_bounds``) to the one of its last query."""
+    qb, b = pl.program_id(0), pl.program_id(1)
+    bq, bk = self.walk.own, self.walk.step
+    return lax.fori_loop(first_ref[b * blocks + qb],
+                         lax.div((qb + 1) * bq - 1, bk) + 1, body, init)
+
+
 def _forward_kernel(first_ref, q_ref, k_ref, v_ref, c_ref, *refs,
                     spec: bm.Spec, walk: Walk, blocks: int):
   doc_ref, (o_ref, lse_ref) = _documents(refs, spec.documents)
-  qb, b = pl.program_id(0), pl.program_id(1)
+  block = _QueryBlock(c_ref, doc_ref, spec, walk)
   bq, bk = walk.own, walk.step
-  rows = pl.ds(qb * bq, bq)
   q = q_ref[...]                                                # [bq, K]
-  c_q = c_ref[rows][:, None]
-  pos_q = _positions(qb * bq, bq, 0)
-  doc_q = None if doc_ref is None else doc_ref[rows][:, None]
 
   def body(kb, carry):
-    cols = pl.ds(kb * bk, bk)
-    s = bm.scores(spec, q, k_ref[cols, :], c_q, c_ref[cols][None, :])
-    mask = bm.visible(spec, pos_q, _positions(kb * bk, bk, 1), doc_q,
-                      None if doc_ref is None else doc_ref[cols][None, :])
-    return bm.online_step(spec, s, mask, *carry, v_ref[cols, :])
+    s, mask = block.scores(q, k_ref[pl.ds(kb * bk, bk), :], kb)
+    return bm.online_step(spec, s, mask, *carry,
+                          v_ref[pl.ds(kb * bk, bk), :])
 
   init = (jnp.full((bq, 1), -jnp.inf, _F32), jnp.zeros((bq, 1), _F32),
           jnp.zeros((bq, v_ref.shape[-1]), _F32))
-  carry = lax.fori_loop(first_ref[b * blocks + qb],
-                        lax.div((qb + 1) * bq - 1, bk) + 1, body, init)
-  o, lse = bm.finish(*carry)
+  o, lse = bm.finish(*block.walk_keys(first_ref, blocks, body, init))
   o_ref[...] = o.astype(o_ref.dtype)
   lse_ref[...] = lse[:, 0]
+
+
+def _query_inputs(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk,
+                  extra=()):
+  """The inputs of a query-block kernel (grid ``(query blocks, B, H)``):
+  ``first``, its block of ``q``, every key and value of its group, ``extra``
+  (``(name, "block" | "row")``: a ``[bq, F]`` block like q's or a ``[bq]``
+  row like ``lse``'s), the gates' row and the documents."""
+  bq, g, t = walk.own, lay.groups, lay.t_pad
+  width = {"q": lay.k_pad, "do": lay.v_pad}
+  group = lambda qb, b, h: (b, 0, lax.div(h, g), 0)  # noqa: E731
+  inputs = [
+      (first, _whole(first)),
+      (arrays["q"], pl.BlockSpec((None, bq, None, lay.k_pad), _q_block)),
+      (arrays["k"], pl.BlockSpec((None, t, None, lay.k_pad), group)),
+      (arrays["v"], pl.BlockSpec((None, t, None, lay.v_pad), group))]
+  for name, kind in extra:
+    if kind == "block":
+      inputs.append((arrays[name], pl.BlockSpec((None, bq, None, width[name]),
+                                                _q_block)))
+  inputs.append((arrays["c"], pl.BlockSpec((None, None, t),
+                                           lambda qb, b, h: (b, h, 0))))
+  for name, kind in extra:
+    if kind == "row":
+      inputs.append((arrays[name], pl.BlockSpec((None, None, bq), _q_row)))
+  if spec.documents:
+    inputs.append((arrays["doc"], pl.BlockSpec((None, t),
+                                               lambda qb, b, h: (b, 0))))
+  return inputs
+
+
+def _q_block(qb, b, h):
+  return (b, qb, h, 0)
+
+
+def _q_row(qb, b, h):
+  return (b, h, qb)
 
 
 def forward(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
@@ -100,28 +161,15 @@ def forward(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
   """``(o [B, T_pad, H, V_pad], lse [B, H, T_pad] float32)``; ``arrays``:
   ``q``, ``k``, ``v`` (``[B, T_pad, Hx, F]``), ``c`` (rows) and ``doc`` (or
   None); ``first``: ``layout.key_bounds`` of ``walk``."""
-  bq, g, t = walk.own, lay.groups, lay.t_pad
+  bq, t = walk.own, lay.t_pad
   blocks = t // bq
-  inputs = [
-      (first, _whole(first)),
-      (arrays["q"], pl.BlockSpec((None, bq, None, lay.k_pad),
-                                 lambda qb, b, h: (b, qb, h, 0))),
-      (arrays["k"], pl.BlockSpec((None, t, None, lay.k_pad),
-                                 lambda qb, b, h: (b, 0, lax.div(h, g), 0))),
-      (arrays["v"], pl.BlockSpec((None, t, None, lay.v_pad),
-                                 lambda qb, b, h: (b, 0, lax.div(h, g), 0))),
-      (arrays["c"], pl.BlockSpec((None, None, t),
-                                 lambda qb, b, h: (b, h, 0)))]
-  if spec.documents:
-    inputs.append((arrays["doc"], pl.BlockSpec((None, t),
-                                               lambda qb, b, h: (b, 0))))
+  inputs = _query_inputs(arrays, first, spec, lay, walk)
   b, h = lay.batch, lay.heads
   outputs = [
       (jax.ShapeDtypeStruct((b, t, h, lay.v_pad), arrays["v"].dtype),
-       pl.BlockSpec((None, bq, None, lay.v_pad),
-                    lambda qb, b, h: (b, qb, h, 0))),
+       pl.BlockSpec((None, bq, None, lay.v_pad), _q_block)),
       (jax.ShapeDtypeStruct((b, h, t), _F32),
-       pl.BlockSpec((None, None, bq), lambda qb, b, h: (b, h, qb)))]
+       pl.BlockSpec((None, None, bq), _q_row))]
   kernel = functools.partial(_forward_kernel, spec=spec, walk=walk,
                              blocks=blocks)
   return _call(kernel, grid=(blocks, b, h), inputs=inputs, outputs=outputs,
@@ -132,30 +180,23 @@ def forward(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
 def _dq_kernel(first_ref, q_ref, k_ref, v_ref, do_ref, c_ref, lse_ref,
                delta_ref, *refs, spec: bm.Spec, walk: Walk, blocks: int):
   doc_ref, (dq_ref, dc_ref) = _documents(refs, spec.documents)
-  qb, b = pl.program_id(0), pl.program_id(1)
+  block = _QueryBlock(c_ref, doc_ref, spec, walk)
   bq, bk = walk.own, walk.step
-  rows = pl.ds(qb * bq, bq)
   q, do = q_ref[...], do_ref[...]
-  c_q = c_ref[rows][:, None]
   lse, delta = lse_ref[...][:, None], delta_ref[...][:, None]
-  pos_q = _positions(qb * bq, bq, 0)
-  doc_q = None if doc_ref is None else doc_ref[rows][:, None]
 
   def body(kb, carry):
     dq, dc = carry
     cols = pl.ds(kb * bk, bk)
     k = k_ref[cols, :]
-    s = bm.scores(spec, q, k, c_q, c_ref[cols][None, :])        # [bq, bk]
-    mask = bm.visible(spec, pos_q, _positions(kb * bk, bk, 1), doc_q,
-                      None if doc_ref is None else doc_ref[cols][None, :])
+    s, mask = block.scores(q, k, kb)                            # [bq, bk]
     p = bm.probabilities(s, mask, lse)
     ds = bm.score_grads(p, bm.dot(do, v_ref[cols, :], bm.NT, spec), delta)
     return (dq + bm.dot(ds, k, bm.NN, spec),                    # [bq, K]
             dc + jnp.sum(ds, axis=1, keepdims=True))            # [bq, 1]
 
   init = (jnp.zeros((bq, q_ref.shape[-1]), _F32), jnp.zeros((bq, 1), _F32))
-  dq, dc = lax.fori_loop(first_ref[b * blocks + qb],
-                         lax.div((qb + 1) * bq - 1, bk) + 1, body, init)
+  dq, dc = block.walk_keys(first_ref, blocks, body, init)
   dq_ref[...] = (spec.scale * dq).astype(dq_ref.dtype)
   dc_ref[...] = dc[:, 0]
 
@@ -164,31 +205,16 @@ def dq(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
        interpret: bool = False):
   """``(dq [B, T_pad, H, K_pad], dc row sums [B, H, T_pad] float32)``;
   ``arrays`` as ``forward``'s plus ``do``, ``lse`` and ``delta`` (rows)."""
-  bq, g, t = walk.own, lay.groups, lay.t_pad
+  bq, t = walk.own, lay.t_pad
   blocks = t // bq
-  q_block = lambda qb, b, h: (b, qb, h, 0)  # noqa: E731
-  q_row = lambda qb, b, h: (b, h, qb)  # noqa: E731
-  inputs = [
-      (first, _whole(first)),
-      (arrays["q"], pl.BlockSpec((None, bq, None, lay.k_pad), q_block)),
-      (arrays["k"], pl.BlockSpec((None, t, None, lay.k_pad),
-                                 lambda qb, b, h: (b, 0, lax.div(h, g), 0))),
-      (arrays["v"], pl.BlockSpec((None, t, None, lay.v_pad),
-                                 lambda qb, b, h: (b, 0, lax.div(h, g), 0))),
-      (arrays["do"], pl.BlockSpec((None, bq, None, lay.v_pad), q_block)),
-      (arrays["c"], pl.BlockSpec((None, None, t),
-                                 lambda qb, b, h: (b, h, 0))),
-      (arrays["lse"], pl.BlockSpec((None, None, bq), q_row)),
-      (arrays["delta"], pl.BlockSpec((None, None, bq), q_row))]
-  if spec.documents:
-    inputs.append((arrays["doc"], pl.BlockSpec((None, t),
-                                               lambda qb, b, h: (b, 0))))
+  inputs = _query_inputs(arrays, first, spec, lay, walk,
+                         (("do", "block"), ("lse", "row"), ("delta", "row")))
   b, h = lay.batch, lay.heads
   outputs = [
       (jax.ShapeDtypeStruct((b, t, h, lay.k_pad), arrays["q"].dtype),
-       pl.BlockSpec((None, bq, None, lay.k_pad), q_block)),
+       pl.BlockSpec((None, bq, None, lay.k_pad), _q_block)),
       (jax.ShapeDtypeStruct((b, h, t), _F32),
-       pl.BlockSpec((None, None, bq), q_row))]
+       pl.BlockSpec((None, None, bq), _q_row))]
   kernel = functools.partial(_dq_kernel, spec=spec, walk=walk, blocks=blocks)
   return _call(kernel, grid=(blocks, b, h), inputs=inputs, outputs=outputs,
                lay=lay, name="forgetting_attn_dq", cost=cost,

@@ -47,7 +47,8 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common import compiler
 from pallas_kernels.common.cumsum import chunk_cumsum
-from pallas_kernels.common.layout import pad_to, power_of_two_at_least_16
+from pallas_kernels.common.layout import (documents, pad_to,
+                                          power_of_two_at_least_16)
 from pallas_kernels.gated_linear import chunk_math as cm
 from pallas_kernels.gated_linear.block_sizes import BlockSizes
 
@@ -139,9 +140,7 @@ def prepare(q, k, v, g, doc, lay: Layout, spec: cm.Spec, do=None):
     arrays["p_hi"], arrays["p_lo"] = chunk_cumsum(
         _tokens(g, lay, lay.k_pad, _F32), lay.chunk)
   if doc is not None:
-    doc = jnp.pad(jnp.asarray(doc, _F32), ((0, 0), (0, lay.t_pad - lay.length)),
-                  mode="edge")                                  # [B, T_pad]
-    before = jnp.pad(doc, ((0, 0), (1, 0)))[:, :-1]
+    doc, before = documents(doc, lay.t_pad)                     # [B, T_pad]
     enter = before.reshape(lay.batch, lay.chunks, lay.chunk)[:, :, :1]
     arrays["doc"] = doc
     arrays["doc_enter"] = jnp.broadcast_to(

@@ -109,9 +109,7 @@ def document_columns(doc, lay: Layout):
   Returns ``(doc [B, T_pad, 1], doc_prev [B, T_pad, 1])``; ``doc_prev`` at
   t = 0 is 0, the document of the initial state.
   """
-  doc = jnp.pad(jnp.asarray(doc, _F32), ((0, 0), (0, lay.t_pad - lay.length)),
-                mode="edge")
-  prev = jnp.concatenate([jnp.zeros_like(doc[:, :1]), doc[:, :-1]], axis=1)
+  doc, prev = common.documents(doc, lay.t_pad)
   return doc[..., None], prev[..., None]
 
 

@@ -179,9 +179,7 @@ def prepare(q, k, v, g, doc, lay: Layout, spec: Spec, do=None):
     arrays.update(p_hi=hi, p_lo=lo, p_row_hi=_rows(hi, lay),
                   p_row_lo=_rows(lo, lay))
   if doc is not None:
-    doc = jnp.pad(jnp.asarray(doc, _F32),
-                  ((0, 0), (0, lay.t_pad - lay.length)), mode="edge")
-    prev = jnp.pad(doc, ((0, 0), (1, 0)))[:, :-1]
+    doc, prev = common.documents(doc, lay.t_pad)
     arrays.update(doc=doc[..., None], doc_prev=prev[..., None],
                   doc_row=_rows(doc[..., None], lay))
   return arrays

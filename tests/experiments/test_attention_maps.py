@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 

@@ -17,7 +17,7 @@ from experiments import evaluate, stdlib_jsonl, tokenize, workdirs
 from lin_attn_jax.data import (ByteTokenizer, jsonl_corpus, load_tokenizer,
                                train_bpe)
 from lin_attn_jax.data import corpus as corpus_lib
-from tests.experiments.test_train_command import TINY, ok, records, train
+from tests.experiments.test_train_command import ok, records, train
 
 FRACTION = 0.2
 

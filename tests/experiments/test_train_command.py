@@ -216,7 +216,7 @@ def test_encoder_task_runs_and_resumes(tmp_path, cache, task, flags, unit):
                  *flags, cache=cache, preset=ENCODER))
   model = "Classifier" if task == "classify" else "MaskedLM"
   assert f"model: {model}, " in out and "(new run)" in out
-  assert f"step 2: held-out" in out and unit in out
+  assert "step 2: held-out" in out and unit in out
   assert "sample" not in out.replace("samples: 0.0 s", "")
   stored = json.load(open(workdir / "experiment.json"))["settings"]
   assert stored["task"] == task

@@ -28,9 +28,8 @@ from pallas_kernels.forgetting_attn import (BlockSizes, forgetting_attention,
                                             forgetting_attention_reference)
 from pallas_kernels.forgetting_attn import layout
 from pallas_kernels.forgetting_attn.reference import allowed_pairs
-from tests.kernels.test_kernels_gated_linear import (CUSTOM_CALLS, cpu_jit,
-                                                     custom_calls,
-                                                     exported_text)
+from tests.kernels.test_kernels_gated_linear import (assert_kernels,
+                                                     cpu_jit, exported_text)
 
 ACCELERATOR = {"tpu": "tpu", "gpu": "gpu"}.get(jax.default_backend())
 GRAD_ARGS = ("q", "k", "v", "c")
@@ -284,10 +283,7 @@ def test_exports_kernels(platform, dtype):
                       (jax.grad(loss, argnums=(0, 1, 2, 3)),
                        ["forgetting_attn_fwd", "forgetting_attn_dq",
                         "forgetting_attn_dkv"])):
-    text = exported_text(fn, platform, *args)
-    assert custom_calls(text) == {CUSTOM_CALLS[platform]}
-    for kernel in kernels:
-      assert f'"{kernel}' in text, f"{kernel} missing for {platform}"
+    assert_kernels(exported_text(fn, platform, *args), platform, kernels)
 
 
 def _valid():

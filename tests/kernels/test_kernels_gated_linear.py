@@ -246,6 +246,14 @@ def custom_calls(text):
   return set(re.findall(r"custom_call @([\w$.]+)", text))
 
 
+def assert_kernels(text, platform, kernels):
+  """``text`` (exported MLIR) calls only ``platform``'s Pallas custom call,
+  and names each of ``kernels``."""
+  assert custom_calls(text) == {CUSTOM_CALLS[platform]}
+  for kernel in kernels:
+    assert f'"{kernel}' in text, f"{kernel} missing for {platform}"
+
+
 @pytest.mark.parametrize("gate, dtype", [("none", jnp.float32),
                                          ("scalar", jnp.float32),
                                          ("channel", jnp.float32),
@@ -292,9 +300,7 @@ def check_exports(forward, args, platform, forward_kernels,
       jax.grad(loss, argnums=tuple(range(len(args)))), platform, *args)
   for text, kernels in ((forward_text, forward_kernels),
                         (backward_text, backward_kernels)):
-    assert custom_calls(text) == {CUSTOM_CALLS[platform]}
-    for kernel in kernels:
-      assert f'"{kernel}' in text, f"{kernel} missing for {platform}"
+    assert_kernels(text, platform, kernels)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -4,7 +4,6 @@ LM (modes, decoding with packed documents, gradients). The whole model
 against transformers' is tests/convert (the ``minimax`` fixture)."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx

@@ -3,7 +3,6 @@ the reference (the modes, decoding and gradients of the default layer are
 in test_layers_gated_linear.py)."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx

@@ -5,7 +5,6 @@ KDA, the Pallas sweep in interpret mode, and bad inputs."""
 
 from __future__ import annotations
 
-import functools
 import pathlib
 
 import jax
@@ -17,7 +16,7 @@ from lin_attn_jax import ops, testing
 from lin_attn_jax.ops import registry
 from lin_attn_jax.ops.registry import Dims
 from lin_attn_jax.testing import assert_close_errors, rel_rms
-from tests.kernels.test_kernels_gated_linear import CUSTOM_CALLS, exported_text
+from tests.ops import variant_checks
 
 FIXTURE = (pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "ops"
            / "gdn2.npz")
@@ -91,10 +90,7 @@ def test_scalar_gates_are_kda():
 def test_pallas_sweep_matches_naive_on_cpu():
   """``impl="pallas"``: the delta-rule core's sweep kernels (interpret mode
   on CPU), outputs, final state and gradients."""
-  testing.check_chunk_variant(
-      SPEC, functools.partial(ops.chunk_gdn2, use_qk_l2norm=True,
-                              impl="pallas"),
-      dims=Dims(batch=1, length=20, dim_k=8, dim_v=8), seed=3, chunk_size=8)
+  variant_checks.check_pallas_sweep(SPEC, ops.chunk_gdn2)
 
 
 def _inputs(bs=2, t=5, h=2, hv=4, dk=8, dv=6):
@@ -116,12 +112,7 @@ def _inputs(bs=2, t=5, h=2, hv=4, dk=8, dv=6):
     (dict(segment_ids=jnp.zeros((2, 4), jnp.int32)), "segment_ids"),
 ])
 def test_bad_input_raises(change, match):
-  inputs = {**_inputs(), **change}
-  for name, form in SPEC.forms.items():
-    if name == "step":
-      continue
-    with pytest.raises(ValueError, match=match):
-      form(**inputs)
+  variant_checks.check_forms_raise(SPEC, {**_inputs(), **change}, match)
 
 
 def test_bad_step_input_raises():
@@ -138,15 +129,4 @@ def test_bad_step_input_raises():
 def test_pallas_exports_the_sweep_kernels(platform):
   """``impl="pallas"`` lowers the forward and backward to the core's sweep
   kernels on TPU (Mosaic) and CUDA (Triton), from a CPU-only machine."""
-  inputs = SPEC.make_inputs(jax.random.PRNGKey(4), Dims(batch=1, length=20,
-                                                        dim_k=16, dim_v=16),
-                            False)
-  inputs.pop("segment_ids")
-
-  def loss(inputs):
-    o, state = ops.chunk_gdn2(**inputs, impl="pallas", chunk_size=16,
-                              output_final_state=True, use_qk_l2norm=True)
-    return jnp.sum(o) + jnp.sum(state)
-
-  text = exported_text(jax.grad(loss), platform, inputs)
-  assert CUSTOM_CALLS[platform] in text
+  variant_checks.check_pallas_exports(SPEC, ops.chunk_gdn2, platform)

@@ -5,29 +5,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import checks, context_parallel
-from lin_attn_jax.ops.common.pooling import (mean_pool, multi_document_rows,
-                                             poison_rows)
+from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common.pooling import (mean_pool, poison_rows,
+                                             whole_row_inputs)
 from lin_attn_jax.ops.softmax_attn.inputs import default_scale
 
 _F32 = jnp.float32
 
-NOT_CAUSAL = (
-    "Agent Attention has no causal form: its agent tokens pool the queries "
-    "of the whole row and read every key, the future ones included. Use "
-    "causal=False (encoder-style attention).")
-
-_NOT_SPLIT = (
-    "Agent Attention cannot split the sequence over the {p} devices of mesh "
-    "axis 'sequence': its agents pool queries from the whole sequence and "
-    "attend to all of its keys. Use a mesh without a 'sequence' axis (or of "
-    "size 1).")
-
-_ONE_DOCUMENT = (
-    "Agent Attention takes one document per row: its agent tokens pool "
-    "queries over fixed stretches of the row and attend to every key, so "
-    "packed documents would see each other; segment_ids must be constant "
-    "along each row")
+_POOLED = "its agent tokens pool the queries and read every key"
 
 
 def agent_attn(q, k, v, *, agent_num: int, scale=None, agent_bias=None,
@@ -55,13 +40,9 @@ def agent_attn(q, k, v, *, agent_num: int, scale=None, agent_bias=None,
     >>> agent_attn(q, k, v, agent_num=16).shape
     (1, 64, 2, 8)
   """
-  if causal:
-    raise ValueError(NOT_CAUSAL)
-  parts = context_parallel.sequence_parallel_size()
-  if parts > 1:
-    raise ValueError(_NOT_SPLIT.format(p=parts))
-  checks.check_qkv(q, k, v)
-  b, t, h, dk = checks.shape_of(q)
+  (b, t, h, dk), bad_rows = whole_row_inputs(
+      "Agent Attention", q, k, v, segment_ids=segment_ids, causal=causal,
+      pooled=_POOLED)
   checks.positive_int("agent_num", agent_num)
   n = agent_num
   for name, x, shape, layout in (("agent_bias", agent_bias, (h, n, t),
@@ -71,7 +52,6 @@ def agent_attn(q, k, v, *, agent_num: int, scale=None, agent_bias=None,
     if x is not None:
       checks.check_float(name, x)
       checks.check_shape(name, x, shape, layout)
-  bad_rows = multi_document_rows(segment_ids, b, t, _ONE_DOCUMENT)
   scale = default_scale(scale, dk)
   qf = jnp.asarray(q, _F32)
   agents = mean_pool(qf, n)                                     # [B, N, H, K]

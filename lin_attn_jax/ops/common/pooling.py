@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common import checks, context_parallel
 from lin_attn_jax.ops.common.segments import document_index
 
 _F32 = jnp.float32
@@ -98,3 +98,36 @@ def poison_rows(o, rows):
   if rows is None:
     return o
   return jnp.where(rows.reshape((-1,) + (1,) * (o.ndim - 1)), jnp.nan, o)
+
+
+def whole_row_inputs(name: str, q, k, v, *, segment_ids, causal: bool,
+                     pooled: str):
+  """The checks of an attention op whose every token reads a pooling of
+  the whole row (Agent Attention, Nystromformer); returns ``(shape,
+  bad_rows)``: q's ``(B, T, H, K)`` and ``multi_document_rows``.
+
+  ``name`` names the op in the errors, ``pooled`` says what it pools
+  ("its landmarks are means of queries and keys"): ``causal=True``, a
+  current mesh's ``"sequence"`` axis of more than one device and
+  concrete ``segment_ids`` with more than one document in a row raise
+  ``ValueError``.
+  """
+  if causal:
+    raise ValueError(
+        f"{name} has no causal form: {pooled} over the whole row, the "
+        "future tokens included. Use causal=False (encoder-style "
+        "attention).")
+  parts = context_parallel.sequence_parallel_size()
+  if parts > 1:
+    raise ValueError(
+        f"{name} cannot split the sequence over the {parts} devices of "
+        f"mesh axis 'sequence': {pooled} over the whole sequence. Use a "
+        "mesh without a 'sequence' axis (or of size 1).")
+  checks.check_qkv(q, k, v)
+  shape = checks.shape_of(q)
+  bad_rows = multi_document_rows(
+      segment_ids, shape[0], shape[1],
+      f"{name} takes one document per row: {pooled} over fixed stretches "
+      "of the row, across document boundaries, so packed documents would "
+      "see each other; segment_ids must be constant along each row")
+  return shape, bad_rows

@@ -5,30 +5,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lin_attn_jax.ops.common import checks, context_parallel
-from lin_attn_jax.ops.common.pooling import (mean_pool, multi_document_rows,
-                                             poison_rows)
+from lin_attn_jax.ops.common import checks
+from lin_attn_jax.ops.common.pooling import (mean_pool, poison_rows,
+                                             whole_row_inputs)
 from lin_attn_jax.ops.nystrom_attn.pinv import iterative_pinv
 from lin_attn_jax.ops.softmax_attn.inputs import default_scale
 
 _F32 = jnp.float32
 
-NOT_CAUSAL = (
-    "Nystromformer has no causal form: its landmarks are means of queries "
-    "and keys over the whole row, the future ones included. Use "
-    "causal=False (encoder-style attention).")
-
-_NOT_SPLIT = (
-    "Nystromformer cannot split the sequence over the {p} devices of mesh "
-    "axis 'sequence': its landmarks pool the whole sequence and every query "
-    "reads all of them. Use a mesh without a 'sequence' axis (or of size "
-    "1).")
-
-_ONE_DOCUMENT = (
-    "Nystromformer takes one document per row: its landmarks are means over "
-    "fixed stretches of the row, across document boundaries, so packed "
-    "documents would see each other; segment_ids must be constant along "
-    "each row")
+_POOLED = "its landmarks are means of queries and keys"
 
 
 def nystrom_attn(q, k, v, *, num_landmarks: int = 64,
@@ -59,16 +44,11 @@ def nystrom_attn(q, k, v, *, num_landmarks: int = 64,
     >>> nystrom_attn(q, k, v, num_landmarks=8).shape
     (1, 64, 2, 8)
   """
-  if causal:
-    raise ValueError(NOT_CAUSAL)
-  parts = context_parallel.sequence_parallel_size()
-  if parts > 1:
-    raise ValueError(_NOT_SPLIT.format(p=parts))
-  checks.check_qkv(q, k, v)
-  b, t, h, dk = checks.shape_of(q)
+  (b, t, h, dk), bad_rows = whole_row_inputs(
+      "Nystromformer", q, k, v, segment_ids=segment_ids, causal=causal,
+      pooled=_POOLED)
   checks.positive_int("num_landmarks", num_landmarks)
   checks.positive_int("pinv_iterations", pinv_iterations)
-  bad_rows = multi_document_rows(segment_ids, b, t, _ONE_DOCUMENT)
   scale = default_scale(scale, dk)
   qf = scale * jnp.asarray(q, _F32)
   if num_landmarks >= t:
