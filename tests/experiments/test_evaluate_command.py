@@ -138,6 +138,7 @@ def test_scores_are_the_sums_of_the_full_forward_logprobs():
   assert greedy and not not_greedy
 
 
+@pytest.mark.slow
 def test_multiple_choice_picks_the_trained_answers(tmp_path):
   data = tmp_path / "corpus.jsonl"
   _write_jsonl(data, _documents(48))

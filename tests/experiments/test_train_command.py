@@ -122,6 +122,7 @@ def test_one_device_run_resume_and_init_from(tmp_path, cache):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_eight_devices_in_two_processes(tmp_path):
   """Two processes with four CPU devices each train on one mesh."""
   from tests.train.test_train import free_port

@@ -142,12 +142,13 @@ def kernel_errors(case: Case, *, interpret: bool):
 
 
 CASES = [
-    Case("tpu", 37),
+    pytest.param(Case("tpu", 37), marks=pytest.mark.slow),
     Case("tpu", 300, batch=2, heads=4, kv_heads=2, segments=True,
          window=150, blocks=TPU_MIXED),
     Case("gpu", 70, batch=2, heads=4, kv_heads=2, segments=True, window=9),
     Case("gpu", 45, heads=3, dim_k=8, dim_v=40, strong=True),
-    Case("gpu", 100, segments=True, strong=True, window=40),
+    pytest.param(Case("gpu", 100, segments=True, strong=True, window=40),
+                 marks=pytest.mark.slow),
 ]
 BFLOAT16_CASES = [
     Case("tpu", 200, heads=4, kv_heads=2, segments=True, dtype="bfloat16"),

@@ -147,12 +147,16 @@ def test_short_conv_parts_are_the_split_convolution():
       return jnp.concatenate(ys, axis=-1), new
     return conv(x, ctx, state)
 
-  (y1, s1), (y2, s2) = run(x, state, True), run(x, state, False)
+  def loss(x, s, apart):
+    y, new = run(x, s, apart)
+    return jnp.sum(jnp.sin(y)) + jnp.sum(new ** 2)
+
+  compiled = jax.jit(lambda x, s, apart: (run(x, s, apart), jax.grad(
+      loss, argnums=(0, 1))(x, s, apart)), static_argnums=2)
+  ((y1, s1), got), ((y2, s2), want) = (compiled(x, state, a)
+                                       for a in (True, False))
   np.testing.assert_allclose(y1, y2, rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(s1, s2, rtol=1e-6, atol=1e-6)
-  got, want = (jax.grad(lambda x, s: jnp.sum(jnp.sin(run(x, s, a)[0]))
-                        + jnp.sum(run(x, s, a)[1] ** 2), argnums=(0, 1))(
-                            x, state) for a in (True, False))
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
   step = Context(mode="chunk", segment_ids=None, positions=positions[:, :1],

@@ -34,9 +34,13 @@ CAUSAL_CASES = {
 # Without segment ids the same modes run on one document: slow only, as for
 # the other mixers (the segment case covers every path and the masks
 # besides).
+# The second option set of MoBA and of the sparse patterns is slow too: the
+# first runs the same layer and op.
+SLOW_CASES = ("moba_gated", "sparse_attn_strided")
 CAUSAL_RUNS = [pytest.param(case, use_segments,
                             id=f"{case}-{'seg' if use_segments else 'noseg'}",
-                            marks=() if use_segments else pytest.mark.slow)
+                            marks=() if use_segments and case not in SLOW_CASES
+                            else pytest.mark.slow)
                for case in sorted(CAUSAL_CASES)
                for use_segments in (False, True)]
 LINFORMER_OPTIONS = {"max_len": 32, "projected_length": 8}

@@ -125,7 +125,11 @@ def test_bad_hyper_parameters(build):
     build()
 
 
-@pytest.mark.parametrize("name", sorted(MIXER_OPTIONS))
+# Mamba-2's in the fast suite; the others' (the same dtype handling in
+# their own layers) in the slow one.
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=() if n == "mamba2" else pytest.mark.slow)
+    for n in sorted(MIXER_OPTIONS)])
 def test_bfloat16_close_to_float32(name):
   """bfloat16 parameters and computation against float32 with the same
   (rounded) parameters; outputs in bfloat16, cached states in float32."""

@@ -164,7 +164,8 @@ def _left_padded(prompts, pad=0):
 
 @pytest.mark.parametrize("mixers,config", [
     (("gla", "softmax_attn"), {}),
-    (("mamba2", "rwkv6"), {"mlp": "rwkv6"}),
+    pytest.param(("mamba2", "rwkv6"), {"mlp": "rwkv6"},
+                 marks=pytest.mark.slow),
 ])
 def test_batched_prompts_of_different_lengths_decode_as_alone(mixers, config):
   """Left padding with its own segment and shifted positions: every row's

@@ -592,10 +592,17 @@ def _check(name, parts, plain=False, fn=None):
 
 
 # Each case at its largest device count in the fast suite, at the smaller
-# ones (and without initial state and segment ids) in the slow suite.
+# ones (and without initial state and segment ids) in the slow suite; so
+# are the cases whose split another case runs through the same code: MIMO
+# Mamba-3's by Mamba-3's, the FoX window's by FoX's (and the kernels'
+# test below), the gated-linear variants that only prepare the core's
+# inputs or read its outputs token by token by GLA's and Simple GLA's, the
+# delta-rule ones by KDA's and Gated DeltaNet's.
+SLOW_CASES = ("mamba3_mimo", "forgetting_attn_window", "linear_attn",
+              "retention", "based", "mesa_net", "comba", "gdn2")
 SPLIT_RUNS = [pytest.param(name, parts, id=f"{name}-P{parts}",
                            marks=() if parts == max(CASES[name][1])
-                           else pytest.mark.slow)
+                           and name not in SLOW_CASES else pytest.mark.slow)
               for name in sorted(CASES) for parts in CASES[name][1]]
 
 
@@ -610,7 +617,11 @@ def test_split_without_state_or_documents(name):
   _check(name, PLAIN[name], plain=True)
 
 
+@pytest.mark.slow
 def test_hybrid_lm_loss_and_gradients_match_single_device():
+  """A 4-layer LM of GLA, Gated DeltaNet, Mamba-2 and attention split over
+  ``sequence`` (slow: the LM-level split is in the fast suite through
+  tests/train/test_train.py's data x sequence training)."""
   from flax import nnx
   from lin_attn_jax.models import LM, LMConfig
 

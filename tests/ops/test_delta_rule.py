@@ -147,7 +147,11 @@ def check_forms(case, forms, inputs, dtype, tol):
                       grad_tol=tol)
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
+# The single token is slow: the gated-linear and diagonal-SSM sets cover a
+# chunk form's one-token path.
+@pytest.mark.parametrize("case", [
+    pytest.param(c, id=str(c), marks=pytest.mark.slow if c.length == 1
+                 else ()) for c in CASES])
 def test_forms_match_naive_float32(case):
   check_forms(case, case.forms, make_inputs(case, 0), jnp.float32, 1e-5)
 
@@ -200,7 +204,11 @@ def test_step_without_state_starts_from_zeros():
   assert state.shape == (2, 2, 8, 12) and state.dtype == jnp.float32
 
 
-@pytest.mark.parametrize("op", list(FORMS))
+# KDA's per-channel decay in the fast suite, the others (scalar and no
+# decay, the same chunk sweep) in the slow one.
+@pytest.mark.parametrize("op", [
+    pytest.param(op, marks=() if op == "kda" else pytest.mark.slow)
+    for op in FORMS])
 def test_long_sequence_strong_gates_is_finite(op):
   """T = 8192 with strong gates and beta up to 2: chunk form and gradients."""
   case = Case(op, 8192, heads=1, value_heads=1, dim_k=4, dim_v=4,

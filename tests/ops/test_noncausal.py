@@ -37,7 +37,10 @@ def _params(slow=()):
 ONE_FORM = ("agent_attn", "nystrom_attn")
 
 
-@pytest.mark.parametrize("name", _params(slow=ONE_FORM))
+# The ops whose paths another op covers (as below) are slow here too.
+@pytest.mark.parametrize("name", _params(slow=ONE_FORM + (
+    "retention_noncausal", "simple_gla_noncausal", "linear_scan_noncausal",
+    "sliding_window_attn_noncausal")))
 def test_forms_match_the_definition(name):
   testing.check_forms(SPECS[name], dims=DIMS, chunk_size=8, seed=SEED,
                       one_program=True)
@@ -58,8 +61,14 @@ def test_strong_gates_and_bfloat16(name):
                       dtype=jnp.bfloat16, one_program=True)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, s in SPECS.items()
-                                        if s.context_parallel))
+# The split of the ops whose paths another op's covers (as above; the
+# ReLU map's by linear attention's) is slow.
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.slow) if n in (
+        "retention_noncausal", "simple_gla_noncausal",
+        "linear_scan_noncausal", "sliding_window_attn_noncausal",
+        "selective_scan_noncausal", "relu_linear_attn") else n
+    for n in sorted(n for n, s in SPECS.items() if s.context_parallel)])
 def test_context_parallel_matches_one_device(name):
   testing.check_forms(SPECS[name], dims=DIMS, chunk_size=4, seed=SEED,
                       forms=("chunk",), context_parallel=(8,))

@@ -204,9 +204,9 @@ def test_cache_holds_keys_as_later_tokens_see_them():
   raw = _inputs(2, 1, 13, 2, 1, 4, 3)
   inputs = _f32(raw)
   cache = init_path_cache(1, 1, 4, 3, max_length=16, gate_heads=2)
-  _, cache = path_attn_extend(inputs["q"], inputs["k"], inputs["v"],
-                              inputs["w"], inputs["beta"], cache,
-                              g=inputs["g"])
+  _, cache = jax.jit(lambda x, cache: path_attn_extend(
+      x["q"], x["k"], x["v"], x["w"], x["beta"], cache, g=x["g"]))(
+          inputs, cache)
   w, beta, k = raw["w"][0, :, 0], raw["beta"][0, :, 0], raw["k"][0, :, 0]
   keys = np.stack([_reflections(w, beta, j + 1, 12) @ k[j]
                    for j in range(13)])
@@ -214,9 +214,10 @@ def test_cache_holds_keys_as_later_tokens_see_them():
   np.testing.assert_allclose(cache.k[0, :13, 0], keys, atol=1e-5)
   np.testing.assert_allclose(cache.log_gate[0, :13], gate, atol=1e-5)
   np.testing.assert_array_equal(cache.position[0], list(range(13)) + [-1] * 3)
-  terms = chunk.chunk_terms(inputs["q"], inputs["k"], inputs["v"],
-                            inputs["w"], inputs["beta"], inputs["g"], None, 4)
-  summary_keys, summary_gate, _, total = chunk.sequence_summary(terms, 13)
+  summary_keys, summary_gate, _, total = jax.jit(
+      lambda x: chunk.sequence_summary(chunk.chunk_terms(
+          x["q"], x["k"], x["v"], x["w"], x["beta"], x["g"], None, 4), 13))(
+              inputs)
   np.testing.assert_allclose(summary_keys[0, :, 0], keys, atol=1e-5)
   np.testing.assert_allclose(summary_gate[0], gate, atol=1e-5)
   np.testing.assert_allclose(total[0], raw["g"][0].sum(0), atol=1e-5)

@@ -148,13 +148,20 @@ def check_forms(case, forms, inputs, dtype, tol):
     assert_close_errors(errors, tol, label=f"{form} {case} {dtype.__name__}")
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
+# The cases without an initial state are slow: each op's hard case has one
+# and the other tests of this file start from zeros.
+@pytest.mark.parametrize("case", [
+    pytest.param(c, id=str(c), marks=() if c.initial_state
+                 else pytest.mark.slow) for c in CASES])
 def test_forms_match_naive_float32(case):
   check_forms(case, case.forms, make_inputs(case, 0), jnp.float32,
               TOL[case.op])
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.bfloat16], ids=str)
+@pytest.mark.parametrize("case", [
+    pytest.param(c, id=str(c), marks=pytest.mark.slow
+                 if c.min_log_decay is not None else ())
+    for c in CASES if c.bfloat16])
 def test_forms_match_naive_bfloat16(case):
   inputs = make_inputs(case, 7, strong=True, rate_max=2.0)
   check_forms(case, case.bfloat16, inputs, jnp.bfloat16, 1e-2)
@@ -184,7 +191,9 @@ def test_steps_with_resets_match_naive(op, step, names):
   np.testing.assert_allclose(state, expected_state, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("op", list(FORMS))
+@pytest.mark.parametrize("op", [
+    pytest.param(op, marks=() if op == "rwkv7" else pytest.mark.slow)
+    for op in FORMS])
 def test_long_sequence_strong_decay_is_finite(op):
   """T = 8192 with strong decays: the chunk form and its gradients."""
   case = Case(op, 8192, heads=1, dim_k=4, dim_v=4, segments=True)

@@ -229,19 +229,25 @@ def test_values_from_keys():
   b, t, h, dk, dv = 2, 9, 4, 10, 6
   q, k, _, _ = make_qkv(3, b, t, h, 1, dk, dv)
   segments = jnp.asarray([[0] * 4 + [1] * 5, [2] * 9])
-  full = init_kv_cache(b, 1, dk, dv, max_length=t)
-  o_ref, _ = softmax_attn_extend(q, k, k[..., :dv], full, scale=0.3,
-                                 segment_ids=segments)
-  latent = init_kv_cache(b, 1, dk, 0, max_length=t)
-  o, latent = softmax_attn_extend(q[:, :5], k[:, :5], k[:, :5, :, :0],
-                                  latent, scale=0.3,
-                                  segment_ids=segments[:, :5],
-                                  values_from_keys=dv)
-  outs = [o]
-  for i in range(5, t):
-    o, latent = softmax_attn_step(q[:, i], k[:, i], k[:, i, :, :0], latent,
-                                  scale=0.3, values_from_keys=dv)
-    outs.append(o[:, None])
+
+  @jax.jit
+  def both(q, k, segments):
+    full = init_kv_cache(b, 1, dk, dv, max_length=t)
+    o_ref, _ = softmax_attn_extend(q, k, k[..., :dv], full, scale=0.3,
+                                   segment_ids=segments)
+    latent = init_kv_cache(b, 1, dk, 0, max_length=t)
+    o, latent = softmax_attn_extend(q[:, :5], k[:, :5], k[:, :5, :, :0],
+                                    latent, scale=0.3,
+                                    segment_ids=segments[:, :5],
+                                    values_from_keys=dv)
+    outs = [o]
+    for i in range(5, t):
+      o, latent = softmax_attn_step(q[:, i], k[:, i], k[:, i, :, :0],
+                                    latent, scale=0.3, values_from_keys=dv)
+      outs.append(o[:, None])
+    return o_ref, outs, latent
+
+  o_ref, outs, latent = both(q, k, segments)
   assert latent.v.shape == (b, t, 1, 0)
   assert rel_rms(jnp.concatenate(outs, axis=1), o_ref) <= TOL
   with pytest.raises(ValueError, match="values_from_keys"):
