@@ -37,9 +37,9 @@ def test_options_replace_the_registry_ones():
   inputs["segment_ids"] = None
   qkv = [inputs[n] for n in ("q", "k", "v")]
   options = dict(block_size=8, top_k=2)
-  expected = ops.parallel_moba(*qkv, **options)
-  registry_default = ops.parallel_moba(*qkv, block_size=registry.MOBA_BLOCK,
-                                       top_k=registry.MOBA_TOP_K)
+  expected = jax.jit(lambda *x: ops.parallel_moba(*x, **options))(*qkv)
+  registry_default = jax.jit(lambda *x: ops.parallel_moba(
+      *x, block_size=registry.MOBA_BLOCK, top_k=registry.MOBA_TOP_K))(*qkv)
   assert np.max(np.abs(expected - registry_default)) > 1e-2
   for form in ("naive", "chunk"):
     forward, _, temp, grad_temp = compile_form(spec, form, inputs, 8, options)

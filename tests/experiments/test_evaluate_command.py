@@ -118,9 +118,10 @@ def test_scores_are_the_sums_of_the_full_forward_logprobs():
   tokenizer = ByteTokenizer()
   requests = [("the cat ", "sat"), ("a", " dog ran"), ("x y", "z")]
   scores = evaluate.score_requests(lm, tokenizer, requests, batch_size=2)
+  forward = nnx.jit(lambda lm, x: lm(x))
   for (context, continuation), (score, greedy) in zip(requests, scores):
     ids = tokenizer.encode(context + continuation)
-    logits = lm(jnp.asarray([ids[:-1]]))[0]
+    logits = forward(lm, jnp.asarray([ids[:-1]]))[0]
     logp = jax.nn.log_softmax(logits, axis=-1)
     # The context's trailing space moves to the continuation (lm-eval).
     n = len(continuation) + len(context) - len(context.rstrip())
@@ -131,7 +132,7 @@ def test_scores_are_the_sums_of_the_full_forward_logprobs():
                          for t in steps)
   # A next token that is the greedy choice, and one that is not.
   ids = tokenizer.encode("the cat s")
-  logits = lm(jnp.asarray([ids]))[0, -1]
+  logits = forward(lm, jnp.asarray([ids]))[0, -1]
   best, worst = int(jnp.argmax(logits)), int(jnp.argmin(logits))
   (_, greedy), (_, not_greedy) = evaluate.score_tokens(
       lm, [(ids + [best], 1), (ids + [worst], 1)])

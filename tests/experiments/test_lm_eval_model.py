@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 pytest.importorskip("lm_eval")
 
@@ -87,9 +88,11 @@ def test_rolling_loglikelihood_scores_every_token_once(workdir, monkeypatch):
   got = whole.loglikelihood_rolling(instances("loglikelihood_rolling",
                                               [(t,) for t in texts]))
   tokenizer = whole.tokenizer
+  forward = nnx.jit(lambda lm, x: lm(x))
   for text, score in zip(texts, got):
     ids = [tokenizer.bos_id] + tokenizer.encode(text)
-    logp = jax.nn.log_softmax(whole.lm(jnp.asarray([ids[:-1]]))[0], -1)
+    logp = jax.nn.log_softmax(forward(whole.lm, jnp.asarray([ids[:-1]]))[0],
+                              -1)
     want = sum(float(logp[t, ids[t + 1]]) for t in range(len(ids) - 1))
     assert score == pytest.approx(want, rel=1e-4)
   # Windows of at most 4 inputs: every token is scored once, after the

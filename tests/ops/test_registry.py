@@ -45,9 +45,12 @@ def test_lookup_names_the_known_ops():
     registry.get_spec("nope")
 
 
-# One op of each kind of sequence split, against the naive form.
-@pytest.mark.parametrize("name, parts", [("gla", 2), ("gated_delta_rule", 4),
-                                         ("linear_scan", 8)])
+# One op of each kind of sequence split, against the naive form (the
+# harness's option; every op's split is in test_context_parallel.py, so
+# the second and third kinds are slow here).
+@pytest.mark.parametrize("name, parts", [
+    ("gla", 2), pytest.param("gated_delta_rule", 4, marks=pytest.mark.slow),
+    pytest.param("linear_scan", 8, marks=pytest.mark.slow)])
 def test_check_forms_context_parallel(name, parts):
   errors = testing.check_forms(
       registry.get_spec(name), dims=registry.Dims(length=32, dim_k=8,
