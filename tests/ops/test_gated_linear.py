@@ -158,7 +158,8 @@ def test_normalized_linear_attention_definition():
   key = jax.random.PRNGKey(6)
   q, k, v = (jax.nn.elu(jax.random.normal(kk, (1, 20, 1, 4))) + 1
              for kk in jax.random.split(key, 3))
-  o, _ = ops.chunk_linear_attn(q, k, v, normalize=True, chunk_size=16)
+  o, _ = jax.jit(lambda *x: ops.chunk_linear_attn(
+      *x, normalize=True, chunk_size=16))(q, k, v)
   scores = jnp.tril(jnp.einsum("bihk,bjhk->bhij", q, k))
   expected = jnp.einsum("bhij,bjhv->bihv", scores, v) / (
       jnp.sum(scores, -1)[..., None].transpose(0, 2, 1, 3))

@@ -278,11 +278,17 @@ def test_rwkv7_chunk_raises_decays_to_min_log_decay():
   inputs.pop("segment_ids", None)
   bound = -0.5
   assert float(jnp.min(inputs["w"])) < bound < float(jnp.max(inputs["w"]))
-  got = rwkv7.chunk_rwkv7(**inputs, chunk_size=16, output_final_state=True,
-                          min_log_decay=bound)
-  want = rwkv7.naive_recurrent_rwkv7(
-      **dict(inputs, w=jnp.maximum(inputs["w"], bound)),
-      output_final_state=True)
+
+  @jax.jit
+  def both(inputs):
+    got = rwkv7.chunk_rwkv7(**inputs, chunk_size=16, output_final_state=True,
+                            min_log_decay=bound)
+    want = rwkv7.naive_recurrent_rwkv7(
+        **dict(inputs, w=jnp.maximum(inputs["w"], bound)),
+        output_final_state=True)
+    return got, want
+
+  got, want = both(inputs)
   for a, b in zip(got, want):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4,
                                atol=1e-4 * float(jnp.max(jnp.abs(b))))
