@@ -80,7 +80,7 @@ def _op_cases():
                          id=f"{op}-{_case_id(case)}")
 
 
-@pytest.mark.parametrize("op, case", _op_cases())
+@pytest.mark.parametrize("op, case", list(_op_cases()))
 def test_forms_match_naive(op, case):
   """Every form against the naive one; the inputs, the naive form and every
   form's forward and backward compiled as one program."""
