@@ -108,9 +108,9 @@ def _forward_kernel(first_ref, q_ref, k_ref, v_ref, c_ref, *refs,
   q = q_ref[...]                                                # [bq, K]
 
   def body(kb, carry):
-    s, mask = block.scores(q, k_ref[pl.ds(kb * bk, bk), :], kb)
-    return bm.online_step(spec, s, mask, *carry,
-                          v_ref[pl.ds(kb * bk, bk), :])
+    cols = pl.ds(kb * bk, bk)
+    s, mask = block.scores(q, k_ref[cols, :], kb)
+    return bm.online_step(spec, s, mask, *carry, v_ref[cols, :])
 
   init = (jnp.full((bq, 1), -jnp.inf, _F32), jnp.zeros((bq, 1), _F32),
           jnp.zeros((bq, v_ref.shape[-1]), _F32))
@@ -120,28 +120,27 @@ def _forward_kernel(first_ref, q_ref, k_ref, v_ref, c_ref, *refs,
 
 
 def _query_inputs(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk,
-                  extra=()):
-  """The inputs of a query-block kernel (grid ``(query blocks, B, H)``):
-  ``first``, its block of ``q``, every key and value of its group, ``extra``
-  (``(name, "block" | "row")``: a ``[bq, F]`` block like q's or a ``[bq]``
-  row like ``lse``'s), the gates' row and the documents."""
+                  blocks=(), rows=()):
+  """The inputs of a query-block kernel (grid ``(query blocks, B, H)``), in
+  its arguments' order: ``first``, its block of ``q``, every key and value
+  of its group, the query blocks of ``blocks`` (``[B, T_pad, H, F]``, as
+  q's), the gates' row, the query rows of ``rows`` (``[B, H, T_pad]``)
+  and the documents."""
   bq, g, t = walk.own, lay.groups, lay.t_pad
-  width = {"q": lay.k_pad, "do": lay.v_pad}
   group = lambda qb, b, h: (b, 0, lax.div(h, g), 0)  # noqa: E731
+
+  def block(name):
+    x = arrays[name]
+    return x, pl.BlockSpec((None, bq, None, x.shape[-1]), _q_block)
+
   inputs = [
-      (first, _whole(first)),
-      (arrays["q"], pl.BlockSpec((None, bq, None, lay.k_pad), _q_block)),
+      (first, _whole(first)), block("q"),
       (arrays["k"], pl.BlockSpec((None, t, None, lay.k_pad), group)),
-      (arrays["v"], pl.BlockSpec((None, t, None, lay.v_pad), group))]
-  for name, kind in extra:
-    if kind == "block":
-      inputs.append((arrays[name], pl.BlockSpec((None, bq, None, width[name]),
-                                                _q_block)))
-  inputs.append((arrays["c"], pl.BlockSpec((None, None, t),
-                                           lambda qb, b, h: (b, h, 0))))
-  for name, kind in extra:
-    if kind == "row":
-      inputs.append((arrays[name], pl.BlockSpec((None, None, bq), _q_row)))
+      (arrays["v"], pl.BlockSpec((None, t, None, lay.v_pad), group)),
+      *(block(n) for n in blocks),
+      (arrays["c"], pl.BlockSpec((None, None, t),
+                                 lambda qb, b, h: (b, h, 0))),
+      *((arrays[n], pl.BlockSpec((None, None, bq), _q_row)) for n in rows)]
   if spec.documents:
     inputs.append((arrays["doc"], pl.BlockSpec((None, t),
                                                lambda qb, b, h: (b, 0))))
@@ -207,8 +206,8 @@ def dq(arrays, first, spec: bm.Spec, lay: Layout, walk: Walk, *, cost,
   ``arrays`` as ``forward``'s plus ``do``, ``lse`` and ``delta`` (rows)."""
   bq, t = walk.own, lay.t_pad
   blocks = t // bq
-  inputs = _query_inputs(arrays, first, spec, lay, walk,
-                         (("do", "block"), ("lse", "row"), ("delta", "row")))
+  inputs = _query_inputs(arrays, first, spec, lay, walk, blocks=("do",),
+                         rows=("lse", "delta"))
   b, h = lay.batch, lay.heads
   outputs = [
       (jax.ShapeDtypeStruct((b, t, h, lay.k_pad), arrays["q"].dtype),

@@ -33,7 +33,7 @@ def test_the_default_mlp_is_swiglu_in_every_layer():
   run = nnx.jit(lambda lm, tokens: (lm(tokens), lm(tokens, return_aux=True)))
   plain, (logits, aux) = run(a, tokens)
   np.testing.assert_array_equal(run(b, tokens)[0], plain)
-  np.testing.assert_allclose(logits, plain, rtol=1e-6, atol=1e-6)
+  np.testing.assert_array_equal(logits, plain)
   assert float(aux["load_balancing_loss"]) == 0.0
   assert aux["expert_load"].shape == (0, 0)
 
@@ -95,8 +95,8 @@ def test_multipliers_scale_the_logits_and_the_residual_terms():
                 rngs=nnx.Rngs(0))
   # With both terms off the blocks pass the embeddings through.
   x = residual.final_norm(residual.embed(tokens))
-  np.testing.assert_allclose(forward(residual, tokens),
-                             residual.embed.attend(x), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(residual(tokens), residual.embed.attend(x),
+                             rtol=1e-6)
 
 
 def test_per_layer_multipliers_and_residuals_from_the_norms():
