@@ -7,9 +7,8 @@ of every sum over them.
 
 Both backends run chunk-parallel kernels (``../README.md``; ``gpu.py``,
 ``tpu_chunks.py``), whose only sequential pass is the state sweep over
-chunks; on TPU a decay per key channel (or ``chunk_parallel=False``) runs
-the earlier sequential sweep over sub-chunks per (batch, head, key block,
-value block).
+chunks; on TPU ``chunk_parallel=False`` runs the earlier sequential sweep
+over sub-chunks per (batch, head, key block, value block).
 """
 
 from __future__ import annotations
@@ -45,7 +44,9 @@ class BlockSizes:
   backend: str                  # "tpu" (Mosaic) or "gpu" (Triton)
   sub_chunk: int | None = None  # TPU only: c, tokens per state update and
                                 # per exact [c, c] block of intra-chunk
-                                # scores (None: 16)
+                                # scores in the sweep; rows per block of
+                                # the per-channel scores in the
+                                # chunk-parallel kernels (None: 16)
   chunk: int = 64               # TPU: a multiple of sub_chunk, tokens per
                                 # grid step and between the state
                                 # checkpoints of the backward pass. GPU: at
@@ -72,9 +73,7 @@ class BlockSizes:
   chunk_parallel: bool | None = None  # TPU only: the chunk-parallel
                                 # kernels (tpu_chunks.py) rather than the
                                 # sweep over sub-chunks; None: chunk-
-                                # parallel for no decay or a scalar one
-                                # (a decay per key channel has only the
-                                # sweep on TPU)
+                                # parallel
   step_block: int | None = None  # TPU chunk-parallel kernels only: key or
                                 # value columns per step of the outputs' and
                                 # gradients' loops (None: 128)
@@ -107,15 +106,9 @@ class BlockSizes:
       common.check_width(name, getattr(self, name), self.backend)
     common.check_gpu_settings(self.backend, self.num_warps, self.num_stages)
 
-  def tpu_chunk_parallel(self, gate: str) -> bool:
-    """TPU: whether the chunk-parallel kernels run for a ``gate``
-    ("none", "scalar" or "channel"), the default filled in; they take no
-    decay per key channel (``ValueError`` when asked to)."""
-    if gate == "channel":
-      if self.chunk_parallel:
-        raise ValueError("chunk_parallel=True takes no decay per key "
-                         "channel on TPU yet; leave it None or False")
-      return False
+  def tpu_chunk_parallel(self) -> bool:
+    """TPU: whether the chunk-parallel kernels run (the default) rather
+    than the sweep over sub-chunks."""
     return self.chunk_parallel is not False
 
   @property
@@ -172,13 +165,13 @@ class BlockSizes:
               chunk_size: int | None = None) -> BlockSizes:
     """Defaults per backend and gate kind.
 
-    TPU, no decay or a scalar one: the chunk-parallel kernels, with chunks
-    of 128 tokens (one MXU tile of ``[C, C]`` scores), or ``chunk_size``
-    rounded up to whole 128-token tiles, at most 256. A decay per key
-    channel runs the sweep over sub-chunks: it needs a ``[c, K]``
-    exponential per key row of a sub-chunk, so its sub-chunks are short
-    (16), and ``chunk_size`` (an op's chunk length) sets the chunk, rounded
-    up to whole 16-token tiles; else 128.
+    TPU: the chunk-parallel kernels, with chunks of 128 tokens (one MXU
+    tile of ``[C, C]`` scores), or ``chunk_size`` rounded up to whole
+    128-token tiles, at most 256. A decay per key channel computes the
+    scores by row blocks of ``sub_chunk`` = 16 tokens (``[16, C]`` per
+    block; the pairs inside a block are summed channel by channel, so the
+    blocks are short); otherwise ``sub_chunk`` (64) is the step of the
+    sweep that ``chunk_parallel=False`` selects.
 
     GPU: chunks of 64 tokens, or of ``chunk_size`` rounded up to a power of
     two when that is smaller (the ``[C, C]`` scores and ``[C, K]`` tiles of
@@ -189,13 +182,9 @@ class BlockSizes:
     if chunk_size is not None:
       common.check_positive("chunk_size", chunk_size)
     if backend == "tpu":
-      if not per_channel:
-        chunk = 128 if chunk_size is None else min(
-            256, -(-chunk_size // 128) * 128)
-        return cls("tpu", sub_chunk=64, chunk=chunk)
-      chunk = 128 if chunk_size is None else -(-chunk_size // 16) * 16
-      sub_chunk = 16
-      return cls("tpu", sub_chunk=sub_chunk, chunk=chunk,
+      chunk = 128 if chunk_size is None else min(
+          256, -(-chunk_size // 128) * 128)
+      return cls("tpu", sub_chunk=16 if per_channel else 64, chunk=chunk,
                  per_channel=per_channel)
     chunk = 64 if chunk_size is None else min(
         64, max(16, 1 << (chunk_size - 1).bit_length()))

@@ -8,13 +8,12 @@ again, the reverse sweep for the states' gradients, then the gradients of
 every chunk at once. XLA adds up the log-decays' gradient terms inside each
 chunk (``gpu.gate_gradient``).
 
-TPU, no decay or a scalar one (``tpu_chunks.py``): the GPU's split with
-Mosaic bodies, forward a states sweep then the outputs of every chunk at
-once; backward the states sweep again, the reverse sweep, then the
-gradients of every chunk at once.
+TPU (``tpu_chunks.py``): the GPU's split with Mosaic bodies, forward a
+states sweep then the outputs of every chunk at once; backward the states
+sweep again, the reverse sweep, then the gradients of every chunk at once.
 
-TPU, a decay per key channel, or ``BlockSizes(chunk_parallel=False)``
-(``tpu.py``, a sweep over sub-chunks):
+TPU with ``BlockSizes(chunk_parallel=False)`` (``tpu.py``, a sweep over
+sub-chunks):
 
 - Forward: one kernel, outputs and the final state.
 - Backward: two kernels that recompute the states instead of storing them:
@@ -127,9 +126,8 @@ def _gpu_backward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc, do,
                   interpret=interpret)
   dg = None
   if g is not None:
-    dg = gpu.gate_gradient(out["gate_rows"], out["gate_writes"], lay.chunk)
-    dg = dg[:, :lay.length]
-    dg = dg[..., None] if spec.gate == "scalar" else dg[..., :lay.dim_k]
+    dg = _gate_gradient(out["gate_rows"], out["gate_writes"], spec.gate,
+                        lay)
   ds0 = swept.get("state_out")
 
   def cut(x, width):
@@ -142,8 +140,15 @@ def _gpu_backward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc, do,
           None if ds0 is None else ds0[:, :, :lay.dim_k, :lay.dim_v])
 
 
-def _tpu_chunks(cfg: _Config, g) -> bool:
-  return dict(cfg.blocks)["tpu"].tpu_chunk_parallel(chunk_math.gate_kind(g))
+def _gate_gradient(rows, writes, gate: str, lay):
+  """The log-decays' gradient ``[B, T, H, 1 | K]`` from the chunk-parallel
+  kernels' terms ``[B, T_pad, H(, K_pad)]`` (``gpu.gate_gradient``)."""
+  dg = gpu.gate_gradient(rows, writes, lay.chunk)[:, :lay.length]
+  return dg[..., None] if gate == "scalar" else dg[..., :lay.dim_k]
+
+
+def _tpu_chunks(cfg: _Config) -> bool:
+  return dict(cfg.blocks)["tpu"].tpu_chunk_parallel()
 
 
 def _chunks_forward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc):
@@ -179,8 +184,7 @@ def _chunks_backward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc, do,
                          interpret=interpret)
   dg = None
   if g is not None:
-    rows, writes = tpu_chunks.gate_terms(out, lay)             # [B, T, H]
-    dg = gpu.gate_gradient(rows, writes, lay.chunk)[:, :lay.length, :, None]
+    dg = _gate_gradient(*tpu_chunks.gate_terms(out, lay), spec.gate, lay)
   ds0 = swept.get("state_out")
 
   def cut(x, width):
@@ -195,7 +199,7 @@ def _forward(cfg: _Config, backend: str, interpret: bool, q, k, v, g, s0,
              doc):
   if backend == "gpu":
     return _gpu_forward(cfg, interpret, q, k, v, g, s0, doc)
-  if _tpu_chunks(cfg, g):
+  if _tpu_chunks(cfg):
     return _chunks_forward(cfg, interpret, q, k, v, g, s0, doc)
   blocks, lay, spec, bf16 = _prepare(cfg, backend, q, k, v, g, doc)
   arrays = layout.kernel_arrays(q, k, v, g, s0, doc, lay, bf16_dots=bf16)
@@ -212,7 +216,7 @@ def _backward(cfg: _Config, backend: str, interpret: bool, q, k, v, g, s0,
               doc, do, d_final):
   if backend == "gpu":
     return _gpu_backward(cfg, interpret, q, k, v, g, s0, doc, do, d_final)
-  if _tpu_chunks(cfg, g):
+  if _tpu_chunks(cfg):
     return _chunks_backward(cfg, interpret, q, k, v, g, s0, doc, do, d_final)
   blocks, lay, spec, bf16 = _prepare(cfg, backend, q, k, v, g, doc)
   arrays = layout.kernel_arrays(q, k, v, g, s0, doc, lay, bf16_dots=bf16,

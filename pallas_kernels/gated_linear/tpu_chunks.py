@@ -89,11 +89,12 @@ DEFAULT_TILE = 128
 @dataclasses.dataclass(frozen=True)
 class Spec:
   """Static description of one call's kernels."""
-  gate: str          # "none" or "scalar"
+  gate: str          # "none", "scalar" or "channel" (a decay per key)
   segments: bool     # document masks from segment ids
   scale: float       # query scale
   chunk: int         # C, a multiple of 16
   bf16: bool         # bfloat16 matmul operands (else float32, HIGHEST)
+  sub_chunk: int = 16  # S, rows of a block of the per-channel scores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,9 +143,12 @@ def setup(q, k, v, g, doc, blocks: BlockSizes, scale: float,
           direction: str = "forward"):
   b, t, h, dk = q.shape
   lay = make_layout(b, t, h, dk, v.shape[-1], blocks, direction)
-  spec = Spec(gate="none" if g is None else "scalar",
-              segments=doc is not None, scale=scale, chunk=lay.chunk,
-              bf16=all(x.dtype == jnp.bfloat16 for x in (q, k, v)))
+  gate = "none" if g is None else ("scalar" if g.shape[-1] == 1
+                                   else "channel")
+  spec = Spec(gate=gate, segments=doc is not None, scale=scale,
+              chunk=lay.chunk,
+              bf16=all(x.dtype == jnp.bfloat16 for x in (q, k, v)),
+              sub_chunk=math.gcd(lay.chunk, blocks.sub_chunk_rows))
   return lay, spec
 
 
@@ -166,14 +170,20 @@ def prepare(q, k, v, g, doc, lay: Layout, spec: Spec, do=None):
   (its chunk-local prefix sums, columns ``[B, H, T_pad, 1]``) and
   ``p_row_hi``, ``p_row_lo`` (rows ``[B, H, N, 1, C]``); with segment ids
   ``doc``, ``doc_prev`` (document index of each token and of the one
-  before it, ``[B, T_pad, 1]``) and ``doc_row`` (``[B, N, 1, C]``)."""
+  before it, ``[B, T_pad, 1]``) and ``doc_row`` (``[B, N, 1, C]``). A
+  decay per key channel gives ``p_hi``, ``p_lo`` ``[B, H, T_pad, K_pad]``
+  (zero in the padded channels) and no rows."""
   dtype = jnp.bfloat16 if spec.bf16 else _F32
   arrays = {"q": _to_kernel(q, lay, lay.k_pad, dtype),
             "k": _to_kernel(k, lay, lay.k_pad, dtype),
             "v": _to_kernel(v, lay, lay.v_pad, dtype)}
   if do is not None:
     arrays["do"] = _to_kernel(do, lay, lay.v_pad, dtype)
-  if g is not None:
+  if spec.gate == "channel":
+    g = _to_kernel(g, lay, lay.k_pad, _F32)                    # [B, H, T, K]
+    hi, lo = chunk_cumsum(g, lay.chunk, axis=2)
+    arrays.update(p_hi=hi, p_lo=lo)
+  elif g is not None:
     g = _to_kernel(g[..., :1], lay, 1, _F32)                   # [B, H, T, 1]
     hi, lo = chunk_cumsum(g, lay.chunk, axis=2)
     arrays.update(p_hi=hi, p_lo=lo, p_row_hi=_rows(hi, lay),
@@ -280,14 +290,16 @@ def _iota(shape, axis):
 @dataclasses.dataclass
 class _Chunk:
   """A chunk's per-token weights as columns ``[C, 1]`` (``[1, 1]`` for the
-  carry): ``read_i exp(P_i)``, ``write_j exp(P_L - P_j)``, ``carry
-  exp(P_L)``."""
+  carry), or ``[C, BK]`` and ``[1, BK]`` for a decay per key channel:
+  ``read_i exp(P_i)``, ``write_j exp(P_L - P_j)``, ``carry exp(P_L)``."""
   read: jax.Array
   write: jax.Array
   carry: jax.Array
 
 
-def _chunk_weights(r, spec: Spec) -> _Chunk:
+def _chunk_weights(r, spec: Spec, cols=slice(None)) -> _Chunk:
+  """The weights of the chunk in ``r``; a decay per key channel at the key
+  columns ``cols`` of its ``p`` refs."""
   c = spec.chunk
   ones = jnp.ones((c, 1), _F32)
   if spec.segments:
@@ -298,8 +310,9 @@ def _chunk_weights(r, spec: Spec) -> _Chunk:
     if not spec.segments:
       return _Chunk(ones, ones, jnp.ones((1, 1), _F32))
     return _Chunk(read.astype(_F32), write.astype(_F32), carry.astype(_F32))
-  hi, lo = r["p_hi"][...], r["p_lo"][...]                       # [C, 1]
-  hi_last, lo_last = r["p_hi"][c - 1:c, :], r["p_lo"][c - 1:c, :]
+  hi, lo = r["p_hi"][:, cols], r["p_lo"][:, cols]               # [C, 1|BK]
+  hi_last = r["p_hi"][c - 1:c, cols]
+  lo_last = r["p_lo"][c - 1:c, cols]
   read_w = jnp.exp(hi + lo)
   write_w = jnp.exp((hi_last - hi) + (lo_last - lo))            # <= 1
   carry_w = jnp.exp(hi_last + lo_last)
@@ -355,8 +368,14 @@ def _sweep_kernel(r, *, spec: Spec, reverse: bool, last_step: int):
 
 
 def _gate_and_doc_inputs(arrays, specs, names):
-  return {n: (arrays[n], specs[_GATE_AND_DOC_KINDS[n]]) for n in names
-          if n in arrays}
+  """The gate and document inputs among ``names``: a per-channel decay's
+  prefix sums ``[.., T, K_pad]`` take the keys' blocks."""
+  def kind(n):
+    if n in ("p_hi", "p_lo") and arrays[n].shape[-1] != 1:
+      return "k"
+    return _GATE_AND_DOC_KINDS[n]
+
+  return {n: (arrays[n], specs[kind(n)]) for n in names if n in arrays}
 
 
 def sweep(arrays, spec: Spec, lay: Layout, *, reverse: bool, state_in=None,
@@ -417,7 +436,110 @@ def _outputs_kernel(r, *, spec: Spec, lay: Layout):
   r["a"][...] = _operand(scores * spec.scale, spec)             # [C, C]
   r["q_read"][...] = _operand(
       r["q"][...].astype(_F32) * (w.read * spec.scale), spec)  # [C, K]
+  _value_steps(r, spec, lay)
 
+
+class _RowBlock:
+  """Row block ``i`` (``S`` tokens) of a chunk with a decay per key channel,
+  at the key columns ``cols``: the ``[S, C]`` part of the scores whose
+  query lies in the block, and the factors that its pairs ``j < i S`` share.
+
+  The pairs ``(i', j)`` with ``j`` before the block factor through its
+  reference token ``R = i S - 1`` (the block's predecessor): ``exp(P_i' -
+  P_j) = exp(P_i' - P_R) exp(P_R - P_j)``, two decays ``<= 1`` that scale
+  the block's queries (``f``, ``[S, BK]``) and every key (``e``, ``[C,
+  BK]``, zero for ``j > R``: the mask comes before ``exp``), so they are one
+  ``[S, BK] x [BK, C]`` matmul. The pairs inside the block (``j < i'``)
+  are summed channel by channel, one key ``j`` per step, with their own
+  decays ``exp(P_i' - P_j)``; the diagonal has weight 1."""
+
+  def __init__(self, r, spec: Spec, i, cols):
+    s, c = spec.sub_chunk, spec.chunk
+    self.spec, self.i, self.cols = spec, i, cols
+    rows = _cols(i, s)
+    self.q = r["q"][rows, cols].astype(_F32)                     # [S, BK]
+    self.k = r["k"][rows, cols].astype(_F32)
+    self.hi, self.lo = r["p_hi"][rows, cols], r["p_lo"][rows, cols]
+    ref = i * s - 1                                              # R
+    before = _iota((c, 1), 0) <= ref                             # j <= R
+    pick = _iota((c, 1), 0) == jnp.maximum(ref, 0)
+    hi_all, lo_all = r["p_hi"][:, cols], r["p_lo"][:, cols]      # [C, BK]
+    hi_r = jnp.sum(jnp.where(pick, hi_all, 0.0), axis=0, keepdims=True)
+    lo_r = jnp.sum(jnp.where(pick, lo_all, 0.0), axis=0, keepdims=True)
+    self.f = jnp.exp((self.hi - hi_r) + (self.lo - lo_r))       # [S, BK]
+    self.e = jnp.exp(jnp.where(before, (hi_r - hi_all) + (lo_r - lo_all),
+                               -jnp.inf))                        # [C, BK]
+    self.qf = _operand(self.q * self.f, spec)
+    self.ke = _operand(r["k"][:, cols].astype(_F32) * self.e, spec)
+
+  def lanes(self):
+    """``[S, C]`` column index and ``[S, 1]`` row index in the block."""
+    s, c = self.spec.sub_chunk, self.spec.chunk
+    return _iota((s, c), 1), _iota((s, 1), 0)
+
+  def key(self, j):
+    """Key ``j`` of the block and its decays to the block's queries
+    ``exp(P_i' - P_j)`` for ``i' > j`` (else 0): ``([1, BK], [S, BK])``."""
+    _, row = self.lanes()
+    pick = row == j
+
+    def at(x):
+      return jnp.sum(jnp.where(pick, x, 0.0), axis=0, keepdims=True)
+
+    decay = jnp.exp(jnp.where(row > j, (self.hi - at(self.hi))
+                              + (self.lo - at(self.lo)), -jnp.inf))
+    return at(self.k), decay
+
+  def scores(self):
+    """The block's scores over these key columns, ``[S, C]`` float32 (no
+    query scale, no document mask)."""
+    spec = self.spec
+    lane, row = self.lanes()
+    start = self.i * spec.sub_chunk
+    a = _dot(self.qf, self.ke, NT, spec)                         # j <= R
+    a = a + jnp.where(lane == start + row,
+                      jnp.sum(self.q * self.k, axis=1, keepdims=True), 0.0)
+
+    def inside(j, a):
+      k_j, decay = self.key(j)
+      part = jnp.sum(self.q * k_j * decay, axis=1, keepdims=True)  # [S, 1]
+      return a + jnp.where(lane == start + j, part, 0.0)
+
+    return _loop(spec.sub_chunk, inside, a)
+
+
+def _block_pairs(r, spec: Spec, i):
+  """``[S, C]``: the pairs ``j <= i'`` in one document, for the queries
+  ``i'`` of row block ``i``."""
+  s, c = spec.sub_chunk, spec.chunk
+  rows = _cols(i, s)
+  mask = _iota((s, c), 0) + i * s >= _iota((s, c), 1)
+  if spec.segments:
+    mask = mask & (r["doc"][rows, :] == r["doc_row"][...])
+  return mask
+
+
+def _channel_scores_to_scratch(r, spec: Spec, lay: Layout):
+  """Writes ``scale A`` of a chunk with a decay per key channel to the
+  scratch ``a`` (``[C, C]``), row block by row block, each summed over key
+  steps."""
+  s, c = spec.sub_chunk, spec.chunk
+
+  def row_block(i, carry):
+    def key_step(j, a):
+      return a + _RowBlock(r, spec, i, _cols(j, lay.step)).scores()
+
+    a = _loop(lay.k_pad // lay.step, key_step, jnp.zeros((s, c), _F32))
+    a = jnp.where(_block_pairs(r, spec, i), a, 0.0)
+    r["a"][_cols(i, s), :] = _operand(a * spec.scale, spec)
+    return carry
+
+  _loop(c // s, row_block, 0)
+
+
+def _value_steps(r, spec: Spec, lay: Layout):
+  """``o = a v + q_read h_n`` per block of value columns, from the
+  scratch ``a`` and ``q_read``."""
   def block(j, carry):
     cols = _cols(j, lay.step)
     o = (_dot(r["a"][...], r["v"][:, cols], NN, spec)
@@ -427,6 +549,23 @@ def _outputs_kernel(r, *, spec: Spec, lay: Layout):
     return carry
 
   _loop(lay.v_pad // lay.step, block, 0)
+
+
+def _channel_outputs_kernel(r, *, spec: Spec, lay: Layout):
+  """``o`` of one chunk with a decay per key channel: the scores by row
+  blocks (``_RowBlock``), the read queries ``scale read exp(P) q`` per key
+  step, then ``_value_steps``."""
+  _channel_scores_to_scratch(r, spec, lay)
+
+  def key_step(j, carry):
+    cols = _cols(j, lay.step)
+    w = _chunk_weights(r, spec, cols)
+    r["q_read"][:, cols] = _operand(
+        r["q"][:, cols].astype(_F32) * (w.read * spec.scale), spec)
+    return carry
+
+  _loop(lay.k_pad // lay.step, key_step, 0)
+  _value_steps(r, spec, lay)
 
 
 def outputs(arrays, h, spec: Spec, lay: Layout, *, out_dtype,
@@ -443,7 +582,9 @@ def outputs(arrays, h, spec: Spec, lay: Layout, *, out_dtype,
   dtype = _operand_dtype(spec)
   scratch = [("a", (lay.chunk, lay.chunk), dtype),
              ("q_read", (lay.chunk, lay.k_pad), dtype)]
-  return _call(functools.partial(_outputs_kernel, spec=spec, lay=lay),
+  kernel = (_channel_outputs_kernel if spec.gate == "channel"
+            else _outputs_kernel)
+  return _call(functools.partial(kernel, spec=spec, lay=lay),
                (b, hh, lay.chunks), inputs, out, parallel=3, scratch=scratch,
                name="gated_linear_tpu_outputs",
                cost=cost(spec, lay, "outputs", inputs, out),
@@ -493,15 +634,7 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
   r["da"][...] = _operand(d_scores * pair * spec.scale, spec)
   r["k_write"][...] = _operand(r["k"][...].astype(_F32) * w.write, spec)
 
-  def dv_block(j, carry):
-    cols = _cols(j, lay.step)
-    dv = (_dot(r["a"][...], r["do"][:, cols], TN, spec)
-          + _dot(r["k_write"][...], r["d_states"][cols, :], NT,
-                 spec))                                         # [C, BV]
-    r["dv"][:, cols] = dv.astype(r["dv"].dtype)
-    return carry
-
-  _loop(n_v, dv_block, 0)
+  _dv_steps(r, spec, lay)
 
   def key_block(j, totals):
     cols = _cols(j, lay.step)
@@ -540,11 +673,140 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
   r["gate_writes"][...] = writes
 
 
+def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
+  """``dv``, ``dq``, ``dk`` and the log-decays' gradient terms of one chunk
+  with a decay per key channel (the equations of ``_grads_kernel``, with
+  ``[C, K]`` weights and the pairs of ``_RowBlock``):
+
+  1. ``dA = scale (do v^T) * W`` (``W`` the pairs ``j <= i`` in one
+     document) in the scratch ``da``, summed over value steps.
+  2. Per row block and key step: the scores (to the scratch ``a``, for
+     ``dv``), and the pairs' parts of ``dq`` (this block's rows, to
+     ``dq_pairs``) and ``dk`` (every row before the block, and the block's
+     own, added to ``dk_pairs``): through the reference token
+     ``f * (dA_blk (k e))`` and ``e * (dA_blk^T (q f))``, then the pairs
+     inside the block key by key. The diagonal ``dA_ii`` is kept apart (the
+     scratch column ``da_diag``).
+  3. ``dv = A^T do + (write exp(P_L - P) k) dh`` per value step.
+  4. Per key step: ``dq = scale read exp(P) (do h^T) + dq_pairs + dA_ii
+     k``, ``dk = write exp(P_L - P) (v dh^T) + dk_pairs + dA_ii q``, and the
+     gradient terms per channel (``gpu.gate_gradient``): ``gate_rows = q
+     (dq_read + dq_pairs) - k dk_pairs + [i = L] carry exp(P_L) sum_v(h
+     dh)`` and ``gate_writes = k dk_write``; the diagonal adds the same
+     term to both sides of ``gate_rows``, so it is left out."""
+  s, c = spec.sub_chunk, spec.chunk
+  n_v, n_k = lay.v_pad // lay.step, lay.k_pad // lay.step
+  r["da"][...] = jnp.zeros((c, c), _F32)
+
+  def score_part(j, carry):
+    cols = _cols(j, lay.step)
+    r["da"][...] += _dot(r["do"][:, cols], r["v"][:, cols], NT, spec)
+    return carry
+
+  _loop(n_v, score_part, 0)
+  r["dk_pairs"][...] = jnp.zeros(r["dk_pairs"].shape, _F32)
+
+  def row_block(i, carry):
+    rows = _cols(i, s)
+    da = jnp.where(_block_pairs(r, spec, i), r["da"][rows, :] * spec.scale,
+                   0.0)                                         # [S, C]
+    lane = _iota((s, c), 1)
+    diagonal = lane == _iota((s, 1), 0) + i * s
+    r["da_diag"][rows, :] = jnp.sum(jnp.where(diagonal, da, 0.0), axis=1,
+                                    keepdims=True)
+    da_op = _operand(da, spec)
+
+    def key_step(j, a):
+      cols = _cols(j, lay.step)
+      blk = _RowBlock(r, spec, i, cols)
+      a = a + blk.scores()
+      dq = blk.f * _dot(da_op, blk.ke, NN, spec)                # [S, BK]
+      r["dk_pairs"][:, cols] += blk.e * _dot(da_op, blk.qf, TN, spec)
+      _, row = blk.lanes()
+
+      def inside(jj, acc):
+        dq, dk = acc
+        k_j, decay = blk.key(jj)
+        da_j = jnp.sum(jnp.where(lane == i * s + jj, da, 0.0), axis=1,
+                       keepdims=True)                           # [S, 1]
+        dq = dq + da_j * k_j * decay
+        dk_j = jnp.sum(da_j * blk.q * decay, axis=0, keepdims=True)
+        return dq, dk + jnp.where(row == jj, dk_j, 0.0)
+
+      dq, dk = _loop(s, inside, (dq, jnp.zeros(dq.shape, _F32)))
+      r["dq_pairs"][rows, cols] = dq
+      r["dk_pairs"][rows, cols] += dk
+      return a
+
+    a = _loop(n_k, key_step, jnp.zeros((s, c), _F32))
+    a = jnp.where(_block_pairs(r, spec, i), a, 0.0)
+    r["a"][rows, :] = _operand(a * spec.scale, spec)
+    return carry
+
+  _loop(c // s, row_block, 0)
+
+  def write_step(j, carry):
+    cols = _cols(j, lay.step)
+    w = _chunk_weights(r, spec, cols)
+    r["k_write"][:, cols] = _operand(r["k"][:, cols].astype(_F32) * w.write,
+                                     spec)
+    return carry
+
+  _loop(n_k, write_step, 0)
+  _dv_steps(r, spec, lay)
+  last = _iota((c, 1), 0) == c - 1
+
+  def key_step(j, carry):
+    cols = _cols(j, lay.step)
+    w = _chunk_weights(r, spec, cols)
+    dq_read = (_dot(r["do"][...], r["states"][:, cols], NN, spec)
+               * (w.read * spec.scale))                         # [C, BK]
+    dk_write = _dot(r["v"][...], r["d_states"][:, cols], NN, spec) * w.write
+    q = r["q"][:, cols].astype(_F32)
+    k = r["k"][:, cols].astype(_F32)
+    dq_pairs, dk_pairs = r["dq_pairs"][:, cols], r["dk_pairs"][:, cols]
+    da_diag = r["da_diag"][...]                                 # [C, 1]
+    r["dq"][:, cols] = (dq_read + dq_pairs + da_diag * k).astype(
+        r["dq"].dtype)
+    r["dk"][:, cols] = (dk_write + dk_pairs + da_diag * q).astype(
+        r["dk"].dtype)
+
+    def carried_tile(jv, acc):
+      rows = _cols(jv, lay.step)
+      return acc + jnp.sum(r["states"][rows, cols].astype(_F32)
+                           * r["d_states"][rows, cols].astype(_F32), axis=0,
+                           keepdims=True)
+
+    carried = _loop(n_v, carried_tile, jnp.zeros((1, lay.step), _F32))
+    r["gate_rows"][:, cols] = (q * (dq_read + dq_pairs) - k * dk_pairs
+                               + jnp.where(last, w.carry * carried, 0.0))
+    r["gate_writes"][:, cols] = k * dk_write
+    return carry
+
+  _loop(n_k, key_step, 0)
+
+
+def _dv_steps(r, spec: Spec, lay: Layout):
+  """``dv = a^T do + k_write dh`` per block of value columns, from the
+  scratch ``a`` (the scaled scores) and ``k_write``."""
+  def dv_block(j, carry):
+    cols = _cols(j, lay.step)
+    dv = (_dot(r["a"][...], r["do"][:, cols], TN, spec)
+          + _dot(r["k_write"][...], r["d_states"][cols, :], NT,
+                 spec))                                         # [C, BV]
+    r["dv"][:, cols] = dv.astype(r["dv"].dtype)
+    return carry
+
+  _loop(lay.v_pad // lay.step, dv_block, 0)
+
+
 def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool):
   """``{"dq", "dk": [B, H, T_pad, K_pad], "dv": [B, H, T_pad, V_pad]}`` in
-  the inputs' dtype and, with a decay, ``{"gate_rows", "gate_writes"}``
-  ``[B, H, T_pad, 1]`` and ``"gate_cols"`` ``[B, H, N, 1, C]`` float32 (see
-  ``gate_terms``)."""
+  the inputs' dtype and, with a decay, the log-decays' gradient terms
+  float32 (see ``gate_terms``): a scalar decay ``{"gate_rows",
+  "gate_writes"}`` ``[B, H, T_pad, 1]`` and ``"gate_cols"`` ``[B, H, N, 1,
+  C]``; a decay per key channel ``{"gate_rows", "gate_writes"}`` ``[B, H,
+  T_pad, K_pad]``."""
   specs = _chunk_specs(lay)
   inputs = {name: (arrays[name], specs[kind]) for name, kind in
             (("q", "k"), ("k", "k"), ("v", "v"), ("do", "v"))}
@@ -552,6 +814,7 @@ def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool):
   inputs["d_states"] = (dh, specs["states"])
   inputs.update(_gate_and_doc_inputs(arrays, specs, _GATE_AND_DOC_KINDS))
   b, hh, t = lay.batch, lay.heads, lay.t_pad
+  c = lay.chunk
   dtype = arrays["q"].dtype
   out = {"dq": (jax.ShapeDtypeStruct((b, hh, t, lay.k_pad), dtype),
                 specs["k"]),
@@ -559,18 +822,27 @@ def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool):
                 specs["k"]),
          "dv": (jax.ShapeDtypeStruct((b, hh, t, lay.v_pad), dtype),
                 specs["v"])}
-  if spec.gate != "none":
+  operands = _operand_dtype(spec)
+  scratch = [("a", (c, c), operands),
+             ("k_write", (c, lay.k_pad), operands)]
+  kernel = _grads_kernel
+  if spec.gate == "channel":
+    kernel = _channel_grads_kernel
+    for name in ("gate_rows", "gate_writes"):
+      out[name] = (jax.ShapeDtypeStruct((b, hh, t, lay.k_pad), _F32),
+                   specs["k"])
+    scratch += [("da", (c, c), _F32), ("da_diag", (c, 1), _F32),
+                ("dq_pairs", (c, lay.k_pad), _F32),
+                ("dk_pairs", (c, lay.k_pad), _F32)]
+  else:
+    scratch.append(("da", (c, c), operands))
+  if spec.gate == "scalar":
     for name in ("gate_rows", "gate_writes"):
       out[name] = (jax.ShapeDtypeStruct((b, hh, t, 1), _F32),
                    specs["column"])
-    out["gate_cols"] = (jax.ShapeDtypeStruct((b, hh, lay.chunks, 1,
-                                              lay.chunk), _F32),
-                        specs["row"])
-  dtype = _operand_dtype(spec)
-  scratch = [("a", (lay.chunk, lay.chunk), dtype),
-             ("da", (lay.chunk, lay.chunk), dtype),
-             ("k_write", (lay.chunk, lay.k_pad), dtype)]
-  return _call(functools.partial(_grads_kernel, spec=spec, lay=lay),
+    out["gate_cols"] = (jax.ShapeDtypeStruct((b, hh, lay.chunks, 1, c),
+                                             _F32), specs["row"])
+  return _call(functools.partial(kernel, spec=spec, lay=lay),
                (b, hh, lay.chunks), inputs, out, parallel=3, scratch=scratch,
                name="gated_linear_tpu_grads",
                cost=cost(spec, lay, "grads", inputs, out),
@@ -578,8 +850,11 @@ def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool):
 
 
 def gate_terms(out, lay: Layout):
-  """``(gate_rows, gate_writes)`` ``[B, T_pad, H]`` for
+  """``(gate_rows, gate_writes)`` ``[B, T_pad, H(, K_pad)]`` for
   ``gpu.gate_gradient``, from ``grads``' outputs."""
+  if out["gate_rows"].shape[-1] != 1:                          # per channel
+    return tuple(jnp.transpose(out[name], (0, 2, 1, 3))
+                 for name in ("gate_rows", "gate_writes"))
   b, h = lay.batch, lay.heads
   rows = (out["gate_rows"][..., 0]
           - out["gate_cols"].reshape(b, h, lay.t_pad))          # [B, H, T]
