@@ -41,6 +41,7 @@ TPU_TARGETS = {
     "v5e": ("v5e:2x2", "default", (2, 2, 1)),
     "v5p": ("v5:2x2x1", "megacore", (2, 2, 1)),
     "v6e": ("v6e:2x2", "default", (2, 2, 1)),
+    "tpu7x": ("tpu7x:2x2x1", "default", (2, 2, 1)),
 }
 # name -> (target config file, ptxas architecture)
 GPU_TARGETS = {

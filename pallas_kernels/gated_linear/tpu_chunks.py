@@ -220,6 +220,29 @@ def _specs(lay: Layout, reverse: bool = False):
   }
 
 
+# Bytes of the double-buffered blocks of a chunk kernel above which its
+# [V, K] states take one buffer each: past it, v4's 16 MiB of VMEM no
+# longer holds the widest heads' float32 gradients kernel (K = 512, V =
+# 1024: 2 MiB a state), and a single buffer costs only the overlap of that
+# one copy per chunk with the chunk's work.
+SINGLE_BUFFER_STATES_BYTES = 12 * 2 ** 20
+
+
+def _single_buffered_states(inputs, outputs, specs):
+  """``inputs`` with the ``states`` and ``d_states`` blocks single-buffered
+  when the call's double-buffered blocks pass
+  ``SINGLE_BUFFER_STATES_BYTES``."""
+  window = sum(compiler.block_bytes(s.block_shape, x.dtype)
+               for x, s in list(inputs.values()) + list(outputs.values()))
+  if 2 * window <= SINGLE_BUFFER_STATES_BYTES:
+    return inputs
+  single = pl.BlockSpec(specs["states"].block_shape,
+                        specs["states"].index_map,
+                        pipeline_mode=pl.Buffered(1))
+  return {name: (x, single if name in ("states", "d_states") else spec)
+          for name, (x, spec) in inputs.items()}
+
+
 def _chunk_specs(lay: Layout):
   """Block specs of the chunk kernels, grid ``(b, h, n)``."""
   c = lay.chunk
@@ -842,6 +865,7 @@ def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool):
                    specs["column"])
     out["gate_cols"] = (jax.ShapeDtypeStruct((b, hh, lay.chunks, 1, c),
                                              _F32), specs["row"])
+  inputs = _single_buffered_states(inputs, out, specs)
   return _call(functools.partial(kernel, spec=spec, lay=lay),
                (b, hh, lay.chunks), inputs, out, parallel=3, scratch=scratch,
                name="gated_linear_tpu_grads",

@@ -178,7 +178,9 @@ class _KernelChecks:
                            interpret=self.interpret, blocks=TPU_STEP_BLOCKS)
     assert_close_errors(errors, 1e-5, label=f"{backend} {gate} strong")
 
-  @pytest.mark.parametrize("gate", ["none", "scalar"])
+  @pytest.mark.parametrize("gate", [pytest.param("none",
+                                                  marks=pytest.mark.slow),
+                                     "scalar", "channel"])
   def test_tpu_chunks_of_128(self, gate):
     """The TPU chunk-parallel kernels at their default 128-token chunk:
     several chunks (T = 300, the last one partial), strong gates, segment
@@ -189,17 +191,29 @@ class _KernelChecks:
                            blocks=(BlockSizes("tpu", chunk=128),))
     assert_close_errors(errors, 1e-5, label=f"tpu chunks of 128 {gate}")
 
-  def test_tpu_sweep_over_sub_chunks(self):
-    """``chunk_parallel=False`` keeps the TPU sweep over sub-chunks for a
-    scalar decay."""
+  @pytest.mark.parametrize("gate", [pytest.param("scalar",
+                                                  marks=pytest.mark.slow),
+                                     "channel"])
+  def test_tpu_sweep_over_sub_chunks(self, gate):
+    """``chunk_parallel=False`` keeps the TPU sweep over sub-chunks."""
     blocks = (BlockSizes("tpu", sub_chunk=16, chunk=32,
                          chunk_parallel=False),)
-    errors = kernel_errors(self.backend("tpu"), make_inputs(gate="scalar"),
+    errors = kernel_errors(self.backend("tpu"), make_inputs(gate=gate),
                            interpret=self.interpret, blocks=blocks)
-    assert_close_errors(errors, 1e-5, label="tpu sweep scalar")
+    assert_close_errors(errors, 1e-5, label=f"tpu sweep {gate}")
 
-  @pytest.mark.parametrize("backend, gate", [("tpu", "scalar"),
-                                             ("gpu", "channel")])
+  def test_tpu_single_buffered_states(self, monkeypatch):
+    """The gradients kernel's states take one buffer each past a window
+    size (the widest heads): the same results."""
+    from pallas_kernels.gated_linear import tpu_chunks
+    monkeypatch.setattr(tpu_chunks, "SINGLE_BUFFER_STATES_BYTES", 0)
+    errors = kernel_errors(self.backend("tpu"), make_inputs(gate="channel"),
+                           interpret=self.interpret, blocks=TPU_STEP_BLOCKS)
+    assert_close_errors(errors, 1e-5, label="tpu single-buffered states")
+
+  @pytest.mark.parametrize("backend, gate", [
+      pytest.param("tpu", "scalar", marks=pytest.mark.slow),
+      ("tpu", "channel"), ("gpu", "channel")])
   def test_several_key_and_value_blocks(self, backend, gate):
     """Programs own blocks of key and value columns; their parts of the
     sums over key and value channels are added in XLA (TPU), or walked in
@@ -274,10 +288,7 @@ def test_exports_kernels(platform, gate, dtype):
     return chunk_gated_linear_attention(
         **{**inputs, **dict(zip(names, args))}, output_final_state=True)
 
-  if platform == "tpu" and gate == "channel":
-    kernels = (["gated_linear_forward"],
-               ["gated_linear_dq", "gated_linear_dkv"])
-  elif platform == "tpu":
+  if platform == "tpu":
     kernels = (["gated_linear_tpu_states", "gated_linear_tpu_outputs"],
                ["gated_linear_tpu_states", "gated_linear_tpu_state_grads",
                 "gated_linear_tpu_grads"])
@@ -348,29 +359,18 @@ def test_block_sizes_validate(kwargs, message):
     BlockSizes(**kwargs)
 
 
-def test_chunk_parallel_takes_no_per_channel_decay_on_tpu():
-  inputs = make_inputs(gate="channel", t=8, b=1)
-  with pytest.raises(ValueError, match="chunk_parallel"):
-    chunk_gated_linear_attention(
-        **inputs, backend="tpu", interpret=True,
-        block_sizes=BlockSizes("tpu", chunk=16, chunk_parallel=True))
-
-
 def test_block_size_defaults_are_valid():
-  # TPU, a decay per key channel: the sweep over 16-token sub-chunks, the
-  # op's chunk size rounded up to whole 16-token tiles.
-  blocks = BlockSizes.default("tpu", per_channel=True)
-  assert (blocks.chunk, blocks.sub_chunk) == (128, 16)
-  assert not blocks.tpu_chunk_parallel("channel")
-  assert BlockSizes.default("tpu", per_channel=True,
-                            chunk_size=40).chunk == 48
-  # No decay or a scalar one: the chunk-parallel kernels, 128-token chunks
-  # or the op's chunk size rounded up to whole 128-token tiles, at most 256.
-  blocks = BlockSizes.default("tpu", per_channel=False)
-  assert blocks.chunk == 128 and blocks.tpu_chunk_parallel("scalar")
-  for size, chunk in ((40, 128), (200, 256), (1024, 256)):
-    assert BlockSizes.default("tpu", per_channel=False,
-                              chunk_size=size).chunk == chunk
+  # TPU: the chunk-parallel kernels, 128-token chunks or the op's chunk
+  # size rounded up to whole 128-token tiles, at most 256; a decay per key
+  # channel's scores by row blocks of 16 tokens.
+  for per_channel, sub_chunk in ((False, 64), (True, 16)):
+    blocks = BlockSizes.default("tpu", per_channel=per_channel)
+    assert (blocks.chunk, blocks.sub_chunk) == (128, sub_chunk)
+    assert blocks.tpu_chunk_parallel()
+    for size, chunk in ((40, 128), (200, 256), (1024, 256)):
+      assert BlockSizes.default("tpu", per_channel=per_channel,
+                                chunk_size=size).chunk == chunk
+  assert not BlockSizes("tpu", chunk_parallel=False).tpu_chunk_parallel()
   for per_channel in (False, True):
     # GPU: 64-token chunks, or the op's chunk size rounded up to a power of
     # two when that is smaller.
