@@ -84,6 +84,9 @@ NN, NT, TN = dots.NN, dots.NT, dots.TN
 # kernels' loops: one 128 x 128 MXU pass (v4, v5e, v5p; v6e's 256 x 256
 # MXU takes 256 through BlockSizes).
 DEFAULT_TILE = 128
+# Rows per strip of the [C, C] elementwise work of the chunk kernels: a
+# [32, 128] float32 strip is four vector registers.
+STRIP_ROWS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +115,8 @@ class Layout:
   sweep_k: int     # state tile [sweep_v, sweep_k] of a sweep program
   sweep_v: int
   step: int        # key or value columns per step of the chunk kernels
+  strip: int       # rows per step of the chunk kernels' [C, C] elementwise
+                   # work (STRIP_ROWS, or fewer to divide the chunk)
 
   @property
   def chunks(self) -> int:
@@ -136,7 +141,7 @@ def make_layout(b, t, h, dk, dv, blocks: BlockSizes,
   if k_pad % step or v_pad % step:
     step = DEFAULT_TILE
   return Layout(b, t, h, dk, dv, common.round_up(t, chunk), k_pad, v_pad,
-                chunk, bk, bv, step)
+                chunk, bk, bv, step, math.gcd(chunk, STRIP_ROWS))
 
 
 def setup(q, k, v, g, doc, blocks: BlockSizes, scale: float,
@@ -320,20 +325,23 @@ class _Chunk:
   carry: jax.Array
 
 
-def _chunk_weights(r, spec: Spec, cols=slice(None)) -> _Chunk:
-  """The weights of the chunk in ``r``; a decay per key channel at the key
-  columns ``cols`` of its ``p`` refs."""
+def _chunk_weights(r, spec: Spec, cols=slice(None), rows=None) -> _Chunk:
+  """The weights of the chunk in ``r`` at its tokens ``rows`` (a ``pl.ds``;
+  all by default); a decay per key channel at the key columns ``cols`` of
+  its ``p`` refs."""
   c = spec.chunk
-  ones = jnp.ones((c, 1), _F32)
+  n = c if rows is None else rows.size
+  rows = slice(None) if rows is None else rows
+  ones = jnp.ones((n, 1), _F32)
   if spec.segments:
-    doc, enter = r["doc"][...], r["doc_prev"][0:1, :]           # [C,1] [1,1]
+    doc, enter = r["doc"][rows, :], r["doc_prev"][0:1, :]       # [R,1] [1,1]
     last = r["doc"][c - 1:c, :]
     read, write, carry = doc == enter, doc == last, last == enter
   if spec.gate == "none":
     if not spec.segments:
       return _Chunk(ones, ones, jnp.ones((1, 1), _F32))
     return _Chunk(read.astype(_F32), write.astype(_F32), carry.astype(_F32))
-  hi, lo = r["p_hi"][:, cols], r["p_lo"][:, cols]               # [C, 1|BK]
+  hi, lo = r["p_hi"][rows, cols], r["p_lo"][rows, cols]         # [R, 1|BK]
   hi_last = r["p_hi"][c - 1:c, cols]
   lo_last = r["p_lo"][c - 1:c, cols]
   read_w = jnp.exp(hi + lo)
@@ -346,17 +354,26 @@ def _chunk_weights(r, spec: Spec, cols=slice(None)) -> _Chunk:
   return _Chunk(read_w, write_w, carry_w)
 
 
-def _pair_weights(r, spec: Spec):
-  """``pair_ij exp(P_i - P_j)``, ``[C, C]`` float32: ``j <= i`` in one
-  document, the mask applied before ``exp``."""
+def _pair_mask(r, spec: Spec, i=0, rows: int | None = None):
+  """``[R, C]``: the pairs ``j <= i'`` in one document, for the queries
+  ``i'`` of the ``R``-row block ``i`` (the whole chunk by default)."""
   c = spec.chunk
-  mask = _iota((c, c), 0) >= _iota((c, c), 1)
+  rows = c if rows is None else rows
+  mask = _iota((rows, c), 0) + i * rows >= _iota((rows, c), 1)
   if spec.segments:
-    mask = mask & (r["doc"][...] == r["doc_row"][...])
+    mask = mask & (r["doc"][_cols(i, rows), :] == r["doc_row"][...])
+  return mask
+
+
+def _pair_weights(r, spec: Spec, i=0, rows: int | None = None):
+  """``pair_ij exp(P_i - P_j)``, ``[R, C]`` float32 for the rows of
+  ``_pair_mask``, the mask applied before ``exp``."""
+  mask = _pair_mask(r, spec, i, rows)
   if spec.gate == "none":
     return mask.astype(_F32)
-  diff = ((r["p_hi"][...] - r["p_row_hi"][...])
-          + (r["p_lo"][...] - r["p_row_lo"][...]))              # P_i - P_j
+  block = _cols(i, mask.shape[0])
+  diff = ((r["p_hi"][block, :] - r["p_row_hi"][...])
+          + (r["p_lo"][block, :] - r["p_row_lo"][...]))         # P_i - P_j
   return jnp.exp(jnp.where(mask, diff, -jnp.inf))
 
 
@@ -449,14 +466,39 @@ def _cols(j, width: int):
   return pl.ds(pl.multiple_of(j * width, width), width)
 
 
+def _score_products(r, spec: Spec, lay: Layout, *, grads: bool):
+  """The chunk's ``[C, C]`` products to float32 scratch: ``s = q k^T`` and,
+  for the gradients, ``ds = do v^T`` (summed over value steps); the
+  elementwise work on them then runs by strips of ``lay.strip`` rows, so no
+  ``[C, C]`` value is held in registers."""
+  r["s"][...] = _dot(r["q"][...], r["k"][...], NT, spec)
+  if not grads:
+    return
+  r["ds"][...] = jnp.zeros(r["ds"].shape, _F32)
+
+  def part(j, carry):
+    cols = _cols(j, lay.step)
+    r["ds"][...] += _dot(r["do"][:, cols], r["v"][:, cols], NT, spec)
+    return carry
+
+  _loop(lay.v_pad // lay.step, part, 0)
+
+
 def _outputs_kernel(r, *, spec: Spec, lay: Layout):
   """``o = scale [(scores * W) v + (read exp(P) q) h_n]`` of one chunk: the
   scores once, then one block of value columns per step. The scaled
   scores and queries are matmul operands in VMEM scratch (``a``,
   ``q_read``), read by every step rather than held in registers."""
+  _score_products(r, spec, lay, grads=False)                    # s
+
+  def strip(i, carry):
+    rows = _cols(i, lay.strip)
+    scores = r["s"][rows, :] * _pair_weights(r, spec, i, lay.strip)
+    r["a"][rows, :] = _operand(scores * spec.scale, spec)       # [R, C]
+    return carry
+
+  _loop(spec.chunk // lay.strip, strip, 0)
   w = _chunk_weights(r, spec)
-  scores = _dot(r["q"][...], r["k"][...], NT, spec) * _pair_weights(r, spec)
-  r["a"][...] = _operand(scores * spec.scale, spec)             # [C, C]
   r["q_read"][...] = _operand(
       r["q"][...].astype(_F32) * (w.read * spec.scale), spec)  # [C, K]
   _value_steps(r, spec, lay)
@@ -531,17 +573,6 @@ class _RowBlock:
     return _loop(spec.sub_chunk, inside, a)
 
 
-def _block_pairs(r, spec: Spec, i):
-  """``[S, C]``: the pairs ``j <= i'`` in one document, for the queries
-  ``i'`` of row block ``i``."""
-  s, c = spec.sub_chunk, spec.chunk
-  rows = _cols(i, s)
-  mask = _iota((s, c), 0) + i * s >= _iota((s, c), 1)
-  if spec.segments:
-    mask = mask & (r["doc"][rows, :] == r["doc_row"][...])
-  return mask
-
-
 def _channel_scores_to_scratch(r, spec: Spec, lay: Layout):
   """Writes ``scale A`` of a chunk with a decay per key channel to the
   scratch ``a`` (``[C, C]``), row block by row block, each summed over key
@@ -553,7 +584,7 @@ def _channel_scores_to_scratch(r, spec: Spec, lay: Layout):
       return a + _RowBlock(r, spec, i, _cols(j, lay.step)).scores()
 
     a = _loop(lay.k_pad // lay.step, key_step, jnp.zeros((s, c), _F32))
-    a = jnp.where(_block_pairs(r, spec, i), a, 0.0)
+    a = jnp.where(_pair_mask(r, spec, i, s), a, 0.0)
     r["a"][_cols(i, s), :] = _operand(a * spec.scale, spec)
     return carry
 
@@ -605,6 +636,8 @@ def outputs(arrays, h, spec: Spec, lay: Layout, *, out_dtype,
   dtype = _operand_dtype(spec)
   scratch = [("a", (lay.chunk, lay.chunk), dtype),
              ("q_read", (lay.chunk, lay.k_pad), dtype)]
+  if spec.gate != "channel":
+    scratch.append(("s", (lay.chunk, lay.chunk), _F32))
   kernel = (_channel_outputs_kernel if spec.gate == "channel"
             else _outputs_kernel)
   return _call(functools.partial(kernel, spec=spec, lay=lay),
@@ -636,49 +669,84 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
   once, so no ``[C, C]`` value lives across a loop."""
   c = spec.chunk
   n_v, n_k = lay.v_pad // lay.step, lay.k_pad // lay.step
-
-  def score_part(j, acc):
-    cols = _cols(j, lay.step)
-    return acc + _dot(r["do"][:, cols], r["v"][:, cols], NT, spec)
-
-  d_scores = _loop(n_v, score_part, jnp.zeros((c, c), _F32))    # do v^T
-  w = _chunk_weights(r, spec)
-  pair = _pair_weights(r, spec)
-  scores = _dot(r["q"][...], r["k"][...], NT, spec) * pair      # A [C, C]
   gated = spec.gate != "none"
-  if gated:
-    # The pairs' terms by row (a column) and by column (a row): no
-    # transpose in the kernel; gpu.gate_gradient's caller subtracts them.
-    below = _iota((c, c), 0) > _iota((c, c), 1)
-    terms = jnp.where(below, scores * d_scores * spec.scale, 0.0)  # [i, j]
-    pairs = jnp.sum(terms, axis=1, keepdims=True)               # [C, 1]
-    r["gate_cols"][...] = jnp.sum(terms, axis=0, keepdims=True)  # [1, C]
-  r["a"][...] = _operand(scores * spec.scale, spec)
-  r["da"][...] = _operand(d_scores * pair * spec.scale, spec)
-  r["k_write"][...] = _operand(r["k"][...].astype(_F32) * w.write, spec)
+  _score_products(r, spec, lay, grads=True)                     # s, ds
 
+  def strip(i, col_sums):
+    # One strip of rows of the [C, C] products: the pair weights, the
+    # scaled scores and dA, and the pairs' terms of the log-decays'
+    # gradient by row (a column, to gate_rows) and by column (a row,
+    # summed over strips): no transpose in the kernel; gpu.gate_gradient's
+    # caller subtracts them.
+    rows = _cols(i, lay.strip)
+    pair = _pair_weights(r, spec, i, lay.strip)                 # [R, C]
+    scores = r["s"][rows, :] * pair                             # A
+    d_scores = r["ds"][rows, :]                                 # do v^T
+    r["a"][rows, :] = _operand(scores * spec.scale, spec)
+    r["da"][rows, :] = _operand(d_scores * pair * spec.scale, spec)
+    if not gated:
+      return col_sums
+    below = (_iota(pair.shape, 0) + i * lay.strip > _iota(pair.shape, 1))
+    terms = jnp.where(below, scores * d_scores * spec.scale, 0.0)  # [i, j]
+    r["gate_rows"][rows, :] = jnp.sum(terms, axis=1, keepdims=True)
+    return col_sums + jnp.sum(terms, axis=0, keepdims=True)
+
+  col_sums = _loop(c // lay.strip, strip, jnp.zeros((1, c), _F32))
+  if gated:
+    r["gate_cols"][...] = col_sums                              # [1, C]
+    r["gate_writes"][...] = jnp.zeros(r["gate_writes"].shape, _F32)
+
+  def write_strip(i, carry):
+    rows = _cols(i, lay.strip)
+    w = _chunk_weights(r, spec, rows=rows)
+    r["k_write"][rows, :] = _operand(r["k"][rows, :].astype(_F32) * w.write,
+                                     spec)
+    return carry
+
+  _loop(c // lay.strip, write_strip, 0)
   _dv_steps(r, spec, lay)
 
-  def key_block(j, totals):
+  def key_block(j, carry):
+    # The products of the key block to float32 scratch, then the
+    # elementwise work by strips of rows.
     cols = _cols(j, lay.step)
-    h = r["states"][:, cols]                                    # [V, BK]
-    dh = r["d_states"][:, cols]
-    dq_read = _dot(r["do"][...], h, NN, spec) * (w.read * spec.scale)
-    dk_write = _dot(r["v"][...], dh, NN, spec) * w.write        # [C, BK]
-    q, k = r["q"][:, cols], r["k"][:, cols]
-    r["dq"][:, cols] = (dq_read + _dot(r["da"][...], k, NN, spec)).astype(
-        r["dq"].dtype)
-    r["dk"][:, cols] = (dk_write + _dot(r["da"][...], q, TN, spec)).astype(
-        r["dk"].dtype)
-    if not gated:
-      return totals
-    reads, writes = totals
-    return (reads + jnp.sum(q.astype(_F32) * dq_read, axis=1, keepdims=True),
-            writes + jnp.sum(k.astype(_F32) * dk_write, axis=1,
-                             keepdims=True))
+    r["dq_pairs"][...] = _dot(r["da"][...], r["k"][:, cols], NN, spec)
+    r["dk_pairs"][...] = _dot(r["da"][...], r["q"][:, cols], TN, spec)
+    r["dq_read"][...] = jnp.zeros(r["dq_read"].shape, _F32)
+    r["dk_write"][...] = jnp.zeros(r["dk_write"].shape, _F32)
 
-  column = jnp.zeros((c, 1), _F32)
-  reads, writes = _loop(n_k, key_block, (column, column))
+    def value_step(jv, carry):
+      vcols = _cols(jv, lay.step)
+      r["dq_read"][...] += _dot(r["do"][:, vcols],
+                                r["states"][vcols, cols], NN, spec)
+      r["dk_write"][...] += _dot(r["v"][:, vcols],
+                                 r["d_states"][vcols, cols], NN, spec)
+      return carry
+
+    _loop(n_v, value_step, 0)
+
+    def strip(i, carry):
+      rows = _cols(i, lay.strip)
+      w = _chunk_weights(r, spec, rows=rows)
+      dq_read = r["dq_read"][rows, :] * (w.read * spec.scale)   # [R, BK]
+      dk_write = r["dk_write"][rows, :] * w.write
+      r["dq"][rows, cols] = (dq_read + r["dq_pairs"][rows, :]).astype(
+          r["dq"].dtype)
+      r["dk"][rows, cols] = (dk_write + r["dk_pairs"][rows, :]).astype(
+          r["dk"].dtype)
+      if gated:
+        q = r["q"][rows, cols].astype(_F32)
+        k = r["k"][rows, cols].astype(_F32)
+        r["gate_rows"][rows, :] += jnp.sum(q * dq_read, axis=1,
+                                           keepdims=True)
+        r["gate_writes"][rows, :] += jnp.sum(k * dk_write, axis=1,
+                                             keepdims=True)
+      return carry
+
+    _loop(c // lay.strip, strip, 0)
+    return carry
+
+  _loop(n_k, key_block, 0)
   if not gated:
     return
 
@@ -690,10 +758,8 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
     return acc + jnp.sum(h * dh, keepdims=True)
 
   carried = _loop(n_v * n_k, carried_tile, jnp.zeros((1, 1), _F32))
-  last = _iota((c, 1), 0) == c - 1
-  r["gate_rows"][...] = (reads + pairs
-                         + jnp.where(last, w.carry * carried, 0.0))
-  r["gate_writes"][...] = writes
+  carry = _chunk_weights(r, spec, rows=pl.ds(c - 1, 1)).carry
+  r["gate_rows"][c - 1:c, :] += carry * carried
 
 
 def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
@@ -731,7 +797,7 @@ def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
 
   def row_block(i, carry):
     rows = _cols(i, s)
-    da = jnp.where(_block_pairs(r, spec, i), r["da"][rows, :] * spec.scale,
+    da = jnp.where(_pair_mask(r, spec, i, s), r["da"][rows, :] * spec.scale,
                    0.0)                                         # [S, C]
     lane = _iota((s, c), 1)
     diagonal = lane == _iota((s, 1), 0) + i * s
@@ -762,7 +828,7 @@ def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
       return a
 
     a = _loop(n_k, key_step, jnp.zeros((s, c), _F32))
-    a = jnp.where(_block_pairs(r, spec, i), a, 0.0)
+    a = jnp.where(_pair_mask(r, spec, i, s), a, 0.0)
     r["a"][rows, :] = _operand(a * spec.scale, spec)
     return carry
 
@@ -858,7 +924,10 @@ def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool):
                 ("dq_pairs", (c, lay.k_pad), _F32),
                 ("dk_pairs", (c, lay.k_pad), _F32)]
   else:
-    scratch.append(("da", (c, c), operands))
+    scratch += [("da", (c, c), operands), ("s", (c, c), _F32),
+                ("ds", (c, c), _F32)]
+    scratch += [(name, (c, lay.step), _F32) for name in
+                ("dq_pairs", "dk_pairs", "dq_read", "dk_write")]
   if spec.gate == "scalar":
     for name in ("gate_rows", "gate_writes"):
       out[name] = (jax.ShapeDtypeStruct((b, hh, t, 1), _F32),
