@@ -341,6 +341,8 @@ def _chunk_weights(r, spec: Spec, cols=slice(None), rows=None) -> _Chunk:
     if not spec.segments:
       return _Chunk(ones, ones, jnp.ones((1, 1), _F32))
     return _Chunk(read.astype(_F32), write.astype(_F32), carry.astype(_F32))
+  if spec.gate != "channel":
+    cols = slice(None)
   hi, lo = r["p_hi"][rows, cols], r["p_lo"][rows, cols]         # [R, 1|BK]
   hi_last = r["p_hi"][c - 1:c, cols]
   lo_last = r["p_lo"][c - 1:c, cols]
@@ -486,22 +488,53 @@ def _score_products(r, spec: Spec, lay: Layout, *, grads: bool):
 
 def _outputs_kernel(r, *, spec: Spec, lay: Layout):
   """``o = scale [(scores * W) v + (read exp(P) q) h_n]`` of one chunk: the
-  scores once, then one block of value columns per step. The scaled
-  scores and queries are matmul operands in VMEM scratch (``a``,
-  ``q_read``), read by every step rather than held in registers."""
-  _score_products(r, spec, lay, grads=False)                    # s
+  scaled scores to the scratch ``a`` (by strips of rows, or by row blocks
+  for a decay per key channel), the scaled read queries to ``q_read`` (by
+  key steps and strips), then one block of value columns per step."""
+  c = spec.chunk
+  if spec.gate == "channel":
+    _channel_scores_to_scratch(r, spec, lay)
+  else:
+    _score_products(r, spec, lay, grads=False)                  # s
 
-  def strip(i, carry):
-    rows = _cols(i, lay.strip)
-    scores = r["s"][rows, :] * _pair_weights(r, spec, i, lay.strip)
-    r["a"][rows, :] = _operand(scores * spec.scale, spec)       # [R, C]
+    def strip(i, carry):
+      rows = _cols(i, lay.strip)
+      scores = r["s"][rows, :] * _pair_weights(r, spec, i, lay.strip)
+      r["a"][rows, :] = _operand(scores * spec.scale, spec)     # [R, C]
+      return carry
+
+    _loop(c // lay.strip, strip, 0)
+
+  def key_step(j, carry):
+    cols = _cols(j, lay.step)
+
+    def strip(t, carry):
+      rows = _cols(t, lay.strip)
+      w = _chunk_weights(r, spec, cols, rows)
+      r["q_read"][rows, cols] = _operand(
+          r["q"][rows, cols].astype(_F32) * (w.read * spec.scale), spec)
+      return carry
+
+    return _loop(c // lay.strip, strip, carry)
+
+  n_k = lay.k_pad // lay.step
+  _loop(n_k, key_step, 0)
+
+  def value_step(j, carry):
+    cols = _cols(j, lay.step)
+    r["o_acc"][...] = _dot(r["a"][...], r["v"][:, cols], NN, spec)
+
+    def read(jk, carry):
+      kcols = _cols(jk, lay.step)
+      r["o_acc"][...] += _dot(r["q_read"][:, kcols],
+                              r["states"][cols, kcols], NT, spec)
+      return carry
+
+    _loop(n_k, read, 0)
+    r["o"][:, cols] = r["o_acc"][...].astype(r["o"].dtype)      # [C, BV]
     return carry
 
-  _loop(spec.chunk // lay.strip, strip, 0)
-  w = _chunk_weights(r, spec)
-  r["q_read"][...] = _operand(
-      r["q"][...].astype(_F32) * (w.read * spec.scale), spec)  # [C, K]
-  _value_steps(r, spec, lay)
+  _loop(lay.v_pad // lay.step, value_step, 0)
 
 
 class _RowBlock:
@@ -513,29 +546,36 @@ class _RowBlock:
   reference token ``R = i S - 1`` (the block's predecessor): ``exp(P_i' -
   P_j) = exp(P_i' - P_R) exp(P_R - P_j)``, two decays ``<= 1`` that scale
   the block's queries (``f``, ``[S, BK]``) and every key (``e``, ``[C,
-  BK]``, zero for ``j > R``: the mask comes before ``exp``), so they are one
-  ``[S, BK] x [BK, C]`` matmul. The pairs inside the block (``j < i'``)
+  BK]``, zero for ``j > R``: the mask comes before ``exp``; it and ``k e``
+  go to the scratch ``e`` and ``ke``), so they are one ``[S, BK] x [BK,
+  C]`` matmul. The pairs inside the block (``j < i'``)
   are summed channel by channel, one key ``j`` per step, with their own
   decays ``exp(P_i' - P_j)``; the diagonal has weight 1."""
 
-  def __init__(self, r, spec: Spec, i, cols):
+  def __init__(self, r, spec: Spec, lay: Layout, i, cols):
     s, c = spec.sub_chunk, spec.chunk
-    self.spec, self.i, self.cols = spec, i, cols
+    self.spec, self.i, self.cols, self._r = spec, i, cols, r
     rows = _cols(i, s)
     self.q = r["q"][rows, cols].astype(_F32)                     # [S, BK]
     self.k = r["k"][rows, cols].astype(_F32)
     self.hi, self.lo = r["p_hi"][rows, cols], r["p_lo"][rows, cols]
     ref = i * s - 1                                              # R
-    before = _iota((c, 1), 0) <= ref                             # j <= R
-    pick = _iota((c, 1), 0) == jnp.maximum(ref, 0)
-    hi_all, lo_all = r["p_hi"][:, cols], r["p_lo"][:, cols]      # [C, BK]
-    hi_r = jnp.sum(jnp.where(pick, hi_all, 0.0), axis=0, keepdims=True)
-    lo_r = jnp.sum(jnp.where(pick, lo_all, 0.0), axis=0, keepdims=True)
+    at_ref = pl.ds(jnp.maximum(ref, 0), 1)
+    hi_r, lo_r = r["p_hi"][at_ref, cols], r["p_lo"][at_ref, cols]  # [1, BK]
     self.f = jnp.exp((self.hi - hi_r) + (self.lo - lo_r))       # [S, BK]
-    self.e = jnp.exp(jnp.where(before, (hi_r - hi_all) + (lo_r - lo_all),
-                               -jnp.inf))                        # [C, BK]
     self.qf = _operand(self.q * self.f, spec)
-    self.ke = _operand(r["k"][:, cols].astype(_F32) * self.e, spec)
+
+    def strip(t, carry):
+      # e and k e of every key, by strips of rows, to the scratch.
+      keys = _cols(t, lay.strip)
+      before = _iota((lay.strip, 1), 0) + t * lay.strip <= ref  # j <= R
+      e = jnp.exp(jnp.where(before, (hi_r - r["p_hi"][keys, cols])
+                            + (lo_r - r["p_lo"][keys, cols]), -jnp.inf))
+      r["e"][keys, :] = e
+      r["ke"][keys, :] = _operand(r["k"][keys, cols].astype(_F32) * e, spec)
+      return carry
+
+    _loop(c // lay.strip, strip, 0)
 
   def lanes(self):
     """``[S, C]`` column index and ``[S, 1]`` row index in the block."""
@@ -561,7 +601,7 @@ class _RowBlock:
     spec = self.spec
     lane, row = self.lanes()
     start = self.i * spec.sub_chunk
-    a = _dot(self.qf, self.ke, NT, spec)                         # j <= R
+    a = _dot(self.qf, self._r["ke"][...], NT, spec)              # j <= R
     a = a + jnp.where(lane == start + row,
                       jnp.sum(self.q * self.k, axis=1, keepdims=True), 0.0)
 
@@ -581,7 +621,7 @@ def _channel_scores_to_scratch(r, spec: Spec, lay: Layout):
 
   def row_block(i, carry):
     def key_step(j, a):
-      return a + _RowBlock(r, spec, i, _cols(j, lay.step)).scores()
+      return a + _RowBlock(r, spec, lay, i, _cols(j, lay.step)).scores()
 
     a = _loop(lay.k_pad // lay.step, key_step, jnp.zeros((s, c), _F32))
     a = jnp.where(_pair_mask(r, spec, i, s), a, 0.0)
@@ -589,37 +629,6 @@ def _channel_scores_to_scratch(r, spec: Spec, lay: Layout):
     return carry
 
   _loop(c // s, row_block, 0)
-
-
-def _value_steps(r, spec: Spec, lay: Layout):
-  """``o = a v + q_read h_n`` per block of value columns, from the
-  scratch ``a`` and ``q_read``."""
-  def block(j, carry):
-    cols = _cols(j, lay.step)
-    o = (_dot(r["a"][...], r["v"][:, cols], NN, spec)
-         + _dot(r["q_read"][...], r["states"][cols, :], NT,
-                spec))                                          # [C, BV]
-    r["o"][:, cols] = o.astype(r["o"].dtype)
-    return carry
-
-  _loop(lay.v_pad // lay.step, block, 0)
-
-
-def _channel_outputs_kernel(r, *, spec: Spec, lay: Layout):
-  """``o`` of one chunk with a decay per key channel: the scores by row
-  blocks (``_RowBlock``), the read queries ``scale read exp(P) q`` per key
-  step, then ``_value_steps``."""
-  _channel_scores_to_scratch(r, spec, lay)
-
-  def key_step(j, carry):
-    cols = _cols(j, lay.step)
-    w = _chunk_weights(r, spec, cols)
-    r["q_read"][:, cols] = _operand(
-        r["q"][:, cols].astype(_F32) * (w.read * spec.scale), spec)
-    return carry
-
-  _loop(lay.k_pad // lay.step, key_step, 0)
-  _value_steps(r, spec, lay)
 
 
 def outputs(arrays, h, spec: Spec, lay: Layout, *, out_dtype,
@@ -635,12 +644,14 @@ def outputs(arrays, h, spec: Spec, lay: Layout, *, out_dtype,
                specs["v"])}
   dtype = _operand_dtype(spec)
   scratch = [("a", (lay.chunk, lay.chunk), dtype),
-             ("q_read", (lay.chunk, lay.k_pad), dtype)]
+             ("q_read", (lay.chunk, lay.k_pad), dtype),
+             ("o_acc", (lay.chunk, lay.step), _F32)]
   if spec.gate != "channel":
     scratch.append(("s", (lay.chunk, lay.chunk), _F32))
-  kernel = (_channel_outputs_kernel if spec.gate == "channel"
-            else _outputs_kernel)
-  return _call(functools.partial(kernel, spec=spec, lay=lay),
+  else:
+    scratch += [("e", (lay.chunk, lay.step), _F32),
+                ("ke", (lay.chunk, lay.step), dtype)]
+  return _call(functools.partial(_outputs_kernel, spec=spec, lay=lay),
                (b, hh, lay.chunks), inputs, out, parallel=3, scratch=scratch,
                name="gated_linear_tpu_outputs",
                cost=cost(spec, lay, "outputs", inputs, out),
@@ -807,10 +818,17 @@ def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
 
     def key_step(j, a):
       cols = _cols(j, lay.step)
-      blk = _RowBlock(r, spec, i, cols)
+      blk = _RowBlock(r, spec, lay, i, cols)
       a = a + blk.scores()
-      dq = blk.f * _dot(da_op, blk.ke, NN, spec)                # [S, BK]
-      r["dk_pairs"][:, cols] += blk.e * _dot(da_op, blk.qf, TN, spec)
+      dq = blk.f * _dot(da_op, r["ke"][...], NN, spec)          # [S, BK]
+      r["dk_tmp"][...] = _dot(da_op, blk.qf, TN, spec)          # [C, BK]
+
+      def dk_strip(t, carry):
+        keys = _cols(t, lay.strip)
+        r["dk_pairs"][keys, cols] += r["e"][keys, :] * r["dk_tmp"][keys, :]
+        return carry
+
+      _loop(c // lay.strip, dk_strip, 0)
       _, row = blk.lanes()
 
       def inside(jj, acc):
@@ -836,41 +854,55 @@ def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
 
   def write_step(j, carry):
     cols = _cols(j, lay.step)
-    w = _chunk_weights(r, spec, cols)
-    r["k_write"][:, cols] = _operand(r["k"][:, cols].astype(_F32) * w.write,
-                                     spec)
-    return carry
+
+    def strip(t, carry):
+      rows = _cols(t, lay.strip)
+      w = _chunk_weights(r, spec, cols, rows)
+      r["k_write"][rows, cols] = _operand(
+          r["k"][rows, cols].astype(_F32) * w.write, spec)
+      return carry
+
+    return _loop(c // lay.strip, strip, carry)
 
   _loop(n_k, write_step, 0)
   _dv_steps(r, spec, lay)
-  last = _iota((c, 1), 0) == c - 1
 
   def key_step(j, carry):
     cols = _cols(j, lay.step)
-    w = _chunk_weights(r, spec, cols)
-    dq_read = (_dot(r["do"][...], r["states"][:, cols], NN, spec)
-               * (w.read * spec.scale))                         # [C, BK]
-    dk_write = _dot(r["v"][...], r["d_states"][:, cols], NN, spec) * w.write
-    q = r["q"][:, cols].astype(_F32)
-    k = r["k"][:, cols].astype(_F32)
-    dq_pairs, dk_pairs = r["dq_pairs"][:, cols], r["dk_pairs"][:, cols]
-    da_diag = r["da_diag"][...]                                 # [C, 1]
-    r["dq"][:, cols] = (dq_read + dq_pairs + da_diag * k).astype(
-        r["dq"].dtype)
-    r["dk"][:, cols] = (dk_write + dk_pairs + da_diag * q).astype(
-        r["dk"].dtype)
+    r["dq_read"][...] = jnp.zeros(r["dq_read"].shape, _F32)
+    r["dk_write"][...] = jnp.zeros(r["dk_write"].shape, _F32)
 
-    def carried_tile(jv, acc):
-      rows = _cols(jv, lay.step)
-      return acc + jnp.sum(r["states"][rows, cols].astype(_F32)
-                           * r["d_states"][rows, cols].astype(_F32), axis=0,
-                           keepdims=True)
+    def value_step(jv, carried):
+      vcols = _cols(jv, lay.step)
+      h, dh = r["states"][vcols, cols], r["d_states"][vcols, cols]
+      r["dq_read"][...] += _dot(r["do"][:, vcols], h, NN, spec)
+      r["dk_write"][...] += _dot(r["v"][:, vcols], dh, NN, spec)
+      return carried + jnp.sum(h.astype(_F32) * dh.astype(_F32), axis=0,
+                               keepdims=True)
 
-    carried = _loop(n_v, carried_tile, jnp.zeros((1, lay.step), _F32))
-    r["gate_rows"][:, cols] = (q * (dq_read + dq_pairs) - k * dk_pairs
-                               + jnp.where(last, w.carry * carried, 0.0))
-    r["gate_writes"][:, cols] = k * dk_write
-    return carry
+    carried = _loop(n_v, value_step, jnp.zeros((1, lay.step), _F32))
+
+    def strip(t, carry):
+      rows = _cols(t, lay.strip)
+      w = _chunk_weights(r, spec, cols, rows)
+      dq_read = r["dq_read"][rows, :] * (w.read * spec.scale)   # [R, BK]
+      dk_write = r["dk_write"][rows, :] * w.write
+      q = r["q"][rows, cols].astype(_F32)
+      k = r["k"][rows, cols].astype(_F32)
+      dq_pairs, dk_pairs = r["dq_pairs"][rows, cols], r["dk_pairs"][rows, cols]
+      da_diag = r["da_diag"][rows, :]                           # [R, 1]
+      r["dq"][rows, cols] = (dq_read + dq_pairs + da_diag * k).astype(
+          r["dq"].dtype)
+      r["dk"][rows, cols] = (dk_write + dk_pairs + da_diag * q).astype(
+          r["dk"].dtype)
+      last = _iota((lay.strip, 1), 0) + t * lay.strip == c - 1
+      r["gate_rows"][rows, cols] = (
+          q * (dq_read + dq_pairs) - k * dk_pairs
+          + jnp.where(last, w.carry * carried, 0.0))
+      r["gate_writes"][rows, cols] = k * dk_write
+      return carry
+
+    return _loop(c // lay.strip, strip, carry)
 
   _loop(n_k, key_step, 0)
 
@@ -920,9 +952,13 @@ def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool):
     for name in ("gate_rows", "gate_writes"):
       out[name] = (jax.ShapeDtypeStruct((b, hh, t, lay.k_pad), _F32),
                    specs["k"])
+    scratch += [(name, (c, lay.step), _F32)
+                for name in ("dq_read", "dk_write")]
     scratch += [("da", (c, c), _F32), ("da_diag", (c, 1), _F32),
                 ("dq_pairs", (c, lay.k_pad), _F32),
-                ("dk_pairs", (c, lay.k_pad), _F32)]
+                ("dk_pairs", (c, lay.k_pad), _F32),
+                ("e", (c, lay.step), _F32), ("ke", (c, lay.step), operands),
+                ("dk_tmp", (c, lay.step), _F32)]
   else:
     scratch += [("da", (c, c), operands), ("s", (c, c), _F32),
                 ("ds", (c, c), _F32)]
