@@ -470,20 +470,21 @@ def _cols(j, width: int):
 
 def _score_products(r, spec: Spec, lay: Layout, *, grads: bool):
   """The chunk's ``[C, C]`` products to float32 scratch: ``s = q k^T`` and,
-  for the gradients, ``ds = do v^T`` (summed over value steps); the
+  for the gradients, ``ds = do v^T``, each summed over column steps; the
   elementwise work on them then runs by strips of ``lay.strip`` rows, so no
   ``[C, C]`` value is held in registers."""
-  r["s"][...] = _dot(r["q"][...], r["k"][...], NT, spec)
-  if not grads:
-    return
-  r["ds"][...] = jnp.zeros(r["ds"].shape, _F32)
+  products = [("s", "q", "k", lay.k_pad)]
+  if grads:
+    products.append(("ds", "do", "v", lay.v_pad))
+  for out, x, y, width in products:
+    r[out][...] = jnp.zeros(r[out].shape, _F32)
 
-  def part(j, carry):
-    cols = _cols(j, lay.step)
-    r["ds"][...] += _dot(r["do"][:, cols], r["v"][:, cols], NT, spec)
-    return carry
+    def part(j, carry, out=out, x=x, y=y):
+      cols = _cols(j, lay.step)
+      r[out][...] += _dot(r[x][:, cols], r[y][:, cols], NT, spec)
+      return carry
 
-  _loop(lay.v_pad // lay.step, part, 0)
+    _loop(width // lay.step, part, 0)
 
 
 def _outputs_kernel(r, *, spec: Spec, lay: Layout):
@@ -560,8 +561,15 @@ class _RowBlock:
     self.k = r["k"][rows, cols].astype(_F32)
     self.hi, self.lo = r["p_hi"][rows, cols], r["p_lo"][rows, cols]
     ref = i * s - 1                                              # R
-    at_ref = pl.ds(jnp.maximum(ref, 0), 1)
-    hi_r, lo_r = r["p_hi"][at_ref, cols], r["p_lo"][at_ref, cols]  # [1, BK]
+    # P_R, the last row of the block before (aligned loads only); block 0
+    # has no pairs before it and takes its own first row, so f <= 1.
+    before_rows = _cols(jnp.maximum(i - 1, 0), s)
+
+    def at_ref(name):
+      prev = r[name][before_rows, cols]                          # [S, BK]
+      return jnp.where(i > 0, prev[s - 1:s, :], prev[0:1, :])     # [1, BK]
+
+    hi_r, lo_r = at_ref("p_hi"), at_ref("p_lo")
     self.f = jnp.exp((self.hi - hi_r) + (self.lo - lo_r))       # [S, BK]
     self.qf = _operand(self.q * self.f, spec)
 
