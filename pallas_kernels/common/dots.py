@@ -10,7 +10,9 @@
   dropped ``a_lo b_lo`` and the rounding of the low parts are ``~2^-21`` of
   each product, so the kernels keep float32 accuracy (the kernel tests'
   ``1e-5``, checked in interpret mode, where the same split runs on the
-  CPU). Plain TF32 (one product, ``~1e-3``) would not. IEEE float32
+  CPU). Plain TF32 (mode ``"tf32"``: one product of the truncated
+  operands, ``~1e-3``) would not; the delta rule's WY inverse uses it for
+  bfloat16 inputs, whose result is rounded to bfloat16. IEEE float32
   (``Precision.HIGHEST`` in Triton, mode ``"f32"``) runs on the CUDA cores
   without ``mma``; the gated-linear kernels use it on GPU, where 3xTF32's
   extra operands make ptxas spill on sm_80.
@@ -26,7 +28,7 @@ NN = (((1,), (0,)), ((), ()))  # a @ b
 NT = (((1,), (1,)), ((), ()))  # a @ b.T
 TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
-MODES = ("bf16", "f32", "tf32x3")
+MODES = ("bf16", "f32", "tf32x3", "tf32")
 
 
 def mode(*, bf16: bool, backend: str) -> str:
@@ -59,4 +61,6 @@ def dot(a, b, dims, *, mode: str):
                            preferred_element_type=_F32)
 
   a_hi, b_hi = _tf32_high(a), _tf32_high(b)
+  if mode == "tf32":
+    return tf32(a_hi, b_hi)
   return tf32(a_hi, b_hi) + (tf32(a_hi, b - b_hi) + tf32(a - a_hi, b_hi))

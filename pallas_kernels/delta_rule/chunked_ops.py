@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels.common.layout import power_of_two_at_least_16
 from pallas_kernels.delta_rule import gpu_chunks
 from pallas_kernels.gated_linear import BlockSizes
 from pallas_kernels.gated_linear import gpu as gl
@@ -44,13 +45,20 @@ class _Config:
   interpret: bool
 
 
-# The chunk kernels of the delta rule hold the WY inverse's 3xTF32
-# operands beside the scores: chunks of at most 32 tokens (16 for float32
-# inputs), 32 key or value columns per step and 8 warps, the settings that
-# compile without a register spill at the checked bfloat16 shapes (``make
-# compile-check``). In float32 the sweeps' ``[K, BV]`` state spills past
-# 128 key rows, so the op runs float32 inputs on the sweep kernels of
-# ``ops.py`` instead (``lin_attn_jax.ops.delta_rule``).
+# Chunks of the delta rule's chunk kernels, by the inputs' dtype and padded
+# widths. bfloat16 with K and V of at most 128: 64 tokens (a Hopper wgmma's
+# 64 rows per warpgroup, so every chunk kernel runs wgmma on sm_90) and 16
+# key or value columns per step. Wider bfloat16 heads: 32 tokens and 32
+# columns (at 64 tokens the WY gradient kernel spills and, past 256 key
+# rows, the sweeps' shared memory overflows). float32: 16 tokens. A decay
+# per key channel keeps ``BlockSizes.gpu_settings``' 32-token chunks and 16
+# columns. 8 warps: the settings that compile without a register spill at
+# the checked shapes (``make compile-check``). In float32 the sweeps'
+# ``[K, BV]`` state spills past 128 key rows, so the op runs float32 inputs
+# on the sweep kernels of ``ops.py`` instead (``lin_attn_jax.ops.delta_rule``).
+WIDE_CHUNK = 64           # bfloat16, K and V <= WIDE_CHUNK_WIDTH
+WIDE_CHUNK_WIDTH = 128
+WIDE_CHUNK_BLOCK = 16
 MAX_CHUNK = {True: 32, False: 16}
 MAX_CHUNK_BLOCK = 32
 NUM_WARPS = 8
@@ -58,11 +66,16 @@ NUM_WARPS = 8
 
 def _setup(cfg: _Config, q, k, v, g, doc):
   bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
+  wide = bf16 and max(power_of_two_at_least_16(q.shape[-1]),
+                      power_of_two_at_least_16(v.shape[-1])) <= (
+                          WIDE_CHUNK_WIDTH)
+  max_chunk, block = ((WIDE_CHUNK, WIDE_CHUNK_BLOCK) if wide
+                      else (MAX_CHUNK[bf16], MAX_CHUNK_BLOCK))
   blocks = dataclasses.replace(
-      cfg.blocks, chunk=min(cfg.blocks.chunk, MAX_CHUNK[bf16]),
+      cfg.blocks, chunk=min(cfg.blocks.chunk, max_chunk),
       num_warps=cfg.blocks.num_warps or NUM_WARPS,
       chunk_block=cfg.blocks.chunk_block or (
-          16 if cfg.blocks.per_channel else MAX_CHUNK_BLOCK))
+          16 if cfg.blocks.per_channel else block))
   return gl.setup(q, k, v, g, doc, blocks, cfg.scale)
 
 

@@ -21,8 +21,12 @@ here, as flash-linear-attention splits its ``chunk_gated_delta_rule``:
   level by level over the halving levels of ``chunk_math``: with ``T_s``
   block-diagonal in blocks of ``s`` tokens, ``T_2s = T_s - T_s (A masked to
   level s) T_s`` (the lower-left block of ``[[L11, 0], [L21, L22]]^{-1}``
-  is ``-L22^{-1} L21 L11^{-1}``); its matmuls are 3xTF32 whatever the
-  inputs' dtype (float32 accuracy).
+  is ``-L22^{-1} L21 L11^{-1}``), every product ``[C, C] x [C, C]`` (64
+  rows at 64-token chunks: wgmma on sm_90). Its matmuls are 3xTF32 for
+  float32 inputs (float32 accuracy) and TF32 for bfloat16 ones, whose ``T``
+  is then rounded to a bfloat16 operand of ``W`` and ``U'`` (TF32's
+  10-bit mantissa is finer than that rounding; 3xTF32's split operands
+  spilled registers at 64-token chunks).
 - ``delta_sweep`` (grid ``(B, H, V / BV)``): the sequential pass. A program
   owns the float32 state's value columns ``[K, BV]`` (all key rows: ``W
   h`` sums over them) and per chunk writes ``h_n``, then ``U = U' - W h_n``
@@ -53,18 +57,25 @@ NARROW_SWEEP_BLOCK_V = 16
 
 
 def _exact(spec: cm.Spec) -> cm.Spec:
-  """``spec`` with float32-accurate matmuls (3xTF32)."""
-  return dataclasses.replace(spec, mode="tf32x3")
+  """``spec`` with the inverse's matmuls: 3xTF32 (float32 accuracy) for
+  float32 inputs, TF32 for bfloat16 ones."""
+  return dataclasses.replace(spec,
+                             mode="tf32" if spec.mode == "bf16" else "tf32x3")
 
 
 def inverse(spec: cm.Spec, a, d: cm.Docs):
-  """``(I + A)^{-1}`` of a strictly lower ``a [C, C]`` (float32), by the
-  recursive block formula over the halving levels."""
+  """``(I + A)^{-1}`` of a strictly lower ``a [C, C]`` (float32, zero
+  across documents), by the recursive block formula over the halving
+  levels."""
+  del d                                  # a is zero across documents
   c = spec.chunk
   exact = _exact(spec)
-  t = cm.diagonal(c).astype(_F32)
+  xor = lax.bitwise_xor(cm.iota((c, c), 0), cm.iota((c, c), 1))
+  t = (xor == 0).astype(_F32)
   for s in reversed(cm.level_sizes(c)):                        # 1, 2, ..., C/2
-    off = jnp.where(cm.level_mask(spec, s, d), a, 0.0)
+    # Level s: s <= i ^ j < 2 s (with j < i: a is strictly lower).
+    off = jnp.where(lax.shift_right_logical(xor, s.bit_length() - 1) == 1,
+                    a, 0.0)
     t = t - cm.dot(cm.dot(t, off, cm.NN, exact), t, cm.NN, exact)
   return t
 
@@ -288,7 +299,6 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
   """
   every = slice(None)
   c = spec.chunk
-  exact = _exact(spec)
   chunk = _Chunk(r, spec, lay)
   d, beta, below, a_k, t = chunk.d, chunk.beta, chunk.below, chunk.a_k, chunk.t
   keys = {**r, "q": r["k"]}
@@ -317,7 +327,9 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
   dt = gl.loop(lay.k_pad // width, dt_keys, zeros)
   dt, dbeta = gl.loop(lay.v_pad // v_width, dt_values,
                       (dt, jnp.zeros((c,), _F32)))
-  da = -cm.dot(cm.dot(t, dt, cm.TN, exact), t, cm.NT, exact)    # [C, C]
+  # In the inputs' matmul mode: for bfloat16 inputs dA is a bfloat16
+  # operand of the keys' products below.
+  da = -cm.dot(cm.dot(t, dt, cm.TN, spec), t, cm.NT, spec)     # [C, C]
   da = jnp.where(below & d.pair, da, 0.0)
   dbeta = dbeta + jnp.sum(da * a_k, axis=1)
   da_k = da * beta[:, None]                                     # dL/dA_k

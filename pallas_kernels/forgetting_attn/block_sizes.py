@@ -15,26 +15,29 @@ from pallas_kernels.common import blocks as common
 BACKENDS = common.BACKENDS
 
 # (backend, bfloat16 inputs, widest of K and V padded: 64, 128 or more) ->
-# (block_q, block_k, backward_block_q, backward_block_k, num_warps,
-# num_stages). TPU: 256-token blocks, two lane tiles of every per-token row
-# and one [256, 256] float32 score tile per grid step (128-token tiles do
-# not spill vector registers; 256 halves the grid steps; neither is timed).
-# GPU: tiles that ptxas compiles without a register spill on sm_80 and sm_90
-# at the checked shapes (``make compile-check``, K = V <= 128; at most 233
-# registers of 255 per thread); the dk/dv programs, which hold two
-# accumulators beside their key and value blocks, own 64 keys (a Hopper
-# wgmma's 64 rows) and step over 32 queries (64 spilled on sm_80 at K =
-# 128). Float32 inputs run IEEE float32 products (``ops.FLOAT32_MODE``).
+# (block_q, block_k, backward_block_q, backward_block_k, dq_block_q,
+# num_warps, num_stages). TPU: 256-token blocks, two lane tiles of every
+# per-token row and one [256, 256] float32 score tile per grid step
+# (128-token tiles do not spill vector registers; 256 halves the grid steps;
+# neither is timed). GPU: tiles that ptxas compiles without a register spill
+# on sm_80 and sm_90 at the checked shapes (``make compile-check``, K = V <=
+# 128); in bfloat16 every program that carries the products owns 64 rows or
+# more (a Hopper wgmma's 64 rows per warpgroup: the forward 128 queries, the
+# dq programs 64 queries, the dk/dv programs 64 keys). The dk/dv programs,
+# which hold two accumulators beside their key and value blocks, step over
+# 32 queries (64 compiles at 252-255 registers of 255 on sm_80 at K = V =
+# 64 and 128, no margin left); the dq programs step over 64 keys. Float32
+# inputs run IEEE float32 products (``ops.FLOAT32_MODE``).
 DEFAULTS = {
-    ("tpu", bf16, width): (256, 256, 256, 256, None, None)
+    ("tpu", bf16, width): (256, 256, 256, 256, 256, None, None)
     for bf16 in (True, False) for width in (64, 128, 256)}
 DEFAULTS.update({
-    ("gpu", True, 64): (128, 64, 32, 64, 8, 2),
-    ("gpu", True, 128): (128, 64, 32, 64, 8, 2),
-    ("gpu", True, 256): (64, 32, 32, 32, 8, 2),
-    ("gpu", False, 64): (32, 32, 32, 16, 4, 2),
-    ("gpu", False, 128): (16, 16, 16, 16, 4, 2),
-    ("gpu", False, 256): (16, 16, 16, 16, 4, 2),
+    ("gpu", True, 64): (128, 64, 32, 64, 64, 8, 2),
+    ("gpu", True, 128): (128, 64, 32, 64, 64, 8, 2),
+    ("gpu", True, 256): (64, 32, 32, 32, 32, 8, 2),
+    ("gpu", False, 64): (32, 32, 32, 16, 32, 4, 2),
+    ("gpu", False, 128): (16, 16, 16, 16, 16, 4, 2),
+    ("gpu", False, 256): (16, 16, 16, 16, 16, 4, 2),
 })
 
 
@@ -50,10 +53,10 @@ class Tiles:
   length (``layout.make_layout``)."""
   block_q: int              # query rows per forward program
   block_k: int              # key rows per step of the forward programs
-  backward_block_q: int     # query rows per dq program, and per step of
-                            # the dk/dv programs
+  backward_block_q: int     # query rows per step of the dk/dv programs
   backward_block_k: int     # key rows per dk/dv program, and per step of
                             # the dq programs
+  dq_block_q: int           # query rows per dq program
   num_warps: int | None     # GPU: warps per program
   num_stages: int | None    # GPU: software pipelining stages
 
@@ -72,17 +75,18 @@ class BlockSizes:
                                       # (None: DEFAULTS)
   block_k: int | None = None          # key rows per step of the forward
                                       # programs' walk over the keys
-  backward_block_q: int | None = None  # query rows per dq program and per
-                                      # step of the dk/dv programs
+  backward_block_q: int | None = None  # query rows per step of the dk/dv
+                                      # programs
   backward_block_k: int | None = None  # key rows per dk/dv program and per
                                       # step of the dq programs
   num_warps: int | None = None        # GPU only: warps per program
   num_stages: int | None = None       # GPU only: software pipelining stages
+  dq_block_q: int | None = None       # query rows per dq program
 
   def __post_init__(self):
     common.check_backend(self.backend)
     for name in ("block_q", "block_k", "backward_block_q",
-                 "backward_block_k"):
+                 "backward_block_k", "dq_block_q"):
       common.check_width(name, getattr(self, name), self.backend)
     common.check_gpu_settings(self.backend, self.num_warps, self.num_stages)
 
@@ -91,7 +95,8 @@ class BlockSizes:
     given, ``DEFAULTS`` for the others."""
     default = DEFAULTS[(self.backend, bf16, width_class(k_pad, v_pad))]
     given = (self.block_q, self.block_k, self.backward_block_q,
-             self.backward_block_k, self.num_warps, self.num_stages)
+             self.backward_block_k, self.dq_block_q, self.num_warps,
+             self.num_stages)
     return Tiles(*(d if x is None else x for x, d in zip(given, default)))
 
   @classmethod

@@ -8,7 +8,8 @@ attention kernels do:
 - ``forward``: grid ``(query blocks, B, H)``, a query block ``[block_q, K]``
   against the key blocks from its first visible one
   (``layout.key_bounds``) to the diagonal; ``o`` and the log-sum-exp.
-- ``dq``: the same with the backward tiles; ``dq`` and ``dc``'s row sums.
+- ``dq``: the same with ``dq_block_q`` queries per program, stepping over
+  ``backward_block_k`` keys; ``dq`` and ``dc``'s row sums.
 - ``dkv``: grid ``(key blocks, B, Hkv)``, a key block against every query
   head of its group in turn, each over the query blocks from the diagonal
   to the last that sees the key block (``layout.query_bounds``); ``dk`` and

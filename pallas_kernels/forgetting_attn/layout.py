@@ -82,9 +82,10 @@ def make_layout(q_shape, kv_heads: int, dim_v: int, blocks: BlockSizes, *,
   tiles = dataclasses.replace(
       tiles, block_q=min(tiles.block_q, cap), block_k=min(tiles.block_k, cap),
       backward_block_q=min(tiles.backward_block_q, cap),
-      backward_block_k=min(tiles.backward_block_k, cap))
+      backward_block_k=min(tiles.backward_block_k, cap),
+      dq_block_q=min(tiles.dq_block_q, cap))
   whole = math.lcm(tiles.block_q, tiles.block_k, tiles.backward_block_q,
-                   tiles.backward_block_k)
+                   tiles.backward_block_k, tiles.dq_block_q)
   t_pad = round_up(t, whole)
   return Layout(backend=backend, batch=b, length=t, t_pad=t_pad, heads=h,
                 kv_heads=kv_heads, dim_k=dk, dim_v=dim_v, k_pad=k_pad,

@@ -121,8 +121,7 @@ def _backward(cfg: _Config, backend: str, interpret: bool, q, k, v, c, doc,
                 lse=layout.rows_to_kernel(lse, lay),
                 delta=layout.rows_to_kernel(delta, lay))
   kernels, tiles = _kernels(backend), lay.tiles
-  by_query = layout.key_walk(lay, tiles.backward_block_q,
-                             tiles.backward_block_k)
+  by_query = layout.key_walk(lay, tiles.dq_block_q, tiles.backward_block_k)
   dq, dc_rows = kernels.dq(
       arrays, layout.key_bounds(by_query, arrays["doc"], lay), spec, lay,
       by_query, cost=_cost(lay, by_query, arrays.values(), products=3,

@@ -37,11 +37,12 @@ GRAD_ARGS = ("q", "k", "v", "c")
 # The smallest tiles, so that short sequences span several blocks; the
 # forward, dq and dk/dv programs own and visit blocks of different sizes.
 TPU_BLOCKS = BlockSizes("tpu", block_q=128, block_k=128, backward_block_q=128,
-                        backward_block_k=128)
+                        backward_block_k=128, dq_block_q=128)
 TPU_MIXED = BlockSizes("tpu", block_q=128, block_k=256, backward_block_q=256,
-                       backward_block_k=128)
+                       backward_block_k=128, dq_block_q=256)
 GPU_BLOCKS = BlockSizes("gpu", block_q=16, block_k=16, backward_block_q=16,
-                        backward_block_k=32, num_warps=4, num_stages=1)
+                        backward_block_k=32, dq_block_q=16, num_warps=4,
+                        num_stages=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,5 +349,4 @@ def test_block_sizes_validate(kwargs, message):
 def test_default_tiles_are_valid(backend, bf16, width):
   tiles = BlockSizes.default(backend).tiles(bf16=bf16, k_pad=width,
                                             v_pad=width)
-  BlockSizes(backend, tiles.block_q, tiles.block_k, tiles.backward_block_q,
-             tiles.backward_block_k, tiles.num_warps, tiles.num_stages)
+  BlockSizes(backend, **dataclasses.asdict(tiles))
