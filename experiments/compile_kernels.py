@@ -383,6 +383,31 @@ def _gpu_grid_section():
   return lines
 
 
+def _tpu_grid_section():
+  """The TPU gated-linear kernels' grids and tiles at the benchmark's shape
+  (B=8, H=16, T=8192, K=V=128, bfloat16), from their layout."""
+  from pallas_kernels.gated_linear import BlockSizes, tpu_chunks
+  lines = ["## TPU gated-linear kernels: grids and tiles at B=8, H=16, "
+           "T=8192, K=V=128, bfloat16", "",
+           "The programs of each chunk-parallel Mosaic kernel, from "
+           "`pallas_kernels.gated_linear.tpu_chunks.kernel_table`; every "
+           "matmul's `[rows, columns]` tiles are 128 (the chunk, a key or "
+           "value step) but the per-channel row blocks' 16 rows.", ""]
+  for gate in ("scalar", "channel"):
+    blocks = BlockSizes.default("tpu", per_channel=gate == "channel")
+    lay = tpu_chunks.make_layout(8, 8192, 16, 128, 128, blocks)
+    spec = tpu_chunks.Spec(gate=gate, segments=False, scale=1.0,
+                           chunk=lay.chunk, bf16=True,
+                           sub_chunk=blocks.sub_chunk_rows)
+    lines += [f"Decay: {gate} (chunk {lay.chunk}).", "",
+              "| kernel | grid | programs | tiles |", "|---|---|---|---|"]
+    lines += [f"| {name} | {grid} | {programs} | {tiles} |"
+              for name, grid, programs, tiles
+              in tpu_chunks.kernel_table(lay, spec)]
+    lines.append("")
+  return lines
+
+
 def report(paths, out):
   """Merges JSON results into the markdown report."""
   results = []
@@ -470,7 +495,7 @@ def report(paths, out):
                        f"{k['threads']} | {k['matmuls']} | "
                        f"{k.get('wgmma', 0)} | {_when(k)} |")
     lines.append("")
-  lines += _gpu_grid_section()
+  lines += _gpu_grid_section() + _tpu_grid_section()
   if missing:
     lines += ["## Not compiled in this run", "",
               ", ".join(f"{t}/{c}/{d}" for t, c, d in missing), ""]

@@ -1,17 +1,18 @@
-"""Chunk-parallel Mosaic (TPU) kernels of the gated-linear recurrence, for
-no decay or a scalar decay per head.
+"""Chunk-parallel Mosaic (TPU) kernels of the gated-linear recurrence: no
+decay, a scalar decay per head, or a decay per key channel.
 
-    S_t = exp(g_t) S_{t-1} + k_t v_t^T,    o_t = S_t^T (scale q_t)
+    S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,    o_t = S_t^T (scale q_t)
 
 The split of ``gpu.py`` (and of flash-linear-attention's ``chunk_fwd_h`` /
 ``chunk_fwd_o`` / ``chunk_bwd_dh`` / ``chunk_bwd_dqkwg``), with the math of
 ``chunk_math.py`` written on the column and row forms Mosaic needs. Inside
 chunk ``n`` of ``C`` tokens, ``P_i`` the log-decay from the chunk's start
-(token i included), ``L`` its last token and ``h_n`` the state entering it:
+(token i included; per key channel or not), ``L`` its last token and
+``h_n`` the state entering it:
 
     h_{n+1} = carry exp(P_L) h_n + sum_j write_j exp(P_L - P_j) k_j v_j^T
-    o_i     = scale [ read_i exp(P_i) q_i h_n
-                      + sum_{j <= i} pair_ij exp(P_i - P_j) (q_i . k_j) v_j ]
+    o_i     = scale [ read_i (exp(P_i) q_i) h_n
+                      + sum_{j <= i} pair_ij (q_i . exp(P_i - P_j) k_j) v_j ]
 
 Kernels:
 
@@ -24,15 +25,28 @@ Kernels:
   double the HBM traffic for no digit; float32 otherwise); the final state
   in float32.
 - ``gated_linear_tpu_outputs``, grid ``(B, H, N)``, all parallel: the
-  ``[C, C]`` scores once per chunk (one matmul over all key channels),
-  then per block of value columns ``scores v + (read exp(P) q) h_n``.
+  ``[C, C]`` scores once per chunk, then per block of value columns
+  ``scores v + (read exp(P) q) h_n``.
 - ``gated_linear_tpu_state_grads``: the states kernel walked from the last
   chunk with ``scale read exp(P) q`` and ``do``: the gradient of the state
   leaving each chunk, and the initial state's gradient.
 - ``gated_linear_tpu_grads``, grid ``(B, H, N)``, all parallel: the
   scores and ``dS = do v^T`` once per chunk, then ``dv`` per value block
-  and ``dq``, ``dk`` per key block, and the per-token terms of the scalar
+  and ``dq``, ``dk`` per key block, and the per-token terms of the
   log-decays' gradient (``gpu.gate_gradient`` adds them up).
+
+A decay per key channel (secondary chunking, ``_RowBlock``): the ``[C, C,
+K]`` pair weights are never formed. The scores are computed by row blocks
+of ``S`` tokens (``BlockSizes.sub_chunk``, 16): the pairs whose key lies
+before the block factor through the token before it, ``R``, as two decays
+``<= 1`` (``exp(P_i - P_R)`` on the block's queries, ``exp(P_R - P_j)``
+masked to ``j <= R`` on the keys), one ``[S, K] x [K, C]`` matmul per
+block; the pairs inside the block are summed channel by channel with their
+own decays, one key per step, and the diagonal has weight 1. The gradients
+kernel reuses both factors for the pairs' parts of ``dq`` (``[S, C] x [C,
+K]``) and ``dk`` (``[S, C]^T x [S, K]``) and walks the same keys inside
+the block. Every ``[C, C]`` matmul of the scalar path keeps its size; only
+the intra-chunk scores are split.
 
 The backward pass keeps only the inputs: it reruns the states kernel for
 ``h`` (a ``2 T K V`` pass per head, where keeping ``h`` would hold ``B H T
@@ -41,25 +55,33 @@ recomputes the ``[C, C]`` scores in the gradients kernel (``2 C^2 K`` per
 chunk, instead of writing and reading ``B H T C`` floats).
 
 Matmul flops per head and chunk (``2 m n k`` each), exactly the chunk
-algorithm's count (``../README.md``):
+algorithm's count (``../README.md``), for every gate (with a decay per
+key channel the ``C / S`` row blocks' products add up to the same sizes):
 
     forward   2C (2KV + CK + CV)     states; scores, scores v, q h
     backward  2C (5KV + 3CK + 2CV)   states, state grads; scores, dS,
                                      scores^T do, k dh, do h^T, dA k,
                                      v dh^T, dA^T q
 
+Registers: the matmuls write to VMEM scratch (the ``[C, C]`` products,
+the key blocks' ``[C, 128]`` products), and the elementwise work on them
+runs by strips of ``STRIP_ROWS`` rows, so no ``[C, C]`` or ``[C, K]``
+value is held in vector registers; in bfloat16 no kernel spills at the
+paper widths (``make compile-check``).
+
 Numerics: ``P`` enters as double-float prefix sums per chunk (``hi + lo``,
 ``common/cumsum.py``), so every log-decay is a difference accurate to
 float32 relative to itself; every exponent is a sum of gates, ``<= 0``,
-and the pair mask is applied before ``exp``. Matmuls take bfloat16
-operands for bfloat16 inputs, float32 at the highest precision otherwise,
+and every mask is applied before ``exp``. Matmuls take bfloat16 operands
+for bfloat16 inputs, float32 at the highest precision otherwise,
 accumulating in float32.
 
 Layout: ``[B, H, T, F]`` (``layout.to_kernel``), K and V zero-padded to
 whole 128-lane tiles, T to whole chunks; states ``[B, H, N, V, K]``
 (transposed, as the sweep kernels keep them). Per-token scalars come as
 columns ``[.., T, 1]`` and, where a ``[C, C]`` matrix needs them along
-lanes, as rows ``[.., N, 1, C]``, so no kernel transposes a vector.
+lanes, as rows ``[.., N, 1, C]``, so no kernel transposes a vector; a
+decay per key channel comes as ``[.., T, K]``.
 """
 
 from __future__ import annotations
@@ -1016,11 +1038,23 @@ def cost(spec: Spec, lay: Layout, kind: str, inputs, outputs):
   (the pair weights and the read, write and carry weights per chunk) and
   the bytes of its inputs and outputs."""
   chunks = lay.batch * lay.heads * lay.chunks
+  c, s = lay.chunk, spec.sub_chunk
   exps = 0
   if spec.gate == "scalar":
-    exps = 2 * lay.chunk + 1 + (0 if kind == "sweep" else lay.chunk ** 2)
+    exps = 2 * c + 1 + (0 if kind == "sweep" else c ** 2)
     if kind == "sweep":
       exps *= (lay.k_pad // lay.sweep_k) * (lay.v_pad // lay.sweep_v)
+  elif spec.gate == "channel":
+    # Per key channel: the read, write and carry weights (once per key
+    # step and weight pass; per program in a sweep) and, in the chunk
+    # kernels, per row block the queries' and keys' factors and the pairs
+    # inside the block.
+    weights = (2 * c + 1) * lay.k_pad
+    if kind == "sweep":
+      exps = weights * (lay.v_pad // lay.sweep_v)
+    else:
+      passes = 1 if kind == "outputs" else 2
+      exps = passes * weights + (c // s) * (s + c + s * s) * lay.k_pad
   arrays = [x for x, _ in list(inputs.values()) + list(outputs.values())]
   return compiler.cost(flops=flops_per_chunk(spec, lay, kind) * chunks,
                        transcendentals=exps * chunks, arrays=arrays)
@@ -1034,13 +1068,17 @@ def kernel_table(lay: Layout, spec: Spec):
   c, step = lay.chunk, lay.step
   sweep = (f"state [{lay.sweep_v}, {lay.sweep_k}] float32; per chunk "
            f"[{c}, {lay.sweep_v}]^T [{c}, {lay.sweep_k}]")
+  scores = f"scores [{c}, {step}] [{c}, {step}]^T per key step"
+  if spec.gate == "channel":
+    s = spec.sub_chunk
+    scores = (f"scores by row blocks [{s}, {step}] [{c}, {step}]^T per key "
+              f"step, {s} keys inside each")
   rows = [("gated_linear_tpu_states", sweep_grid, sweep),
           ("gated_linear_tpu_outputs", chunk_grid,
-           f"scores [{c}, {lay.k_pad}] [{c}, {lay.k_pad}]^T; value steps "
-           f"[{c}, {step}]"),
+           f"{scores}; value steps [{c}, {c}] [{c}, {step}]"),
           ("gated_linear_tpu_state_grads", sweep_grid, sweep),
           ("gated_linear_tpu_grads", chunk_grid,
-           f"scores and dS [{c}, {c}]; value and key steps [{c}, {step}]")]
+           f"{scores}; dS [{c}, {c}]; value and key steps [{c}, {step}]")]
   # A sweep's programs walk its last grid axis.
   return [(name, grid, math.prod(grid[:4] if len(grid) == 5 else grid), tiles)
           for name, grid, tiles in rows]
