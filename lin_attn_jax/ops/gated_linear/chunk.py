@@ -180,13 +180,13 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
     output_final_state: also return the state after the last token.
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
     chunk_size: tokens per chunk ``C`` (speed only, not results). The
-      Pallas kernels take it too, rounded up to whole 16-token tiles: the
-      tokens per TPU grid step and between the backward pass's state
-      checkpoints.
+      Pallas kernels take it too (``pallas_kernels.gated_linear.BlockSizes
+      .default``): on TPU rounded up to whole 128-token tiles, at most 256;
+      on GPU rounded up to a power of two, capped by dtype and gate.
     sub_chunk_size: tokens per sub-chunk ``c`` of the log-decay sums (step
-      1) of the XLA form; must divide ``chunk_size``. The kernels' own
-      sub-chunks are ``pallas_kernels.gated_linear.BlockSizes.default``'s
-      (16 or 64 tokens, the tiles of their exact ``[c, c]`` blocks).
+      1) of the XLA form; must divide ``chunk_size``. The kernels keep
+      their own tiles (on TPU, row blocks of 16 tokens for a decay per key
+      channel).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"`` (see
       ``lin_attn_jax.ops.common.dispatch``): the Pallas kernel (``"auto"``:
       on TPU; on GPU this chunk form, whose forward+backward is the faster
