@@ -26,7 +26,7 @@ gradient of the state leaving chunk ``n`` and ``gU_n = P_n^T do_n``,
     dS_n = diag(d_n) dS_{n+1} + Q_n^T do_n - W_n^T dU_n
 
 So one body serves both directions: per chunk, from the carried state
-``x`` (a tuple of ``[V, block_k]`` blocks of key columns),
+``x`` (``[V, block_k]`` blocks of key columns, one at a time),
 
     y = a + M1 x^T                            [C, V]
     x = x * d + y^T M2 (+ E_a^T E_b)          [V, K]
@@ -89,17 +89,20 @@ def dot(a, b, dims, spec: KernelSpec):
 Load = Callable[[str, "int | None"], object]
 
 
-def step(load: Load, state, spec: KernelSpec):
-  """``(y [C, V] float32, the carried state after the chunk)`` from the
-  state before it, a tuple of ``[V, block_k]`` float32 blocks."""
+def step(load: Load, state: Callable, write: Callable, blocks: int,
+         spec: KernelSpec):
+  """One chunk: ``y [C, V]`` float32 (returned) from the state before it,
+  and the state after it. ``state(kb)`` reads block ``kb`` of ``blocks``
+  ``[V, block_k]`` float32 blocks of key columns of the carried state and
+  ``write(kb, x)`` replaces it: the kernel keeps the state in VMEM and
+  moves one block at a time through registers."""
   y = load("a", None).astype(_F32)
-  for kb, x in enumerate(state):
-    y = y + dot(load("m1", kb), x, NT, spec)                    # [C, V]
+  for kb in range(blocks):
+    y = y + dot(load("m1", kb), state(kb), NT, spec)            # [C, V]
   e_a = load("e_a", None) if spec.extra else None
-  new_state = []
-  for kb, x in enumerate(state):
-    x = x * load("decay", kb) + dot(y, load("m2", kb), TN, spec)  # [V, K]
+  for kb in range(blocks):
+    x = state(kb) * load("decay", kb) + dot(y, load("m2", kb), TN, spec)
     if spec.extra:
       x = x + dot(e_a, load("e_b", kb), TN, spec)
-    new_state.append(x)
-  return y, tuple(new_state)
+    write(kb, x)                                                # [V, K]
+  return y

@@ -69,12 +69,13 @@ def _kernel(*refs, names, spec, lay, last_step):
       r["state"][...] = jnp.zeros(r["state"].shape, _F32)
 
   r["states"][...] = r["state"][...]
-  y, state = chunk_step.step(
-      _loader(r, lay), tuple(r["state"][:, _key_block(lay, kb)]
-                             for kb in range(lay.k_blocks)), spec)
-  r["y"][...] = y                                               # [C, V]
-  for kb, block in enumerate(state):
-    r["state"][:, _key_block(lay, kb)] = block                  # [V, K]
+
+  def write(kb, x):
+    r["state"][:, _key_block(lay, kb)] = x
+
+  r["y"][...] = chunk_step.step(
+      _loader(r, lay), lambda kb: r["state"][:, _key_block(lay, kb)], write,
+      lay.k_blocks, spec)                                       # [C, V]
   if "final_state" in r:
     @pl.when(n == last_step)
     def _():
