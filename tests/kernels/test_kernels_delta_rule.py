@@ -49,8 +49,9 @@ OPS = {
 }
 
 # Two value blocks per head on each backend: V = 130 pads to 256 lanes on
-# TPU; V = 24 pads to 32 columns on GPU.
-TPU_TWO_BLOCKS = BlockSizes("tpu", block_v=128)
+# TPU (and K = 130 to two key blocks of the carried state); V = 24 pads to
+# 32 columns on GPU.
+TPU_TWO_BLOCKS = BlockSizes("tpu", block_v=128, block_k=128)
 GPU_BLOCKS = BlockSizes("gpu", block_v=16, num_warps=4, num_stages=1)
 
 
@@ -78,7 +79,7 @@ CASES = [
     KernelCase(_case("gated_delta_rule", 50, dim_v=24, heads=1,
                      use_qk_l2norm=True, chunk_size=24), "gpu",
                blocks=GPU_BLOCKS),
-    KernelCase(_case("kda", 45, strong=True, dim_v=130), "tpu",
+    KernelCase(_case("kda", 45, strong=True, dim_k=130, dim_v=130), "tpu",
                blocks=TPU_TWO_BLOCKS),
     KernelCase(_case("kda", 45, use_qk_l2norm=True), "gpu"),
     # Key-column blocks inside a GPU program: K = 32 in two blocks.
