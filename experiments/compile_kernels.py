@@ -54,7 +54,8 @@ flags.DEFINE_list("report", [], "JSON results to merge into the report.")
 flags.DEFINE_string("out", None, "Output: JSON results, or with --report "
                     "the markdown report.")
 flags.DEFINE_list("compare", [], "Two TPU JSON results (before, after): "
-                  "print a markdown table of each case's kernels in both.")
+                  "print a markdown table of each case's largest spill per "
+                  "pass in both.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -504,34 +505,45 @@ def report(paths, out):
   return failed + [{"missing": m} for m in missing]
 
 
-def compare(before_path, after_path, targets=("v5e", "v6e")):
-  """Markdown rows ``| target | case | dtype | before | after |`` of two TPU
-  results: per kernel ``name VMEM MiB / spill KiB / MXU``, and the largest
-  spill of each side."""
+# Which pass runs each TPU kernel (names without the family prefix): the
+# sweep's (before) and the chunk-parallel kernels' (after); the states
+# sweep runs in both.
+_PASSES = {"forward": {"forward", "tpu_states", "tpu_outputs"},
+           "backward": {"dq", "dkv", "states", "backward", "tpu_states",
+                        "tpu_state_grads", "tpu_grads"}}
+
+
+def compare(before_path, after_path):
+  """Markdown rows ``| case | dtype | target | forward | backward | ok |`` of
+  two TPU results: per pass, the largest vector-register spill of its
+  kernels before and after (KiB), and whether each pass's largest spill
+  after is at most a quarter of before's."""
   def load(path):
     with open(path) as f:
-      return {(r["target"], r["case"], r["dtype"]): r["kernels"]
-              for r in json.load(f)}
+      return {(r["case"], r["dtype"], r["target"]): r["kernels"]
+              for r in json.load(f) if r["ok"]}
 
-  def cell(kernels):
-    return "<br>".join(
-        f"{k['kernel'].replace('gated_linear_', '')} "
-        f"{_mib(k['vmem_bytes'])} / {_kb(k['spill_bytes'])} / {k['matmuls']}"
-        for k in kernels)
-
-  def worst(kernels):
-    return max(k["spill_bytes"] for k in kernels) / 1024
+  def largest(kernels, direction):
+    names = _PASSES[direction]
+    spills = [k["spill_bytes"] / 1024 for k in kernels
+              if k["kernel"].split("_", 2)[-1] in names]
+    return max(spills, default=0.0)
 
   before, after = load(before_path), load(after_path)
-  lines = ["| target | case | dtype | before: kernel VMEM / spill / MXU | "
-           "after: kernel VMEM / spill / MXU | largest spill before -> "
-           "after (KiB) |", "|---|---|---|---|---|---|"]
-  for key in sorted(after, key=lambda k: (k[1], k[2], k[0])):
-    if key[0] not in targets or key not in before:
+  lines = ["| case | dtype | target | forward: largest spill before -> after "
+           "(KiB) | backward: before -> after (KiB) | after <= before / 4 |",
+           "|---|---|---|---|---|---|"]
+  for key in sorted(after):
+    if key not in before:
       continue
-    lines.append(f"| {' | '.join(key)} | {cell(before[key])} | "
-                 f"{cell(after[key])} | {worst(before[key]):.0f} -> "
-                 f"{worst(after[key]):.0f} |")
+    cells, ok = [], True
+    for direction in ("forward", "backward"):
+      old, new = largest(before[key], direction), largest(after[key],
+                                                          direction)
+      ok = ok and new <= old / 4
+      cells.append(f"{old:.0f} -> {new:.0f}")
+    lines.append(f"| {' | '.join(key)} | {' | '.join(cells)} | "
+                 f"{'yes' if ok else 'no'} |")
   return "\n".join(lines)
 
 
