@@ -314,7 +314,8 @@ def test_auto_runs_xla_on_cpu(op, monkeypatch):
 @pytest.mark.parametrize("backend", ["tpu", "gpu"])
 def test_auto_on_an_accelerator_picks_by_platform(backend, monkeypatch):
   """With a TPU or GPU default backend, impl="auto" lowers to the kernel on
-  tpu and cuda and to the XLA form on cpu, gradients included."""
+  cuda, to the XLA form on tpu (``AUTO_ON_TPU``: not measured on a TPU) and
+  cpu, gradients included."""
   monkeypatch.setattr(dispatch, "_default_backend", lambda: backend)
   inputs = _export_inputs("gated_delta_rule")
   names = [name for name in GRAD_ARGS if name in inputs]
@@ -327,8 +328,8 @@ def test_auto_on_an_accelerator_picks_by_platform(backend, monkeypatch):
 
   grad = jax.grad(loss, argnums=tuple(range(len(names))))
   args = [inputs[name] for name in names]
-  for platform, calls in (("tpu", {CUSTOM_CALLS["tpu"]}),
-                          ("cuda", {CUSTOM_CALLS["cuda"]}), ("cpu", set())):
+  for platform, calls in (("tpu", set()), ("cuda", {CUSTOM_CALLS["cuda"]}),
+                          ("cpu", set())):
     assert custom_calls(exported_text(grad, platform, *args)) == calls
 
 

@@ -112,31 +112,43 @@ def test_pallas_exports_the_platform_kernel(name, platform):
 @pytest.mark.parametrize("backend", ["tpu", "gpu"])
 def test_auto_on_an_accelerator_picks_by_platform(backend, monkeypatch):
   """With a TPU or GPU default backend, impl="auto" lowers to the kernel on
-  tpu and on cuda (``dispatch.AUTO_ON_CUDA``: measured faster there) and to
-  the XLA form on cpu, gradients included."""
+  cuda (``dispatch.AUTO_ON_CUDA``: measured faster there) and to the XLA
+  form on tpu (``AUTO_ON_TPU``: not measured on a TPU) and cpu, gradients
+  included."""
   monkeypatch.setattr(dispatch, "_default_backend", lambda: backend)
   assert dispatch.AUTO_ON_CUDA["gated_linear"] == "pallas"
+  assert dispatch.AUTO_ON_TPU["gated_linear"] == "xla"
 
   def loss(q, k, v, g):
     o, state = ops.chunk_gla(q, k, v, g, impl="auto", output_final_state=True)
     return jnp.sum(o) + jnp.sum(state)
 
   grad = jax.grad(loss, argnums=(0, 1, 2, 3))
-  for platform, calls in (("tpu", {CUSTOM_CALLS["tpu"]}),
-                          ("cuda", {CUSTOM_CALLS["cuda"]}), ("cpu", set())):
+  for platform, calls in (("tpu", set()), ("cuda", {CUSTOM_CALLS["cuda"]}),
+                          ("cpu", set())):
     assert _custom_calls(exported_text(grad, platform, *_inputs())) == calls
+
+
+def test_tpu_kernels_are_not_the_default_unmeasured():
+  """No TPU has run the kernels: ``impl="auto"`` keeps the XLA forms there
+  for every family until a committed measurement backs a kernel."""
+  assert set(dispatch.AUTO_ON_TPU.values()) == {"xla"}
+  assert set(dispatch.AUTO_ON_TPU) == set(dispatch.AUTO_ON_CUDA)
 
 
 @pytest.mark.parametrize("family", ["gated_linear", "delta_rule",
                                     "forgetting_attn"])
-def test_auto_on_cuda_follows_the_family_table(family, monkeypatch):
-  """Flipping a family's entry flips what impl="auto" lowers to on cuda (the
-  branches return constants that the lowered module shows)."""
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_auto_follows_the_family_table(family, platform, monkeypatch):
+  """Flipping a family's entry flips what impl="auto" lowers to on that
+  platform (the branches return constants that the lowered module
+  shows)."""
   monkeypatch.setattr(dispatch, "_default_backend", lambda: "gpu")
+  table = {"tpu": dispatch.AUTO_ON_TPU, "cuda": dispatch.AUTO_ON_CUDA}
   for choice in ("pallas", "xla"):
-    monkeypatch.setitem(dispatch.AUTO_ON_CUDA, family, choice)
+    monkeypatch.setitem(table[platform], family, choice)
     text = exported_text(lambda x: x + dispatch.run(
         "auto", lambda: jnp.float32(17.0), lambda: jnp.float32(23.0),
-        family=family), "cuda", jnp.zeros((), jnp.float32))
+        family=family), platform, jnp.zeros((), jnp.float32))
     assert ("2.300000e+01" in text) == (choice == "pallas"), text
     assert ("1.700000e+01" in text) == (choice == "xla"), text

@@ -97,11 +97,14 @@ def test_auto_runs_xla_on_cpu(monkeypatch):
 
 
 def test_auto_on_an_accelerator(monkeypatch):
-  """With a TPU default backend, ``impl="auto"`` lowers to the Mosaic kernel
-  for tpu, to the XLA form for cuda (``AUTO_ON_CUDA``: no measurement on a
-  GPU yet) and cpu, and to the XLA form on heads wider than
-  ``AUTO_MAX_WIDTH``, where ``impl="pallas"`` still runs the kernel."""
+  """With a TPU default backend and the kernel enabled on TPU, ``impl=
+  "auto"`` lowers to the Mosaic kernel for tpu, to the XLA form for cuda
+  (``AUTO_ON_CUDA``: no measurement on a GPU yet) and cpu, and to the XLA
+  form on heads wider than ``AUTO_MAX_WIDTH``, where ``impl="pallas"``
+  still runs the kernel. (The committed ``AUTO_ON_TPU`` keeps the XLA form
+  too until a TPU measurement backs the kernel.)"""
   monkeypatch.setattr(dispatch, "_default_backend", lambda: "tpu")
+  monkeypatch.setitem(dispatch.AUTO_ON_TPU, "forgetting_attn", "pallas")
   assert dispatch.AUTO_ON_CUDA["forgetting_attn"] == "xla"
 
   def form(impl):

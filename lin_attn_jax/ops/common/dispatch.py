@@ -6,10 +6,12 @@
   and on any other platform the kernel in interpret mode (slow; for tests and
   debugging). ``jax.export`` for ``platforms=["tpu"]`` or ``["cuda"]`` from
   a CPU-only machine yields the kernel of that platform.
-- ``"auto"``: where the default backend is a TPU or GPU, the kernel on TPU,
-  on CUDA what ``AUTO_ON_CUDA`` says for the op's family, and the XLA form
-  on any other platform, again by lowering platform; where the default
-  backend is the CPU, the XLA form (without tracing the kernels).
+- ``"auto"``: where the default backend is a TPU or GPU, what
+  ``AUTO_ON_TPU`` and ``AUTO_ON_CUDA`` say for the op's family on those
+  platforms, and the XLA form on any other platform, again by lowering
+  platform; where the default backend is the CPU, the XLA form (without
+  tracing the kernels). A kernel is the default on a platform only where a
+  committed measurement on it shows the kernel faster than the XLA form.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ _default_backend = jax.default_backend
 # anywhere.
 AUTO_ON_CUDA = {"gated_linear": "pallas", "delta_rule": "pallas",
                 "forgetting_attn": "xla"}
+# What ``impl="auto"`` runs on TPU, per family, by the same rule: no TPU has
+# run the kernels yet (their compiler figures are in
+# benchmarks/RESULTS_compile.md; no timing), so the XLA chunk forms.
+AUTO_ON_TPU = {"gated_linear": "xla", "delta_rule": "xla",
+               "forgetting_attn": "xla"}
 
 
 def check_impl(impl) -> None:
@@ -48,7 +55,8 @@ def check_impl(impl) -> None:
 def run(impl: str, xla: Callable[[], _T], pallas: Callable[[], _T], *,
         family: str, auto_pallas: Callable[[], _T] | None = None) -> _T:
   """Calls ``xla()`` or ``pallas()`` (both without arguments) per ``impl``;
-  ``family`` (a key of ``AUTO_ON_CUDA``) names the kernels ``pallas`` runs.
+  ``family`` (a key of ``AUTO_ON_CUDA`` and ``AUTO_ON_TPU``) names the
+  kernels ``pallas`` runs.
   ``auto_pallas``: the kernels ``impl="auto"`` runs where it runs kernels,
   when they are not ``pallas`` (kernels measured faster than the XLA form,
   beside newer ones that ``impl="pallas"`` runs but no measurement backs
@@ -62,4 +70,5 @@ def run(impl: str, xla: Callable[[], _T], pallas: Callable[[], _T], *,
     return xla()
   kernels = pallas if auto_pallas is None else auto_pallas
   cuda = kernels if AUTO_ON_CUDA[family] == "pallas" else xla
-  return jax.lax.platform_dependent(tpu=kernels, cuda=cuda, default=xla)
+  tpu = kernels if AUTO_ON_TPU[family] == "pallas" else xla
+  return jax.lax.platform_dependent(tpu=tpu, cuda=cuda, default=xla)

@@ -26,7 +26,7 @@ per key channel in long chunks, over groups of chunks that fit in cache,
 recomputed in the backward pass (``common.chunking.map_chunk_groups``).
 Steps 4-5, the
 sequential sweep over chunks, run in XLA (``sweep_xla``) or, with
-``impl="pallas"`` (or ``"auto"`` on TPU/GPU), as the Pallas kernels of
+``impl="pallas"`` (or ``"auto"`` on GPU), as the Pallas kernels of
 ``pallas_kernels.delta_rule``, which walk the chunks with the state in
 VMEM (TPU) or registers (GPU) and never form the ``[K, K]`` transitions.
 
@@ -487,7 +487,7 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
       ``lin_attn_jax.ops.common.dispatch``). ``"pallas"`` with bfloat16
       inputs on CUDA runs the whole chunk form on the chunk-parallel
       kernels of ``pallas_kernels.delta_rule.chunk_delta_rule_gpu``;
-      otherwise (and for ``"auto"`` on TPU or GPU) steps 1-3 (the WY terms
+      otherwise (and for ``"auto"`` on GPU) steps 1-3 (the WY terms
       of every chunk) run in XLA, differentiated by JAX's autodiff, and
       steps 4-5, the sweep over chunks, and its backward pass as Pallas
       kernels (``pallas_kernels.delta_rule``; bfloat16 matmul operands when

@@ -68,8 +68,8 @@ def chunk_forgetting_attn(q, k, v, g, *, scale=None, window_size=None,
     impl: ``"auto"``, ``"xla"`` or ``"pallas"`` (see
       ``lin_attn_jax.ops.common.dispatch``): this blockwise form in XLA, or
       the Pallas kernels of ``pallas_kernels.forgetting_attn`` (interpret
-      mode on CPU). ``"auto"`` runs the kernels on TPU, on CUDA what
-      ``dispatch.AUTO_ON_CUDA["forgetting_attn"]`` says, when ``K`` and
+      mode on CPU). ``"auto"`` runs what ``dispatch.AUTO_ON_TPU`` and
+      ``AUTO_ON_CUDA`` say for ``"forgetting_attn"``, when ``K`` and
       ``V`` are at most ``AUTO_MAX_WIDTH``, and this form otherwise. Under a
       mesh set with ``jax.set_mesh`` the kernels run per shard of the batch
       and key/value heads (``lin_attn_jax.ops.common.kernel_sharding``).

@@ -189,8 +189,9 @@ def chunk_gated_linear(q, k, v, g=None, *, scale=None, initial_state=None,
       channel).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"`` (see
       ``lin_attn_jax.ops.common.dispatch``): the Pallas kernel (``"auto"``:
-      on TPU; on GPU this chunk form, whose forward+backward is the faster
-      there), or this chunk form in XLA. Under a mesh set with ``jax.set_mesh``
+      where a committed measurement on the platform backs it, on GPU; on
+      TPU this chunk form until a TPU has run the kernels), or this chunk
+      form in XLA. Under a mesh set with ``jax.set_mesh``
       the kernel runs per shard of the batch and heads
       (``lin_attn_jax.ops.common.kernel_sharding``).
     strictly_causal: ``o_t = S_{t-1}^T q_t``, the state before token t

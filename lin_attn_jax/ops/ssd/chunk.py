@@ -35,7 +35,7 @@ def chunk_ssd(x, dt, A, B, C, *, D=None, dt_bias=None, dt_softplus=False,
     output_final_state: also return the state after the last token.
     segment_ids: ``[B, T]`` int, the state resets where the id changes.
     chunk_size, sub_chunk_size, impl: as in ``chunk_gated_linear`` (speed
-      only; ``impl="auto"`` runs the Pallas kernel on TPU and GPU). The XLA
+      only; ``impl="auto"`` runs the Pallas kernel on GPU). The XLA
       form is ``block_decomposition.py``'s, which keeps ``B`` and ``C`` per
       group; the kernels and the context-parallel split are the GLA core's.
     causal: False for the non-causal form (``bidirectional.py``): the
