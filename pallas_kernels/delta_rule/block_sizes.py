@@ -40,9 +40,9 @@ class BlockSizes:
     """Defaults per backend.
 
     TPU: 128 value columns per program (one lane tile; a ``[128, K]``
-    float32 state in VMEM), products over 128 key columns at a time (one
-    ``[128, 128]`` block of the state in registers), all rows at once. GPU:
-    16 value
+    float32 state in VMEM), all key columns and rows at once (smaller key
+    blocks move less through registers but spill more in float32 at K >=
+    256 on every generation checked). GPU: 16 value
     columns per program and products over 32 key columns at a time at 4
     warps: a program's registers hold ``[C, 16]`` pseudo-values and one
     ``[C, 32]`` / ``[32, 16]`` block of each operand (the state itself stays
@@ -50,5 +50,5 @@ class BlockSizes:
     """
     common.check_backend(backend)
     if backend == "tpu":
-      return cls("tpu", block_v=128, block_k=128)
+      return cls("tpu", block_v=128)
     return cls("gpu", block_v=16, block_k=32, num_warps=4, num_stages=1)
