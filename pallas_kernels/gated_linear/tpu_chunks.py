@@ -325,6 +325,33 @@ def _dot(a, b, dims, spec: Spec):
   return dots.dot(a, b, dims, mode="bf16" if spec.bf16 else "f32")
 
 
+def _dot_into(r, out, lhs, rhs, dims, spec: Spec, lay: Layout, *,
+              add: bool = False, lhs_cols=slice(None)):
+  """``r[out] (+)= r[lhs][:, lhs_cols] . rhs()`` (``dims`` NN or NT, ``out``
+  a ``[C, *]`` float32 scratch). bfloat16 operands: one product. float32:
+  by strips of ``lay.strip`` rows of ``lhs``, since a ``[128, 128]``
+  float32 product at the highest precision spills vector registers on v6e
+  and tpu7x and a ``[32, 128]`` one does not."""
+  if spec.bf16:
+    value = _dot(r[lhs][:, lhs_cols], rhs(), dims, spec)
+    if add:
+      r[out][...] += value
+    else:
+      r[out][...] = value
+    return
+
+  def strip(t, carry):
+    rows = _cols(t, lay.strip)
+    value = _dot(r[lhs][rows, lhs_cols], rhs(), dims, spec)
+    if add:
+      r[out][rows, :] += value
+    else:
+      r[out][rows, :] = value
+    return carry
+
+  _loop(spec.chunk // lay.strip, strip, 0)
+
+
 def _operand_dtype(spec: Spec):
   return jnp.bfloat16 if spec.bf16 else _F32
 
@@ -503,7 +530,8 @@ def _score_products(r, spec: Spec, lay: Layout, *, grads: bool):
 
     def part(j, carry, out=out, x=x, y=y):
       cols = _cols(j, lay.step)
-      r[out][...] += _dot(r[x][:, cols], r[y][:, cols], NT, spec)
+      _dot_into(r, out, x, lambda: r[y][:, cols], NT, spec, lay, add=True,
+                lhs_cols=cols)
       return carry
 
     _loop(width // lay.step, part, 0)
@@ -545,12 +573,12 @@ def _outputs_kernel(r, *, spec: Spec, lay: Layout):
 
   def value_step(j, carry):
     cols = _cols(j, lay.step)
-    r["o_acc"][...] = _dot(r["a"][...], r["v"][:, cols], NN, spec)
+    _dot_into(r, "o_acc", "a", lambda: r["v"][:, cols], NN, spec, lay)
 
     def read(jk, carry):
       kcols = _cols(jk, lay.step)
-      r["o_acc"][...] += _dot(r["q_read"][:, kcols],
-                              r["states"][cols, kcols], NT, spec)
+      _dot_into(r, "o_acc", "q_read", lambda: r["states"][cols, kcols], NT,
+                spec, lay, add=True, lhs_cols=kcols)
       return carry
 
     _loop(n_k, read, 0)
@@ -747,24 +775,13 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
   _loop(c // lay.strip, write_strip, 0)
   _dv_steps(r, spec, lay)
 
-  def key_block(j, carry):
+  def key_block(j, carried_total):
     # The products of the key block to float32 scratch, then the
     # elementwise work by strips of rows.
     cols = _cols(j, lay.step)
-    r["dq_pairs"][...] = _dot(r["da"][...], r["k"][:, cols], NN, spec)
+    _dot_into(r, "dq_pairs", "da", lambda: r["k"][:, cols], NN, spec, lay)
     r["dk_pairs"][...] = _dot(r["da"][...], r["q"][:, cols], TN, spec)
-    r["dq_read"][...] = jnp.zeros(r["dq_read"].shape, _F32)
-    r["dk_write"][...] = jnp.zeros(r["dk_write"].shape, _F32)
-
-    def value_step(jv, carry):
-      vcols = _cols(jv, lay.step)
-      r["dq_read"][...] += _dot(r["do"][:, vcols],
-                                r["states"][vcols, cols], NN, spec)
-      r["dk_write"][...] += _dot(r["v"][:, vcols],
-                                 r["d_states"][vcols, cols], NN, spec)
-      return carry
-
-    _loop(n_v, value_step, 0)
+    carried = _state_products(r, spec, lay, cols)               # [1, BK]
 
     def strip(i, carry):
       rows = _cols(i, lay.strip)
@@ -785,20 +802,11 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
       return carry
 
     _loop(c // lay.strip, strip, 0)
-    return carry
+    return carried_total + jnp.sum(carried, axis=1, keepdims=True)
 
-  _loop(n_k, key_block, 0)
+  carried = _loop(n_k, key_block, jnp.zeros((1, 1), _F32))
   if not gated:
     return
-
-  def carried_tile(j, acc):
-    # sum(h * dh) over one [step, step] tile of the [V, K] states.
-    rows, cols = _cols(j // n_k, lay.step), _cols(j % n_k, lay.step)
-    h = r["states"][rows, cols].astype(_F32)
-    dh = r["d_states"][rows, cols].astype(_F32)
-    return acc + jnp.sum(h * dh, keepdims=True)
-
-  carried = _loop(n_v * n_k, carried_tile, jnp.zeros((1, 1), _F32))
   carry = _chunk_weights(r, spec, rows=pl.ds(c - 1, 1)).carry
   r["gate_rows"][c - 1:c, :] += carry * carried
 
@@ -830,7 +838,8 @@ def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
 
   def score_part(j, carry):
     cols = _cols(j, lay.step)
-    r["da"][...] += _dot(r["do"][:, cols], r["v"][:, cols], NT, spec)
+    _dot_into(r, "da", "do", lambda: r["v"][:, cols], NT, spec, lay,
+              add=True, lhs_cols=cols)
     return carry
 
   _loop(n_v, score_part, 0)
@@ -899,18 +908,7 @@ def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
 
   def key_step(j, carry):
     cols = _cols(j, lay.step)
-    r["dq_read"][...] = jnp.zeros(r["dq_read"].shape, _F32)
-    r["dk_write"][...] = jnp.zeros(r["dk_write"].shape, _F32)
-
-    def value_step(jv, carried):
-      vcols = _cols(jv, lay.step)
-      h, dh = r["states"][vcols, cols], r["d_states"][vcols, cols]
-      r["dq_read"][...] += _dot(r["do"][:, vcols], h, NN, spec)
-      r["dk_write"][...] += _dot(r["v"][:, vcols], dh, NN, spec)
-      return carried + jnp.sum(h.astype(_F32) * dh.astype(_F32), axis=0,
-                               keepdims=True)
-
-    carried = _loop(n_v, value_step, jnp.zeros((1, lay.step), _F32))
+    carried = _state_products(r, spec, lay, cols)
 
     def strip(t, carry):
       rows = _cols(t, lay.strip)
@@ -937,15 +935,37 @@ def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
   _loop(n_k, key_step, 0)
 
 
+def _state_products(r, spec: Spec, lay: Layout, cols):
+  """For the key columns ``cols``: ``do h^T`` and ``v dh^T`` (``[C, 128]``,
+  summed over value steps) to the scratch ``dq_read`` and ``dk_write``;
+  returns ``sum_v h * dh``, ``[1, 128]`` (the carried state's term of the
+  log-decays' gradient)."""
+  r["dq_read"][...] = jnp.zeros(r["dq_read"].shape, _F32)
+  r["dk_write"][...] = jnp.zeros(r["dk_write"].shape, _F32)
+
+  def value_step(jv, carried):
+    vcols = _cols(jv, lay.step)
+    _dot_into(r, "dq_read", "do", lambda: r["states"][vcols, cols], NN,
+              spec, lay, add=True, lhs_cols=vcols)
+    _dot_into(r, "dk_write", "v", lambda: r["d_states"][vcols, cols], NN,
+              spec, lay, add=True, lhs_cols=vcols)
+    h = r["states"][vcols, cols].astype(_F32)
+    dh = r["d_states"][vcols, cols].astype(_F32)
+    return carried + jnp.sum(h * dh, axis=0, keepdims=True)
+
+  return _loop(lay.v_pad // lay.step, value_step,
+               jnp.zeros((1, lay.step), _F32))
+
+
 def _dv_steps(r, spec: Spec, lay: Layout):
   """``dv = a^T do + k_write dh`` per block of value columns, from the
   scratch ``a`` (the scaled scores) and ``k_write``."""
   def dv_block(j, carry):
     cols = _cols(j, lay.step)
-    dv = (_dot(r["a"][...], r["do"][:, cols], TN, spec)
-          + _dot(r["k_write"][...], r["d_states"][cols, :], NT,
-                 spec))                                         # [C, BV]
-    r["dv"][:, cols] = dv.astype(r["dv"].dtype)
+    r["o_acc"][...] = _dot(r["a"][...], r["do"][:, cols], TN, spec)
+    _dot_into(r, "o_acc", "k_write", lambda: r["d_states"][cols, :], NT,
+              spec, lay, add=True)
+    r["dv"][:, cols] = r["o_acc"][...].astype(r["dv"].dtype)   # [C, BV]
     return carry
 
   _loop(lay.v_pad // lay.step, dv_block, 0)
@@ -976,14 +996,14 @@ def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool):
   operands = _operand_dtype(spec)
   scratch = [("a", (c, c), operands),
              ("k_write", (c, lay.k_pad), operands)]
+  scratch += [(name, (c, lay.step), _F32)
+              for name in ("dq_read", "dk_write", "o_acc")]
   kernel = _grads_kernel
   if spec.gate == "channel":
     kernel = _channel_grads_kernel
     for name in ("gate_rows", "gate_writes"):
       out[name] = (jax.ShapeDtypeStruct((b, hh, t, lay.k_pad), _F32),
                    specs["k"])
-    scratch += [(name, (c, lay.step), _F32)
-                for name in ("dq_read", "dk_write")]
     scratch += [("da", (c, c), _F32), ("da_diag", (c, 1), _F32),
                 ("dq_pairs", (c, lay.k_pad), _F32),
                 ("dk_pairs", (c, lay.k_pad), _F32),
@@ -992,8 +1012,8 @@ def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool):
   else:
     scratch += [("da", (c, c), operands), ("s", (c, c), _F32),
                 ("ds", (c, c), _F32)]
-    scratch += [(name, (c, lay.step), _F32) for name in
-                ("dq_pairs", "dk_pairs", "dq_read", "dk_write")]
+    scratch += [(name, (c, lay.step), _F32)
+                for name in ("dq_pairs", "dk_pairs")]
   if spec.gate == "scalar":
     for name in ("gate_rows", "gate_writes"):
       out[name] = (jax.ShapeDtypeStruct((b, hh, t, 1), _F32),
