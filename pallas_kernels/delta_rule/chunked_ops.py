@@ -53,10 +53,11 @@ class _Config:
 # rows, the sweeps' shared memory overflows). float32: 16 tokens. A decay
 # per key channel (KDA): chunks of at most 32 tokens and 16 columns (at 64
 # tokens the delta rule's own sweep-gradient and WY-gradient kernels spill
-# on sm_80 and sm_90 at K = V = 128). 8 warps: the settings that compile without a register spill at
-# the checked shapes (``make compile-check``). In float32 the sweeps'
-# ``[K, BV]`` state spills past 128 key rows, so the op runs float32 inputs
-# on the sweep kernels of ``ops.py`` instead (``lin_attn_jax.ops.delta_rule``).
+# on sm_80 and sm_90 at K = V = 128). 8 warps: the settings that compile
+# without a register spill at the checked shapes (``make compile-check``).
+# In float32 the sweeps' ``[K, BV]`` state spills past 128 key rows, so the
+# op runs float32 inputs on the sweep kernels of ``ops.py`` instead
+# (``lin_attn_jax.ops.delta_rule``).
 WIDE_CHUNK = 64           # bfloat16, K and V <= WIDE_CHUNK_WIDTH
 WIDE_CHUNK_WIDTH = 128
 WIDE_CHUNK_BLOCK = 16
