@@ -417,7 +417,7 @@ def _channel_scores(r, spec: cm.Spec, lay: Layout):
 class ChannelPairGrads:
   """The pairs' parts of the gradients of scores with a decay per key
   channel, from their gradient ``da`` (``[C, C]`` float32, zero across
-  documents; only its pairs ``j < i`` are read, the diagonal is the
+  documents; only its pairs ``j < i`` count, the diagonal is the
   caller's):
 
       dq_i = sum_j da_ij exp(P_i - P_j) k_j,
