@@ -51,15 +51,18 @@ class _Config:
 # key or value columns per step. Wider bfloat16 heads: 32 tokens and 32
 # columns (at 64 tokens the WY gradient kernel spills and, past 256 key
 # rows, the sweeps' shared memory overflows). float32: 16 tokens. A decay
-# per key channel keeps ``BlockSizes.gpu_settings``' 32-token chunks and 16
-# columns. 8 warps: the settings that compile without a register spill at
-# the checked shapes (``make compile-check``). In float32 the sweeps'
-# ``[K, BV]`` state spills past 128 key rows, so the op runs float32 inputs
-# on the sweep kernels of ``ops.py`` instead (``lin_attn_jax.ops.delta_rule``).
+# per key channel (KDA): chunks of at most 32 tokens and 16 columns (at 64
+# tokens the delta rule's own sweep-gradient and WY-gradient kernels spill
+# on sm_80 and sm_90 at K = V = 128). 8 warps: the settings that compile
+# without a register spill at the checked shapes (``make compile-check``).
+# In float32 the sweeps' ``[K, BV]`` state spills past 128 key rows, so the
+# op runs float32 inputs on the sweep kernels of ``ops.py`` instead
+# (``lin_attn_jax.ops.delta_rule``).
 WIDE_CHUNK = 64           # bfloat16, K and V <= WIDE_CHUNK_WIDTH
 WIDE_CHUNK_WIDTH = 128
 WIDE_CHUNK_BLOCK = 16
 MAX_CHUNK = {True: 32, False: 16}
+CHANNEL_MAX_CHUNK = 32
 MAX_CHUNK_BLOCK = 32
 NUM_WARPS = 8
 
@@ -71,6 +74,8 @@ def _setup(cfg: _Config, q, k, v, g, doc):
                           WIDE_CHUNK_WIDTH)
   max_chunk, block = ((WIDE_CHUNK, WIDE_CHUNK_BLOCK) if wide
                       else (MAX_CHUNK[bf16], MAX_CHUNK_BLOCK))
+  if cfg.blocks.per_channel:
+    max_chunk = min(max_chunk, CHANNEL_MAX_CHUNK)
   blocks = dataclasses.replace(
       cfg.blocks, chunk=min(cfg.blocks.chunk, max_chunk),
       num_warps=cfg.blocks.num_warps or NUM_WARPS,

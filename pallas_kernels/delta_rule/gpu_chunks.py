@@ -153,15 +153,16 @@ def wy(arrays, spec: cm.Spec, lay: gl.Layout, *, interpret: bool):
 
 def _wy_cost(spec: cm.Spec, lay: gl.Layout, inputs, *, backward: bool):
   """The WY kernels' estimate, matmuls counted from their bodies per chunk:
-  the keys' scores ``S`` (``L`` halving levels with a per-channel decay,
-  three times backward: scores, rows, columns), the inverse's two ``[C, C,
-  C]`` products per level (and two more for ``dA``) in 3xTF32, and ``T``
-  times the ``[C, K + V]`` right-hand sides (four such products
+  the keys' scores ``S`` (``2 C^2 K`` whatever the gate: with a
+  per-channel decay, by row blocks, ``gated_linear.gpu._flops``; three
+  times backward: scores, rows, columns), the inverse's two ``[C, C, C]``
+  products per halving level (and two more for ``dA``) in 3xTF32, and
+  ``T`` times the ``[C, K + V]`` right-hand sides (four such products
   backward)."""
   c, kk, vv = lay.chunk, lay.k_pad, lay.v_pad
   levels = c.bit_length() - 1
   passes = 3 if spec.mode == "tf32x3" else 1
-  scores = 2 * c * c * kk * (levels if spec.gate == "channel" else 1)
+  scores = 2 * c * c * kk
   inverse_products = 2 * (levels + (1 if backward else 0))
   flops = ((scores * (3 if backward else 1)
             + 2 * c * c * (kk + vv) * (2 if backward else 1)) * passes
@@ -340,7 +341,7 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
       terms = da_k * a_k                                        # j < i only
       pair_terms = jnp.sum(terms, axis=1) - jnp.sum(terms, axis=0)
   else:
-    da_op = cm.operand(da_k, spec)
+    pair_grads = gl.ChannelPairGrads(da_k, spec)
 
   def key_block(j, totals):
     cols = gl.column_block(j, width)
@@ -348,16 +349,7 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
     kf = k.astype(_F32)
     p = gl.gate_at(r, (every, cols))
     if spec.gate == "channel":
-      blk = gl.KeyBlock(keys, cols)
-      rows_k = cols_k = jnp.zeros((c, width), _F32)
-      for s in cm.level_sizes(c):
-        x, y, decay, right = blk.level(spec, s)
-        ds = jnp.where(cm.level_mask(spec, s, d), da_op, 0.0).astype(
-            da_op.dtype)
-        rows_k = rows_k + jnp.where(
-            right, decay * cm.dot(ds, y, cm.NN, spec), 0.0)
-        cols_k = cols_k + jnp.where(
-            right, 0.0, decay * cm.dot(ds, x, cm.TN, spec))
+      rows_k, cols_k = pair_grads(keys, cols)
     else:
       rows_k = cm.dot(da_op, k, cm.NN, spec)
       cols_k = cm.dot(da_op, k, cm.TN, spec)

@@ -96,8 +96,9 @@ class BlockSizes:
         if getattr(self, name) is not None:
           raise ValueError(f"{name} is a TPU setting; leave it None on GPU")
       if self.sub_chunk is not None:
-        raise ValueError("sub_chunk is a TPU setting (the GPU kernels split "
-                         "a chunk's pairs by halving); leave it None on GPU")
+        raise ValueError("sub_chunk is a TPU setting (the GPU kernels' row "
+                         "blocks are chunk_math.ROWS tokens); leave it None "
+                         "on GPU")
       common.check_rows("chunk", self.chunk, self.backend)
       common.check_width("output_block_v", self.output_block_v, self.backend)
       common.check_width("chunk_block", self.chunk_block, self.backend)
@@ -126,15 +127,17 @@ class BlockSizes:
     compile-check``): bfloat16 with a scalar decay (or none), 64-token
     chunks, 64 columns per step and 4 warps (8 warps are slower; see
     docs/performance.md), or 32 columns and 8 warps when
-    K or V is wider than 128; a decay per key channel, whose halving levels
-    hold many ``[C, C]`` masks and ``[C, BK]`` terms at once, chunks of 32
-    tokens (16 for float32), 16 columns and 8 warps, with one pipelining
-    stage in bfloat16; float32 inputs (3xTF32 operands) otherwise, chunks
+    K or V is wider than 128; a decay per key channel (row blocks of 16
+    tokens, ``gpu.ChannelPairGrads``), 64-token chunks in bfloat16 (a Hopper
+    ``wgmma``'s 64 rows in the ``[C, C] x [C, BV]`` and ``[C, BV] x [BV,
+    BK]`` products) with one pipelining stage, 32 in float32 (its
+    gradients kernel and reverse sweep spill at 64 on sm_80), 16 columns
+    and 8 warps; float32 inputs (3xTF32 operands) otherwise, chunks
     of 32, 16 columns and 8 warps. Otherwise 2 pipelining stages.
     """
     stages = 2
     if self.per_channel:
-      cap, block, warps = (32, 16, 8) if bf16 else (16, 16, 8)
+      cap, block, warps = (64, 16, 8) if bf16 else (32, 16, 8)
       stages = 1 if bf16 else 2
     elif bf16 and max(k_pad, v_pad) <= 128:
       cap, block, warps = 64, 64, 4

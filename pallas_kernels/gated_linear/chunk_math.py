@@ -27,13 +27,17 @@ Numerics:
   ``exp`` and nothing overflows.
 - A scalar decay per head (or none) gives the pair weights as one ``[C, C]``
   matrix. A decay per key channel gives ``[C, C, K]`` weights, which are
-  never formed: the pairs are split by halving (``channel_levels``). At
-  level ``s`` the pairs whose ``i`` is in the right half and ``j`` in the
-  left half of one block of ``2 s`` tokens factor through the block's middle
-  ``M``: ``exp(P_i - P_j) = exp(P_i - P_M) exp(P_M - P_j)``, two decays
-  ``<= 1`` that scale ``q_i`` and ``k_j``, so each level is one matmul. The
-  levels ``s = C/2, ..., 1`` cover every pair ``j < i`` once; the diagonal
-  has weight 1.
+  never formed (secondary chunking, as flash-linear-attention's
+  ``chunk_gla``): the queries are taken by row blocks of ``S = ROWS``
+  tokens. For block ``b`` the pairs ``(i, j)`` with ``j`` before the block
+  factor through its reference token ``R = b S - 1``: ``exp(P_i - P_j) =
+  exp(P_i - P_R) exp(P_R - P_j)``, two decays ``<= 1`` (``row_factors``;
+  the keys' one masked to ``j <= R`` before ``exp``) scaling the block's
+  queries ``[S, K]`` and every key ``[C, K]``, so they are one ``[S, K] x
+  [K, C]`` matmul per block. The pairs inside the block (``j < i``) are
+  summed channel by channel with their own decays ``exp(P_i - P_j)``
+  (``inside_decay``), one key per step; the diagonal has weight 1. The
+  blocks' products add up to one ``[C, C] x K`` product's flops.
 - Matmuls take bfloat16 operands for bfloat16 inputs and float32 ones
   otherwise (``common/dots.py``), accumulating in float32; states are
   float32 in the sweeps.
@@ -176,39 +180,72 @@ def pair_weights(p: Gate | None, d: Docs):
 
 
 def level_sizes(c: int):
-  """The halving levels ``s = C/2, ..., 1`` of a chunk of ``C`` tokens."""
+  """The halving levels ``s = C/2, ..., 1`` of a chunk of ``C`` tokens (the
+  delta rule's recursive block inverse walks them)."""
   return [c >> n for n in range(1, c.bit_length())]
 
 
-def level_mask(spec: Spec, s: int, d: Docs):
-  """``[C, C]`` bool: the pairs of level ``s``, ``i`` in the right and ``j``
-  in the left half of one block of ``2 s`` tokens: ``j < i`` whose highest
-  differing bit is ``s`` (``s <= i ^ j < 2 s``)."""
-  c = spec.chunk
-  rows, cols = iota((c, c), 0), iota((c, c), 1)
-  xor = jax.lax.bitwise_xor(rows, cols)
-  return (xor >= s) & (xor < 2 * s) & (rows > cols) & d.pair
+# S: tokens per row block of the scores with a decay per key channel.
+ROWS = 16
 
 
-def level_decays(spec: Spec, s: int, p: Gate, middle_rows):
-  """``(decay [C, K], right [C, 1])`` of level ``s``: ``exp(P_i - P_M)`` on
-  the right half of every block of ``2 s`` tokens and ``exp(P_M - P_j)`` on
-  its left half, ``M`` the block's middle (its last left token), both
-  ``<= 1``. ``middle_rows(rows)``: the gate rows ``Gate([C, K], [C, K])``
-  at the token indices ``rows [C]`` (a gather from the kernel's refs)."""
-  i = iota((spec.chunk,), 0)
-  offset = i % (2 * s)
-  right = (offset >= s)[:, None]
-  diff = gate_diff(p, middle_rows(i - offset + (s - 1)))        # P_i - P_M
-  return jnp.exp(jnp.where(right, diff, -diff)), right
+def row_blocks(spec: Spec) -> int:
+  """Row blocks of ``ROWS`` tokens in a chunk."""
+  return max(spec.chunk // ROWS, 1)
 
 
-def level_operands(spec: Spec, q, k, decay, right):
-  """``(q_i exp(P_i - P_M))`` on right rows and ``(k_j exp(P_M - P_j))`` on
-  left rows (zero elsewhere), as matmul operands; q, k float32."""
-  x = operand(jnp.where(right, q * decay, 0.0), spec)
-  y = operand(jnp.where(right, 0.0, k * decay), spec)
-  return x, y
+def row_factors(p_block: Gate, p_ref: Gate, p: Gate, ref: int):
+  """``(f [S, K], e [C, K])`` of a row block whose reference token is
+  ``ref`` (the token before the block): ``f = exp(P_i - P_R)`` for the
+  block's rows ``p_block``, ``e = exp(P_R - P_j)`` for every key ``j <=
+  R`` (zero after it: masked before ``exp``); ``p_ref`` ``[1, K]``, ``p``
+  ``[C, K]``. Both are ``<= 1``."""
+  f = jnp.exp(gate_diff(p_block, p_ref))
+  before = iota((p.hi.shape[0], 1), 0) <= ref
+  e = jnp.exp(jnp.where(before, gate_diff(p_ref, p), -jnp.inf))
+  return f, e
+
+
+def inside_decay(p_block: Gate, p_key: Gate, key, strict: bool):
+  """``exp(P_i - P_j)`` ``[S, K]`` from key ``j`` (the block's row ``key``,
+  ``p_key`` ``[1, K]``) to the block's queries ``i > j`` (``i >= j`` when
+  not ``strict``: the diagonal, weight 1), zero on the others."""
+  rows = iota((p_block.hi.shape[0], 1), 0)
+  after = rows > key if strict else rows >= key
+  return jnp.exp(jnp.where(after, gate_diff(p_block, p_key), -jnp.inf))
+
+
+def split_blocks(x, n: int, axis: int = 0):
+  """``x`` as ``n`` equal blocks along ``axis`` (``[n S, F]`` -> ``n`` row
+  blocks ``[S, F]``): an equal split, as Triton splits values."""
+  return [x] if n == 1 else list(jnp.split(x, n, axis=axis))
+
+
+def stack_rows(parts):
+  """Row blocks ``[S, F]`` (in order) as one ``[n S, F]`` value: a select
+  per block on ``[n, S, F]`` and a reshape (Triton concatenates no
+  values)."""
+  n = len(parts)
+  if n == 1:
+    return parts[0]
+  s, f = parts[0].shape
+  which = iota((n, s, f), 0)
+  out = jnp.zeros((n, s, f), parts[0].dtype)
+  for b, x in enumerate(parts):
+    out = jnp.where(which == b, x[None], out)
+  return out.reshape(n * s, f)
+
+
+def band_to_square(band):
+  """``band [C, S]`` (row ``i``: the pairs with the keys of its own row
+  block) as the block-diagonal ``[C, C]``."""
+  c, s = band.shape
+  n = c // s
+  if n == 1:
+    return band
+  shape = (c, n, s)
+  own = iota(shape, 1) == jax.lax.div(iota(shape, 0), s)
+  return jnp.where(own, band[:, None, :], 0.0).reshape(c, c)
 
 
 def diagonal(c: int):

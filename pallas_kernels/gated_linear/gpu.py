@@ -340,60 +340,177 @@ def column_block(j, width: int):
   return pl.ds(pl.multiple_of(j * width, width), width)
 
 
-class KeyBlock:
-  """One block of key columns of a chunk, loaded from the refs: ``q``,
-  ``k`` (``[C, BK]``, the inputs' dtype), the gate ``p`` and its rows at
-  any tokens (``middle_rows``, a gather)."""
+def _gate_rows(r, rows, cols) -> cm.Gate:
+  return cm.Gate(r["p_hi"][rows, cols], r["p_lo"][rows, cols])
 
-  def __init__(self, r, cols):
-    self.q = r["q"][:, cols]
-    self.k = r["k"][:, cols]
-    self.p = gate_at(r, (slice(None), cols))
-    self.cols = cols
-    self._r = r
 
-  def middle_rows(self, rows):
-    return cm.Gate(self._r["p_hi"][rows, self.cols],
-                   self._r["p_lo"][rows, self.cols])
+class RowBlock:
+  """Row block ``b`` (``S = chunk_math.ROWS`` tokens) of a chunk with a
+  decay per key channel, at the key columns ``cols``: its queries ``q``
+  and gates ``p`` (``[S, BK]``, float32), loaded from the refs ``r["q"]``
+  and the gates (the delta rule passes its keys as ``q``)."""
 
-  def level(self, spec, s):
-    """``(x, y, decay, right)`` of halving level ``s`` (``chunk_math``)."""
-    decay, right = cm.level_decays(spec, s, self.p, self.middle_rows)
-    x, y = cm.level_operands(spec, self.q.astype(_F32),
-                             self.k.astype(_F32), decay, right)
-    return x, y, decay, right
+  def __init__(self, r, b: int, cols):
+    s = cm.ROWS
+    self.b, self.cols, self._r = b, cols, r
+    self.ref = b * s - 1                        # R, the token before it
+    rows = pl.ds(b * s, s)
+    self.q = r["q"][rows, cols].astype(_F32)
+    self.p = _gate_rows(r, rows, cols)
+
+  def ref_gate(self) -> cm.Gate:
+    """``P_R`` ``[1, BK]`` (blocks past the first)."""
+    return _gate_rows(self._r, pl.ds(self.ref, 1), self.cols)
+
+  def before(self, spec: cm.Spec):
+    """``(q f [S, BK], k e [C, BK])`` as matmul operands: the factors of
+    the pairs with the keys before the block (``chunk_math.row_factors``),
+    whose product ``(q f) (k e)^T`` is the block's ``[S, C]`` scores over
+    those keys."""
+    p = gate_at(self._r, (slice(None), self.cols))
+    f, e = cm.row_factors(self.p, self.ref_gate(), p, self.ref)
+    k = self._r["k"][:, self.cols].astype(_F32)
+    return cm.operand(self.q * f, spec), cm.operand(k * e, spec)
+
+  def key(self, j, strict: bool):
+    """Key ``j`` of the block (``[1, BK]`` float32, loaded) and its decays
+    to the block's queries (``chunk_math.inside_decay``, ``[S, BK]``)."""
+    row = pl.ds(self.b * cm.ROWS + j, 1)
+    k_j = self._r["k"][row, self.cols].astype(_F32)
+    return k_j, cm.inside_decay(self.p, _gate_rows(self._r, row, self.cols),
+                                j, strict)
+
+
+def _channel_scores(r, spec: cm.Spec, lay: Layout):
+  """The ``[C, C]`` scores of a chunk with a decay per key channel, ``j <=
+  i`` (no document mask, no query scale), by row blocks, each summed over
+  key steps: the pairs with the keys before the block as one ``[S, BK] x
+  [BK, C]`` matmul per key step, those inside it (the diagonal included)
+  key by key; then the blocks stacked into one value."""
+  c, s, width = spec.chunk, cm.ROWS, lay.inner_k
+  n_k = lay.k_pad // width
+  lane = cm.iota((s, s), 1)
+  before_parts, inside_parts = [], []
+  for b in range(cm.row_blocks(spec)):
+    def key_step(j, acc, b=b):
+      before, inside = acc
+      blk = RowBlock(r, b, column_block(j, width))
+      if b > 0:
+        qf, ke = blk.before(spec)
+        before = before + cm.dot(qf, ke, cm.NT, spec)          # [S, C]
+
+      def key_in_block(jj, inside):
+        k_j, decay = blk.key(jj, strict=False)
+        part = jnp.sum(blk.q * k_j * decay, axis=1, keepdims=True)
+        return inside + jnp.where(lane == jj, part, 0.0)
+
+      return before, loop(s, key_in_block, inside)
+
+    before, inside = loop(n_k, key_step, (jnp.zeros((s, c), _F32),
+                                          jnp.zeros((s, s), _F32)))
+    before_parts.append(before)
+    inside_parts.append(inside)
+  return (cm.stack_rows(before_parts)
+          + cm.band_to_square(cm.stack_rows(inside_parts)))
+
+
+class ChannelPairGrads:
+  """The pairs' parts of the gradients of scores with a decay per key
+  channel, from their gradient ``da`` (``[C, C]`` float32, zero across
+  documents; only its pairs ``j < i`` count, the diagonal is the
+  caller's):
+
+      dq_i = sum_j da_ij exp(P_i - P_j) k_j,
+      dk_j = sum_i da_ij exp(P_i - P_j) q_i.
+
+  Through each reference token ``R = b S - 1`` (``b >= 1``) pass the pairs
+  of the queries of row block ``b`` with every earlier key (for ``dk``)
+  and those of the keys of block ``b - 1`` with every later query (for
+  ``dq``); together they are every pair across blocks, once each:
+
+      dk += e * (da[block b, :]^T (q_b f_b)),     e = exp(P_R - P_j), j <= R
+      dq += g * (da[:, block b-1] (k_{b-1} e_{b-1})), g = exp(P_i - P_R), i > R
+
+  (``f_b``, ``e_{b-1}``: the block rows of ``g`` and ``e``), one ``[C, S]
+  x [S, BK]`` matmul each per block and key step, with the chunk's ``C``
+  rows (a Hopper ``wgmma``'s 64 at 64-token chunks). The pairs inside each
+  block follow key by key, in float32. ``da`` is split into row and
+  column blocks once, outside the key steps."""
+
+  def __init__(self, da, spec: cm.Spec):
+    n = cm.row_blocks(spec)
+    self.spec = spec
+    da_op = cm.operand(da, spec)
+    self.rows = cm.split_blocks(da_op, n)                       # [S, C]
+    self.cols = cm.split_blocks(da_op, n, axis=1)               # [C, S]
+    self.inside = [cm.split_blocks(x, n, axis=1)[b]             # [S, S]
+                   for b, x in enumerate(cm.split_blocks(da, n))]
+
+  def _across(self, r, blocks, cols):
+    """The pairs across row blocks: ``(dq, dk)`` ``[C, BK]`` or None
+    (one block)."""
+    spec, c = self.spec, self.spec.chunk
+    if len(blocks) == 1:
+      return None, None
+    p = gate_at(r, (slice(None), cols))
+    token = cm.iota((c, 1), 0)
+    dq = dk = jnp.zeros((c, blocks[0].q.shape[1]), _F32)
+    for b in range(1, len(blocks)):
+      blk, prev = blocks[b], blocks[b - 1]
+      p_r = blk.ref_gate()
+      g = jnp.exp(jnp.where(token > blk.ref, cm.gate_diff(p, p_r), -jnp.inf))
+      e = jnp.exp(jnp.where(token <= blk.ref, cm.gate_diff(p_r, p),
+                            -jnp.inf))
+      qf = cm.operand(blk.q * jnp.exp(cm.gate_diff(blk.p, p_r)), spec)
+      k_prev = r["k"][pl.ds((b - 1) * cm.ROWS, cm.ROWS), cols].astype(_F32)
+      ke = cm.operand(k_prev * jnp.exp(cm.gate_diff(p_r, prev.p)), spec)
+      dq = dq + g * cm.dot(self.cols[b - 1], ke, cm.NN, spec)
+      dk = dk + e * cm.dot(self.rows[b], qf, cm.TN, spec)
+    return dq, dk
+
+  def __call__(self, r, cols):
+    """``(dq, dk)``: ``[C, BK]`` float32 each, at the key columns
+    ``cols``."""
+    s = cm.ROWS
+    lane, row = cm.iota((s, s), 1), cm.iota((s, 1), 0)
+    blocks = [RowBlock(r, b, cols) for b in range(len(self.rows))]
+    dq_parts, dk_parts = [], []
+    for blk, da_in in zip(blocks, self.inside):
+      def key_in_block(jj, acc, blk=blk, da_in=da_in):
+        dq, dk = acc
+        k_j, decay = blk.key(jj, strict=True)
+        da_j = jnp.sum(jnp.where(lane == jj, da_in, 0.0), axis=1,
+                       keepdims=True)                           # [S, 1]
+        dq = dq + da_j * k_j * decay
+        dk_j = jnp.sum(da_j * blk.q * decay, axis=0, keepdims=True)
+        return dq, dk + jnp.where(row == jj, dk_j, 0.0)
+
+      zeros = jnp.zeros(blk.q.shape, _F32)
+      dq, dk = loop(s, key_in_block, (zeros, zeros))
+      dq_parts.append(dq)
+      dk_parts.append(dk)
+    dq, dk = cm.stack_rows(dq_parts), cm.stack_rows(dk_parts)
+    dq_across, dk_across = self._across(r, blocks, cols)
+    if dq_across is not None:
+      dq, dk = dq + dq_across, dk + dk_across
+    return dq, dk
 
 
 def scores_of(r, spec: cm.Spec, lay: Layout, d):
   """The chunk's ``[C, C]`` scores (query scale not applied), summed over
-  key blocks. A decay per key channel: the diagonal, then each halving
-  level's pairs, summed over key blocks before the level's mask."""
+  key blocks; a decay per key channel by row blocks (``_channel_scores``).
+  Masked to the pairs ``j <= i`` of one document."""
   c, width = spec.chunk, lay.inner_k
   n_k = lay.k_pad // width
-  zeros = jnp.zeros((c, c), _F32)
-  if spec.gate != "channel":
-    def part(j, acc):
-      cols = column_block(j, width)
-      return acc + cm.dot(r["q"][:, cols], r["k"][:, cols], cm.NT, spec)
+  if spec.gate == "channel":
+    return jnp.where(d.pair, _channel_scores(r, spec, lay), 0.0)
 
-    qk = loop(n_k, part, zeros)
-    return qk * cm.pair_weights(gate_at(r, slice(None)), d)
-
-  def diag_part(j, acc):
+  def part(j, acc):
     cols = column_block(j, width)
-    return acc + jnp.sum(r["q"][:, cols].astype(_F32)
-                         * r["k"][:, cols].astype(_F32), axis=1)
+    return acc + cm.dot(r["q"][:, cols], r["k"][:, cols], cm.NT, spec)
 
-  diag = loop(n_k, diag_part, jnp.zeros((c,), _F32))
-  a = jnp.where(cm.diagonal(c), diag[:, None], 0.0)
-  for s in cm.level_sizes(c):
-    def level_part(j, acc, s=s):
-      x, y, _, _ = KeyBlock(r, column_block(j, width)).level(spec, s)
-      return acc + cm.dot(x, y, cm.NT, spec)
-
-    level = loop(n_k, level_part, zeros)
-    a = a + jnp.where(cm.level_mask(spec, s, d), level, 0.0)
-  return a
+  qk = loop(n_k, part, jnp.zeros((c, c), _F32))
+  return qk * cm.pair_weights(gate_at(r, slice(None)), d)
 
 
 def _read_states(r, spec: cm.Spec, lay: Layout, d):
@@ -475,7 +592,7 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
   if spec.gate == "channel":
     da = jnp.where(d.pair, d_scores * spec.scale, 0.0)
     da_diag = jnp.sum(jnp.where(cm.diagonal(c), da, 0.0), axis=1)[:, None]
-    da = cm.operand(da, spec)
+    pair_grads = ChannelPairGrads(da, spec)
   else:
     if spec.gate == "scalar":
       # The pairs' part of the log-decays' gradient (``gate_gradient``):
@@ -514,20 +631,12 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
 
   def channel_key_block(jk, totals):
     cols = column_block(jk, width)
-    blk = KeyBlock(r, cols)
-    # The pairs j < i first, level by level: the gradient of the scores'
-    # factors x = q exp(P_i - P_M) and y = k exp(P_M - P_j).
-    dq_pairs = dk_pairs = jnp.zeros((c, width), _F32)
-    for s in cm.level_sizes(c):
-      x, y, decay, right = blk.level(spec, s)
-      ds = jnp.where(cm.level_mask(spec, s, d), da, 0.0).astype(da.dtype)
-      dq_pairs = dq_pairs + jnp.where(
-          right, decay * cm.dot(ds, y, cm.NN, spec), 0.0)
-      dk_pairs = dk_pairs + jnp.where(
-          right, 0.0, decay * cm.dot(ds, x, cm.TN, spec))
+    p = gate_at(r, (every, cols))
+    # The pairs j < i (``ChannelPairGrads``), the diagonal apart.
+    dq_pairs, dk_pairs = pair_grads(r, cols)
     dq_read, dk_write, carried = value_sums(cols)
-    dq_read = dq_read * (cm.read_weights(blk.p, d) * spec.scale)
-    dk_write = dk_write * cm.write_weights(blk.p, d)
+    dq_read = dq_read * (cm.read_weights(p, d) * spec.scale)
+    dk_write = dk_write * cm.write_weights(p, d)
     q, k = r["q"][:, cols].astype(_F32), r["k"][:, cols].astype(_F32)
     r["dq"][:, cols] = (dq_read + dq_pairs + da_diag * k).astype(
         r["dq"].dtype)
@@ -537,7 +646,7 @@ def _dqk_kernel(r, *, spec: cm.Spec, lay: Layout):
     # i >= m, the carried state and the writes at j < m, and the pairs
     # i >= m > j (the pairs j < i of the rows, less those of the columns
     # >= m; the diagonal adds equal terms to both, so it is left out).
-    carried = cm.carry_decay(blk.p, d) * carried           # [BK]
+    carried = cm.carry_decay(p, d) * carried           # [BK]
     r["gate_rows"][:, cols] = (
         q * (dq_read + dq_pairs) - k * dk_pairs
         + jnp.where(last[:, None], carried[None, :], 0.0))
@@ -650,7 +759,7 @@ def kernel_table(lay: Layout, spec: cm.Spec):
            f"[{c}, {lay.sweep_k}]^T [{c}, {lay.sweep_v}]")
   chunk = (f"scores [{c}, {c}] over key steps [{c}, {bk}]; values "
            f"[{c}, {lay.out_v}]")
-  levels = (f"; {c.bit_length() - 1} halving levels" if spec.gate == "channel"
+  levels = (f"; row blocks of {cm.ROWS} tokens" if spec.gate == "channel"
             else "")
   rows = [("gated_linear_states", sweep_grid, sweep),
           ("gated_linear_outputs", out_grid, chunk + levels),
@@ -687,18 +796,19 @@ def gate_gradient(gate_rows, gate_writes, chunk: int):
 def _flops(spec: cm.Spec, lay: Layout, kind: str) -> float:
   """Matmul flops of one kernel, counted from its body: per head and chunk,
   ``2 m n k`` per ``[m, k] x [k, n]`` product (masked ones at full size;
-  3xTF32 runs three). ``S = 2 C^2 K`` for the scores, ``L`` times that
-  with a per-channel decay (one matmul per halving level, ``L = log2
-  C``); the README compares the sums with the chunk algorithm's count."""
+  3xTF32 runs three). The scores cost ``2 C^2 K`` whatever the gate: with
+  a decay per key channel the ``C / S - 1`` row blocks past the first run
+  ``[S, K] x [K, C]`` (``2 (C - S) C K``) and the pairs inside the blocks,
+  summed channel by channel, ``S^2 K`` multiply-adds per block (``2 S C
+  K``, counted as flops); their gradients (``ChannelPairGrads``) the same
+  twice. The README compares the sums with the chunk algorithm's count."""
   c, kk, vv = lay.chunk, lay.k_pad, lay.v_pad
-  levels = c.bit_length() - 1 if spec.gate == "channel" else 1
-  scores = 2 * c * c * kk * levels
+  scores = 2 * c * c * kk
   counts = {
       "sweep": 2 * c * kk * vv,
       "outputs": scores + 2 * c * kk * vv + 2 * c * c * vv,
       "dv": scores + 2 * c * c * vv + 2 * c * kk * vv,
-      "dqk": (2 * c * c * vv + 2 * (2 * c * kk * vv)
-              + 2 * (2 * c * c * kk) * levels
+      "dqk": (2 * c * c * vv + 2 * (2 * c * kk * vv) + 2 * scores
               + (scores if spec.gate == "scalar" else 0)),
   }
   counts["dqk_dw"] = counts["dqk"] + 2 * c * kk * vv           # dW = -dU h^T
@@ -708,13 +818,33 @@ def _flops(spec: cm.Spec, lay: Layout, kind: str) -> float:
   return float(per_chunk) * lay.chunks * lay.batch * lay.heads * passes
 
 
+def _exps_per_chunk(spec: cm.Spec, lay: Layout, kind: str) -> int:
+  """``exp``s of one kernel per head and chunk. A decay per key channel:
+  the read or write weights (``2 C K``, with the carry's), and in the
+  chunk kernels per row block past the first the factors through its
+  reference token (``(S + C) K`` for the scores, twice that for their
+  gradients) and per block the decays inside it (``S^2 K``)."""
+  c, kk = lay.chunk, lay.k_pad
+  if spec.gate == "none":
+    return 0
+  if spec.gate == "scalar":
+    return c * (c + 2)
+  s, n = cm.ROWS, cm.row_blocks(spec)
+  inside = n * s * s * kk
+  factors = (n - 1) * (s + c) * kk
+  extra = {"sweep": 0, "outputs": factors + inside, "dv": factors + inside,
+           "dv_intra": factors + inside, "dqk": 2 * factors + inside,
+           "dqk_dw": 2 * factors + inside}[kind]
+  return 2 * c * kk + extra
+
+
 def cost(spec: cm.Spec, lay: Layout, kind: str, arrays) -> pl.CostEstimate:
   """The estimate of one kernel; ``arrays``: its inputs (a ``{name: (array,
   spec)}`` or the arrays)."""
   if isinstance(arrays, dict):
     arrays = [x for x, _ in arrays.values()]
-  exps = {"none": 0, "scalar": lay.chunk + 2,
-          "channel": lay.k_pad * (2 + (lay.chunk.bit_length() - 1))}[spec.gate]
-  tokens = lay.batch * lay.heads * lay.t_pad
+  chunks = lay.batch * lay.heads * lay.chunks
   return compiler.cost(flops=_flops(spec, lay, kind),
-                       transcendentals=tokens * exps, arrays=arrays)
+                       transcendentals=chunks * _exps_per_chunk(
+                           spec, lay, kind),
+                       arrays=arrays)

@@ -178,6 +178,24 @@ class _KernelChecks:
                            interpret=self.interpret, blocks=TPU_STEP_BLOCKS)
     assert_close_errors(errors, 1e-5, label=f"{backend} {gate} strong")
 
+  @pytest.mark.parametrize("chunk, dtype, tolerance",
+                           [(64, jnp.float32, 1e-5),
+                            (32, jnp.bfloat16, 1e-2)])
+  def test_gpu_channel_row_blocks(self, chunk, dtype, tolerance,
+                                  monkeypatch):
+    """A decay per key channel with chunks of several 16-token row blocks
+    (the other GPU checks run chunks of 16, one block): several chunks (T =
+    150, the last one partial), strong gates, two key steps, segment ids
+    and an initial state. The chunk is set past ``gpu_settings``' caps
+    (tiles only: float32 compiles at 32 tokens)."""
+    monkeypatch.setattr(BlockSizes, "gpu_settings",
+                        lambda self, **kw: (chunk, 16, 4, 1))
+    inputs = make_inputs(gate="channel", t=150, b=1, dk=32, strong=True)
+    errors = kernel_errors(self.backend("gpu"), inputs,
+                           interpret=self.interpret, dtype=dtype)
+    assert_close_errors(errors, tolerance,
+                        label=f"gpu row blocks, chunks of {chunk}")
+
   @pytest.mark.parametrize("gate", [pytest.param("none",
                                                   marks=pytest.mark.slow),
                                      "scalar", "channel"])
@@ -384,8 +402,8 @@ def test_block_size_defaults_are_valid():
     (False, True, (128, 128), (64, 64, 4, 2)),
     (False, True, (256, 512), (64, 32, 8, 2)),
     (False, False, (128, 128), (32, 16, 8, 2)),
-    (True, True, (128, 128), (32, 16, 8, 1)),
-    (True, False, (128, 128), (16, 16, 8, 2)),
+    (True, True, (128, 128), (64, 16, 8, 1)),
+    (True, False, (128, 128), (32, 16, 8, 2)),
 ])
 def test_gpu_settings_by_gate_and_dtype(per_channel, bf16, widths, expected):
   """The GPU chunk is capped, and the warps and column blocks chosen, by
