@@ -73,6 +73,7 @@ class Case:
   kv_heads: int | None = None  # forgetting_attn: key and value heads (None:
                                # heads)
   window: int | None = None    # forgetting_attn: window_size
+  batch: int = 1    # B of the compiled program
 
 
 # Per-head widths (K, V) at d_model 2048 with each paper's head count, and
@@ -135,7 +136,7 @@ def program(case: Case, dtype: str, backend: str, block_sizes=None):
   import jax.numpy as jnp
   dt = jnp.dtype(dtype)
   f32 = jnp.float32
-  b, t, h, dk, dv = 1, case.length, case.heads, case.dim_k, case.dim_v
+  b, t, h, dk, dv = case.batch, case.length, case.heads, case.dim_k, case.dim_v
   if case.family == "gated_linear":
     from pallas_kernels.gated_linear import chunk_gated_linear_attention
     g_shape = {"none": None, "scalar": (b, t, h),
@@ -361,50 +362,85 @@ def _kb(n):
   return "-" if n is None else f"{n / 1024:.1f}"
 
 
-def _gpu_grid_section():
-  """The GPU gated-linear kernels' grids and tiles at the benchmark's shape
-  (B=8, H=16, T=8192, K=V=128, bfloat16), from their layout."""
-  from pallas_kernels.gated_linear import BlockSizes, chunk_math, gpu
-  lines = ["## GPU gated-linear kernels: grids and tiles at B=8, H=16, "
-           "T=8192, K=V=128, bfloat16", "",
-           "The programs each kernel launches at the shape of "
-           "`benchmarks/RESULTS_kernels.md` (132 SMs on an H100 or H200), "
-           "from `pallas_kernels.gated_linear.gpu.kernel_table`.", ""]
-  for gate in ("scalar", "channel"):
-    blocks = BlockSizes.default("gpu", per_channel=gate == "channel")
-    lay = gpu.make_layout(8, 8192, 16, 128, 128, blocks, bf16=True)
-    spec = chunk_math.Spec(gate=gate, segments=False, scale=1.0,
-                           chunk=lay.chunk, mode="bf16")
-    lines += [f"Decay: {gate} (chunk {lay.chunk}, {lay.num_warps} warps, "
-              f"{lay.num_stages} stages).", "",
-              "| kernel | grid | programs | tiles |", "|---|---|---|---|"]
-    lines += [f"| {name} | {grid} | {programs} | {tiles} |"
-              for name, grid, programs, tiles in gpu.kernel_table(lay, spec)]
-    lines.append("")
-  return lines
+# The ops of benchmarks/RESULTS_kernels.md, at its shape, for the grids
+# section: (label, family, gate).
+GRID_OPS = [("simple_gla", "gated_linear", "scalar"),
+            ("gla", "gated_linear", "channel"),
+            ("gated_delta_rule", "delta_rule", "scalar"),
+            ("kda", "delta_rule", "channel"),
+            ("forgetting_attn", "forgetting_attn", "scalar")]
 
 
-def _tpu_grid_section():
-  """The TPU gated-linear kernels' grids and tiles at the benchmark's shape
-  (B=8, H=16, T=8192, K=V=128, bfloat16), from their layout."""
-  from pallas_kernels.gated_linear import BlockSizes, tpu_chunks
-  lines = ["## TPU gated-linear kernels: grids and tiles at B=8, H=16, "
-           "T=8192, K=V=128, bfloat16", "",
-           "The programs of each chunk-parallel Mosaic kernel, from "
-           "`pallas_kernels.gated_linear.tpu_chunks.kernel_table`; every "
-           "matmul's `[rows, columns]` tiles are 128 (the chunk, a key or "
-           "value step) but the per-channel row blocks' 16 rows.", ""]
-  for gate in ("scalar", "channel"):
-    blocks = BlockSizes.default("tpu", per_channel=gate == "channel")
-    lay = tpu_chunks.make_layout(8, 8192, 16, 128, 128, blocks)
-    spec = tpu_chunks.Spec(gate=gate, segments=False, scale=1.0,
-                           chunk=lay.chunk, bf16=True,
-                           sub_chunk=blocks.sub_chunk_rows)
-    lines += [f"Decay: {gate} (chunk {lay.chunk}).", "",
-              "| kernel | grid | programs | tiles |", "|---|---|---|---|"]
-    lines += [f"| {name} | {grid} | {programs} | {tiles} |"
-              for name, grid, programs, tiles
-              in tpu_chunks.kernel_table(lay, spec)]
+def _body_products(jaxpr):
+  """The ``[m, k] x [k, n]`` operand shapes of the matmuls in a kernel
+  body (and the loops and branches inside it), each once."""
+  from jax.extend import core
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      shapes = tuple(tuple(v.aval.shape) for v in eqn.invars)
+      if shapes not in found:
+        found.append(shapes)
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        if isinstance(sub, core.ClosedJaxpr):
+          sub = sub.jaxpr
+        if isinstance(sub, core.Jaxpr):
+          found += [x for x in _body_products(sub) if x not in found]
+  return found
+
+
+def kernel_grids(backend: str, batch=8, heads=16, length=8192, width=128):
+  """``[(op, kernel, grid, programs, products)]``: the Pallas kernels of
+  the forward and backward program of each of ``GRID_OPS`` on ``backend``
+  at that shape in bfloat16, read from the traced program (the grid of
+  each ``pallas_call`` and the matmul operand shapes of its body)."""
+  import math
+
+  import jax
+  rows = []
+  for op, family, gate in GRID_OPS:
+    case = Case(op, family, gate, width, width, batch=batch, heads=heads,
+                length=length)
+    fn, args = program(case, "bfloat16", backend)
+    seen = set()
+    for eqn in _pallas_eqns(jax.make_jaxpr(fn)(*args).jaxpr):
+      grid = tuple(eqn.params["grid_mapping"].grid)
+      name = eqn.params["name"]
+      semantics = getattr(eqn.params["compiler_params"],
+                          "dimension_semantics", None)
+      # Programs that run at once: the parallel axes (TPU marks the
+      # sequential ones "arbitrary"; a Triton grid is all parallel).
+      parallel = [n for n, kind in zip(grid, semantics or ["parallel"] *
+                                       len(grid)) if kind == "parallel"]
+      products = _body_products(eqn.params["jaxpr"])
+      key = (name, grid, str(products))
+      if key in seen:
+        continue
+      seen.add(key)
+      rows.append((op, name, grid, math.prod(parallel), products))
+  return rows
+
+
+def _grids_section():
+  """The kernels' grids and matmul tiles at the benchmark's shape."""
+  lines = ["## Grids and matmul tiles at B=8, H=16, T=8192, K=V=128, "
+           "bfloat16", "",
+           "Every Pallas kernel of each op's forward and backward program at "
+           "the shape of `benchmarks/RESULTS_kernels.md` (132 SMs on an "
+           "H100 or H200), read from the traced program: the grid of each "
+           "`pallas_call`, its programs (the grid points that run in "
+           "parallel: on TPU the axes marked parallel, the others walked in "
+           "order inside each), and the operand shapes of the matmuls in "
+           "its body. The delta-rule ops' TPU program is "
+           "the sweep kernel (its chunk-local terms are XLA there).", ""]
+  for backend, title in (("gpu", "GPU (Triton)"), ("tpu", "TPU (Mosaic)")):
+    lines += [f"{title}:", "", "| op | kernel | grid | programs | "
+              "matmul operands in the body |", "|---|---|---|---|---|"]
+    for op, name, grid, programs, products in kernel_grids(backend):
+      tiles = ", ".join(f"{list(a)} x {list(b)}" for a, b in products)
+      lines.append(f"| {op} | {name} | {grid} | {programs} | "
+                   f"{tiles or '-'} |")
     lines.append("")
   return lines
 
@@ -496,7 +532,7 @@ def report(paths, out):
                        f"{k['threads']} | {k['matmuls']} | "
                        f"{k.get('wgmma', 0)} | {_when(k)} |")
     lines.append("")
-  lines += _gpu_grid_section() + _tpu_grid_section()
+  lines += _grids_section()
   if missing:
     lines += ["## Not compiled in this run", "",
               ", ".join(f"{t}/{c}/{d}" for t, c, d in missing), ""]

@@ -747,30 +747,6 @@ def dv_intra(arrays, spec: cm.Spec, lay: Layout, *, dh=None,
                interpret=interpret)
 
 
-def kernel_table(lay: Layout, spec: cm.Spec):
-  """``[(kernel, grid, programs, tiles)]`` of a call's kernels: what the
-  compile report lists per kernel at a given shape."""
-  sweep_grid = (lay.batch, lay.heads, (lay.k_pad // lay.sweep_k)
-                * (lay.v_pad // lay.sweep_v))
-  out_grid = (lay.batch, lay.heads, lay.chunks * (lay.v_pad // lay.out_v))
-  dqk_grid = (lay.batch, lay.heads, lay.chunks)
-  c, bk, bv = lay.chunk, lay.inner_k, lay.inner_v
-  sweep = (f"state [{lay.sweep_k}, {lay.sweep_v}] float32; per chunk "
-           f"[{c}, {lay.sweep_k}]^T [{c}, {lay.sweep_v}]")
-  chunk = (f"scores [{c}, {c}] over key steps [{c}, {bk}]; values "
-           f"[{c}, {lay.out_v}]")
-  levels = (f"; row blocks of {cm.ROWS} tokens" if spec.gate == "channel"
-            else "")
-  rows = [("gated_linear_states", sweep_grid, sweep),
-          ("gated_linear_outputs", out_grid, chunk + levels),
-          ("gated_linear_state_grads", sweep_grid, sweep),
-          ("gated_linear_dv", out_grid, chunk + levels),
-          ("gated_linear_dqk", dqk_grid,
-           f"key steps [{c}, {bk}] x value steps [{c}, {bv}]" + levels)]
-  return [(name, grid, grid[0] * grid[1] * grid[2], tiles)
-          for name, grid, tiles in rows]
-
-
 def gate_gradient(gate_rows, gate_writes, chunk: int):
   """The log-decays' gradient from the ``grads`` terms (``[B, T, H(, K)]``):
   for ``m`` in a chunk, ``dg_m = sum_{i >= m} gate_rows_i + sum_{j < m}

@@ -733,11 +733,13 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
   ``gate_writes_j = k_j . dk_write_j``, the pairs' terms ``scale A_ij
   (do_i . v_j)``.
 
-  The ``[C, C]`` and ``[C, K]`` operands that the loops over value and key
-  blocks share (``a``, ``da``, ``k_write``) are written to VMEM scratch
-  once, so no ``[C, C]`` value lives across a loop."""
+  The ``[C, C]`` products and the key blocks' products go to float32
+  scratch and the elementwise work on them runs by strips of rows; the
+  operands that the loops over value and key blocks share (``a``, ``da``,
+  ``k_write``) are written to scratch once, so no ``[C, C]`` or ``[C, K]``
+  value is held in registers."""
   c = spec.chunk
-  n_v, n_k = lay.v_pad // lay.step, lay.k_pad // lay.step
+  n_k = lay.k_pad // lay.step
   gated = spec.gate != "none"
   _score_products(r, spec, lay, grads=True)                     # s, ds
 
@@ -1078,27 +1080,3 @@ def cost(spec: Spec, lay: Layout, kind: str, inputs, outputs):
   arrays = [x for x, _ in list(inputs.values()) + list(outputs.values())]
   return compiler.cost(flops=flops_per_chunk(spec, lay, kind) * chunks,
                        transcendentals=exps * chunks, arrays=arrays)
-
-
-def kernel_table(lay: Layout, spec: Spec):
-  """``[(kernel, grid, programs, tiles)]`` of a call's kernels."""
-  sweep_grid = (lay.batch, lay.heads, lay.k_pad // lay.sweep_k,
-                lay.v_pad // lay.sweep_v, lay.chunks)
-  chunk_grid = (lay.batch, lay.heads, lay.chunks)
-  c, step = lay.chunk, lay.step
-  sweep = (f"state [{lay.sweep_v}, {lay.sweep_k}] float32; per chunk "
-           f"[{c}, {lay.sweep_v}]^T [{c}, {lay.sweep_k}]")
-  scores = f"scores [{c}, {step}] [{c}, {step}]^T per key step"
-  if spec.gate == "channel":
-    s = spec.sub_chunk
-    scores = (f"scores by row blocks [{s}, {step}] [{c}, {step}]^T per key "
-              f"step, {s} keys inside each")
-  rows = [("gated_linear_tpu_states", sweep_grid, sweep),
-          ("gated_linear_tpu_outputs", chunk_grid,
-           f"{scores}; value steps [{c}, {c}] [{c}, {step}]"),
-          ("gated_linear_tpu_state_grads", sweep_grid, sweep),
-          ("gated_linear_tpu_grads", chunk_grid,
-           f"{scores}; dS [{c}, {c}]; value and key steps [{c}, {step}]")]
-  # A sweep's programs walk its last grid axis.
-  return [(name, grid, math.prod(grid[:4] if len(grid) == 5 else grid), tiles)
-          for name, grid, tiles in rows]
