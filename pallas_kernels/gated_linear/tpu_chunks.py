@@ -517,6 +517,26 @@ def _cols(j, width: int):
   return pl.ds(pl.multiple_of(j * width, width), width)
 
 
+def _weighted(r, spec: Spec, lay: Layout, out: str, x: str, weight: str,
+              scale: float = 1.0):
+  """``r[out] = r[x] * scale * weight`` as a matmul operand, ``weight`` the
+  chunk's ``"read"`` or ``"write"`` weights; by key steps and strips of
+  rows."""
+  def key_step(j, carry):
+    cols = _cols(j, lay.step)
+
+    def strip(t, carry):
+      rows = _cols(t, lay.strip)
+      w = getattr(_chunk_weights(r, spec, cols, rows), weight)
+      r[out][rows, cols] = _operand(
+          r[x][rows, cols].astype(_F32) * (w * scale), spec)
+      return carry
+
+    return _loop(spec.chunk // lay.strip, strip, carry)
+
+  _loop(lay.k_pad // lay.step, key_step, 0)
+
+
 def _score_products(r, spec: Spec, lay: Layout, *, grads: bool):
   """The chunk's ``[C, C]`` products to float32 scratch: ``s = q k^T`` and,
   for the gradients, ``ds = do v^T``, each summed over column steps; the
@@ -556,20 +576,8 @@ def _outputs_kernel(r, *, spec: Spec, lay: Layout):
 
     _loop(c // lay.strip, strip, 0)
 
-  def key_step(j, carry):
-    cols = _cols(j, lay.step)
-
-    def strip(t, carry):
-      rows = _cols(t, lay.strip)
-      w = _chunk_weights(r, spec, cols, rows)
-      r["q_read"][rows, cols] = _operand(
-          r["q"][rows, cols].astype(_F32) * (w.read * spec.scale), spec)
-      return carry
-
-    return _loop(c // lay.strip, strip, carry)
-
+  _weighted(r, spec, lay, "q_read", "q", "read", spec.scale)
   n_k = lay.k_pad // lay.step
-  _loop(n_k, key_step, 0)
 
   def value_step(j, carry):
     cols = _cols(j, lay.step)
@@ -767,14 +775,7 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
     r["gate_cols"][...] = col_sums                              # [1, C]
     r["gate_writes"][...] = jnp.zeros(r["gate_writes"].shape, _F32)
 
-  def write_strip(i, carry):
-    rows = _cols(i, lay.strip)
-    w = _chunk_weights(r, spec, rows=rows)
-    r["k_write"][rows, :] = _operand(r["k"][rows, :].astype(_F32) * w.write,
-                                     spec)
-    return carry
-
-  _loop(c // lay.strip, write_strip, 0)
+  _weighted(r, spec, lay, "k_write", "k", "write")
   _dv_steps(r, spec, lay)
 
   def key_block(j, carried_total):
@@ -893,19 +894,7 @@ def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
 
   _loop(c // s, row_block, 0)
 
-  def write_step(j, carry):
-    cols = _cols(j, lay.step)
-
-    def strip(t, carry):
-      rows = _cols(t, lay.strip)
-      w = _chunk_weights(r, spec, cols, rows)
-      r["k_write"][rows, cols] = _operand(
-          r["k"][rows, cols].astype(_F32) * w.write, spec)
-      return carry
-
-    return _loop(c // lay.strip, strip, carry)
-
-  _loop(n_k, write_step, 0)
+  _weighted(r, spec, lay, "k_write", "k", "write")
   _dv_steps(r, spec, lay)
 
   def key_step(j, carry):
