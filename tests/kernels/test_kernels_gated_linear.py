@@ -150,7 +150,8 @@ class _KernelChecks:
     assert_close_errors(errors, 1e-5, label=f"{backend} {gate}")
 
   @pytest.mark.parametrize("backend, gate",
-                           [("tpu", "scalar"), ("gpu", "channel")])
+                           [("tpu", "scalar"), ("tpu", "channel"),
+                            ("gpu", "channel")])
   def test_bfloat16(self, backend, gate):
     errors = kernel_errors(self.backend(backend), make_inputs(gate=gate),
                            interpret=self.interpret, dtype=jnp.bfloat16,
