@@ -6,8 +6,8 @@ of DeltaNet, Gated DeltaNet and KDA: its sweep kernels, and on GPU in
 bfloat16 its chunk-parallel kernels, which the op runs there; forgetting
 attention's blockwise kernels) is compiled, forward and backward, in
 float32 and bfloat16, at the kernel tests' shapes and at the per-head
-shapes of the layers' papers, for TPU v4, v5e, v5p, v6e (libtpu) and GPU
-sm_80, sm_90 (jax-cuda12-plugin). Each case's program holds the forward
+shapes of the layers' papers, for TPU v4, v5e, v5p, v6e, tpu7x (libtpu) and
+GPU sm_80, sm_90 (jax-cuda12-plugin). Each case's program holds the forward
 kernel and the backward kernels (``jax.value_and_grad`` of a loss over the
 outputs and the final state, with an initial state and segment ids, so
 every optional input and output is there; forgetting attention has no

@@ -6,7 +6,8 @@ again for the values its body holds in VMEM (Mosaic keeps large values and
 spilled registers there) plus 4 MiB, rounded up to whole MiB, and at least
 16 MiB (v5e's default scoped limit) and at most 32 MiB. Kernels pick their
 blocks so that the footprint stays well inside that on every generation
-checked (v4, v5e, v5p, v6e); ``make compile-check`` proves it.
+checked (v4, v5e, v5p, v6e, tpu7x); ``make compile-check`` proves
+it.
 
 Cost estimates: ``cost(...)`` gives XLA's scheduler the flops, the
 transcendentals (``exp``) and the bytes a call moves; without one a Pallas
