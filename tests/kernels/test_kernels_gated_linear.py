@@ -181,7 +181,8 @@ class _KernelChecks:
 
   @pytest.mark.parametrize("chunk, dtype, tolerance",
                            [(64, jnp.float32, 1e-5),
-                            (32, jnp.bfloat16, 1e-2)])
+                            pytest.param(32, jnp.bfloat16, 1e-2,
+                                         marks=pytest.mark.slow)])
   def test_gpu_channel_row_blocks(self, chunk, dtype, tolerance,
                                   monkeypatch):
     """A decay per key channel with chunks of several 16-token row blocks
@@ -210,11 +211,11 @@ class _KernelChecks:
                            blocks=(BlockSizes("tpu", chunk=128),))
     assert_close_errors(errors, 1e-5, label=f"tpu chunks of 128 {gate}")
 
-  @pytest.mark.parametrize("gate", [pytest.param("scalar",
-                                                  marks=pytest.mark.slow),
-                                     "channel"])
+  @pytest.mark.slow
+  @pytest.mark.parametrize("gate", ["scalar", "channel"])
   def test_tpu_sweep_over_sub_chunks(self, gate):
-    """``chunk_parallel=False`` keeps the TPU sweep over sub-chunks."""
+    """``chunk_parallel=False`` keeps the TPU sweep over sub-chunks (not the
+    default path: the slow suite)."""
     blocks = (BlockSizes("tpu", sub_chunk=16, chunk=32,
                          chunk_parallel=False),)
     errors = kernel_errors(self.backend("tpu"), make_inputs(gate=gate),
