@@ -390,16 +390,71 @@ def _body_products(jaxpr):
   return found
 
 
-def kernel_grids(backend: str, batch=8, heads=16, length=8192, width=128):
-  """``[(op, kernel, grid, programs, products)]``: the Pallas kernels of
-  the forward and backward program of each of ``GRID_OPS`` on ``backend``
-  at that shape in bfloat16, read from the traced program (the grid of
-  each ``pallas_call`` and the matmul operand shapes of its body)."""
+def body_flops(jaxpr) -> int:
+  """Matmul flops of one program of a kernel, counted from its body: ``2 m
+  n k`` per ``dot_general`` (masked products at full size), times the trip
+  count of each loop around it; a branch (``pl.when``) counts its largest
+  side. ``ValueError`` for a loop whose trip count is not static (the
+  forgetting-attention GPU kernels walk only the blocks their queries
+  see)."""
+  import math
+
+  from jax.extend import core
+  total = 0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "dot_general":
+      (contract, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      total += 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(
+          lhs[d] for d in contract)
+      continue
+    if name == "while":
+      raise ValueError("a while loop in a kernel body: no static trip count")
+    inner = []
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        if isinstance(sub, core.ClosedJaxpr):
+          sub = sub.jaxpr
+        if isinstance(sub, core.Jaxpr):
+          inner.append(body_flops(sub))
+    if name == "scan":
+      total += eqn.params["length"] * sum(inner)
+    elif name == "cond":
+      total += max(inner, default=0)
+    else:
+      total += sum(inner)
+  return total
+
+
+def gated_linear_flops(t: int, heads: int, batch: int, dim_k: int,
+                       dim_v: int, chunk: int) -> int:
+  """The chunk algorithm's matmul flops of one forward and backward pass
+  (the states recomputed in the backward pass, the scores once per pass;
+  ``pallas_kernels/README.md``): per head and chunk ``2C (2KV + CK + CV)``
+  forward and ``2C (5KV + 3CK + 2CV)`` backward."""
+  c, k, v = chunk, dim_k, dim_v
+  per_chunk = 2 * c * (7 * k * v + 4 * c * k + 3 * c * v)
+  return batch * heads * (-(-t // c)) * per_chunk
+
+
+def kernel_grids(backend: str, batch=8, heads=16, length=8192, width=128,
+                 ops=None):
+  """``[(op, kernel, grid, programs, products, flops, cost_flops,
+  repeat)]``: every Pallas call of the forward and backward program of
+  each of ``GRID_OPS`` (or those named in ``ops``) on ``backend`` at that
+  shape in bfloat16, read from the traced program: the grid of each
+  ``pallas_call``, the matmul operand shapes of its body, the matmul flops
+  counted from its body times its grid (``body_flops``), its
+  ``cost_estimate``'s flops, and whether an identical call came before
+  (the states sweep runs in both passes)."""
   import math
 
   import jax
   rows = []
   for op, family, gate in GRID_OPS:
+    if ops is not None and op not in ops:
+      continue
     case = Case(op, family, gate, width, width, batch=batch, heads=heads,
                 length=length)
     fn, args = program(case, "bfloat16", backend)
@@ -415,11 +470,25 @@ def kernel_grids(backend: str, batch=8, heads=16, length=8192, width=128):
                                        len(grid)) if kind == "parallel"]
       products = _body_products(eqn.params["jaxpr"])
       key = (name, grid, str(products))
-      if key in seen:
-        continue
+      cost = eqn.params.get("cost_estimate")
+      try:
+        flops = body_flops(eqn.params["jaxpr"]) * math.prod(grid)
+      except ValueError:
+        flops = None
+      rows.append((op, name, grid, math.prod(parallel), products, flops,
+                   None if cost is None else cost.flops, key in seen))
       seen.add(key)
-      rows.append((op, name, grid, math.prod(parallel), products))
   return rows
+
+
+def kernel_chunk(backend: str, gate: str, width=128, length=8192) -> int:
+  """The chunk the gated-linear kernels take by default in bfloat16."""
+  from pallas_kernels.gated_linear import BlockSizes, gpu, tpu_chunks
+  blocks = BlockSizes.default(backend, per_channel=gate == "channel",
+                              chunk_size=64)
+  if backend == "tpu":
+    return tpu_chunks.make_layout(1, length, 1, width, width, blocks).chunk
+  return gpu.make_layout(1, length, 1, width, width, blocks, bf16=True).chunk
 
 
 def _grids_section():
@@ -434,15 +503,53 @@ def _grids_section():
            "order inside each), and the operand shapes of the matmuls in "
            "its body. The delta-rule ops' TPU program is "
            "the sweep kernel (its chunk-local terms are XLA there).", ""]
+  totals = ["Matmul flops of each op's forward and backward program, "
+            "counted from the kernel bodies (`body_flops`: `2 m n k` per "
+            "product, masked ones at full size, times the loops' trip "
+            "counts and the grid; a `pl.when` counts its larger side, an "
+            "upper bound where it skips blocks, as FoX's TPU kernels do "
+            "above the diagonal; FoX's GPU kernels bound their loops by "
+            "the blocks each query sees, which no static count gives), "
+            "against the kernels' `cost_estimate`s (the GPU ones count a "
+            "per-channel decay's pairs inside a row block as multiply-adds "
+            "too) "
+            "and, for the gated-linear ops, the chunk algorithm's count at "
+            "the kernels' chunk (`gated_linear_flops`: per head and chunk "
+            "`2C (2KV + CK + CV)` forward, `2C (5KV + 3CK + 2CV)` "
+            "backward).", "",
+            "| backend | op | chunk | counted GFLOP | cost_estimate GFLOP | "
+            "chunk algorithm GFLOP | counted / algorithm |",
+            "|---|---|---|---|---|---|---|"]
+  gates = {op: gate for op, family, gate in GRID_OPS
+           if family == "gated_linear"}
   for backend, title in (("gpu", "GPU (Triton)"), ("tpu", "TPU (Mosaic)")):
     lines += [f"{title}:", "", "| op | kernel | grid | programs | "
-              "matmul operands in the body |", "|---|---|---|---|---|"]
-    for op, name, grid, programs, products in kernel_grids(backend):
+              "matmul operands in the body | GFLOP (body x grid) |",
+              "|---|---|---|---|---|---|"]
+    rows = kernel_grids(backend)
+    for op, name, grid, programs, products, flops, _, repeat in rows:
+      if repeat:
+        continue
       tiles = ", ".join(f"{list(a)} x {list(b)}" for a, b in products)
+      counted = "-" if flops is None else f"{flops / 1e9:.1f}"
       lines.append(f"| {op} | {name} | {grid} | {programs} | "
-                   f"{tiles or '-'} |")
+                   f"{tiles or '-'} | {counted} |")
     lines.append("")
-  return lines
+    for op, *_ in GRID_OPS:
+      flops = [r[5] for r in rows if r[0] == op]
+      if None in flops:
+        continue
+      counted = sum(flops)
+      cost = sum(r[6] or 0 for r in rows if r[0] == op)
+      cells = ["-", "-", "-"]
+      if op in gates:
+        chunk = kernel_chunk(backend, gates[op])
+        algorithm = gated_linear_flops(8192, 16, 8, 128, 128, chunk)
+        cells = [str(chunk), f"{algorithm / 1e9:.1f}",
+                 f"{counted / algorithm:.2f}"]
+      totals.append(f"| {backend} | {op} | {cells[0]} | {counted / 1e9:.1f} "
+                    f"| {cost / 1e9:.1f} | {cells[1]} | {cells[2]} |")
+  return lines + totals + [""]
 
 
 def report(paths, out):

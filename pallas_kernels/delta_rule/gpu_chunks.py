@@ -156,17 +156,19 @@ def _wy_cost(spec: cm.Spec, lay: gl.Layout, inputs, *, backward: bool):
   the keys' scores ``S`` (``2 C^2 K`` whatever the gate: with a
   per-channel decay, by row blocks, ``gated_linear.gpu._flops``; three
   times backward: scores, rows, columns), the inverse's two ``[C, C, C]``
-  products per halving level (and two more for ``dA``) in 3xTF32, and
-  ``T`` times the ``[C, K + V]`` right-hand sides (four such products
+  products per halving level (and two more for ``dA``) in the inverse's
+  mode (``_exact``: 3xTF32 runs three products, TF32 one), and ``T``
+  times the ``[C, K + V]`` right-hand sides (four such products
   backward)."""
   c, kk, vv = lay.chunk, lay.k_pad, lay.v_pad
   levels = c.bit_length() - 1
   passes = 3 if spec.mode == "tf32x3" else 1
+  inverse_passes = 3 if _exact(spec).mode == "tf32x3" else 1
   scores = 2 * c * c * kk
   inverse_products = 2 * (levels + (1 if backward else 0))
   flops = ((scores * (3 if backward else 1)
             + 2 * c * c * (kk + vv) * (2 if backward else 1)) * passes
-           + inverse_products * 2 * c ** 3 * 3)
+           + inverse_products * 2 * c ** 3 * inverse_passes)
   b, h = lay.batch, lay.heads
   return gl.compiler.cost(
       flops=flops * lay.chunks * b * h,
