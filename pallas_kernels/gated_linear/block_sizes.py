@@ -170,7 +170,8 @@ class BlockSizes:
 
     TPU: the chunk-parallel kernels, with chunks of 128 tokens (one MXU
     tile of ``[C, C]`` scores), or ``chunk_size`` rounded up to whole
-    128-token tiles, at most 256. A decay per key channel computes the
+    128-token tiles, at most 256 (128 for float32 inputs,
+    ``tpu_chunks.FLOAT32_MAX_CHUNK``). A decay per key channel computes the
     scores by row blocks of ``sub_chunk`` = 16 tokens (``[16, C]`` per
     block; the pairs inside a block are summed channel by channel, so the
     blocks are short); otherwise ``sub_chunk`` (64) is the step of the

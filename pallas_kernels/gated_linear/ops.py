@@ -176,7 +176,8 @@ def _chunks_backward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc, do,
   state_in = None if s0 is None else layout.state_to_kernel(s0, lay)
   h = tpu_chunks.sweep(arrays, spec, lay, reverse=False, state_in=state_in,
                        state_out=False, interpret=interpret)["states"]
-  back = tpu_chunks.make_layout(*q.shape, v.shape[-1], blocks, "backward")
+  back = tpu_chunks.make_layout(*q.shape, v.shape[-1], blocks, "backward",
+                                bf16=spec.bf16)
   d_in = None if d_final is None else layout.state_to_kernel(d_final, lay)
   swept = tpu_chunks.sweep(arrays, spec, back, reverse=True, state_in=d_in,
                            state_out=s0 is not None, interpret=interpret)

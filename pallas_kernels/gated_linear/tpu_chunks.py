@@ -145,12 +145,19 @@ class Layout:
     return self.t_pad // self.chunk
 
 
+# The longest chunk for float32 inputs: at 256 the gradients kernel's
+# blocks of the widest heads (K = 512, V = 1024) pass v4's 16 MiB of VMEM.
+FLOAT32_MAX_CHUNK = 128
+
+
 def make_layout(b, t, h, dk, dv, blocks: BlockSizes,
-                direction: str = "forward") -> Layout:
-  """The chunk is ``blocks.chunk``, cut to the sequence (whole 16-row
+                direction: str = "forward", *, bf16: bool = True) -> Layout:
+  """The chunk is ``blocks.chunk``, at most ``FLOAT32_MAX_CHUNK`` for
+  float32 inputs (``bf16`` False), cut to the sequence (whole 16-row
   tiles) when that is shorter; the sweeps' state tile is the
   ``direction``'s ``(block_k, block_v)`` or ``DEFAULT_TILE``."""
-  chunk = min(blocks.chunk, common.round_up(t, 16))
+  chunk = min(blocks.chunk if bf16 else min(blocks.chunk, FLOAT32_MAX_CHUNK),
+              common.round_up(t, 16))
   k_pad = common.padded_features(dk, "tpu")
   v_pad = common.padded_features(dv, "tpu")
   given = ((blocks.block_k, blocks.block_v) if direction == "forward" else
@@ -169,12 +176,12 @@ def make_layout(b, t, h, dk, dv, blocks: BlockSizes,
 def setup(q, k, v, g, doc, blocks: BlockSizes, scale: float,
           direction: str = "forward"):
   b, t, h, dk = q.shape
-  lay = make_layout(b, t, h, dk, v.shape[-1], blocks, direction)
+  bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
+  lay = make_layout(b, t, h, dk, v.shape[-1], blocks, direction, bf16=bf16)
   gate = "none" if g is None else ("scalar" if g.shape[-1] == 1
                                    else "channel")
   spec = Spec(gate=gate, segments=doc is not None, scale=scale,
-              chunk=lay.chunk,
-              bf16=all(x.dtype == jnp.bfloat16 for x in (q, k, v)),
+              chunk=lay.chunk, bf16=bf16,
               sub_chunk=math.gcd(lay.chunk, blocks.sub_chunk_rows))
   return lay, spec
 

@@ -391,6 +391,12 @@ def test_block_size_defaults_are_valid():
       assert BlockSizes.default("tpu", per_channel=per_channel,
                                 chunk_size=size).chunk == chunk
   assert not BlockSizes("tpu", chunk_parallel=False).tpu_chunk_parallel()
+  # float32 inputs take chunks of at most 128 tokens on TPU (VMEM).
+  from pallas_kernels.gated_linear import tpu_chunks
+  for bf16, chunk in ((True, 256), (False, 128)):
+    assert tpu_chunks.make_layout(1, 1024, 1, 128, 128,
+                                  BlockSizes("tpu", chunk=256),
+                                  bf16=bf16).chunk == chunk
   for per_channel in (False, True):
     # GPU: 64-token chunks, or the op's chunk size rounded up to a power of
     # two when that is smaller.
