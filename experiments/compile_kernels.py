@@ -91,6 +91,9 @@ CASES = [
          layers="GLA D=2048 H=4 (GLA 1.3B)"),
     Case("gla_4096", "gated_linear", "channel", 512, 1024,
          layers="GLA D=4096 H=4"),
+    Case("gla_4096_chunk256", "gated_linear", "channel", 512, 1024,
+         chunk=256, layers="GLA D=4096 H=4, chunk_size 256 (TPU: 256-token "
+         "chunks in bfloat16, 128 in float32; GPU: 64)"),
     Case("retnet_2048", "gated_linear", "scalar", 256, 512,
          layers="RetNet D=2048 H=8 (RetNet 1.3B)"),
     Case("retnet_4096", "gated_linear", "scalar", 512, 1024,
