@@ -218,20 +218,27 @@ def program(case: Case, dtype: str, backend: str, block_sizes=None):
   return jax.value_and_grad(loss, argnums=argnums), args
 
 
+def _inner_jaxprs(eqn):
+  """The jaxprs in an equation's parameters (calls, custom derivatives,
+  loop bodies, branches), in order."""
+  from jax.extend import core
+  for value in eqn.params.values():
+    for sub in value if isinstance(value, (tuple, list)) else (value,):
+      if isinstance(sub, core.ClosedJaxpr):
+        yield sub.jaxpr
+      elif isinstance(sub, core.Jaxpr):
+        yield sub
+
+
 def _pallas_eqns(jaxpr):
   """The ``pallas_call`` equations of ``jaxpr`` and of the jaxprs inside
   its equations (calls, custom derivatives), in order."""
-  from jax.extend import core
   for eqn in jaxpr.eqns:
     if eqn.primitive.name == "pallas_call":
       yield eqn
       continue
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        if isinstance(sub, core.ClosedJaxpr):
-          yield from _pallas_eqns(sub.jaxpr)
-        elif isinstance(sub, core.Jaxpr):
-          yield from _pallas_eqns(sub)
+    for sub in _inner_jaxprs(eqn):
+      yield from _pallas_eqns(sub)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -377,19 +384,14 @@ GRID_OPS = [("simple_gla", "gated_linear", "scalar"),
 def _body_products(jaxpr):
   """The ``[m, k] x [k, n]`` operand shapes of the matmuls in a kernel
   body (and the loops and branches inside it), each once."""
-  from jax.extend import core
   found = []
   for eqn in jaxpr.eqns:
     if eqn.primitive.name == "dot_general":
       shapes = tuple(tuple(v.aval.shape) for v in eqn.invars)
       if shapes not in found:
         found.append(shapes)
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        if isinstance(sub, core.ClosedJaxpr):
-          sub = sub.jaxpr
-        if isinstance(sub, core.Jaxpr):
-          found += [x for x in _body_products(sub) if x not in found]
+    for sub in _inner_jaxprs(eqn):
+      found += [x for x in _body_products(sub) if x not in found]
   return found
 
 
@@ -402,7 +404,6 @@ def body_flops(jaxpr) -> int:
   see)."""
   import math
 
-  from jax.extend import core
   total = 0
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
@@ -414,13 +415,7 @@ def body_flops(jaxpr) -> int:
       continue
     if name == "while":
       raise ValueError("a while loop in a kernel body: no static trip count")
-    inner = []
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        if isinstance(sub, core.ClosedJaxpr):
-          sub = sub.jaxpr
-        if isinstance(sub, core.Jaxpr):
-          inner.append(body_flops(sub))
+    inner = [body_flops(sub) for sub in _inner_jaxprs(eqn)]
     if name == "scan":
       total += eqn.params["length"] * sum(inner)
     elif name == "cond":

@@ -98,6 +98,7 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_kernels.common import compiler, dots
 from pallas_kernels.common import layout as common
 from pallas_kernels.common.cumsum import chunk_cumsum
+from pallas_kernels.gated_linear import chunk_math
 from pallas_kernels.gated_linear.block_sizes import BlockSizes
 
 _F32 = jnp.float32
@@ -178,9 +179,8 @@ def setup(q, k, v, g, doc, blocks: BlockSizes, scale: float,
   b, t, h, dk = q.shape
   bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
   lay = make_layout(b, t, h, dk, v.shape[-1], blocks, direction, bf16=bf16)
-  gate = "none" if g is None else ("scalar" if g.shape[-1] == 1
-                                   else "channel")
-  spec = Spec(gate=gate, segments=doc is not None, scale=scale,
+  spec = Spec(gate=chunk_math.gate_kind(g), segments=doc is not None,
+              scale=scale,
               chunk=lay.chunk, bf16=bf16,
               sub_chunk=math.gcd(lay.chunk, blocks.sub_chunk_rows))
   return lay, spec
