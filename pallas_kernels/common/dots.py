@@ -16,6 +16,15 @@
   (``Precision.HIGHEST`` in Triton, mode ``"f32"``) runs on the CUDA cores
   without ``mma``; the gated-linear kernels use it on GPU, where 3xTF32's
   extra operands make ptxas spill on sm_80.
+- float32 operands split into bfloat16 parts on TPU (modes ``"bf16x3"``
+  and ``"bf16x6"``): ``x = x_1 + x_2 (+ x_3)``, each part the bfloat16
+  rounding of what the parts before it leave, and the products of the
+  parts whose ranks sum to at most 3 (``"bf16x3"``: 3 products, about
+  ``2^-16`` of each product) or 4 (``"bf16x6"``: 6 products, float32
+  accuracy). It is what the MXU's multi-pass float32 mode computes, written
+  out so that the parts are formed once per operand; the delta rule's TPU
+  WY inverse uses them (``Precision.HIGHEST`` kept its parts in vector
+  registers and spilled).
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ NN = (((1,), (0,)), ((), ()))  # a @ b
 NT = (((1,), (1,)), ((), ()))  # a @ b.T
 TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
-MODES = ("bf16", "f32", "tf32x3", "tf32")
+MODES = ("bf16", "f32", "tf32x3", "tf32", "bf16x3", "bf16x6")
 
 
 def mode(*, bf16: bool, backend: str) -> str:
@@ -45,6 +54,18 @@ def _tf32_high(x):
   return lax.bitcast_convert_type(bits & jnp.uint32(0xFFFFE000), _F32)
 
 
+def bf16_parts(x, n: int):
+  """``n`` bfloat16 parts of float32 ``x``, largest first: each the
+  rounding of what the parts before it leave."""
+  parts = []
+  rest = x.astype(_F32)
+  for _ in range(n):
+    part = rest.astype(jnp.bfloat16)
+    parts.append(part)
+    rest = rest - part.astype(_F32)
+  return parts
+
+
 def dot(a, b, dims, *, mode: str):
   """``lax.dot_general(a, b, dims)`` accumulated in float32, in ``mode``
   (one of ``MODES``)."""
@@ -52,6 +73,16 @@ def dot(a, b, dims, *, mode: str):
     return lax.dot_general(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
                            dims, preferred_element_type=_F32)
   a, b = a.astype(_F32), b.astype(_F32)
+  if mode in ("bf16x3", "bf16x6"):
+    n = 2 if mode == "bf16x3" else 3
+    a_parts, b_parts = bf16_parts(a, n), bf16_parts(b, n)
+    pairs = [(i, j) for i in range(n) for j in range(n) if i + j < n]
+    total = None
+    for i, j in sorted(pairs, key=lambda p: -sum(p)):    # smallest first
+      part = lax.dot_general(a_parts[i], b_parts[j], dims,
+                             preferred_element_type=_F32)
+      total = part if total is None else total + part
+    return total
   if mode == "f32":
     return lax.dot_general(a, b, dims, precision=lax.Precision.HIGHEST,
                            preferred_element_type=_F32)

@@ -1,9 +1,11 @@
-"""The delta rule on chunk-parallel GPU kernels: forward, backward, dispatch.
+"""The delta rule on chunk-parallel kernels, GPU (Triton) and TPU (Mosaic):
+forward, backward, dispatch.
 
     S_t = (I - b_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + b_t k_t v_t^T,
     o_t = S_t^T (scale q_t)
 
-Forward (``gpu_chunks.py``): ``W`` and ``U'`` of every chunk, the sweep for
+Forward (``gpu_chunks.py``, ``tpu_chunks.py``): ``W`` and ``U'`` of every
+chunk, the sweep for
 the states entering each chunk and the pseudo-values ``U``, then the
 outputs of every chunk with ``gated_linear``'s kernel on the values ``U``.
 
@@ -30,8 +32,11 @@ import numpy as np
 
 from pallas_kernels.common.layout import power_of_two_at_least_16
 from pallas_kernels.delta_rule import gpu_chunks
+from pallas_kernels.delta_rule import tpu_chunks
 from pallas_kernels.gated_linear import BlockSizes
 from pallas_kernels.gated_linear import gpu as gl
+from pallas_kernels.gated_linear import layout as tpu_layout
+from pallas_kernels.gated_linear import tpu_chunks as tc
 from pallas_kernels.gated_linear.ops import check_inputs, document_index
 
 _F32 = jnp.float32
@@ -41,8 +46,9 @@ _F32 = jnp.float32
 class _Config:
   scale: float
   output_final_state: bool
-  blocks: BlockSizes
+  blocks: BlockSizes            # of the backend
   interpret: bool
+  backend: str = "gpu"          # "gpu" (Triton) or "tpu" (Mosaic)
 
 
 # Chunks of the delta rule's chunk kernels, by the inputs' dtype and padded
@@ -142,21 +148,89 @@ def _backward(cfg: _Config, q, k, v, beta, g, s0, doc, do, d_final):
           None if ds0 is None else ds0[:, :, :dk_, :dv_])
 
 
+def _tpu_setup(cfg: _Config, q, k, v, beta, g, doc, do=None):
+  lay, spec = tc.setup(q, k, v, g, doc, cfg.blocks, cfg.scale)
+  arrays = tc.prepare(q, k, v, g, doc, lay, spec, do=do)
+  arrays["beta"] = tpu_chunks.beta_to_kernel(beta, lay)
+  return lay, spec, arrays
+
+
+def _tpu_states(arrays, spec, lay, s0, *, final, interpret):
+  """``(W, {"states", "u", "state_out"})`` on TPU."""
+  wu = tpu_chunks.wy(arrays, spec, lay, interpret=interpret)
+  swept = tpu_chunks.delta_sweep(
+      arrays, wu["w"], wu["u"], spec, lay,
+      state_in=None if s0 is None else tpu_layout.state_to_kernel(s0, lay),
+      state_out=final, interpret=interpret)
+  return wu["w"], swept
+
+
+def _tpu_forward(cfg: _Config, q, k, v, beta, g, s0, doc):
+  lay, spec, arrays = _tpu_setup(cfg, q, k, v, beta, g, doc)
+  _, swept = _tpu_states(arrays, spec, lay, s0,
+                         final=cfg.output_final_state,
+                         interpret=cfg.interpret)
+  o = tc.outputs({**arrays, "v": swept["u"]}, swept["states"], spec, lay,
+                 out_dtype=tc.operand_dtype(spec), interpret=cfg.interpret)
+  o = tpu_layout.from_kernel(o, lay, lay.dim_v).astype(v.dtype)
+  final = swept.get("state_out")
+  return o, (None if final is None
+             else tpu_layout.state_from_kernel(final, lay))
+
+
+def _tpu_backward(cfg: _Config, q, k, v, beta, g, s0, doc, do, d_final):
+  lay, spec, arrays = _tpu_setup(cfg, q, k, v, beta, g, doc, do=do)
+  w, swept = _tpu_states(arrays, spec, lay, s0, final=False,
+                         interpret=cfg.interpret)
+  on_u = {**arrays, "v": swept["u"]}
+  du_intra = tc.dv_intra(arrays, spec, lay, interpret=cfg.interpret)
+  back = tpu_chunks.delta_sweep_grads(
+      arrays, w, du_intra, spec, lay,
+      state_in=(None if d_final is None
+                else tpu_layout.state_to_kernel(d_final, lay)),
+      state_out=s0 is not None, interpret=cfg.interpret)
+  grads = tc.grads(on_u, swept["states"], back["states"], spec, lay,
+                   interpret=cfg.interpret, du=back["du"])
+  wy = tpu_chunks.wy_grads(arrays, grads["dw"], back["du"], spec, lay,
+                           interpret=cfg.interpret)
+  dg = None
+  if g is not None:
+    rows, writes = tc.gate_terms(grads, lay)
+    wy_rows, _ = tc.gate_terms({**wy, "gate_writes": wy["gate_rows"]}, lay)
+    dg = gl.gate_gradient(rows + wy_rows, writes, lay.chunk)[:, :lay.length]
+    dg = dg[..., None] if spec.gate == "scalar" else dg[..., :lay.dim_k]
+  ds0 = back.get("state_out")
+
+  def cut(x, width):
+    return tpu_layout.from_kernel(x, lay, width)
+
+  return (cut(grads["dq"], lay.dim_k),
+          cut(grads["dk"] + wy["dk"], lay.dim_k), cut(wy["dv"], lay.dim_v),
+          cut(wy["dbeta"], 1)[..., 0], dg,
+          None if ds0 is None else tpu_layout.state_from_kernel(ds0, lay))
+
+
+def _primal(cfg: _Config, q, k, v, beta, g, s0, doc):
+  forward = _tpu_forward if cfg.backend == "tpu" else _forward
+  return forward(cfg, q, k, v, beta, g, s0, doc)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attention(cfg: _Config, q, k, v, beta, g, s0, doc):
-  return _forward(cfg, q, k, v, beta, g, s0, doc)
+  return _primal(cfg, q, k, v, beta, g, s0, doc)
 
 
 def _attention_fwd(cfg: _Config, q, k, v, beta, g, s0, doc):
-  return (_forward(cfg, q, k, v, beta, g, s0, doc),
+  return (_primal(cfg, q, k, v, beta, g, s0, doc),
           (q, k, v, beta, g, s0, doc))
 
 
 def _attention_bwd(cfg: _Config, residuals, cotangents):
   q, k, v, beta, g, s0, doc = residuals
   do, d_final = cotangents
-  dq, dk, dv, dbeta, dg, ds0 = _backward(cfg, q, k, v, beta, g, s0, doc, do,
-                                         d_final)
+  backward = _tpu_backward if cfg.backend == "tpu" else _backward
+  dq, dk, dv, dbeta, dg, ds0 = backward(cfg, q, k, v, beta, g, s0, doc, do,
+                                        d_final)
   return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
           dbeta.astype(beta.dtype), dg, ds0, None)
 
@@ -190,6 +264,34 @@ def chunk_delta_rule_gpu(q, k, v, beta, g=None, *, scale=None,
     ``(o [B, T, H, V] in v's dtype, final_state [B, H, K, V] float32 or
     None)``.
   """
+  return _chunk_delta_rule("gpu", q, k, v, beta, g, scale=scale,
+                           initial_state=initial_state,
+                           output_final_state=output_final_state,
+                           segment_ids=segment_ids, chunk_size=chunk_size,
+                           block_sizes=block_sizes, interpret=interpret)
+
+
+def chunk_delta_rule_tpu(q, k, v, beta, g=None, *, scale=None,
+                         initial_state=None, output_final_state=False,
+                         segment_ids=None, chunk_size: int | None = None,
+                         block_sizes: BlockSizes | None = None,
+                         interpret: bool = False):
+  """The delta rule on chunk-parallel Mosaic kernels (forward and
+  backward): ``chunk_delta_rule_gpu``'s arguments and results, with TPU
+  ``BlockSizes`` of ``pallas_kernels.gated_linear`` (the chunk: 128 tokens
+  by default, at most 256, and 128 for float32 inputs) and float32 or
+  bfloat16 inputs alike (float32 ones run float32 matmuls at the highest
+  precision)."""
+  return _chunk_delta_rule("tpu", q, k, v, beta, g, scale=scale,
+                           initial_state=initial_state,
+                           output_final_state=output_final_state,
+                           segment_ids=segment_ids, chunk_size=chunk_size,
+                           block_sizes=block_sizes, interpret=interpret)
+
+
+def _chunk_delta_rule(backend, q, k, v, beta, g, *, scale, initial_state,
+                      output_final_state, segment_ids, chunk_size,
+                      block_sizes, interpret):
   check_inputs(q, k, v, g, initial_state, segment_ids)
   b, t, h, dk = np.shape(q)
   if np.shape(beta) != (b, t, h):
@@ -200,11 +302,15 @@ def chunk_delta_rule_gpu(q, k, v, beta, g=None, *, scale=None,
     g = g[..., None] if g.ndim == 3 else g
   if block_sizes is None:
     block_sizes = BlockSizes.default(
-        "gpu", per_channel=g is not None and g.shape[-1] != 1,
+        backend, per_channel=g is not None and g.shape[-1] != 1,
         chunk_size=chunk_size)
+  elif block_sizes.backend != backend:
+    raise ValueError(f"block_sizes are for {block_sizes.backend!r}, not "
+                     f"{backend!r}")
   cfg = _Config(scale=float(dk ** -0.5 if scale is None else scale),
                 output_final_state=bool(output_final_state),
-                blocks=block_sizes, interpret=bool(interpret))
+                blocks=block_sizes, interpret=bool(interpret),
+                backend=backend)
   s0 = None if initial_state is None else jnp.asarray(initial_state, _F32)
   doc = None if segment_ids is None else document_index(segment_ids)
   return _attention(cfg, q, k, v, jnp.asarray(beta, _F32), g, s0, doc)

@@ -35,7 +35,7 @@ Kernels:
   and ``dq``, ``dk`` per key block, and the per-token terms of the
   log-decays' gradient (``gpu.gate_gradient`` adds them up).
 
-A decay per key channel (secondary chunking, ``_RowBlock``): the ``[C, C,
+A decay per key channel (secondary chunking, ``RowBlock``): the ``[C, C,
 K]`` pair weights are never formed. The scores are computed by row blocks
 of ``S`` tokens (``BlockSizes.sub_chunk``, 16): the pairs whose key lies
 before the block factor through the token before it, ``R``, as two decays
@@ -277,7 +277,7 @@ def _single_buffered_states(inputs, outputs, specs):
           for name, (x, spec) in inputs.items()}
 
 
-def _chunk_specs(lay: Layout):
+def chunk_specs(lay: Layout):
   """Block specs of the chunk kernels, grid ``(b, h, n)``."""
   c = lay.chunk
   return {
@@ -295,13 +295,13 @@ def _chunk_specs(lay: Layout):
   }
 
 
-_GATE_AND_DOC_KINDS = {"p_hi": "column", "p_lo": "column",
+GATE_AND_DOC_KINDS = {"p_hi": "column", "p_lo": "column",
                        "p_row_hi": "row", "p_row_lo": "row", "doc": "doc",
                        "doc_prev": "doc", "doc_row": "doc_row"}
 
 
-def _call(kernel, grid, inputs, outputs, *, parallel: int, scratch=(),
-          name: str, cost, interpret: bool):
+def call(kernel, grid, inputs, outputs, *, parallel: int, scratch=(),
+         name: str, cost, interpret: bool):
   """``pl.pallas_call`` of ``kernel(refs by name)``: ``inputs`` and
   ``outputs`` ``{name: (array or shape struct, BlockSpec)}``, ``scratch``
   ``[(name, shape, dtype)]`` VMEM; the first ``parallel`` grid axes
@@ -328,19 +328,19 @@ def _call(kernel, grid, inputs, outputs, *, parallel: int, scratch=(),
   return dict(zip(outputs, outs))
 
 
-def _dot(a, b, dims, spec: Spec):
+def dot(a, b, dims, spec: Spec):
   return dots.dot(a, b, dims, mode="bf16" if spec.bf16 else "f32")
 
 
-def _dot_into(r, out, lhs, rhs, dims, spec: Spec, lay: Layout, *,
-              add: bool = False, lhs_cols=slice(None)):
+def dot_into(r, out, lhs, rhs, dims, spec: Spec, lay: Layout, *,
+             add: bool = False, lhs_cols=slice(None)):
   """``r[out] (+)= r[lhs][:, lhs_cols] . rhs()`` (``dims`` NN or NT, ``out``
   a ``[C, *]`` float32 scratch). bfloat16 operands: one product. float32:
   by strips of ``lay.strip`` rows of ``lhs``, since a ``[128, 128]``
   float32 product at the highest precision spills vector registers on v6e
   and tpu7x and a ``[32, 128]`` one does not."""
   if spec.bf16:
-    value = _dot(r[lhs][:, lhs_cols], rhs(), dims, spec)
+    value = dot(r[lhs][:, lhs_cols], rhs(), dims, spec)
     if add:
       r[out][...] += value
     else:
@@ -348,26 +348,26 @@ def _dot_into(r, out, lhs, rhs, dims, spec: Spec, lay: Layout, *,
     return
 
   def strip(t, carry):
-    rows = _cols(t, lay.strip)
-    value = _dot(r[lhs][rows, lhs_cols], rhs(), dims, spec)
+    rows = at_block(t, lay.strip)
+    value = dot(r[lhs][rows, lhs_cols], rhs(), dims, spec)
     if add:
       r[out][rows, :] += value
     else:
       r[out][rows, :] = value
     return carry
 
-  _loop(spec.chunk // lay.strip, strip, 0)
+  loop(spec.chunk // lay.strip, strip, 0)
 
 
-def _operand_dtype(spec: Spec):
+def operand_dtype(spec: Spec):
   return jnp.bfloat16 if spec.bf16 else _F32
 
 
-def _operand(x, spec: Spec):
-  return x.astype(_operand_dtype(spec))
+def operand(x, spec: Spec):
+  return x.astype(operand_dtype(spec))
 
 
-def _iota(shape, axis):
+def iota(shape, axis):
   return jax.lax.broadcasted_iota(jnp.int32, shape, axis)
 
 
@@ -381,7 +381,7 @@ class _Chunk:
   carry: jax.Array
 
 
-def _chunk_weights(r, spec: Spec, cols=slice(None), rows=None) -> _Chunk:
+def chunk_weights(r, spec: Spec, cols=slice(None), rows=None) -> _Chunk:
   """The weights of the chunk in ``r`` at its tokens ``rows`` (a ``pl.ds``;
   all by default); a decay per key channel at the key columns ``cols`` of
   its ``p`` refs."""
@@ -412,24 +412,24 @@ def _chunk_weights(r, spec: Spec, cols=slice(None), rows=None) -> _Chunk:
   return _Chunk(read_w, write_w, carry_w)
 
 
-def _pair_mask(r, spec: Spec, i=0, rows: int | None = None):
+def pair_mask(r, spec: Spec, i=0, rows: int | None = None):
   """``[R, C]``: the pairs ``j <= i'`` in one document, for the queries
   ``i'`` of the ``R``-row block ``i`` (the whole chunk by default)."""
   c = spec.chunk
   rows = c if rows is None else rows
-  mask = _iota((rows, c), 0) + i * rows >= _iota((rows, c), 1)
+  mask = iota((rows, c), 0) + i * rows >= iota((rows, c), 1)
   if spec.segments:
-    mask = mask & (r["doc"][_cols(i, rows), :] == r["doc_row"][...])
+    mask = mask & (r["doc"][at_block(i, rows), :] == r["doc_row"][...])
   return mask
 
 
-def _pair_weights(r, spec: Spec, i=0, rows: int | None = None):
+def pair_weights(r, spec: Spec, i=0, rows: int | None = None):
   """``pair_ij exp(P_i - P_j)``, ``[R, C]`` float32 for the rows of
-  ``_pair_mask``, the mask applied before ``exp``."""
-  mask = _pair_mask(r, spec, i, rows)
+  ``pair_mask``, the mask applied before ``exp``."""
+  mask = pair_mask(r, spec, i, rows)
   if spec.gate == "none":
     return mask.astype(_F32)
-  block = _cols(i, mask.shape[0])
+  block = at_block(i, mask.shape[0])
   diff = ((r["p_hi"][block, :] - r["p_row_hi"][...])
           + (r["p_lo"][block, :] - r["p_row_lo"][...]))         # P_i - P_j
   return jnp.exp(jnp.where(mask, diff, -jnp.inf))
@@ -450,14 +450,14 @@ def _sweep_kernel(r, *, spec: Spec, reverse: bool, last_step: int):
 
   s = r["state"][...]
   r["states"][...] = s.astype(r["states"].dtype)
-  w = _chunk_weights(r, spec)
+  w = chunk_weights(r, spec)
   if reverse:
     x = r["q"][...].astype(_F32) * (w.read * spec.scale)
     y = r["do"][...]
   else:
     x = r["k"][...].astype(_F32) * w.write
     y = r["v"][...]
-  s = s * w.carry + _dot(y, _operand(x, spec), TN, spec)        # [BV, BK]
+  s = s * w.carry + dot(y, operand(x, spec), TN, spec)        # [BV, BK]
   r["state"][...] = s
   if "state_out" in r:
     @pl.when(step == last_step)
@@ -465,13 +465,13 @@ def _sweep_kernel(r, *, spec: Spec, reverse: bool, last_step: int):
       r["state_out"][...] = s
 
 
-def _gate_and_doc_inputs(arrays, specs, names):
+def gate_and_doc_inputs(arrays, specs, names):
   """The gate and document inputs among ``names``: a per-channel decay's
   prefix sums ``[.., T, K_pad]`` take the keys' blocks."""
   def kind(n):
     if n in ("p_hi", "p_lo") and arrays[n].shape[-1] != 1:
       return "k"
-    return _GATE_AND_DOC_KINDS[n]
+    return GATE_AND_DOC_KINDS[n]
 
   return {n: (arrays[n], specs[kind(n)]) for n in names if n in arrays}
 
@@ -487,8 +487,8 @@ def sweep(arrays, spec: Spec, lay: Layout, *, reverse: bool, state_in=None,
   x_name, y_name = ("q", "do") if reverse else ("k", "v")
   inputs = {x_name: (arrays[x_name], specs["k"]),
             y_name: (arrays[y_name], specs["v"])}
-  inputs.update(_gate_and_doc_inputs(arrays, specs,
-                                     ("p_hi", "p_lo", "doc", "doc_prev")))
+  inputs.update(gate_and_doc_inputs(arrays, specs,
+                                    ("p_hi", "p_lo", "doc", "doc_prev")))
   if state_in is not None:
     inputs["state_in"] = (state_in, specs["state"])
   b, h = lay.batch, lay.heads
@@ -502,15 +502,15 @@ def sweep(arrays, spec: Spec, lay: Layout, *, reverse: bool, state_in=None,
           lay.chunks)
   kernel = functools.partial(_sweep_kernel, spec=spec, reverse=reverse,
                              last_step=lay.chunks - 1)
-  return _call(kernel, grid, inputs, outputs, parallel=4,
-               scratch=[("state", (lay.sweep_v, lay.sweep_k), _F32)],
-               name=("gated_linear_tpu_state_grads" if reverse
+  return call(kernel, grid, inputs, outputs, parallel=4,
+              scratch=[("state", (lay.sweep_v, lay.sweep_k), _F32)],
+              name=("gated_linear_tpu_state_grads" if reverse
                      else "gated_linear_tpu_states"),
                cost=cost(spec, lay, "sweep", inputs, outputs),
                interpret=interpret)
 
 
-def _loop(n: int, body, init):
+def loop(n: int, body, init):
   """``body(j, carry)`` for ``j < n``: inline for one step, else a
   ``fori_loop``."""
   if n == 1:
@@ -518,7 +518,7 @@ def _loop(n: int, body, init):
   return jax.lax.fori_loop(0, n, body, init)
 
 
-def _cols(j, width: int):
+def at_block(j, width: int):
   if isinstance(j, int):
     return pl.ds(j * width, width)
   return pl.ds(pl.multiple_of(j * width, width), width)
@@ -530,21 +530,21 @@ def _weighted(r, spec: Spec, lay: Layout, out: str, x: str, weight: str,
   chunk's ``"read"`` or ``"write"`` weights; by key steps and strips of
   rows."""
   def key_step(j, carry):
-    cols = _cols(j, lay.step)
+    cols = at_block(j, lay.step)
 
     def strip(t, carry):
-      rows = _cols(t, lay.strip)
-      w = getattr(_chunk_weights(r, spec, cols, rows), weight)
-      r[out][rows, cols] = _operand(
+      rows = at_block(t, lay.strip)
+      w = getattr(chunk_weights(r, spec, cols, rows), weight)
+      r[out][rows, cols] = operand(
           r[x][rows, cols].astype(_F32) * (w * scale), spec)
       return carry
 
-    return _loop(spec.chunk // lay.strip, strip, carry)
+    return loop(spec.chunk // lay.strip, strip, carry)
 
-  _loop(lay.k_pad // lay.step, key_step, 0)
+  loop(lay.k_pad // lay.step, key_step, 0)
 
 
-def _score_products(r, spec: Spec, lay: Layout, *, grads: bool):
+def score_products(r, spec: Spec, lay: Layout, *, grads: bool):
   """The chunk's ``[C, C]`` products to float32 scratch: ``s = q k^T`` and,
   for the gradients, ``ds = do v^T``, each summed over column steps; the
   elementwise work on them then runs by strips of ``lay.strip`` rows, so no
@@ -556,12 +556,39 @@ def _score_products(r, spec: Spec, lay: Layout, *, grads: bool):
     r[out][...] = jnp.zeros(r[out].shape, _F32)
 
     def part(j, carry, out=out, x=x, y=y):
-      cols = _cols(j, lay.step)
-      _dot_into(r, out, x, lambda: r[y][:, cols], NT, spec, lay, add=True,
-                lhs_cols=cols)
+      cols = at_block(j, lay.step)
+      dot_into(r, out, x, lambda: r[y][:, cols], NT, spec, lay, add=True,
+               lhs_cols=cols)
       return carry
 
-    _loop(width // lay.step, part, 0)
+    loop(width // lay.step, part, 0)
+
+
+def _scaled_scores_to_scratch(r, spec: Spec, lay: Layout):
+  """``scale A`` (``A = (q k^T) * W``, ``W`` the pair weights) of a chunk to
+  the scratch ``a`` in the matmul dtype: by strips of rows from the float32
+  scratch ``s``, or by row blocks for a decay per key channel."""
+  if spec.gate == "channel":
+    _channel_scores_to_scratch(r, spec, lay)
+    return
+  score_products(r, spec, lay, grads=False)                    # s
+
+  def strip(i, carry):
+    rows = at_block(i, lay.strip)
+    scores = r["s"][rows, :] * pair_weights(r, spec, i, lay.strip)
+    r["a"][rows, :] = operand(scores * spec.scale, spec)       # [R, C]
+    return carry
+
+  loop(spec.chunk // lay.strip, strip, 0)
+
+
+def _scores_scratch(spec: Spec, lay: Layout):
+  """The scratch of ``_scaled_scores_to_scratch``."""
+  c = lay.chunk
+  if spec.gate != "channel":
+    return [("a", (c, c), operand_dtype(spec)), ("s", (c, c), _F32)]
+  return [("a", (c, c), operand_dtype(spec)), ("e", (c, lay.step), _F32),
+          ("ke", (c, lay.step), operand_dtype(spec))]
 
 
 def _outputs_kernel(r, *, spec: Spec, lay: Layout):
@@ -569,41 +596,28 @@ def _outputs_kernel(r, *, spec: Spec, lay: Layout):
   scaled scores to the scratch ``a`` (by strips of rows, or by row blocks
   for a decay per key channel), the scaled read queries to ``q_read`` (by
   key steps and strips), then one block of value columns per step."""
-  c = spec.chunk
-  if spec.gate == "channel":
-    _channel_scores_to_scratch(r, spec, lay)
-  else:
-    _score_products(r, spec, lay, grads=False)                  # s
-
-    def strip(i, carry):
-      rows = _cols(i, lay.strip)
-      scores = r["s"][rows, :] * _pair_weights(r, spec, i, lay.strip)
-      r["a"][rows, :] = _operand(scores * spec.scale, spec)     # [R, C]
-      return carry
-
-    _loop(c // lay.strip, strip, 0)
-
+  _scaled_scores_to_scratch(r, spec, lay)
   _weighted(r, spec, lay, "q_read", "q", "read", spec.scale)
   n_k = lay.k_pad // lay.step
 
   def value_step(j, carry):
-    cols = _cols(j, lay.step)
-    _dot_into(r, "o_acc", "a", lambda: r["v"][:, cols], NN, spec, lay)
+    cols = at_block(j, lay.step)
+    dot_into(r, "o_acc", "a", lambda: r["v"][:, cols], NN, spec, lay)
 
     def read(jk, carry):
-      kcols = _cols(jk, lay.step)
-      _dot_into(r, "o_acc", "q_read", lambda: r["states"][cols, kcols], NT,
-                spec, lay, add=True, lhs_cols=kcols)
+      kcols = at_block(jk, lay.step)
+      dot_into(r, "o_acc", "q_read", lambda: r["states"][cols, kcols], NT,
+               spec, lay, add=True, lhs_cols=kcols)
       return carry
 
-    _loop(n_k, read, 0)
+    loop(n_k, read, 0)
     r["o"][:, cols] = r["o_acc"][...].astype(r["o"].dtype)      # [C, BV]
     return carry
 
-  _loop(lay.v_pad // lay.step, value_step, 0)
+  loop(lay.v_pad // lay.step, value_step, 0)
 
 
-class _RowBlock:
+class RowBlock:
   """Row block ``i`` (``S`` tokens) of a chunk with a decay per key channel,
   at the key columns ``cols``: the ``[S, C]`` part of the scores whose
   query lies in the block, and the factors that its pairs ``j < i S`` share.
@@ -621,14 +635,14 @@ class _RowBlock:
   def __init__(self, r, spec: Spec, lay: Layout, i, cols):
     s, c = spec.sub_chunk, spec.chunk
     self.spec, self.i, self.cols, self._r = spec, i, cols, r
-    rows = _cols(i, s)
+    rows = at_block(i, s)
     self.q = r["q"][rows, cols].astype(_F32)                     # [S, BK]
     self.k = r["k"][rows, cols].astype(_F32)
     self.hi, self.lo = r["p_hi"][rows, cols], r["p_lo"][rows, cols]
     ref = i * s - 1                                              # R
     # P_R, the last row of the block before (aligned loads only); block 0
     # has no pairs before it and takes its own first row, so f <= 1.
-    before_rows = _cols(jnp.maximum(i - 1, 0), s)
+    before_rows = at_block(jnp.maximum(i - 1, 0), s)
 
     def at_ref(name):
       prev = r[name][before_rows, cols]                          # [S, BK]
@@ -636,24 +650,24 @@ class _RowBlock:
 
     hi_r, lo_r = at_ref("p_hi"), at_ref("p_lo")
     self.f = jnp.exp((self.hi - hi_r) + (self.lo - lo_r))       # [S, BK]
-    self.qf = _operand(self.q * self.f, spec)
+    self.qf = operand(self.q * self.f, spec)
 
     def strip(t, carry):
       # e and k e of every key, by strips of rows, to the scratch.
-      keys = _cols(t, lay.strip)
-      before = _iota((lay.strip, 1), 0) + t * lay.strip <= ref  # j <= R
+      keys = at_block(t, lay.strip)
+      before = iota((lay.strip, 1), 0) + t * lay.strip <= ref  # j <= R
       e = jnp.exp(jnp.where(before, (hi_r - r["p_hi"][keys, cols])
                             + (lo_r - r["p_lo"][keys, cols]), -jnp.inf))
       r["e"][keys, :] = e
-      r["ke"][keys, :] = _operand(r["k"][keys, cols].astype(_F32) * e, spec)
+      r["ke"][keys, :] = operand(r["k"][keys, cols].astype(_F32) * e, spec)
       return carry
 
-    _loop(c // lay.strip, strip, 0)
+    loop(c // lay.strip, strip, 0)
 
   def lanes(self):
     """``[S, C]`` column index and ``[S, 1]`` row index in the block."""
     s, c = self.spec.sub_chunk, self.spec.chunk
-    return _iota((s, c), 1), _iota((s, 1), 0)
+    return iota((s, c), 1), iota((s, 1), 0)
 
   def key(self, j):
     """Key ``j`` of the block and its decays to the block's queries
@@ -674,7 +688,7 @@ class _RowBlock:
     spec = self.spec
     lane, row = self.lanes()
     start = self.i * spec.sub_chunk
-    a = _dot(self.qf, self._r["ke"][...], NT, spec)              # j <= R
+    a = dot(self.qf, self._r["ke"][...], NT, spec)              # j <= R
     a = a + jnp.where(lane == start + row,
                       jnp.sum(self.q * self.k, axis=1, keepdims=True), 0.0)
 
@@ -683,7 +697,7 @@ class _RowBlock:
       part = jnp.sum(self.q * k_j * decay, axis=1, keepdims=True)  # [S, 1]
       return a + jnp.where(lane == start + j, part, 0.0)
 
-    return _loop(spec.sub_chunk, inside, a)
+    return loop(spec.sub_chunk, inside, a)
 
 
 def _channel_scores_to_scratch(r, spec: Spec, lay: Layout):
@@ -694,41 +708,66 @@ def _channel_scores_to_scratch(r, spec: Spec, lay: Layout):
 
   def row_block(i, carry):
     def key_step(j, a):
-      return a + _RowBlock(r, spec, lay, i, _cols(j, lay.step)).scores()
+      return a + RowBlock(r, spec, lay, i, at_block(j, lay.step)).scores()
 
-    a = _loop(lay.k_pad // lay.step, key_step, jnp.zeros((s, c), _F32))
-    a = jnp.where(_pair_mask(r, spec, i, s), a, 0.0)
-    r["a"][_cols(i, s), :] = _operand(a * spec.scale, spec)
+    a = loop(lay.k_pad // lay.step, key_step, jnp.zeros((s, c), _F32))
+    a = jnp.where(pair_mask(r, spec, i, s), a, 0.0)
+    r["a"][at_block(i, s), :] = operand(a * spec.scale, spec)
     return carry
 
-  _loop(c // s, row_block, 0)
+  loop(c // s, row_block, 0)
 
 
 def outputs(arrays, h, spec: Spec, lay: Layout, *, out_dtype,
             interpret: bool):
   """``o [B, H, T_pad, V_pad]`` from the inputs and the entering states
   ``h [B, H, N, V_pad, K_pad]``."""
-  specs = _chunk_specs(lay)
+  specs = chunk_specs(lay)
   inputs = {"q": (arrays["q"], specs["k"]), "k": (arrays["k"], specs["k"]),
             "v": (arrays["v"], specs["v"]), "states": (h, specs["states"])}
-  inputs.update(_gate_and_doc_inputs(arrays, specs, _GATE_AND_DOC_KINDS))
+  inputs.update(gate_and_doc_inputs(arrays, specs, GATE_AND_DOC_KINDS))
   b, hh = lay.batch, lay.heads
   out = {"o": (jax.ShapeDtypeStruct((b, hh, lay.t_pad, lay.v_pad), out_dtype),
                specs["v"])}
-  dtype = _operand_dtype(spec)
-  scratch = [("a", (lay.chunk, lay.chunk), dtype),
-             ("q_read", (lay.chunk, lay.k_pad), dtype),
-             ("o_acc", (lay.chunk, lay.step), _F32)]
-  if spec.gate != "channel":
-    scratch.append(("s", (lay.chunk, lay.chunk), _F32))
-  else:
-    scratch += [("e", (lay.chunk, lay.step), _F32),
-                ("ke", (lay.chunk, lay.step), dtype)]
-  return _call(functools.partial(_outputs_kernel, spec=spec, lay=lay),
-               (b, hh, lay.chunks), inputs, out, parallel=3, scratch=scratch,
-               name="gated_linear_tpu_outputs",
-               cost=cost(spec, lay, "outputs", inputs, out),
-               interpret=interpret)["o"]
+  scratch = _scores_scratch(spec, lay) + [
+      ("q_read", (lay.chunk, lay.k_pad), operand_dtype(spec)),
+      ("o_acc", (lay.chunk, lay.step), _F32)]
+  return call(functools.partial(_outputs_kernel, spec=spec, lay=lay),
+              (b, hh, lay.chunks), inputs, out, parallel=3, scratch=scratch,
+              name="gated_linear_tpu_outputs",
+              cost=cost(spec, lay, "outputs", inputs, out),
+              interpret=interpret)["o"]
+
+
+def _dv_intra_kernel(r, *, spec: Spec, lay: Layout):
+  """``dv = scale A^T do`` of one chunk (the pairs inside it only), per
+  block of value columns."""
+  _scaled_scores_to_scratch(r, spec, lay)
+
+  def value_step(j, carry):
+    cols = at_block(j, lay.step)
+    r["dv"][:, cols] = dot(r["a"][...], r["do"][:, cols], TN, spec)
+    return carry
+
+  loop(lay.v_pad // lay.step, value_step, 0)
+
+
+def dv_intra(arrays, spec: Spec, lay: Layout, *, interpret: bool):
+  """``dv [B, H, T_pad, V_pad]`` float32: what the outputs of each chunk send
+  to the values of the same chunk, ``scale A^T do`` (the delta rule's
+  pseudo-values take it, ``delta_rule/tpu_chunks.py``)."""
+  specs = chunk_specs(lay)
+  inputs = {name: (arrays[name], specs[kind]) for name, kind in
+            (("q", "k"), ("k", "k"), ("do", "v"))}
+  inputs.update(gate_and_doc_inputs(arrays, specs, GATE_AND_DOC_KINDS))
+  b, hh = lay.batch, lay.heads
+  out = {"dv": (jax.ShapeDtypeStruct((b, hh, lay.t_pad, lay.v_pad), _F32),
+                specs["v"])}
+  return call(functools.partial(_dv_intra_kernel, spec=spec, lay=lay),
+              (b, hh, lay.chunks), inputs, out, parallel=3,
+              scratch=_scores_scratch(spec, lay), name="gated_linear_tpu_dv",
+              cost=cost(spec, lay, "dv_intra", inputs, out),
+              interpret=interpret)["dv"]
 
 
 def _grads_kernel(r, *, spec: Spec, lay: Layout):
@@ -756,7 +795,7 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
   c = spec.chunk
   n_k = lay.k_pad // lay.step
   gated = spec.gate != "none"
-  _score_products(r, spec, lay, grads=True)                     # s, ds
+  score_products(r, spec, lay, grads=True)                     # s, ds
 
   def strip(i, col_sums):
     # One strip of rows of the [C, C] products: the pair weights, the
@@ -764,20 +803,20 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
     # gradient by row (a column, to gate_rows) and by column (a row,
     # summed over strips): no transpose in the kernel; gpu.gate_gradient's
     # caller subtracts them.
-    rows = _cols(i, lay.strip)
-    pair = _pair_weights(r, spec, i, lay.strip)                 # [R, C]
+    rows = at_block(i, lay.strip)
+    pair = pair_weights(r, spec, i, lay.strip)                 # [R, C]
     scores = r["s"][rows, :] * pair                             # A
     d_scores = r["ds"][rows, :]                                 # do v^T
-    r["a"][rows, :] = _operand(scores * spec.scale, spec)
-    r["da"][rows, :] = _operand(d_scores * pair * spec.scale, spec)
+    r["a"][rows, :] = operand(scores * spec.scale, spec)
+    r["da"][rows, :] = operand(d_scores * pair * spec.scale, spec)
     if not gated:
       return col_sums
-    below = (_iota(pair.shape, 0) + i * lay.strip > _iota(pair.shape, 1))
+    below = (iota(pair.shape, 0) + i * lay.strip > iota(pair.shape, 1))
     terms = jnp.where(below, scores * d_scores * spec.scale, 0.0)  # [i, j]
     r["gate_rows"][rows, :] = jnp.sum(terms, axis=1, keepdims=True)
     return col_sums + jnp.sum(terms, axis=0, keepdims=True)
 
-  col_sums = _loop(c // lay.strip, strip, jnp.zeros((1, c), _F32))
+  col_sums = loop(c // lay.strip, strip, jnp.zeros((1, c), _F32))
   if gated:
     r["gate_cols"][...] = col_sums                              # [1, C]
     r["gate_writes"][...] = jnp.zeros(r["gate_writes"].shape, _F32)
@@ -788,14 +827,14 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
   def key_block(j, carried_total):
     # The products of the key block to float32 scratch, then the
     # elementwise work by strips of rows.
-    cols = _cols(j, lay.step)
-    _dot_into(r, "dq_pairs", "da", lambda: r["k"][:, cols], NN, spec, lay)
-    r["dk_pairs"][...] = _dot(r["da"][...], r["q"][:, cols], TN, spec)
+    cols = at_block(j, lay.step)
+    dot_into(r, "dq_pairs", "da", lambda: r["k"][:, cols], NN, spec, lay)
+    r["dk_pairs"][...] = dot(r["da"][...], r["q"][:, cols], TN, spec)
     carried = _state_products(r, spec, lay, cols)               # [1, BK]
 
     def strip(i, carry):
-      rows = _cols(i, lay.strip)
-      w = _chunk_weights(r, spec, rows=rows)
+      rows = at_block(i, lay.strip)
+      w = chunk_weights(r, spec, rows=rows)
       dq_read = r["dq_read"][rows, :] * (w.read * spec.scale)   # [R, BK]
       dk_write = r["dk_write"][rows, :] * w.write
       r["dq"][rows, cols] = (dq_read + r["dq_pairs"][rows, :]).astype(
@@ -811,20 +850,20 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
                                              keepdims=True)
       return carry
 
-    _loop(c // lay.strip, strip, 0)
+    loop(c // lay.strip, strip, 0)
     return carried_total + jnp.sum(carried, axis=1, keepdims=True)
 
-  carried = _loop(n_k, key_block, jnp.zeros((1, 1), _F32))
+  carried = loop(n_k, key_block, jnp.zeros((1, 1), _F32))
   if not gated:
     return
-  carry = _chunk_weights(r, spec, rows=pl.ds(c - 1, 1)).carry
+  carry = chunk_weights(r, spec, rows=pl.ds(c - 1, 1)).carry
   r["gate_rows"][c - 1:c, :] += carry * carried
 
 
 def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
   """``dv``, ``dq``, ``dk`` and the log-decays' gradient terms of one chunk
   with a decay per key channel (the equations of ``_grads_kernel``, with
-  ``[C, K]`` weights and the pairs of ``_RowBlock``):
+  ``[C, K]`` weights and the pairs of ``RowBlock``):
 
   1. ``dA = scale (do v^T) * W`` (``W`` the pairs ``j <= i`` in one
      document) in the scratch ``da``, summed over value steps.
@@ -847,37 +886,37 @@ def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
   r["da"][...] = jnp.zeros((c, c), _F32)
 
   def score_part(j, carry):
-    cols = _cols(j, lay.step)
-    _dot_into(r, "da", "do", lambda: r["v"][:, cols], NT, spec, lay,
-              add=True, lhs_cols=cols)
+    cols = at_block(j, lay.step)
+    dot_into(r, "da", "do", lambda: r["v"][:, cols], NT, spec, lay,
+             add=True, lhs_cols=cols)
     return carry
 
-  _loop(n_v, score_part, 0)
+  loop(n_v, score_part, 0)
   r["dk_pairs"][...] = jnp.zeros(r["dk_pairs"].shape, _F32)
 
   def row_block(i, carry):
-    rows = _cols(i, s)
-    da = jnp.where(_pair_mask(r, spec, i, s), r["da"][rows, :] * spec.scale,
+    rows = at_block(i, s)
+    da = jnp.where(pair_mask(r, spec, i, s), r["da"][rows, :] * spec.scale,
                    0.0)                                         # [S, C]
-    lane = _iota((s, c), 1)
-    diagonal = lane == _iota((s, 1), 0) + i * s
+    lane = iota((s, c), 1)
+    diagonal = lane == iota((s, 1), 0) + i * s
     r["da_diag"][rows, :] = jnp.sum(jnp.where(diagonal, da, 0.0), axis=1,
                                     keepdims=True)
-    da_op = _operand(da, spec)
+    da_op = operand(da, spec)
 
     def key_step(j, a):
-      cols = _cols(j, lay.step)
-      blk = _RowBlock(r, spec, lay, i, cols)
+      cols = at_block(j, lay.step)
+      blk = RowBlock(r, spec, lay, i, cols)
       a = a + blk.scores()
-      dq = blk.f * _dot(da_op, r["ke"][...], NN, spec)          # [S, BK]
-      r["dk_tmp"][...] = _dot(da_op, blk.qf, TN, spec)          # [C, BK]
+      dq = blk.f * dot(da_op, r["ke"][...], NN, spec)          # [S, BK]
+      r["dk_tmp"][...] = dot(da_op, blk.qf, TN, spec)          # [C, BK]
 
       def dk_strip(t, carry):
-        keys = _cols(t, lay.strip)
+        keys = at_block(t, lay.strip)
         r["dk_pairs"][keys, cols] += r["e"][keys, :] * r["dk_tmp"][keys, :]
         return carry
 
-      _loop(c // lay.strip, dk_strip, 0)
+      loop(c // lay.strip, dk_strip, 0)
       _, row = blk.lanes()
 
       def inside(jj, acc):
@@ -889,28 +928,28 @@ def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
         dk_j = jnp.sum(da_j * blk.q * decay, axis=0, keepdims=True)
         return dq, dk + jnp.where(row == jj, dk_j, 0.0)
 
-      dq, dk = _loop(s, inside, (dq, jnp.zeros(dq.shape, _F32)))
+      dq, dk = loop(s, inside, (dq, jnp.zeros(dq.shape, _F32)))
       r["dq_pairs"][rows, cols] = dq
       r["dk_pairs"][rows, cols] += dk
       return a
 
-    a = _loop(n_k, key_step, jnp.zeros((s, c), _F32))
-    a = jnp.where(_pair_mask(r, spec, i, s), a, 0.0)
-    r["a"][rows, :] = _operand(a * spec.scale, spec)
+    a = loop(n_k, key_step, jnp.zeros((s, c), _F32))
+    a = jnp.where(pair_mask(r, spec, i, s), a, 0.0)
+    r["a"][rows, :] = operand(a * spec.scale, spec)
     return carry
 
-  _loop(c // s, row_block, 0)
+  loop(c // s, row_block, 0)
 
   _weighted(r, spec, lay, "k_write", "k", "write")
   _dv_steps(r, spec, lay)
 
   def key_step(j, carry):
-    cols = _cols(j, lay.step)
+    cols = at_block(j, lay.step)
     carried = _state_products(r, spec, lay, cols)
 
     def strip(t, carry):
-      rows = _cols(t, lay.strip)
-      w = _chunk_weights(r, spec, cols, rows)
+      rows = at_block(t, lay.strip)
+      w = chunk_weights(r, spec, cols, rows)
       dq_read = r["dq_read"][rows, :] * (w.read * spec.scale)   # [R, BK]
       dk_write = r["dk_write"][rows, :] * w.write
       q = r["q"][rows, cols].astype(_F32)
@@ -921,81 +960,100 @@ def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
           r["dq"].dtype)
       r["dk"][rows, cols] = (dk_write + dk_pairs + da_diag * q).astype(
           r["dk"].dtype)
-      last = _iota((lay.strip, 1), 0) + t * lay.strip == c - 1
+      last = iota((lay.strip, 1), 0) + t * lay.strip == c - 1
       r["gate_rows"][rows, cols] = (
           q * (dq_read + dq_pairs) - k * dk_pairs
           + jnp.where(last, w.carry * carried, 0.0))
       r["gate_writes"][rows, cols] = k * dk_write
       return carry
 
-    return _loop(c // lay.strip, strip, carry)
+    return loop(c // lay.strip, strip, carry)
 
-  _loop(n_k, key_step, 0)
+  loop(n_k, key_step, 0)
 
 
 def _state_products(r, spec: Spec, lay: Layout, cols):
   """For the key columns ``cols``: ``do h^T`` and ``v dh^T`` (``[C, 128]``,
   summed over value steps) to the scratch ``dq_read`` and ``dk_write``;
   returns ``sum_v h * dh``, ``[1, 128]`` (the carried state's term of the
-  log-decays' gradient)."""
-  r["dq_read"][...] = jnp.zeros(r["dq_read"].shape, _F32)
-  r["dk_write"][...] = jnp.zeros(r["dk_write"].shape, _F32)
+  log-decays' gradient). With ``du`` (the delta rule) it also writes ``dw
+  = -du h^T`` at ``cols``, through the scratch ``dw_acc``."""
+  products = [("dq_read", "do", "states"), ("dk_write", "v", "d_states")]
+  if "du" in r:
+    products.append(("dw_acc", "du", "states"))
+  for out, _, _ in products:
+    r[out][...] = jnp.zeros(r[out].shape, _F32)
 
   def value_step(jv, carried):
-    vcols = _cols(jv, lay.step)
-    _dot_into(r, "dq_read", "do", lambda: r["states"][vcols, cols], NN,
-              spec, lay, add=True, lhs_cols=vcols)
-    _dot_into(r, "dk_write", "v", lambda: r["d_states"][vcols, cols], NN,
-              spec, lay, add=True, lhs_cols=vcols)
+    vcols = at_block(jv, lay.step)
+    for out, lhs, state in products:
+      dot_into(r, out, lhs, lambda state=state: r[state][vcols, cols], NN,
+               spec, lay, add=True, lhs_cols=vcols)
     h = r["states"][vcols, cols].astype(_F32)
     dh = r["d_states"][vcols, cols].astype(_F32)
     return carried + jnp.sum(h * dh, axis=0, keepdims=True)
 
-  return _loop(lay.v_pad // lay.step, value_step,
-               jnp.zeros((1, lay.step), _F32))
+  carried = loop(lay.v_pad // lay.step, value_step,
+                 jnp.zeros((1, lay.step), _F32))
+  if "du" in r:
+    r["dw"][:, cols] = -r["dw_acc"][...]
+  return carried
 
 
 def _dv_steps(r, spec: Spec, lay: Layout):
   """``dv = a^T do + k_write dh`` per block of value columns, from the
-  scratch ``a`` (the scaled scores) and ``k_write``."""
+  scratch ``a`` (the scaled scores) and ``k_write``; none with ``du`` (the
+  delta rule's reverse sweep has the pseudo-values' whole gradient)."""
+  if "du" in r:
+    return
   def dv_block(j, carry):
-    cols = _cols(j, lay.step)
-    r["o_acc"][...] = _dot(r["a"][...], r["do"][:, cols], TN, spec)
-    _dot_into(r, "o_acc", "k_write", lambda: r["d_states"][cols, :], NT,
-              spec, lay, add=True)
+    cols = at_block(j, lay.step)
+    r["o_acc"][...] = dot(r["a"][...], r["do"][:, cols], TN, spec)
+    dot_into(r, "o_acc", "k_write", lambda: r["d_states"][cols, :], NT,
+             spec, lay, add=True)
     r["dv"][:, cols] = r["o_acc"][...].astype(r["dv"].dtype)   # [C, BV]
     return carry
 
-  _loop(lay.v_pad // lay.step, dv_block, 0)
+  loop(lay.v_pad // lay.step, dv_block, 0)
 
 
-def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool):
+def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool,
+          du=None):
   """``{"dq", "dk": [B, H, T_pad, K_pad], "dv": [B, H, T_pad, V_pad]}`` in
   the inputs' dtype and, with a decay, the log-decays' gradient terms
   float32 (see ``gate_terms``): a scalar decay ``{"gate_rows",
   "gate_writes"}`` ``[B, H, T_pad, 1]`` and ``"gate_cols"`` ``[B, H, N, 1,
   C]``; a decay per key channel ``{"gate_rows", "gate_writes"}`` ``[B, H,
-  T_pad, K_pad]``."""
-  specs = _chunk_specs(lay)
+  T_pad, K_pad]``.
+
+  With ``du`` (the delta rule: ``v`` holds its pseudo-values ``U`` and
+  ``du`` their whole gradient, ``[B, H, T_pad, V_pad]``), ``dv`` is not
+  computed and ``"dw"`` (``-du h^T``) is; ``dq``, ``dk`` and ``dw`` are
+  float32."""
+  specs = chunk_specs(lay)
   inputs = {name: (arrays[name], specs[kind]) for name, kind in
             (("q", "k"), ("k", "k"), ("v", "v"), ("do", "v"))}
   inputs["states"] = (h, specs["states"])
   inputs["d_states"] = (dh, specs["states"])
-  inputs.update(_gate_and_doc_inputs(arrays, specs, _GATE_AND_DOC_KINDS))
+  inputs.update(gate_and_doc_inputs(arrays, specs, GATE_AND_DOC_KINDS))
   b, hh, t = lay.batch, lay.heads, lay.t_pad
   c = lay.chunk
-  dtype = arrays["q"].dtype
-  out = {"dq": (jax.ShapeDtypeStruct((b, hh, t, lay.k_pad), dtype),
-                specs["k"]),
-         "dk": (jax.ShapeDtypeStruct((b, hh, t, lay.k_pad), dtype),
-                specs["k"]),
-         "dv": (jax.ShapeDtypeStruct((b, hh, t, lay.v_pad), dtype),
-                specs["v"])}
-  operands = _operand_dtype(spec)
+  dtype = arrays["q"].dtype if du is None else _F32
+  out = {name: (jax.ShapeDtypeStruct((b, hh, t, lay.k_pad), dtype),
+                specs["k"]) for name in ("dq", "dk")}
+  operands = operand_dtype(spec)
   scratch = [("a", (c, c), operands),
              ("k_write", (c, lay.k_pad), operands)]
   scratch += [(name, (c, lay.step), _F32)
               for name in ("dq_read", "dk_write", "o_acc")]
+  if du is None:
+    out["dv"] = (jax.ShapeDtypeStruct((b, hh, t, lay.v_pad), dtype),
+                 specs["v"])
+  else:
+    inputs["du"] = (du, specs["v"])
+    out["dw"] = (jax.ShapeDtypeStruct((b, hh, t, lay.k_pad), _F32),
+                 specs["k"])
+    scratch.append(("dw_acc", (c, lay.step), _F32))
   kernel = _grads_kernel
   if spec.gate == "channel":
     kernel = _channel_grads_kernel
@@ -1019,11 +1077,12 @@ def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool):
     out["gate_cols"] = (jax.ShapeDtypeStruct((b, hh, lay.chunks, 1, c),
                                              _F32), specs["row"])
   inputs = _single_buffered_states(inputs, out, specs)
-  return _call(functools.partial(kernel, spec=spec, lay=lay),
-               (b, hh, lay.chunks), inputs, out, parallel=3, scratch=scratch,
-               name="gated_linear_tpu_grads",
-               cost=cost(spec, lay, "grads", inputs, out),
-               interpret=interpret)
+  return call(functools.partial(kernel, spec=spec, lay=lay),
+              (b, hh, lay.chunks), inputs, out, parallel=3, scratch=scratch,
+              name="gated_linear_tpu_grads",
+              cost=cost(spec, lay, "grads" if du is None else "grads_dw",
+                        inputs, out),
+              interpret=interpret)
 
 
 def gate_terms(out, lay: Layout):
@@ -1044,11 +1103,13 @@ def flops_per_chunk(spec: Spec, lay: Layout, kind: str) -> int:
   (``2 m n k`` per product, masked ones at full size)."""
   c, k, v = lay.chunk, lay.k_pad, lay.v_pad
   del spec
+  pairs = 2 * c * c * v + 2 * c * c * k                      # dS, scores
+  dq_dk = 2 * (2 * c * k * v + 2 * c * c * k)
   return {"sweep": 2 * c * k * v,
           "outputs": 2 * c * c * k + 2 * c * c * v + 2 * c * k * v,
-          "grads": (2 * c * c * v + 2 * c * c * k              # dS, scores
-                    + 2 * c * c * v + 2 * c * k * v            # dv
-                    + 2 * (2 * c * k * v + 2 * c * c * k))}[kind]  # dq, dk
+          "dv_intra": 2 * c * c * k + 2 * c * c * v,          # scores, A^T do
+          "grads": pairs + 2 * c * c * v + 2 * c * k * v + dq_dk,  # dv
+          "grads_dw": pairs + dq_dk + 2 * c * k * v}[kind]    # dw = -du h^T
 
 
 def cost(spec: Spec, lay: Layout, kind: str, inputs, outputs):
@@ -1071,7 +1132,7 @@ def cost(spec: Spec, lay: Layout, kind: str, inputs, outputs):
     if kind == "sweep":
       exps = weights * (lay.v_pad // lay.sweep_v)
     else:
-      passes = 1 if kind == "outputs" else 2
+      passes = {"outputs": 1, "dv_intra": 0}.get(kind, 2)
       exps = passes * weights + (c // s) * (s + c + s * s) * lay.k_pad
   arrays = [x for x, _ in list(inputs.values()) + list(outputs.values())]
   return compiler.cost(flops=flops_per_chunk(spec, lay, kind) * chunks,
