@@ -176,9 +176,12 @@ def program(case: Case, dtype: str, backend: str, block_sizes=None):
       return jnp.sum(o.astype(f32))
 
     argnums = (0, 1, 2, 3)
-  elif backend == "gpu" and dtype == "bfloat16":
-    # bfloat16 on CUDA: the chunk-parallel kernels (what the op runs).
-    from pallas_kernels.delta_rule import chunk_delta_rule_gpu
+  elif dtype == "bfloat16":
+    # bfloat16: the chunk-parallel kernels (what the op runs).
+    from pallas_kernels.delta_rule import (chunk_delta_rule_gpu,
+                                           chunk_delta_rule_tpu)
+    chunk_delta_rule = (chunk_delta_rule_tpu if backend == "tpu"
+                        else chunk_delta_rule_gpu)
     g_shape = {"none": None, "scalar": (b, t, h),
                "channel": (b, t, h, dk)}[case.gate]
     args = [jax.ShapeDtypeStruct((b, t, h, dk), dt),
@@ -191,7 +194,7 @@ def program(case: Case, dtype: str, backend: str, block_sizes=None):
       args.append(jax.ShapeDtypeStruct(g_shape, f32))
 
     def loss(q, k, v, beta, s0, ids, g=None):
-      o, s = chunk_delta_rule_gpu(
+      o, s = chunk_delta_rule(
           q, k, v, beta, g, initial_state=s0, segment_ids=ids,
           output_final_state=True, chunk_size=case.chunk)
       return jnp.sum(o.astype(f32)) + jnp.sum(s)

@@ -106,7 +106,7 @@ def test_gpu_chunk_kernels_run_per_shard(op, monkeypatch):
                       lambda backend, interpret, fn, *args: fn("gpu", True,
                                                                *args))
   monkeypatch.setattr(delta_rule_chunk, "by_platform",
-                      lambda cuda, default: cuda())
+                      lambda cuda, tpu, default: cuda())
   monkeypatch.setattr(delta_rule_chunk, "GPU_CHUNK_DTYPES",
                       (jax.numpy.dtype("float32"),))
   from pallas_kernels.delta_rule import chunk_delta_rule_gpu

@@ -28,7 +28,6 @@ from lin_attn_jax.ops.common import dispatch
 from lin_attn_jax.ops.delta_rule import chunk as delta_rule_chunk
 from pallas_kernels import gated_linear
 from pallas_kernels.delta_rule import (BlockSizes, ChunkTerms,
-                                       chunk_delta_rule_gpu,
                                        chunk_delta_rule_sweep,
                                        chunk_delta_rule_sweep_reference)
 from lin_attn_jax.testing import assert_close_errors, rel_rms
@@ -203,21 +202,38 @@ GPU_CHUNK_CASES = [
 ]
 
 
-def gpu_chunk_errors(case, dtype, *, interpret, monkeypatch):
-  """The op with its CUDA branch (``chunk_delta_rule_gpu``) against the
-  naive form: the op's wiring (grouped heads, L2 norm, scale, padding) and
-  the kernels."""
+# The chunk-parallel TPU kernels: 32-token chunks (two inverse blocks, row
+# blocks of 16 for a decay per key channel) so that short sequences span
+# several chunks.
+TPU_CHUNK_BLOCKS = gated_linear.BlockSizes("tpu", sub_chunk=16, chunk=32)
+TPU_CHUNK_CASES = [
+    (_case("gated_delta_rule", 50, dim_k=32, strong=True, value_heads=2,
+           heads=1, use_qk_l2norm=True), "float32"),
+    (_case("kda", 45, dim_k=32, strong=True, use_qk_l2norm=True), "float32"),
+    (_case("kda", 40, dim_k=32, dim_v=24, use_qk_l2norm=True), "bfloat16"),
+    (_case("delta_rule", 37, dim_k=32, dim_v=24), "float32"),
+    (_case("gated_delta_rule", 33, dim_k=16, use_qk_l2norm=True),
+     "bfloat16"),
+]
+
+
+def chunk_kernel_errors(backend, case, dtype, *, interpret, monkeypatch):
+  """The op with its CUDA or TPU branch (``chunk_delta_rule_gpu`` /
+  ``chunk_delta_rule_tpu``) against the naive form: the op's wiring
+  (grouped heads, L2 norm, scale, padding) and the kernels."""
+  name = f"chunk_delta_rule_{backend}"
   monkeypatch.setattr(delta_rule_chunk, "by_platform",
-                      lambda cuda, default: cuda())
-  monkeypatch.setattr(delta_rule_chunk, "chunk_delta_rule_gpu",
-                      functools.partial(chunk_delta_rule_gpu,
-                                        interpret=interpret,
-                                        block_sizes=GPU_CHUNK_BLOCKS))
-  # The CUDA branch serves bfloat16 inputs; float32 cases take it too, so
-  # that the kernels' float32 mode is checked at 1e-5.
-  monkeypatch.setattr(delta_rule_chunk, "GPU_CHUNK_DTYPES",
+                      lambda cuda, tpu, default: dict(gpu=cuda,
+                                                      tpu=tpu)[backend]())
+  kernels = functools.partial(
+      getattr(delta_rule_chunk, name), interpret=interpret,
+      block_sizes=GPU_CHUNK_BLOCKS if backend == "gpu" else TPU_CHUNK_BLOCKS)
+  monkeypatch.setattr(delta_rule_chunk, name, kernels)
+  # The chunk kernels serve bfloat16 inputs; float32 cases take them too,
+  # so that the kernels' float32 mode is checked at 1e-5.
+  monkeypatch.setattr(delta_rule_chunk, f"{backend.upper()}_CHUNK_DTYPES",
                       (jnp.dtype(dtype),))
-  return kernel_errors(KernelCase(case, "gpu", dtype,
+  return kernel_errors(KernelCase(case, backend, dtype,
                                   final_state=case.initial_state),
                        interpret=True, monkeypatch=monkeypatch)
 
@@ -233,8 +249,25 @@ def gpu_chunk_errors(case, dtype, *, interpret, monkeypatch):
                  if c.op == "delta_rule" or c.length == 1 else ())
     for c, d in GPU_CHUNK_CASES])
 def test_gpu_chunk_kernels_match_naive(case, dtype, interpret, monkeypatch):
-  errors = gpu_chunk_errors(case, dtype, interpret=interpret,
-                            monkeypatch=monkeypatch)
+  errors = chunk_kernel_errors("gpu", case, dtype, interpret=interpret,
+                               monkeypatch=monkeypatch)
+  assert_close_errors(errors, 1e-2 if dtype == "bfloat16" else 1e-5,
+                      label=f"{case} {dtype}")
+
+
+@pytest.mark.parametrize("interpret", [
+    True, pytest.param(False, marks=pytest.mark.skipif(
+        ACCELERATOR != "tpu", reason="needs a TPU"))],
+                         ids=["interpret", "compiled"])
+# The first two cases run by default (a scalar and a per-channel decay,
+# float32 at 1e-5 and bfloat16, what the op runs on TPU); the rest are slow.
+@pytest.mark.parametrize("case, dtype", [
+    pytest.param(c, d, id=f"{c}-{d}", marks=() if i in (0, 2) else
+                 pytest.mark.slow)
+    for i, (c, d) in enumerate(TPU_CHUNK_CASES)])
+def test_tpu_chunk_kernels_match_naive(case, dtype, interpret, monkeypatch):
+  errors = chunk_kernel_errors("tpu", case, dtype, interpret=interpret,
+                               monkeypatch=monkeypatch)
   assert_close_errors(errors, 1e-2 if dtype == "bfloat16" else 1e-5,
                       label=f"{case} {dtype}")
 

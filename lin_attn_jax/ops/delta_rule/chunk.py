@@ -57,6 +57,7 @@ from lin_attn_jax.ops.delta_rule import context_parallel as split
 from lin_attn_jax.ops.delta_rule.inputs import (default_scale,
                                                 expand_query_key, validate)
 from pallas_kernels.delta_rule import (ChunkTerms, chunk_delta_rule_gpu,
+                                       chunk_delta_rule_tpu,
                                        chunk_delta_rule_sweep)
 
 _F32 = jnp.float32
@@ -443,17 +444,21 @@ def chunk_erase_write(dtypes, core_inputs, *, scale, length, initial_state,
       bf16_dots=all(jnp.result_type(x) == jnp.bfloat16 for x in dtypes))
   return dispatch.run(impl, xla, sweep_kernels, family="delta_rule")
 
-# The input dtypes that run the chunk-parallel kernels on CUDA
-# (``pallas_kernels.delta_rule.chunk_delta_rule_gpu``); float32 inputs run
-# the sweep kernels there, since the chunk-parallel sweeps' float32 state
-# spills registers past 128 key rows.
+# The input dtypes that run the chunk-parallel kernels on CUDA and TPU
+# (``pallas_kernels.delta_rule.chunk_delta_rule_gpu`` and
+# ``chunk_delta_rule_tpu``); float32 inputs run the sweep kernels there,
+# since the chunk-parallel sweeps' float32 state spills registers (past
+# 128 key rows on GPU; on every TPU generation, where the float32 sweep
+# kernels with the WY terms in XLA spill less).
 GPU_CHUNK_DTYPES = (jnp.dtype(jnp.bfloat16),)
+TPU_CHUNK_DTYPES = (jnp.dtype(jnp.bfloat16),)
 
 
-def by_platform(*, cuda, default):
-  """``cuda()`` when lowered for CUDA, else ``default()`` (a name of its own
-  so that tests can run the CUDA branch's kernels in interpret mode)."""
-  return jax.lax.platform_dependent(cuda=cuda, default=default)
+def by_platform(*, cuda, tpu, default):
+  """``cuda()`` when lowered for CUDA, ``tpu()`` for TPU, else
+  ``default()`` (a name of its own so that tests can run either branch's
+  kernels in interpret mode)."""
+  return jax.lax.platform_dependent(cuda=cuda, tpu=tpu, default=default)
 
 
 @context_parallel.splits_sequence(lambda: split.context_parallel_delta_rule)
@@ -516,9 +521,9 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
   out_dtype = v.dtype
   bf16 = all(jnp.result_type(x) == jnp.bfloat16 for x in (q, k, v))
   q, k = expand_query_key(q, k, hv, use_qk_l2norm)              # [B,T,HV,K]
-  gpu_inputs = dict(q=q.astype(out_dtype), k=k.astype(out_dtype), v=v,
-                    beta=beta, g=g_given, initial_state=initial_state,
-                    segment_ids=segment_ids)
+  kernel_inputs = dict(q=q.astype(out_dtype), k=k.astype(out_dtype), v=v,
+                        beta=beta, g=g_given, initial_state=initial_state,
+                        segment_ids=segment_ids)
   beta = jnp.asarray(beta, _F32)[..., None]                     # [B,T,HV,1]
   vf = jnp.asarray(v, _F32)
   q, k, erase, written, g = (pad_time(x, chunk) for x in (
@@ -530,21 +535,24 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
       output_final_state=output_final_state, length=t, out_dtype=out_dtype,
       bf16_dots=bf16)
 
-  def gpu_kernels():
+  def chunk_kernels(fn, dtypes):
+    if out_dtype not in dtypes:
+      return sweep_kernels()
     o, final_state = kernel_sharding.per_shard(
-        functools.partial(chunk_delta_rule_gpu, scale=scale,
+        functools.partial(fn, scale=scale,
                           output_final_state=output_final_state,
                           chunk_size=chunk_size),
-        gpu_inputs,
+        kernel_inputs,
         dict(q="bthk", k="bthk", v="bthv", beta="bth", g="bthg",
              initial_state="bhkv", segment_ids="bt"),
         ("bthv", "bhkv" if output_final_state else None), batch=b, heads=hv)
     return o.astype(out_dtype), final_state
 
   def pallas():
-    if out_dtype not in GPU_CHUNK_DTYPES:
-      return sweep_kernels()
-    return by_platform(cuda=gpu_kernels, default=sweep_kernels)
+    return by_platform(
+        cuda=lambda: chunk_kernels(chunk_delta_rule_gpu, GPU_CHUNK_DTYPES),
+        tpu=lambda: chunk_kernels(chunk_delta_rule_tpu, TPU_CHUNK_DTYPES),
+        default=sweep_kernels)
 
   # impl="auto" runs the sweep kernels, which a measurement on a GPU backs
   # (lin_attn_jax.ops.common.dispatch.AUTO_ON_CUDA).
