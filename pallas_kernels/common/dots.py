@@ -66,6 +66,24 @@ def bf16_parts(x, n: int):
   return parts
 
 
+def split_dot(a, b, dims, parts: tuple[int, int]):
+  """``a . b`` (``dims``) from ``parts = (m, n)`` bfloat16 parts of each
+  operand: the products of the parts ``i`` of ``a`` and ``j`` of ``b``
+  with ``i + j < max(m, n)``, smallest first, accumulated in float32.
+  ``(1, 2)`` treats ``a`` as bfloat16-valued (one part, exact when it is)
+  and ``b`` to about ``2^-16``: two products."""
+  a_parts, b_parts = bf16_parts(a, parts[0]), bf16_parts(b, parts[1])
+  n = max(parts)
+  pairs = [(i, j) for i in range(parts[0]) for j in range(parts[1])
+           if i + j < n]
+  total = None
+  for i, j in sorted(pairs, key=lambda p: -sum(p)):
+    part = lax.dot_general(a_parts[i], b_parts[j], dims,
+                           preferred_element_type=_F32)
+    total = part if total is None else total + part
+  return total
+
+
 def dot(a, b, dims, *, mode: str):
   """``lax.dot_general(a, b, dims)`` accumulated in float32, in ``mode``
   (one of ``MODES``)."""
@@ -75,14 +93,7 @@ def dot(a, b, dims, *, mode: str):
   a, b = a.astype(_F32), b.astype(_F32)
   if mode in ("bf16x3", "bf16x6"):
     n = 2 if mode == "bf16x3" else 3
-    a_parts, b_parts = bf16_parts(a, n), bf16_parts(b, n)
-    pairs = [(i, j) for i in range(n) for j in range(n) if i + j < n]
-    total = None
-    for i, j in sorted(pairs, key=lambda p: -sum(p)):    # smallest first
-      part = lax.dot_general(a_parts[i], b_parts[j], dims,
-                             preferred_element_type=_F32)
-      total = part if total is None else total + part
-    return total
+    return split_dot(a, b, dims, (n, n))
   if mode == "f32":
     return lax.dot_general(a, b, dims, precision=lax.Precision.HIGHEST,
                            preferred_element_type=_F32)

@@ -87,14 +87,19 @@ NN, NT, TN = tc.NN, tc.NT, tc.TN
 INVERSE_BLOCK = 16
 
 
-def _exact(spec: tc.Spec) -> str:
-  """The inverse's matmul mode: float32 operands in three bfloat16 parts
-  for float32 inputs, two for bfloat16 inputs."""
-  return "bf16x3" if spec.bf16 else "bf16x6"
+def _parts(spec: tc.Spec) -> tuple[int, int]:
+  """The bfloat16 parts of ``A`` and of ``T`` in the inverse's products
+  (``dots.split_dot``): ``A`` rounded to bfloat16 (one part; a rounding of
+  the size of the inputs' own) and ``T`` in two parts for bfloat16
+  inputs, three parts each (float32 accuracy) for float32 inputs."""
+  return (1, 2) if spec.bf16 else (3, 3)
 
 
-def _parts(spec: tc.Spec) -> int:
-  return 3 if spec.bf16 else 6
+def _products(parts: tuple[int, int]) -> int:
+  """The number of bfloat16 products ``dots.split_dot`` runs."""
+  n = max(parts)
+  return sum(1 for i in range(parts[0]) for j in range(parts[1])
+             if i + j < n)
 
 
 def _strictly_lower(rows: int, cols: int, i):
@@ -122,7 +127,7 @@ def _key_scores(r, spec: tc.Spec, lay: tc.Layout):
       rows = tc.at_block(i, s)
       a = jnp.where(keep, a, 0.0)
       r["ak"][rows, :] = a
-      r["a"][rows, :] = a * r["beta"][rows, :]
+      r["a"][rows, :] = (a * r["beta"][rows, :]).astype(r["a"].dtype)
       return carry
 
     tc.loop(c // s, row_block, 0)
@@ -134,25 +139,28 @@ def _key_scores(r, spec: tc.Spec, lay: tc.Layout):
     a = r["s"][rows, :] * tc.pair_weights(r, spec, i, lay.strip)
     a = jnp.where(_strictly_lower(lay.strip, c, i), a, 0.0)
     r["ak"][rows, :] = a
-    r["a"][rows, :] = a * r["beta"][rows, :]
+    r["a"][rows, :] = (a * r["beta"][rows, :]).astype(r["a"].dtype)
     return carry
 
   tc.loop(c // lay.strip, strip, 0)
 
 
-def block_inverse(a, mode: str):
+def block_inverse(a, parts: tuple[int, int]):
   """``(I + a)^{-1}`` of a strictly lower ``a [S, S]`` (``S`` a power of
   two) by the doubling formula: with ``T_s`` block-diagonal in blocks of
-  ``s``, ``T_2s = T_s - T_s (a at level s) T_s``."""
+  ``s``, ``T_2s = T_s - T_s (a at level s) T_s``; ``parts``: of ``a`` and
+  of ``T`` (``_parts``)."""
   n = a.shape[0]
   xor = jax.lax.bitwise_xor(tc.iota((n, n), 0), tc.iota((n, n), 1))
   t = (xor == 0).astype(_F32)
   size = 1
+  a_parts, t_parts = parts
   while size < n:
     # Level s: s <= i ^ j < 2 s.
     level = jax.lax.shift_right_logical(xor, size.bit_length() - 1) == 1
     off = jnp.where(level, a, 0.0)
-    t = t - dots.dot(dots.dot(t, off, NN, mode=mode), t, NN, mode=mode)
+    t_off = dots.split_dot(t, off, NN, (t_parts, a_parts))
+    t = t - dots.split_dot(t_off, t, NN, (t_parts, t_parts))
     size *= 2
   return t
 
@@ -162,17 +170,19 @@ def _inverse(r, spec: tc.Spec):
   forward substitution over row blocks (module docstring)."""
   c = spec.chunk
   s = min(INVERSE_BLOCK, c)
-  mode = _exact(spec)
+  parts = _parts(spec)
+  a_parts, t_parts = parts
   r["t"][...] = jnp.zeros(r["t"].shape, _F32)
 
   def block(i, carry):
     rows = tc.at_block(i, s)
-    strip = r["a"][rows, :]                                     # [S, C]
+    strip = r["a"][rows, :].astype(_F32)                        # [S, C]
     pick = (tc.iota((c, s), 0) == tc.iota((c, s), 1) + i * s).astype(_F32)
-    t_ii = block_inverse(dots.dot(strip, pick, NN, mode=mode), mode)
+    a_ii = dots.split_dot(strip, pick, NN, (a_parts, 1))
+    t_ii = block_inverse(a_ii, parts)
     eye = (tc.iota((s, c), 1) == tc.iota((s, c), 0) + i * s).astype(_F32)
-    rhs = eye - dots.dot(strip, r["t"][...], NN, mode=mode)
-    r["t"][rows, :] = dots.dot(t_ii, rhs, NN, mode=mode)
+    rhs = eye - dots.split_dot(strip, r["t"][...], NN, parts)
+    r["t"][rows, :] = dots.split_dot(t_ii, rhs, NN, (t_parts, t_parts))
     return carry
 
   tc.loop(c // s, block, 0)
@@ -262,7 +272,8 @@ def _wy_scratch(spec: tc.Spec, lay: tc.Layout):
   """The scratch that ``_key_scores``, ``_inverse`` and ``_t_operand``
   share."""
   c = lay.chunk
-  scratch = [(name, (c, c), _F32) for name in ("ak", "a", "t")]
+  scratch = [("ak", (c, c), _F32), ("t", (c, c), _F32),
+             ("a", (c, c), jnp.bfloat16 if spec.bf16 else _F32)]
   if spec.bf16:
     scratch.append(("t_op", (c, c), jnp.bfloat16))
   if spec.gate == "channel":
@@ -297,9 +308,14 @@ def _wy_flops(spec: tc.Spec, lay: tc.Layout, *, backward: bool) -> int:
   c, k, v = lay.chunk, lay.k_pad, lay.v_pad
   s = min(INVERSE_BLOCK, c)
   levels = s.bit_length() - 1
-  per_block = (2 * s * c * s + levels * 2 * 2 * s ** 3      # pick, T_ii
-               + 2 * s * c * c + 2 * s * s * c)             # A_i T, T_ii rhs
-  inverse = _parts(spec) * (c // s) * per_block
+  a_parts, t_parts = parts = _parts(spec)
+  products = _products
+  per_block = (products((a_parts, 1)) * 2 * s * c * s      # pick A_ii
+               + levels * (products((t_parts, a_parts))
+                           + products((t_parts, t_parts))) * 2 * s ** 3
+               + products(parts) * 2 * s * c * c           # A_i T
+               + products((t_parts, t_parts)) * 2 * s * s * c)  # T_ii rhs
+  inverse = (c // s) * per_block
   scores = 2 * c * c * k
   if not backward:
     return scores + inverse + 2 * c * c * (k + v)

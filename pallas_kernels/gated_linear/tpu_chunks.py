@@ -978,15 +978,13 @@ def _state_products(r, spec: Spec, lay: Layout, cols):
   returns ``sum_v h * dh``, ``[1, 128]`` (the carried state's term of the
   log-decays' gradient). With ``du`` (the delta rule) it also writes ``dw
   = -du h^T`` at ``cols``, through the scratch ``dw_acc``."""
-  products = [("dq_read", "do", "states"), ("dk_write", "v", "d_states")]
-  if "du" in r:
-    products.append(("dw_acc", "du", "states"))
-  for out, _, _ in products:
+  for out in ("dq_read", "dk_write"):
     r[out][...] = jnp.zeros(r[out].shape, _F32)
 
   def value_step(jv, carried):
     vcols = at_block(jv, lay.step)
-    for out, lhs, state in products:
+    for out, lhs, state in (("dq_read", "do", "states"),
+                            ("dk_write", "v", "d_states")):
       dot_into(r, out, lhs, lambda state=state: r[state][vcols, cols], NN,
                spec, lay, add=True, lhs_cols=vcols)
     h = r["states"][vcols, cols].astype(_F32)
@@ -995,8 +993,19 @@ def _state_products(r, spec: Spec, lay: Layout, cols):
 
   carried = loop(lay.v_pad // lay.step, value_step,
                  jnp.zeros((1, lay.step), _F32))
-  if "du" in r:
-    r["dw"][:, cols] = -r["dw_acc"][...]
+  if "du" not in r:
+    return carried
+  # A loop of its own: in the loop above a third product spilled on v6e.
+  r["dw_acc"][...] = jnp.zeros(r["dw_acc"].shape, _F32)
+
+  def dw_step(jv, carry):
+    vcols = at_block(jv, lay.step)
+    dot_into(r, "dw_acc", "du", lambda: r["states"][vcols, cols], NN, spec,
+             lay, add=True, lhs_cols=vcols)
+    return carry
+
+  loop(lay.v_pad // lay.step, dw_step, 0)
+  r["dw"][:, cols] = -r["dw_acc"][...]
   return carried
 
 
