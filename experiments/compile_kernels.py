@@ -439,6 +439,28 @@ def gated_linear_flops(t: int, heads: int, batch: int, dim_k: int,
   return batch * heads * (-(-t // c)) * per_chunk
 
 
+def delta_rule_flops(t: int, heads: int, batch: int, dim_k: int,
+                     dim_v: int, chunk: int) -> int:
+  """The delta rule's chunk algorithm (``pallas_kernels/README.md``): per
+  head and chunk, forward the keys' scores ``2 C^2 K``, a triangular
+  inverse ``C^3 / 3`` multiply-adds, ``W`` and ``U'`` ``2 C^2 (K + V)``,
+  the sweep ``4 C K V`` and the outputs on ``U`` ``2C (CK + CV + KV)``;
+  backward, the WY terms and the sweep again, ``dU``'s part from its own
+  chunk ``2 C^2 (K + V)``, the reverse sweep ``6 C K V``, ``dq``, ``dk``
+  and ``dW`` ``2C (CV + 3CK + 3KV)``, and the WY terms' gradient (the
+  scores and the inverse again, ``dT``, ``dX``, ``dY`` ``4 C^2 (K + V)``,
+  ``dA = -T^T dT T^T`` ``4 C^3``, ``dA_k`` to both sides ``4 C^2 K``)."""
+  c, k, v = chunk, dim_k, dim_v
+  inverse = 2 * c ** 3 // 3
+  wy = 2 * c * c * k + inverse + 2 * c * c * (k + v)
+  forward = wy + 4 * c * k * v + 2 * c * (c * k + c * v + k * v)
+  backward = (wy + 4 * c * k * v + 2 * c * c * (k + v) + 6 * c * k * v
+              + 2 * c * (c * v + 3 * c * k + 3 * k * v)
+              + 2 * c * c * k + inverse + 4 * c * c * (k + v)
+              + 4 * c ** 3 + 4 * c * c * k)
+  return batch * heads * (-(-t // c)) * (forward + backward)
+
+
 def kernel_grids(backend: str, batch=8, heads=16, length=8192, width=128,
                  ops=None):
   """``[(op, kernel, grid, programs, products, flops, cost_flops,

@@ -32,6 +32,21 @@ def test_gated_linear_flops_are_the_chunk_algorithms(backend, op):
     assert counted == algorithm
 
 
+@pytest.mark.parametrize("op", ["gated_delta_rule", "kda"])
+def test_tpu_delta_rule_flops_are_the_chunk_algorithms(op):
+  """The TPU delta-rule kernels: at most 1.3x the chunk algorithm's count
+  (the inverse's products run on bfloat16 parts and over whole rows of the
+  chunk; ``delta_rule/tpu_chunks.py``)."""
+  rows = ck.kernel_grids("tpu", ops=[op], **SHAPE)
+  counted = sum(r[5] for r in rows)
+  gate = dict((o, g) for o, _, g in ck.GRID_OPS)[op]
+  chunk = ck.kernel_chunk("tpu", gate, SHAPE["width"], SHAPE["length"])
+  algorithm = ck.delta_rule_flops(SHAPE["length"], SHAPE["heads"],
+                                  SHAPE["batch"], SHAPE["width"],
+                                  SHAPE["width"], chunk)
+  assert algorithm <= counted <= 1.3 * algorithm, (counted, algorithm)
+
+
 @pytest.mark.parametrize("backend", ["tpu", "gpu"])
 @pytest.mark.parametrize("op", ["simple_gla", "gla", "gated_delta_rule",
                                 "kda"])
