@@ -824,13 +824,15 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
   _weighted(r, spec, lay, "k_write", "k", "write")
   _dv_steps(r, spec, lay)
 
-  def key_block(j, carried_total):
+  r["carried"][...] = jnp.zeros(r["carried"].shape, _F32)
+
+  def key_block(j, carry):
     # The products of the key block to float32 scratch, then the
     # elementwise work by strips of rows.
     cols = at_block(j, lay.step)
     dot_into(r, "dq_pairs", "da", lambda: r["k"][:, cols], NN, spec, lay)
     r["dk_pairs"][...] = dot(r["da"][...], r["q"][:, cols], TN, spec)
-    carried = _state_products(r, spec, lay, cols)               # [1, BK]
+    r["carried"][...] += _state_products(r, spec, lay, cols)    # [1, BK]
 
     def strip(i, carry):
       rows = at_block(i, lay.strip)
@@ -851,9 +853,12 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
       return carry
 
     loop(c // lay.strip, strip, 0)
-    return carried_total + jnp.sum(carried, axis=1, keepdims=True)
+    return carry
 
-  carried = loop(n_k, key_block, jnp.zeros((1, 1), _F32))
+  # The carried state's term summed in VMEM, not as a loop carry (a value
+  # carried over the key blocks' products spilled vector registers).
+  loop(n_k, key_block, 0)
+  carried = jnp.sum(r["carried"][...], axis=1, keepdims=True)   # [1, 1]
   if not gated:
     return
   carry = chunk_weights(r, spec, rows=pl.ds(c - 1, 1)).carry
@@ -980,8 +985,9 @@ def _state_products(r, spec: Spec, lay: Layout, cols):
   = -du h^T`` at ``cols``, through the scratch ``dw_acc``."""
   for out in ("dq_read", "dk_write"):
     r[out][...] = jnp.zeros(r[out].shape, _F32)
+  r["h_dh"][...] = jnp.zeros(r["h_dh"].shape, _F32)
 
-  def value_step(jv, carried):
+  def value_step(jv, carry):
     vcols = at_block(jv, lay.step)
     for out, lhs, state in (("dq_read", "do", "states"),
                             ("dk_write", "v", "d_states")):
@@ -989,10 +995,11 @@ def _state_products(r, spec: Spec, lay: Layout, cols):
                spec, lay, add=True, lhs_cols=vcols)
     h = r["states"][vcols, cols].astype(_F32)
     dh = r["d_states"][vcols, cols].astype(_F32)
-    return carried + jnp.sum(h * dh, axis=0, keepdims=True)
+    r["h_dh"][...] += jnp.sum(h * dh, axis=0, keepdims=True)
+    return carry
 
-  carried = loop(lay.v_pad // lay.step, value_step,
-                 jnp.zeros((1, lay.step), _F32))
+  loop(lay.v_pad // lay.step, value_step, 0)
+  carried = r["h_dh"][...]
   if "du" not in r:
     return carried
   # A loop of its own: in the loop above a third product spilled on v6e.
@@ -1055,6 +1062,7 @@ def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool,
              ("k_write", (c, lay.k_pad), operands)]
   scratch += [(name, (c, lay.step), _F32)
               for name in ("dq_read", "dk_write", "o_acc")]
+  scratch += [(name, (1, lay.step), _F32) for name in ("carried", "h_dh")]
   if du is None:
     out["dv"] = (jax.ShapeDtypeStruct((b, hh, t, lay.v_pad), dtype),
                  specs["v"])
