@@ -176,8 +176,9 @@ def program(case: Case, dtype: str, backend: str, block_sizes=None):
       return jnp.sum(o.astype(f32))
 
     argnums = (0, 1, 2, 3)
-  elif dtype == "bfloat16":
-    # bfloat16: the chunk-parallel kernels (what the op runs).
+  elif backend == "tpu" or dtype == "bfloat16":
+    # TPU, and bfloat16 on CUDA: the chunk-parallel kernels (what the op
+    # runs).
     from pallas_kernels.delta_rule import (chunk_delta_rule_gpu,
                                            chunk_delta_rule_tpu)
     chunk_delta_rule = (chunk_delta_rule_tpu if backend == "tpu"

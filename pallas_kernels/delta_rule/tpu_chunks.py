@@ -66,7 +66,7 @@ Registers: every ``[C, C]`` and ``[C, 128]`` product goes to VMEM
 scratch, the elementwise work runs by strips of 32 rows, and float32
 products by strips of 32 rows of their left operand (``tpu_chunks.
 dot_into``) or, contracting over the chunk's rows (``TN``), as sums over
-strips (``_tn``).
+strips added to VMEM (``tpu_chunks.tn_into``).
 """
 
 from __future__ import annotations
@@ -195,25 +195,6 @@ def _t_operand(r, spec: tc.Spec) -> str:
     r["t_op"][...] = r["t"][...].astype(jnp.bfloat16)
     return "t_op"
   return "t"
-
-
-def _tn(r, spec: tc.Spec, lay: tc.Layout, lhs: str, rhs: str,
-        lhs_cols=slice(None), rhs_cols=slice(None)):
-  """``r[lhs]^T r[rhs]`` (contracting over the chunk's rows), float32: one
-  product for bfloat16 operands, a sum over strips of rows for float32
-  ones."""
-  if spec.bf16:
-    return tc.dot(r[lhs][:, lhs_cols], r[rhs][:, rhs_cols], TN, spec)
-
-  def strip(t, acc):
-    rows = tc.at_block(t, lay.strip)
-    return acc + tc.dot(r[lhs][rows, lhs_cols], r[rhs][rows, rhs_cols], TN,
-                        spec)
-
-  first = tc.at_block(0, lay.strip)
-  shape = tc.dot(r[lhs][first, lhs_cols], r[rhs][first, rhs_cols], TN,
-                 spec).shape
-  return tc.loop(spec.chunk // lay.strip, strip, jnp.zeros(shape, _F32))
 
 
 def _by_strips(spec: tc.Spec, lay: tc.Layout, body):
@@ -468,8 +449,8 @@ def _delta_sweep_kernel(r, *, spec: tc.Spec, lay: tc.Layout,
   def update(j, carry):
     cols = tc.at_block(j, lay.step)
     _weighted_keys(r, spec, lay, cols, "kw", "k", "write")
-    r["state"][:, cols] = (r["state"][:, cols] * _carry(r, spec, cols)
-                           + _tn(r, spec, lay, "u", "kw"))
+    r["state"][:, cols] = r["state"][:, cols] * _carry(r, spec, cols)
+    tc.tn_into(r, spec, lay, "state", "u", "kw", out_cols=cols)
     return carry
 
   tc.loop(n_k, update, 0)
@@ -555,9 +536,10 @@ def _delta_sweep_grad_kernel(r, *, spec: tc.Spec, lay: tc.Layout,
   def update(j, carry):
     cols = tc.at_block(j, lay.step)
     _weighted_keys(r, spec, lay, cols, "qr", "q", "read", spec.scale)
-    r["state"][:, cols] = (r["state"][:, cols] * _carry(r, spec, cols)
-                           + _tn(r, spec, lay, "do", "qr")
-                           - _tn(r, spec, lay, "du_op", "w", rhs_cols=cols))
+    r["state"][:, cols] = r["state"][:, cols] * _carry(r, spec, cols)
+    tc.tn_into(r, spec, lay, "state", "do", "qr", out_cols=cols)
+    tc.tn_into(r, spec, lay, "state", "du_op", "w", out_cols=cols,
+               rhs_cols=cols, sign=-1.0)
     return carry
 
   tc.loop(n_k, update, 0)
@@ -614,7 +596,7 @@ def _wy_grads_kernel(r, *, spec: tc.Spec, lay: tc.Layout):
     r["g_op"][...] = tc.operand(r["dw"][:, cols], spec)
     tc.dot_into(r, "dt", "g_op", lambda: r["x"][...], NT, spec, lay,
                 add=True)                                       # dW X^T
-    r["dx"][...] = _tn(r, spec, lay, t, "g_op")                 # T^T dW
+    tc.tn_into(r, spec, lay, "dx", t, "g_op", add=False)         # T^T dW
 
     def strip(rows):
       dx, xk = r["dx"][rows, :], r["xk"][rows, :]
@@ -644,7 +626,7 @@ def _wy_grads_kernel(r, *, spec: tc.Spec, lay: tc.Layout):
     r["g_op"][...] = tc.operand(r["du"][:, cols], spec)
     tc.dot_into(r, "dt", "g_op", lambda: r["x"][...], NT, spec, lay,
                 add=True)                                       # dU Y^T
-    r["dx"][...] = _tn(r, spec, lay, t, "g_op")                 # dY
+    tc.tn_into(r, spec, lay, "dx", t, "g_op", add=False)         # dY
 
     def strip(rows):
       dy = r["dx"][rows, :]
@@ -661,7 +643,7 @@ def _wy_grads_kernel(r, *, spec: tc.Spec, lay: tc.Layout):
   if spec.bf16:
     dt, m = "dt_op", "m_op"
     r[dt][...] = r["dt"][...].astype(jnp.bfloat16)
-  r["m"][...] = _tn(r, spec, lay, t, dt)                        # T^T dT
+  tc.tn_into(r, spec, lay, "m", t, dt, add=False)               # T^T dT
   if spec.bf16:
     r[m][...] = r["m"][...].astype(jnp.bfloat16)
   tc.dot_into(r, "da", m, lambda: r[t][...], NT, spec, lay)     # (.) T^T

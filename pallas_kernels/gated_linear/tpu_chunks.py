@@ -359,6 +359,32 @@ def dot_into(r, out, lhs, rhs, dims, spec: Spec, lay: Layout, *,
   loop(spec.chunk // lay.strip, strip, 0)
 
 
+def tn_into(r, spec: Spec, lay: Layout, out: str, lhs: str, rhs: str, *,
+            out_cols=slice(None), rhs_cols=slice(None), sign: float = 1.0,
+            add: bool = True):
+  """``r[out][:, out_cols] (+)= sign r[lhs]^T r[rhs][:, rhs_cols]``
+  (contracting over the chunk's rows; ``out`` float32 scratch): one
+  product for bfloat16 operands, for float32 ones a sum over strips of
+  rows added to ``out`` in VMEM (the delta rule's sweeps: a value carried
+  over the strips spilled vector registers)."""
+  if not add:
+    r[out][:, out_cols] = jnp.zeros(r[out][:, out_cols].shape, _F32)
+
+  def part(rows):
+    r[out][:, out_cols] += sign * dot(r[lhs][rows, :],
+                                      r[rhs][rows, rhs_cols], TN, spec)
+
+  if spec.bf16:
+    part(slice(None))
+    return
+
+  def strip(t, carry):
+    part(at_block(t, lay.strip))
+    return carry
+
+  loop(spec.chunk // lay.strip, strip, 0)
+
+
 def operand_dtype(spec: Spec):
   return jnp.bfloat16 if spec.bf16 else _F32
 
@@ -435,7 +461,8 @@ def pair_weights(r, spec: Spec, i=0, rows: int | None = None):
   return jnp.exp(jnp.where(mask, diff, -jnp.inf))
 
 
-def _sweep_kernel(r, *, spec: Spec, reverse: bool, last_step: int):
+def _sweep_kernel(r, *, spec: Spec, lay: Layout, reverse: bool,
+                  last_step: int):
   """One chunk of the state sweep (the transposed state ``[BV, BK]``):
   forward ``S <- carry S + v^T (write k)``, reverse ``dS <- carry dS +
   do^T (scale read q)``; writes the state before the update."""
@@ -450,19 +477,37 @@ def _sweep_kernel(r, *, spec: Spec, reverse: bool, last_step: int):
 
   s = r["state"][...]
   r["states"][...] = s.astype(r["states"].dtype)
-  w = chunk_weights(r, spec)
-  if reverse:
-    x = r["q"][...].astype(_F32) * (w.read * spec.scale)
-    y = r["do"][...]
+
+  def product(rows=None):
+    """``y^T x`` over the chunk's tokens ``rows`` (all by default)."""
+    w = chunk_weights(r, spec, rows=rows)
+    rows = slice(None) if rows is None else rows
+    if reverse:
+      x = r["q"][rows, :].astype(_F32) * (w.read * spec.scale)
+      y = r["do"][rows, :]
+    else:
+      x = r["k"][rows, :].astype(_F32) * w.write
+      y = r["v"][rows, :]
+    return dot(y, operand(x, spec), TN, spec)                  # [BV, BK]
+
+  carry = chunk_weights(r, spec, rows=pl.ds(spec.chunk - 1, 1)).carry
+  if spec.bf16:
+    r["state"][...] = s * carry + product()
   else:
-    x = r["k"][...].astype(_F32) * w.write
-    y = r["v"][...]
-  s = s * w.carry + dot(y, operand(x, spec), TN, spec)        # [BV, BK]
-  r["state"][...] = s
+    # float32: a sum over strips of rows into the state in VMEM (one
+    # [C, BV]^T [C, BK] product at the highest precision spilled vector
+    # registers on v6e).
+    r["state"][...] = s * carry
+
+    def strip(t, c):
+      r["state"][...] += product(at_block(t, lay.strip))
+      return c
+
+    loop(spec.chunk // lay.strip, strip, 0)
   if "state_out" in r:
     @pl.when(step == last_step)
     def _():
-      r["state_out"][...] = s
+      r["state_out"][...] = r["state"][...]
 
 
 def gate_and_doc_inputs(arrays, specs, names):
@@ -500,8 +545,8 @@ def sweep(arrays, spec: Spec, lay: Layout, *, reverse: bool, state_in=None,
         (b, h, lay.v_pad, lay.k_pad), _F32), specs["state"])
   grid = (b, h, lay.k_pad // lay.sweep_k, lay.v_pad // lay.sweep_v,
           lay.chunks)
-  kernel = functools.partial(_sweep_kernel, spec=spec, reverse=reverse,
-                             last_step=lay.chunks - 1)
+  kernel = functools.partial(_sweep_kernel, spec=spec, lay=lay,
+                             reverse=reverse, last_step=lay.chunks - 1)
   return call(kernel, grid, inputs, outputs, parallel=4,
               scratch=[("state", (lay.sweep_v, lay.sweep_k), _F32)],
               name=("gated_linear_tpu_state_grads" if reverse

@@ -317,7 +317,14 @@ def test_exports_kernels(platform, op, dtype):
     return chunk(**{**inputs, **dict(zip(names, args))}, impl="pallas",
                  output_final_state=True)
 
-  if platform == "cuda" and dtype == jnp.bfloat16:
+  if platform == "tpu":
+    # TPU: the chunk-parallel kernels.
+    kernels = (["delta_rule_tpu_wy", "delta_rule_tpu_sweep",
+                "gated_linear_tpu_outputs"],
+               ["delta_rule_tpu_wy", "delta_rule_tpu_sweep",
+                "gated_linear_tpu_dv", "delta_rule_tpu_sweep_grads",
+                "gated_linear_tpu_grads", "delta_rule_tpu_wy_grads"])
+  elif dtype == jnp.bfloat16:
     # bfloat16 on CUDA: the chunk-parallel kernels.
     kernels = (["delta_rule_wy", "delta_rule_sweep", "gated_linear_outputs"],
                ["delta_rule_wy", "delta_rule_sweep", "gated_linear_dv",

@@ -29,6 +29,8 @@ sequential sweep over chunks, run in XLA (``sweep_xla``) or, with
 ``impl="pallas"`` (or ``"auto"`` on GPU), as the Pallas kernels of
 ``pallas_kernels.delta_rule``, which walk the chunks with the state in
 VMEM (TPU) or registers (GPU) and never form the ``[K, K]`` transitions.
+``impl="pallas"`` on TPU, and in bfloat16 on CUDA, runs steps 1-5 on the
+chunk-parallel kernels instead (``chunk_delta_rule``).
 
 Letters: b batch, n chunk, i and j position in a chunk, h value
 head (q and k are repeated to the value heads first), k and l key channels,
@@ -446,12 +448,11 @@ def chunk_erase_write(dtypes, core_inputs, *, scale, length, initial_state,
 
 # The input dtypes that run the chunk-parallel kernels on CUDA and TPU
 # (``pallas_kernels.delta_rule.chunk_delta_rule_gpu`` and
-# ``chunk_delta_rule_tpu``); float32 inputs run the sweep kernels there,
-# since the chunk-parallel sweeps' float32 state spills registers (past
-# 128 key rows on GPU; on every TPU generation, where the float32 sweep
-# kernels with the WY terms in XLA spill less).
+# ``chunk_delta_rule_tpu``). float32 inputs run the sweep kernels on CUDA,
+# since the chunk-parallel sweeps' float32 state spills registers past 128
+# key rows there.
 GPU_CHUNK_DTYPES = (jnp.dtype(jnp.bfloat16),)
-TPU_CHUNK_DTYPES = (jnp.dtype(jnp.bfloat16),)
+TPU_CHUNK_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 
 
 def by_platform(*, cuda, tpu, default):
@@ -489,9 +490,10 @@ def chunk_delta_rule(q, k, v, beta, g=None, *, scale=None, initial_state=None,
     use_qk_l2norm: L2-normalise q and k inside the op (unit keys keep the
       transition stable).
     impl: ``"auto"``, ``"xla"`` or ``"pallas"`` (see
-      ``lin_attn_jax.ops.common.dispatch``). ``"pallas"`` with bfloat16
-      inputs on CUDA runs the whole chunk form on the chunk-parallel
-      kernels of ``pallas_kernels.delta_rule.chunk_delta_rule_gpu``;
+      ``lin_attn_jax.ops.common.dispatch``). ``"pallas"`` on TPU, and
+      with bfloat16 inputs on CUDA, runs the whole chunk form on the
+      chunk-parallel kernels of ``pallas_kernels.delta_rule``
+      (``chunk_delta_rule_tpu``, ``chunk_delta_rule_gpu``);
       otherwise (and for ``"auto"`` on GPU) steps 1-3 (the WY terms
       of every chunk) run in XLA, differentiated by JAX's autodiff, and
       steps 4-5, the sweep over chunks, and its backward pass as Pallas
