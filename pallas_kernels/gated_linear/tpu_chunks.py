@@ -869,7 +869,8 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
   _weighted(r, spec, lay, "k_write", "k", "write")
   _dv_steps(r, spec, lay)
 
-  r["carried"][...] = jnp.zeros(r["carried"].shape, _F32)
+  if gated:
+    r["carried"][...] = jnp.zeros(r["carried"].shape, _F32)
 
   def key_block(j, carry):
     # The products of the key block to float32 scratch, then the
@@ -877,7 +878,9 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
     cols = at_block(j, lay.step)
     dot_into(r, "dq_pairs", "da", lambda: r["k"][:, cols], NN, spec, lay)
     r["dk_pairs"][...] = dot(r["da"][...], r["q"][:, cols], TN, spec)
-    r["carried"][...] += _state_products(r, spec, lay, cols)    # [1, BK]
+    carried = _state_products(r, spec, lay, cols, carried=gated)
+    if gated:
+      r["carried"][...] += carried                              # [1, BK]
 
     def strip(i, carry):
       rows = at_block(i, lay.strip)
@@ -903,9 +906,9 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
   # The carried state's term summed in VMEM, not as a loop carry (a value
   # carried over the key blocks' products spilled vector registers).
   loop(n_k, key_block, 0)
-  carried = jnp.sum(r["carried"][...], axis=1, keepdims=True)   # [1, 1]
   if not gated:
     return
+  carried = jnp.sum(r["carried"][...], axis=1, keepdims=True)   # [1, 1]
   carry = chunk_weights(r, spec, rows=pl.ds(c - 1, 1)).carry
   r["gate_rows"][c - 1:c, :] += carry * carried
 
@@ -1022,15 +1025,18 @@ def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
   loop(n_k, key_step, 0)
 
 
-def _state_products(r, spec: Spec, lay: Layout, cols):
+def _state_products(r, spec: Spec, lay: Layout, cols, *,
+                    carried: bool = True):
   """For the key columns ``cols``: ``do h^T`` and ``v dh^T`` (``[C, 128]``,
   summed over value steps) to the scratch ``dq_read`` and ``dk_write``;
   returns ``sum_v h * dh``, ``[1, 128]`` (the carried state's term of the
-  log-decays' gradient). With ``du`` (the delta rule) it also writes ``dw
-  = -du h^T`` at ``cols``, through the scratch ``dw_acc``."""
+  log-decays' gradient; None without a decay, ``carried`` False). With
+  ``du`` (the delta rule) it also writes ``dw = -du h^T`` at ``cols``,
+  through the scratch ``dw_acc``."""
   for out in ("dq_read", "dk_write"):
     r[out][...] = jnp.zeros(r[out].shape, _F32)
-  r["h_dh"][...] = jnp.zeros(r["h_dh"].shape, _F32)
+  if carried:
+    r["h_dh"][...] = jnp.zeros(r["h_dh"].shape, _F32)
 
   def value_step(jv, carry):
     vcols = at_block(jv, lay.step)
@@ -1038,15 +1044,16 @@ def _state_products(r, spec: Spec, lay: Layout, cols):
                             ("dk_write", "v", "d_states")):
       dot_into(r, out, lhs, lambda state=state: r[state][vcols, cols], NN,
                spec, lay, add=True, lhs_cols=vcols)
-    h = r["states"][vcols, cols].astype(_F32)
-    dh = r["d_states"][vcols, cols].astype(_F32)
-    r["h_dh"][...] += jnp.sum(h * dh, axis=0, keepdims=True)
+    if carried:
+      h = r["states"][vcols, cols].astype(_F32)
+      dh = r["d_states"][vcols, cols].astype(_F32)
+      r["h_dh"][...] += jnp.sum(h * dh, axis=0, keepdims=True)
     return carry
 
   loop(lay.v_pad // lay.step, value_step, 0)
-  carried = r["h_dh"][...]
+  total = r["h_dh"][...] if carried else None
   if "du" not in r:
-    return carried
+    return total
   # A loop of its own: in the loop above a third product spilled on v6e.
   r["dw_acc"][...] = jnp.zeros(r["dw_acc"].shape, _F32)
 
@@ -1058,7 +1065,7 @@ def _state_products(r, spec: Spec, lay: Layout, cols):
 
   loop(lay.v_pad // lay.step, dw_step, 0)
   r["dw"][:, cols] = -r["dw_acc"][...]
-  return carried
+  return total
 
 
 def _dv_steps(r, spec: Spec, lay: Layout):
