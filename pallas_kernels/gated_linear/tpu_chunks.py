@@ -957,11 +957,16 @@ def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
                                     keepdims=True)
     da_op = operand(da, spec)
 
-    def key_step(j, a):
+    r["a_blk"][...] = jnp.zeros(r["a_blk"].shape, _F32)
+
+    def key_step(j, carry):
+      # The products go to VMEM as they are made (held as values, the
+      # float32 ones' split operands spilled).
       cols = at_block(j, lay.step)
       blk = RowBlock(r, spec, lay, i, cols)
-      a = a + blk.scores()
-      dq = blk.f * dot(da_op, r["ke"][...], NN, spec)          # [S, BK]
+      r["a_blk"][...] += blk.scores()
+      r["dq_pairs"][rows, cols] = blk.f * dot(da_op, r["ke"][...], NN,
+                                              spec)             # [S, BK]
       r["dk_tmp"][...] = dot(da_op, blk.qf, TN, spec)          # [C, BK]
 
       def dk_strip(t, carry):
@@ -981,13 +986,14 @@ def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
         dk_j = jnp.sum(da_j * blk.q * decay, axis=0, keepdims=True)
         return dq, dk + jnp.where(row == jj, dk_j, 0.0)
 
+      dq = r["dq_pairs"][rows, cols]
       dq, dk = loop(s, inside, (dq, jnp.zeros(dq.shape, _F32)))
       r["dq_pairs"][rows, cols] = dq
       r["dk_pairs"][rows, cols] += dk
-      return a
+      return carry
 
-    a = loop(n_k, key_step, jnp.zeros((s, c), _F32))
-    a = jnp.where(pair_mask(r, spec, i, s), a, 0.0)
+    loop(n_k, key_step, 0)
+    a = jnp.where(pair_mask(r, spec, i, s), r["a_blk"][...], 0.0)
     r["a"][rows, :] = operand(a * spec.scale, spec)
     return carry
 
@@ -1133,7 +1139,8 @@ def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool,
                 ("dq_pairs", (c, lay.k_pad), _F32),
                 ("dk_pairs", (c, lay.k_pad), _F32),
                 ("e", (c, lay.step), _F32), ("ke", (c, lay.step), operands),
-                ("dk_tmp", (c, lay.step), _F32)]
+                ("dk_tmp", (c, lay.step), _F32),
+                ("a_blk", (spec.sub_chunk, c), _F32)]
   else:
     scratch += [("da", (c, c), operands), ("s", (c, c), _F32),
                 ("ds", (c, c), _F32)]
