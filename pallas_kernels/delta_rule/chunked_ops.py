@@ -59,10 +59,10 @@ class _Config:
 # op runs float32 inputs on the sweep kernels of ``ops.py`` instead
 # (``lin_attn_jax.ops.delta_rule``).
 WIDE_CHUNK = 64           # bfloat16, K and V <= WIDE_CHUNK_WIDTH
-WIDE_CHUNK_WIDTH = 128
+WIDE_CHUNK_WIDTH = 4096
 WIDE_CHUNK_BLOCK = 16
 MAX_CHUNK = {True: 32, False: 16}
-CHANNEL_MAX_CHUNK = 32
+CHANNEL_MAX_CHUNK = 64
 MAX_CHUNK_BLOCK = 32
 NUM_WARPS = 8
 
@@ -84,24 +84,28 @@ def _setup(cfg: _Config, q, k, v, g, doc):
   return gl.setup(q, k, v, g, doc, blocks, cfg.scale)
 
 
-def _states(arrays, spec, lay, s0, *, final, interpret):
-  """``(W, {"states", "u", "state_out"})``: the WY terms, then the sweep
-  (states in the matmul operands' dtype)."""
+def _states(arrays, spec, lay, s0, *, final, reads, interpret):
+  """``(W, sweep operands, {"states", "u", "state_out"})``: the WY terms
+  and the sweeps' operands (with ``reads``, the queries' too), then the
+  sweep (states in the matmul operands' dtype)."""
   wu = gpu_chunks.wy(arrays, spec, lay, interpret=interpret)
+  ops = gpu_chunks.sweep_operands(arrays, spec, lay, reads=reads,
+                                  interpret=interpret)
   swept = gpu_chunks.delta_sweep(
-      arrays, wu["w"], wu["u"], spec, lay,
+      arrays, wu["w"], wu["u"], ops["kw"], spec, lay,
       state_in=None if s0 is None else gl.pad_state(s0, lay),
       state_out=final, states_dtype=arrays["k"].dtype,
       interpret=interpret)
-  return wu["w"], swept
+  return wu["w"], ops, swept
 
 
 def _forward(cfg: _Config, q, k, v, beta, g, s0, doc):
   lay, spec = _setup(cfg, q, k, v, g, doc)
   arrays = gl.prepare(q, k, v, g, doc, lay, spec)
   arrays["beta"] = gpu_chunks.beta_to_kernel(beta, lay)
-  _, swept = _states(arrays, spec, lay, s0, final=cfg.output_final_state,
-                     interpret=cfg.interpret)
+  _, _, swept = _states(arrays, spec, lay, s0,
+                        final=cfg.output_final_state, reads=False,
+                        interpret=cfg.interpret)
   o = gl.outputs({**arrays, "v": swept["u"]}, swept["states"], spec, lay,
                  out_dtype=arrays["v"].dtype,
                  cost=gl.cost(spec, lay, "outputs", arrays.values()),
@@ -116,12 +120,12 @@ def _backward(cfg: _Config, q, k, v, beta, g, s0, doc, do, d_final):
   lay, spec = _setup(cfg, q, k, v, g, doc)
   arrays = gl.prepare(q, k, v, g, doc, lay, spec, do=do)
   arrays["beta"] = gpu_chunks.beta_to_kernel(beta, lay)
-  w, swept = _states(arrays, spec, lay, s0, final=False,
-                     interpret=cfg.interpret)
+  w, ops, swept = _states(arrays, spec, lay, s0, final=False, reads=True,
+                          interpret=cfg.interpret)
   on_u = {**arrays, "v": swept["u"]}
   du_intra = gl.dv_intra(on_u, spec, lay, interpret=cfg.interpret)["dv"]
   back = gpu_chunks.delta_sweep_grads(
-      arrays, w, du_intra, spec, lay,
+      arrays, w, du_intra, ops["kw"], ops["qr"], spec, lay,
       state_in=None if d_final is None else gl.pad_state(d_final, lay),
       state_out=s0 is not None, states_dtype=swept["states"].dtype,
       interpret=cfg.interpret)
