@@ -88,7 +88,7 @@ def _states(arrays, spec, lay, s0, *, final, reads, interpret):
   """``(W, sweep operands, {"states", "u", "state_out"})``: the WY terms
   and the sweeps' operands (with ``reads``, the queries' too), then the
   sweep (states in the matmul operands' dtype)."""
-  wu = gpu_chunks.wy(arrays, spec, lay, interpret=interpret)
+  wu = gpu_chunks.wy(arrays, spec, lay, keep=reads, interpret=interpret)
   ops = gpu_chunks.sweep_operands(arrays, spec, lay, reads=reads,
                                   interpret=interpret)
   swept = gpu_chunks.delta_sweep(
@@ -96,7 +96,7 @@ def _states(arrays, spec, lay, s0, *, final, reads, interpret):
       state_in=None if s0 is None else gl.pad_state(s0, lay),
       state_out=final, states_dtype=arrays["k"].dtype,
       interpret=interpret)
-  return wu["w"], ops, swept
+  return wu, ops, swept
 
 
 def _forward(cfg: _Config, q, k, v, beta, g, s0, doc):
@@ -120,18 +120,20 @@ def _backward(cfg: _Config, q, k, v, beta, g, s0, doc, do, d_final):
   lay, spec = _setup(cfg, q, k, v, g, doc)
   arrays = gl.prepare(q, k, v, g, doc, lay, spec, do=do)
   arrays["beta"] = gpu_chunks.beta_to_kernel(beta, lay)
-  w, ops, swept = _states(arrays, spec, lay, s0, final=False, reads=True,
+  wu, ops, swept = _states(arrays, spec, lay, s0, final=False, reads=True,
                           interpret=cfg.interpret)
   on_u = {**arrays, "v": swept["u"]}
   du_intra = gl.dv_intra(on_u, spec, lay, interpret=cfg.interpret)["dv"]
   back = gpu_chunks.delta_sweep_grads(
-      arrays, w, du_intra, ops["kw"], ops["qr"], spec, lay,
+      arrays, wu["w"], du_intra, ops["kw"], ops["qr"], spec, lay,
       state_in=None if d_final is None else gl.pad_state(d_final, lay),
       state_out=s0 is not None, states_dtype=swept["states"].dtype,
       interpret=cfg.interpret)
-  grads = gl.grads(on_u, swept["states"], back["states"], spec, lay,
+  import os
+  lay3 = dataclasses.replace(lay, num_stages=int(os.environ.get("DS", lay.num_stages)), num_warps=int(os.environ.get("DW", lay.num_warps)), inner_k=int(os.environ.get("DK", lay.inner_k)), inner_v=int(os.environ.get("DV", lay.inner_v)))
+  grads = gl.grads(on_u, swept["states"], back["states"], spec, lay3,
                    interpret=cfg.interpret, du=back["du"])
-  wy = gpu_chunks.wy_grads(arrays, grads["dw"], back["du"], spec, lay,
+  wy = gpu_chunks.wy_grads(arrays, wu, grads["dw"], back["du"], spec, lay,
                            interpret=cfg.interpret)
   t, dk_, dv_ = lay.length, lay.dim_k, lay.dim_v
   dg = None

@@ -115,6 +115,9 @@ def _wy_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
   chunk = _Chunk(r, spec, lay)
   beta = chunk.beta
   t_op = cm.operand(chunk.t, spec)
+  if "t" in r:
+    r["a_k"][...] = chunk.a_k
+    r["t"][...] = t_op.astype(r["t"].dtype)
   width = lay.inner_k
 
   def w_part(j, carry):
@@ -143,9 +146,19 @@ def beta_to_kernel(beta, lay: gl.Layout):
   return gl.pad_to(beta, (lay.batch, lay.t_pad, lay.heads), _F32)
 
 
-def wy(arrays, spec: cm.Spec, lay: gl.Layout, *, interpret: bool):
+def _square_spec(lay: gl.Layout):
+  """``[B, T_pad, H, C]``: a ``[C, C]`` matrix per chunk, its rows the
+  chunk's tokens."""
+  c = lay.chunk
+  return pl.BlockSpec((None, c, None, c), lambda b, h, p: (b, p, h, 0))
+
+
+def wy(arrays, spec: cm.Spec, lay: gl.Layout, *, keep: bool = False,
+       interpret: bool):
   """``{"w": [B, T_pad, H, K_pad], "u": [B, T_pad, H, V_pad]}`` in the
-  matmul dtype: ``W`` and ``U'`` of every chunk."""
+  matmul dtype: ``W`` and ``U'`` of every chunk; with ``keep`` (for
+  ``wy_grads``) also ``"t"`` (``T`` as a matmul operand) and ``"a_k"``
+  (``A_k``, float32), ``[B, T_pad, H, C]``."""
   specs = gl.chunk_specs(lay, 1, lay.v_pad)
   inputs = gl.chunk_inputs(arrays, spec, specs, [("k", "k"), ("v", "v")])
   inputs["beta"] = (arrays["beta"], specs["gate_scalar"])
@@ -153,6 +166,10 @@ def wy(arrays, spec: cm.Spec, lay: gl.Layout, *, interpret: bool):
   dtype = arrays["k"].dtype
   out = {"w": (jax.ShapeDtypeStruct((b, t, h, lay.k_pad), dtype), specs["k"]),
          "u": (jax.ShapeDtypeStruct((b, t, h, lay.v_pad), dtype), specs["v"])}
+  if keep:
+    square = (b, t, h, lay.chunk)
+    out["t"] = (jax.ShapeDtypeStruct(square, dtype), _square_spec(lay))
+    out["a_k"] = (jax.ShapeDtypeStruct(square, _F32), _square_spec(lay))
   return gl.call(functools.partial(_wy_kernel, spec=spec, lay=lay),
                  (b, h, lay.chunks), inputs, out, lay, name="delta_rule_wy",
                  cost=_wy_cost(spec, lay, inputs, "wy"),
@@ -163,11 +180,11 @@ def _wy_cost(spec: cm.Spec, lay: gl.Layout, inputs, kind: str):
   """The WY kernels' estimate, matmuls counted from their bodies per chunk
   (``kind``: ``"wy"``, ``"wy_grads"`` or ``"wy_key_grads"``): the keys'
   scores ``S`` (``2 C^2 K`` whatever the gate: with a per-channel decay,
-  by row blocks, ``gated_linear.gpu._flops``; once in ``wy`` and
-  ``wy_grads``, twice in ``wy_key_grads``: rows and columns), the
-  inverse's two ``[C, C, C]`` products per halving level (and two more
-  for ``dA``) in the inverse's mode (``_exact``: 3xTF32 runs three
-  products, TF32 one), and ``T`` times the ``[C, K]`` and ``[C, V]``
+  by row blocks, ``gated_linear.gpu._flops``; once in ``wy``, twice in
+  ``wy_key_grads``: rows and columns), the inverse's two ``[C, C, C]``
+  products per halving level in ``wy`` and ``dA``'s two in ``wy_grads``
+  in the inverse's mode (``_exact``: 3xTF32 runs three products, TF32
+  one), and ``T`` times the ``[C, K]`` and ``[C, V]``
   right-hand sides (``wy``: ``W`` and ``U'``; ``wy_grads``: ``dT``'s key
   part, ``dY`` and ``dT``'s value part; ``wy_key_grads``: ``dX``)."""
   c, kk, vv = lay.chunk, lay.k_pad, lay.v_pad
@@ -175,10 +192,10 @@ def _wy_cost(spec: cm.Spec, lay: gl.Layout, inputs, kind: str):
   passes = 3 if spec.mode == "tf32x3" else 1
   inverse_passes = 3 if _exact(spec).mode == "tf32x3" else 1
   scores = 2 * c * c * kk
-  inverse_products = {"wy": 2 * levels, "wy_grads": 2 * (levels + 1),
+  inverse_products = {"wy": 2 * levels, "wy_grads": 2,
                       "wy_key_grads": 0}[kind]
   sides = {"wy": kk + vv, "wy_grads": kk + 2 * vv, "wy_key_grads": kk}[kind]
-  flops = ((scores * (2 if kind == "wy_key_grads" else 1)
+  flops = ((scores * {"wy": 1, "wy_grads": 0, "wy_key_grads": 2}[kind]
             + 2 * c * c * sides) * passes
            + inverse_products * 2 * c ** 3 * inverse_passes)
   b, h = lay.batch, lay.heads
@@ -390,22 +407,23 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
       dA = -T^T dT T^T (on the strictly lower pairs),
 
   with ``X = b read exp(P) k``, ``Y = b v`` and ``A = diag(b) A_k``,
-  ``A_k[i, j] = k_i . (exp(P_i - P_j) k_j)``. Writes ``dv = b dY``,
-  ``T`` (as a matmul operand), ``dA_k = diag(b) dA`` (float32),
-  ``beta``'s terms from ``Y`` and ``A`` and, with a scalar decay, the
-  pairs' part of the log-decays' terms; ``_wy_key_grad_kernel`` does the
-  keys' part.
+  ``A_k[i, j] = k_i . (exp(P_i - P_j) k_j)``; ``T`` and ``A_k`` as the
+  WY kernel kept them (``wy(keep=True)``). Writes ``dv = b dY``, ``dA_k =
+  diag(b) dA`` (float32), ``beta``'s terms from ``Y`` and ``A`` and, with
+  a scalar decay, the pairs' part of the log-decays' terms;
+  ``_wy_key_grad_kernel`` does the keys' part.
   """
-  chunk = _Chunk(r, spec, lay)
+  every = slice(None)
   c = spec.chunk
-  d, beta, below, a_k, t = chunk.d, chunk.beta, chunk.below, chunk.a_k, chunk.t
-  t_op = cm.operand(t, spec)
-  r["t"][...] = t_op.astype(r["t"].dtype)
+  d = gl.docs_at(r, spec, every)
+  beta = r["beta"][...]
+  below = cm.iota((c, c), 0) > cm.iota((c, c), 1)
+  t_op = r["t"][...]
   width, v_width = lay.inner_k, lay.inner_v
 
   def dt_keys(j, acc):
     cols = gl.column_block(j, width)
-    x, _ = chunk.x_block(cols)
+    x, _ = _x_block(r, beta, d, cols)
     return acc + cm.dot(cm.operand(r["dw"][:, cols], spec),
                         cm.operand(x, spec), cm.NT, spec)
 
@@ -426,8 +444,9 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
                       (dt, jnp.zeros((c,), _F32)))
   # In the inputs' matmul mode: for bfloat16 inputs dA is a bfloat16
   # operand of the keys' products.
-  da = -cm.dot(cm.dot(t, dt, cm.TN, spec), t, cm.NT, spec)     # [C, C]
+  da = -cm.dot(cm.dot(t_op, dt, cm.TN, spec), t_op, cm.NT, spec)  # [C, C]
   da = jnp.where(below & d.pair, da, 0.0)
+  a_k = r["a_k"][...]
   r["dbeta"][...] = dbeta + jnp.sum(da * a_k, axis=1)
   da_k = da * beta[:, None]                                     # dL/dA_k
   r["da"][...] = da_k
@@ -486,25 +505,26 @@ def _wy_key_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
     r["gate_rows"][...] = x_rows
 
 
-def wy_grads(arrays, dw, du, spec: cm.Spec, lay: gl.Layout, *,
+def wy_grads(arrays, kept, dw, du, spec: cm.Spec, lay: gl.Layout, *,
              interpret: bool):
   """``{"dk", "dv", "dbeta"}`` and, with a decay, ``"gate_rows"`` (all
   float32): what ``W`` and ``U'`` send back (``dw``, ``du``: their
-  gradients, ``[B, T_pad, H, K_pad]`` and ``[B, T_pad, H, V_pad]``). Two
-  kernels over chunks: ``dA`` (with ``dv``, and ``T`` for the second),
-  then the keys' part; ``beta``'s terms and a scalar decay's rows are the
-  sums of both."""
+  gradients, ``[B, T_pad, H, K_pad]`` and ``[B, T_pad, H, V_pad]``;
+  ``kept``: ``wy(keep=True)``'s ``"t"`` and ``"a_k"``). Two kernels over
+  chunks: ``dA`` (with ``dv``), then the keys' part; ``beta``'s terms and
+  a scalar decay's rows are the sums of both."""
   specs = gl.chunk_specs(lay, 1, lay.v_pad)
   b, h, t, c = lay.batch, lay.heads, lay.t_pad, lay.chunk
-  square = pl.BlockSpec((None, c, None, c), lambda b, h, p: (b, p, h, 0))
+  square = _square_spec(lay)
   scalar = jax.ShapeDtypeStruct((b, t, h), _F32)
   gate_shape = (b, t, h) if spec.gate == "scalar" else (b, t, h, lay.k_pad)
   inputs = gl.chunk_inputs(arrays, spec, specs, [("k", "k"), ("v", "v")])
   inputs["beta"] = (arrays["beta"], specs["gate_scalar"])
   inputs["dw"] = (dw, specs["k"])
   inputs["du"] = (du, specs["v"])
+  inputs["t"] = (kept["t"], square)
+  inputs["a_k"] = (kept["a_k"], square)
   out = {"dv": (jax.ShapeDtypeStruct((b, t, h, lay.v_pad), _F32), specs["v"]),
-         "t": (jax.ShapeDtypeStruct((b, t, h, c), arrays["k"].dtype), square),
          "da": (jax.ShapeDtypeStruct((b, t, h, c), _F32), square),
          "dbeta": (scalar, specs["gate_scalar"])}
   if spec.gate == "scalar":
@@ -517,15 +537,17 @@ def wy_grads(arrays, dw, du, spec: cm.Spec, lay: gl.Layout, *,
   inputs = gl.chunk_inputs(arrays, spec, specs, [("k", "k")])
   inputs["beta"] = (arrays["beta"], specs["gate_scalar"])
   inputs["dw"] = (dw, specs["k"])
-  inputs["t"] = (first["t"], square)
+  inputs["t"] = (kept["t"], square)
   inputs["da"] = (first["da"], square)
   out = {"dk": (jax.ShapeDtypeStruct((b, t, h, lay.k_pad), _F32), specs["k"]),
          "dbeta": (scalar, specs["gate_scalar"])}
   if spec.gate != "none":
     out["gate_rows"] = (jax.ShapeDtypeStruct(gate_shape, _F32),
                         specs["gate_" + spec.gate])
+  import os
+  lay2 = dataclasses.replace(lay, num_stages=int(os.environ.get("WS", lay.num_stages)), num_warps=int(os.environ.get("WW", lay.num_warps)))
   second = gl.call(functools.partial(_wy_key_grad_kernel, spec=spec, lay=lay),
-                   (b, h, lay.chunks), inputs, out, lay,
+                   (b, h, lay.chunks), inputs, out, lay2,
                    name="delta_rule_wy_key_grads",
                    cost=_wy_cost(spec, lay, inputs, "wy_key_grads"),
                    interpret=interpret)
