@@ -45,42 +45,45 @@ class _Config:
   interpret: bool
 
 
-# Chunks of the delta rule's chunk kernels, by the inputs' dtype and padded
-# widths. bfloat16 with K and V of at most 128: 64 tokens (a Hopper wgmma's
-# 64 rows per warpgroup, so every chunk kernel runs wgmma on sm_90) and 16
-# key or value columns per step. Wider bfloat16 heads: 32 tokens and 32
-# columns (at 64 tokens the WY gradient kernel spills and, past 256 key
-# rows, the sweeps' shared memory overflows). float32: 16 tokens. A decay
-# per key channel (KDA): chunks of at most 32 tokens and 16 columns (at 64
-# tokens the delta rule's own sweep-gradient and WY-gradient kernels spill
-# on sm_80 and sm_90 at K = V = 128). 8 warps: the settings that compile
-# without a register spill at the checked shapes (``make compile-check``).
-# In float32 the sweeps' ``[K, BV]`` state spills past 128 key rows, so the
-# op runs float32 inputs on the sweep kernels of ``ops.py`` instead
-# (``lin_attn_jax.ops.delta_rule``).
-WIDE_CHUNK = 64           # bfloat16, K and V <= WIDE_CHUNK_WIDTH
-WIDE_CHUNK_WIDTH = 4096
-WIDE_CHUNK_BLOCK = 16
-MAX_CHUNK = {True: 32, False: 16}
-CHANNEL_MAX_CHUNK = 64
-MAX_CHUNK_BLOCK = 32
+# Chunks of the delta rule's chunk kernels, by the inputs' dtype, the gate
+# and the padded key width. bfloat16: 64 tokens (a Hopper wgmma's 64 rows
+# per warpgroup, so every chunk kernel with matmuls runs wgmma on sm_90)
+# and 16 key or value columns per step, at every width: the sweeps walk
+# the state by 64-row key blocks from precomputed operands
+# (``gpu_chunks.sweep_layout``) and the WY gradient is two kernels on the
+# ``T`` and ``A_k`` that the WY kernel keeps, which is what keeps 64-token
+# chunks within the registers and shared memory of sm_80 and sm_90 at K
+# and V up to 512 and 1024. A decay per key channel (KDA) at K <= 128
+# keeps 32-token chunks (``mma`` only): at 64, ptxas spills on sm_80 in
+# ``gated_linear``'s dq/dk kernel (108 bytes) and in the WY gradient's
+# keys' kernel (4 bytes) at K = V = 128, while K = 256 compiles without
+# a spill. float32: 16 tokens and 32 columns. 8 warps: the settings that
+# compile without a register spill at the checked shapes (``make
+# compile-check``). In float32 the sweeps' ``[K, BV]`` state spills past
+# 128 key rows, so the op runs float32 inputs on the sweep kernels of
+# ``ops.py`` instead (``lin_attn_jax.ops.delta_rule``).
+BF16_CHUNK = 64
+BF16_CHUNK_BLOCK = 16
+NARROW_CHANNEL_CHUNK = 32   # bfloat16, per-channel decay, K <= the width
+NARROW_CHANNEL_WIDTH = 128
+FLOAT32_CHUNK = 16
+FLOAT32_CHUNK_BLOCK = 32
 NUM_WARPS = 8
 
 
 def _setup(cfg: _Config, q, k, v, g, doc):
   bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
-  wide = bf16 and max(power_of_two_at_least_16(q.shape[-1]),
-                      power_of_two_at_least_16(v.shape[-1])) <= (
-                          WIDE_CHUNK_WIDTH)
-  max_chunk, block = ((WIDE_CHUNK, WIDE_CHUNK_BLOCK) if wide
-                      else (MAX_CHUNK[bf16], MAX_CHUNK_BLOCK))
+  max_chunk, block = ((BF16_CHUNK, BF16_CHUNK_BLOCK) if bf16
+                      else (FLOAT32_CHUNK, FLOAT32_CHUNK_BLOCK))
   if cfg.blocks.per_channel:
-    max_chunk = min(max_chunk, CHANNEL_MAX_CHUNK)
+    block = 16
+    if bf16 and power_of_two_at_least_16(q.shape[-1]) <= (
+        NARROW_CHANNEL_WIDTH):
+      max_chunk = NARROW_CHANNEL_CHUNK
   blocks = dataclasses.replace(
       cfg.blocks, chunk=min(cfg.blocks.chunk, max_chunk),
       num_warps=cfg.blocks.num_warps or NUM_WARPS,
-      chunk_block=cfg.blocks.chunk_block or (
-          16 if cfg.blocks.per_channel else block))
+      chunk_block=cfg.blocks.chunk_block or block)
   return gl.setup(q, k, v, g, doc, blocks, cfg.scale)
 
 
@@ -129,9 +132,7 @@ def _backward(cfg: _Config, q, k, v, beta, g, s0, doc, do, d_final):
       state_in=None if d_final is None else gl.pad_state(d_final, lay),
       state_out=s0 is not None, states_dtype=swept["states"].dtype,
       interpret=cfg.interpret)
-  import os
-  lay3 = dataclasses.replace(lay, num_stages=int(os.environ.get("DS", lay.num_stages)), num_warps=int(os.environ.get("DW", lay.num_warps)), inner_k=int(os.environ.get("DK", lay.inner_k)), inner_v=int(os.environ.get("DV", lay.inner_v)))
-  grads = gl.grads(on_u, swept["states"], back["states"], spec, lay3,
+  grads = gl.grads(on_u, swept["states"], back["states"], spec, lay,
                    interpret=cfg.interpret, du=back["du"])
   wy = gpu_chunks.wy_grads(arrays, wu, grads["dw"], back["du"], spec, lay,
                            interpret=cfg.interpret)

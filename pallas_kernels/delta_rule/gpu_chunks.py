@@ -73,11 +73,13 @@ def inverse(spec: cm.Spec, a, d: cm.Docs):
   del d                                  # a is zero across documents
   c = spec.chunk
   exact = _exact(spec)
-  xor = lax.bitwise_xor(cm.iota((c, c), 0), cm.iota((c, c), 1))
-  t = (xor == 0).astype(_F32)
+  def xor():                  # formed where used: fewer registers held
+    return lax.bitwise_xor(cm.iota((c, c), 0), cm.iota((c, c), 1))
+
+  t = (xor() == 0).astype(_F32)
   for s in reversed(cm.level_sizes(c)):                        # 1, 2, ..., C/2
     # Level s: s <= i ^ j < 2 s (with j < i: a is strictly lower).
-    off = jnp.where(lax.shift_right_logical(xor, s.bit_length() - 1) == 1,
+    off = jnp.where(lax.shift_right_logical(xor(), s.bit_length() - 1) == 1,
                     a, 0.0)
     t = t - cm.dot(cm.dot(t, off, cm.NN, exact), t, cm.NN, exact)
   return t
@@ -115,9 +117,6 @@ def _wy_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
   chunk = _Chunk(r, spec, lay)
   beta = chunk.beta
   t_op = cm.operand(chunk.t, spec)
-  if "t" in r:
-    r["a_k"][...] = chunk.a_k
-    r["t"][...] = t_op.astype(r["t"].dtype)
   width = lay.inner_k
 
   def w_part(j, carry):
@@ -138,6 +137,8 @@ def _wy_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
     return carry
 
   gl.loop(lay.v_pad // v_width, u_part, 0)
+  if "t" in r:                                # kept for the WY gradient
+    r["t"][...] = t_op.astype(r["t"].dtype)
 
 
 def beta_to_kernel(beta, lay: gl.Layout):
@@ -157,8 +158,8 @@ def wy(arrays, spec: cm.Spec, lay: gl.Layout, *, keep: bool = False,
        interpret: bool):
   """``{"w": [B, T_pad, H, K_pad], "u": [B, T_pad, H, V_pad]}`` in the
   matmul dtype: ``W`` and ``U'`` of every chunk; with ``keep`` (for
-  ``wy_grads``) also ``"t"`` (``T`` as a matmul operand) and ``"a_k"``
-  (``A_k``, float32), ``[B, T_pad, H, C]``."""
+  ``wy_grads``) also ``"t"`` (``T`` as a matmul operand, ``[B, T_pad, H,
+  C]``)."""
   specs = gl.chunk_specs(lay, 1, lay.v_pad)
   inputs = gl.chunk_inputs(arrays, spec, specs, [("k", "k"), ("v", "v")])
   inputs["beta"] = (arrays["beta"], specs["gate_scalar"])
@@ -169,7 +170,6 @@ def wy(arrays, spec: cm.Spec, lay: gl.Layout, *, keep: bool = False,
   if keep:
     square = (b, t, h, lay.chunk)
     out["t"] = (jax.ShapeDtypeStruct(square, dtype), _square_spec(lay))
-    out["a_k"] = (jax.ShapeDtypeStruct(square, _F32), _square_spec(lay))
   return gl.call(functools.partial(_wy_kernel, spec=spec, lay=lay),
                  (b, h, lay.chunks), inputs, out, lay, name="delta_rule_wy",
                  cost=_wy_cost(spec, lay, inputs, "wy"),
@@ -180,8 +180,8 @@ def _wy_cost(spec: cm.Spec, lay: gl.Layout, inputs, kind: str):
   """The WY kernels' estimate, matmuls counted from their bodies per chunk
   (``kind``: ``"wy"``, ``"wy_grads"`` or ``"wy_key_grads"``): the keys'
   scores ``S`` (``2 C^2 K`` whatever the gate: with a per-channel decay,
-  by row blocks, ``gated_linear.gpu._flops``; once in ``wy``, twice in
-  ``wy_key_grads``: rows and columns), the inverse's two ``[C, C, C]``
+  by row blocks, ``gated_linear.gpu._flops``; once in ``wy`` and
+  ``wy_grads``, twice in ``wy_key_grads``: rows and columns), the inverse's two ``[C, C, C]``
   products per halving level in ``wy`` and ``dA``'s two in ``wy_grads``
   in the inverse's mode (``_exact``: 3xTF32 runs three products, TF32
   one), and ``T`` times the ``[C, K]`` and ``[C, V]``
@@ -195,7 +195,7 @@ def _wy_cost(spec: cm.Spec, lay: gl.Layout, inputs, kind: str):
   inverse_products = {"wy": 2 * levels, "wy_grads": 2,
                       "wy_key_grads": 0}[kind]
   sides = {"wy": kk + vv, "wy_grads": kk + 2 * vv, "wy_key_grads": kk}[kind]
-  flops = ((scores * {"wy": 1, "wy_grads": 0, "wy_key_grads": 2}[kind]
+  flops = ((scores * {"wy": 1, "wy_grads": 1, "wy_key_grads": 2}[kind]
             + 2 * c * c * sides) * passes
            + inverse_products * 2 * c ** 3 * inverse_passes)
   b, h = lay.batch, lay.heads
@@ -407,8 +407,8 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
       dA = -T^T dT T^T (on the strictly lower pairs),
 
   with ``X = b read exp(P) k``, ``Y = b v`` and ``A = diag(b) A_k``,
-  ``A_k[i, j] = k_i . (exp(P_i - P_j) k_j)``; ``T`` and ``A_k`` as the
-  WY kernel kept them (``wy(keep=True)``). Writes ``dv = b dY``, ``dA_k =
+  ``A_k[i, j] = k_i . (exp(P_i - P_j) k_j)``; ``T`` as the WY kernel
+  kept it (``wy(keep=True)``), ``A_k`` computed again after ``dA``. Writes ``dv = b dY``, ``dA_k =
   diag(b) dA`` (float32), ``beta``'s terms from ``Y`` and ``A`` and, with
   a scalar decay, the pairs' part of the log-decays' terms;
   ``_wy_key_grad_kernel`` does the keys' part.
@@ -446,7 +446,10 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
   # operand of the keys' products.
   da = -cm.dot(cm.dot(t_op, dt, cm.TN, spec), t_op, cm.NT, spec)  # [C, C]
   da = jnp.where(below & d.pair, da, 0.0)
-  a_k = r["a_k"][...]
+  # A_k again (the WY kernel's scores): kept, it spilled that kernel's
+  # registers on sm_80.
+  a_k = jnp.where(below, gl.scores_of({**r, "q": r["k"]}, spec, lay, d),
+                  0.0)
   r["dbeta"][...] = dbeta + jnp.sum(da * a_k, axis=1)
   da_k = da * beta[:, None]                                     # dL/dA_k
   r["da"][...] = da_k
@@ -510,7 +513,7 @@ def wy_grads(arrays, kept, dw, du, spec: cm.Spec, lay: gl.Layout, *,
   """``{"dk", "dv", "dbeta"}`` and, with a decay, ``"gate_rows"`` (all
   float32): what ``W`` and ``U'`` send back (``dw``, ``du``: their
   gradients, ``[B, T_pad, H, K_pad]`` and ``[B, T_pad, H, V_pad]``;
-  ``kept``: ``wy(keep=True)``'s ``"t"`` and ``"a_k"``). Two kernels over
+  ``kept``: ``wy(keep=True)``'s ``"t"``). Two kernels over
   chunks: ``dA`` (with ``dv``), then the keys' part; ``beta``'s terms and
   a scalar decay's rows are the sums of both."""
   specs = gl.chunk_specs(lay, 1, lay.v_pad)
@@ -523,7 +526,6 @@ def wy_grads(arrays, kept, dw, du, spec: cm.Spec, lay: gl.Layout, *,
   inputs["dw"] = (dw, specs["k"])
   inputs["du"] = (du, specs["v"])
   inputs["t"] = (kept["t"], square)
-  inputs["a_k"] = (kept["a_k"], square)
   out = {"dv": (jax.ShapeDtypeStruct((b, t, h, lay.v_pad), _F32), specs["v"]),
          "da": (jax.ShapeDtypeStruct((b, t, h, c), _F32), square),
          "dbeta": (scalar, specs["gate_scalar"])}
@@ -544,10 +546,8 @@ def wy_grads(arrays, kept, dw, du, spec: cm.Spec, lay: gl.Layout, *,
   if spec.gate != "none":
     out["gate_rows"] = (jax.ShapeDtypeStruct(gate_shape, _F32),
                         specs["gate_" + spec.gate])
-  import os
-  lay2 = dataclasses.replace(lay, num_stages=int(os.environ.get("WS", lay.num_stages)), num_warps=int(os.environ.get("WW", lay.num_warps)))
   second = gl.call(functools.partial(_wy_key_grad_kernel, spec=spec, lay=lay),
-                   (b, h, lay.chunks), inputs, out, lay2,
+                   (b, h, lay.chunks), inputs, out, lay,
                    name="delta_rule_wy_key_grads",
                    cost=_wy_cost(spec, lay, inputs, "wy_key_grads"),
                    interpret=interpret)
