@@ -27,10 +27,28 @@ here, as flash-linear-attention splits its ``chunk_gated_delta_rule``:
   is then rounded to a bfloat16 operand of ``W`` and ``U'`` (TF32's
   10-bit mantissa is finer than that rounding; 3xTF32's split operands
   spilled registers at 64-token chunks).
+- ``sweep_operands`` (grid ``(B, H, N)``): the sweeps' operands of every
+  chunk, ``kw = write exp(P_L - P) k`` and ``qr = scale read exp(P) q``
+  (float32 products rounded to the sweeps' operand dtype), so that no
+  ``[C, K]`` float32 tile of gates is formed inside the sweeps' loops
+  (with a decay per key channel those spilled registers at 64-token
+  chunks). The sweeps read only the gates' last row of each chunk, for
+  the carried decay.
 - ``delta_sweep`` (grid ``(B, H, V / BV)``): the sequential pass. A program
   owns the float32 state's value columns ``[K, BV]`` (all key rows: ``W
-  h`` sums over them) and per chunk writes ``h_n``, then ``U = U' - W h_n``
-  and the state update.
+  h`` sums over them), held as key blocks of ``SWEEP_BLOCK_K`` = 64 rows
+  (a ``wgmma``'s 64 rows for the update ``kw^T U``), and per chunk writes
+  ``h_n``, then ``U = U' - sum_b W_b h_b`` over the key blocks and each
+  block's update (``sweep_layout``: value columns, warps, pipelining
+  stages by key width; past 256 key rows one stage, as two stages'
+  prefetched ``[C, K]`` tiles overflowed shared memory at K = 512).
+- ``delta_sweep_grads``: the same from the last chunk, for the states'
+  and the pseudo-values' gradients.
+- ``wy_grads``: two kernels over chunks. The first takes ``T`` (kept by the
+  WY kernel's rerun in the backward pass) and gives ``dT``, ``dv`` and
+  ``dA``, with ``A_k`` computed again after ``dA``; the second the keys'
+  part (both sides of ``A_k``, and ``X``). One kernel with all of it
+  spilled registers at 64-token chunks.
 
 The outputs are ``gated_linear.gpu.outputs`` with ``v := U``.
 """
@@ -50,12 +68,13 @@ from pallas_kernels.gated_linear import gpu as gl
 
 _F32 = jnp.float32
 # Value columns per program of the delta sweeps (all key rows are held):
-# 32, or 16 for float32 inputs (3xTF32 splits the state's operand) and for
-# more than 256 key rows (the widest that compile without a spill).
+# 32 in bfloat16 up to 128 key rows, 16 past them and for float32 inputs
+# (the widest that compile without a spill at 64-token chunks).
 SWEEP_BLOCK_V = 32
 NARROW_SWEEP_BLOCK_V = 16
 # Key rows per block of the sweeps' state (their loops over key blocks).
 SWEEP_BLOCK_K = 64
+# Warps of the sweeps past 256 key rows (8 spilled on sm_80 at K = 512).
 WIDE_SWEEP_WARPS = 4
 
 
@@ -181,12 +200,13 @@ def _wy_cost(spec: cm.Spec, lay: gl.Layout, inputs, kind: str):
   (``kind``: ``"wy"``, ``"wy_grads"`` or ``"wy_key_grads"``): the keys'
   scores ``S`` (``2 C^2 K`` whatever the gate: with a per-channel decay,
   by row blocks, ``gated_linear.gpu._flops``; once in ``wy`` and
-  ``wy_grads``, twice in ``wy_key_grads``: rows and columns), the inverse's two ``[C, C, C]``
-  products per halving level in ``wy`` and ``dA``'s two in ``wy_grads``
-  in the inverse's mode (``_exact``: 3xTF32 runs three products, TF32
-  one), and ``T`` times the ``[C, K]`` and ``[C, V]``
-  right-hand sides (``wy``: ``W`` and ``U'``; ``wy_grads``: ``dT``'s key
-  part, ``dY`` and ``dT``'s value part; ``wy_key_grads``: ``dX``)."""
+  ``wy_grads``, twice in ``wy_key_grads``: rows and columns), the
+  inverse's two ``[C, C, C]`` products per halving level in ``wy`` and
+  ``dA``'s two in ``wy_grads`` in the inverse's mode (``_exact``: 3xTF32
+  runs three products, TF32 one), and ``T`` times the ``[C, K]`` and
+  ``[C, V]`` right-hand sides (``wy``: ``W`` and ``U'``; ``wy_grads``:
+  ``dT``'s key part, ``dY`` and ``dT``'s value part; ``wy_key_grads``:
+  ``dX``)."""
   c, kk, vv = lay.chunk, lay.k_pad, lay.v_pad
   levels = c.bit_length() - 1
   passes = 3 if spec.mode == "tf32x3" else 1
@@ -408,10 +428,10 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
 
   with ``X = b read exp(P) k``, ``Y = b v`` and ``A = diag(b) A_k``,
   ``A_k[i, j] = k_i . (exp(P_i - P_j) k_j)``; ``T`` as the WY kernel
-  kept it (``wy(keep=True)``), ``A_k`` computed again after ``dA``. Writes ``dv = b dY``, ``dA_k =
-  diag(b) dA`` (float32), ``beta``'s terms from ``Y`` and ``A`` and, with
-  a scalar decay, the pairs' part of the log-decays' terms;
-  ``_wy_key_grad_kernel`` does the keys' part.
+  kept it (``wy(keep=True)``), ``A_k`` computed again after ``dA``.
+  Writes ``dv = b dY``, ``dA_k = diag(b) dA`` (float32), ``beta``'s
+  terms from ``Y`` and ``A`` and, with a scalar decay, the pairs' part of
+  the log-decays' terms; ``_wy_key_grad_kernel`` does the keys' part.
   """
   every = slice(None)
   c = spec.chunk
