@@ -51,63 +51,70 @@ class _Config:
   backend: str = "gpu"          # "gpu" (Triton) or "tpu" (Mosaic)
 
 
-# Chunks of the delta rule's chunk kernels, by the inputs' dtype and padded
-# widths. bfloat16 with K and V of at most 128: 64 tokens (a Hopper wgmma's
-# 64 rows per warpgroup, so every chunk kernel runs wgmma on sm_90) and 16
-# key or value columns per step. Wider bfloat16 heads: 32 tokens and 32
-# columns (at 64 tokens the WY gradient kernel spills and, past 256 key
-# rows, the sweeps' shared memory overflows). float32: 16 tokens. A decay
-# per key channel (KDA): chunks of at most 32 tokens and 16 columns (at 64
-# tokens the delta rule's own sweep-gradient and WY-gradient kernels spill
-# on sm_80 and sm_90 at K = V = 128). 8 warps: the settings that compile
-# without a register spill at the checked shapes (``make compile-check``).
-# In float32 the sweeps' ``[K, BV]`` state spills past 128 key rows, so the
-# op runs float32 inputs on the sweep kernels of ``ops.py`` instead
-# (``lin_attn_jax.ops.delta_rule``).
-WIDE_CHUNK = 64           # bfloat16, K and V <= WIDE_CHUNK_WIDTH
-WIDE_CHUNK_WIDTH = 128
-WIDE_CHUNK_BLOCK = 16
-MAX_CHUNK = {True: 32, False: 16}
-CHANNEL_MAX_CHUNK = 32
-MAX_CHUNK_BLOCK = 32
+# Chunks of the delta rule's chunk kernels, by the inputs' dtype, the gate
+# and the padded key width. bfloat16: 64 tokens (a Hopper wgmma's 64 rows
+# per warpgroup, so every chunk kernel with matmuls runs wgmma on sm_90)
+# and 16 key or value columns per step, at every width: the sweeps walk
+# the state by 64-row key blocks from precomputed operands
+# (``gpu_chunks.sweep_layout``) and the WY gradient is two kernels on the
+# ``T`` and ``A_k`` that the WY kernel keeps, which is what keeps 64-token
+# chunks within the registers and shared memory of sm_80 and sm_90 at K
+# and V up to 512 and 1024. A decay per key channel (KDA) at K <= 128
+# keeps 32-token chunks (``mma`` only): at 64, ptxas spills on sm_80 in
+# ``gated_linear``'s dq/dk kernel (108 bytes) and in the WY gradient's
+# keys' kernel (4 bytes) at K = V = 128, while K = 256 compiles without
+# a spill. float32: 16 tokens and 32 columns. 8 warps: the settings that
+# compile without a register spill at the checked shapes (``make
+# compile-check``). In float32 the sweeps' ``[K, BV]`` state spills past
+# 128 key rows, so the op runs float32 inputs on the sweep kernels of
+# ``ops.py`` instead (``lin_attn_jax.ops.delta_rule``).
+BF16_CHUNK = 64
+BF16_CHUNK_BLOCK = 16
+NARROW_CHANNEL_CHUNK = 32   # bfloat16, per-channel decay, K <= the width
+NARROW_CHANNEL_WIDTH = 128
+FLOAT32_CHUNK = 16
+FLOAT32_CHUNK_BLOCK = 32
 NUM_WARPS = 8
 
 
 def _setup(cfg: _Config, q, k, v, g, doc):
   bf16 = all(x.dtype == jnp.bfloat16 for x in (q, k, v))
-  wide = bf16 and max(power_of_two_at_least_16(q.shape[-1]),
-                      power_of_two_at_least_16(v.shape[-1])) <= (
-                          WIDE_CHUNK_WIDTH)
-  max_chunk, block = ((WIDE_CHUNK, WIDE_CHUNK_BLOCK) if wide
-                      else (MAX_CHUNK[bf16], MAX_CHUNK_BLOCK))
+  max_chunk, block = ((BF16_CHUNK, BF16_CHUNK_BLOCK) if bf16
+                      else (FLOAT32_CHUNK, FLOAT32_CHUNK_BLOCK))
   if cfg.blocks.per_channel:
-    max_chunk = min(max_chunk, CHANNEL_MAX_CHUNK)
+    block = 16
+    if bf16 and power_of_two_at_least_16(q.shape[-1]) <= (
+        NARROW_CHANNEL_WIDTH):
+      max_chunk = NARROW_CHANNEL_CHUNK
   blocks = dataclasses.replace(
       cfg.blocks, chunk=min(cfg.blocks.chunk, max_chunk),
       num_warps=cfg.blocks.num_warps or NUM_WARPS,
-      chunk_block=cfg.blocks.chunk_block or (
-          16 if cfg.blocks.per_channel else block))
+      chunk_block=cfg.blocks.chunk_block or block)
   return gl.setup(q, k, v, g, doc, blocks, cfg.scale)
 
 
-def _states(arrays, spec, lay, s0, *, final, interpret):
-  """``(W, {"states", "u", "state_out"})``: the WY terms, then the sweep
-  (states in the matmul operands' dtype)."""
-  wu = gpu_chunks.wy(arrays, spec, lay, interpret=interpret)
+def _states(arrays, spec, lay, s0, *, final, reads, interpret):
+  """``(W, sweep operands, {"states", "u", "state_out"})``: the WY terms
+  and the sweeps' operands (with ``reads``, the queries' too), then the
+  sweep (states in the matmul operands' dtype)."""
+  wu = gpu_chunks.wy(arrays, spec, lay, keep=reads, interpret=interpret)
+  ops = gpu_chunks.sweep_operands(arrays, spec, lay, reads=reads,
+                                  interpret=interpret)
   swept = gpu_chunks.delta_sweep(
-      arrays, wu["w"], wu["u"], spec, lay,
+      arrays, wu["w"], wu["u"], ops["kw"], spec, lay,
       state_in=None if s0 is None else gl.pad_state(s0, lay),
       state_out=final, states_dtype=arrays["k"].dtype,
       interpret=interpret)
-  return wu["w"], swept
+  return wu, ops, swept
 
 
 def _forward(cfg: _Config, q, k, v, beta, g, s0, doc):
   lay, spec = _setup(cfg, q, k, v, g, doc)
   arrays = gl.prepare(q, k, v, g, doc, lay, spec)
   arrays["beta"] = gpu_chunks.beta_to_kernel(beta, lay)
-  _, swept = _states(arrays, spec, lay, s0, final=cfg.output_final_state,
-                     interpret=cfg.interpret)
+  _, _, swept = _states(arrays, spec, lay, s0,
+                        final=cfg.output_final_state, reads=False,
+                        interpret=cfg.interpret)
   o = gl.outputs({**arrays, "v": swept["u"]}, swept["states"], spec, lay,
                  out_dtype=arrays["v"].dtype,
                  cost=gl.cost(spec, lay, "outputs", arrays.values()),
@@ -122,18 +129,18 @@ def _backward(cfg: _Config, q, k, v, beta, g, s0, doc, do, d_final):
   lay, spec = _setup(cfg, q, k, v, g, doc)
   arrays = gl.prepare(q, k, v, g, doc, lay, spec, do=do)
   arrays["beta"] = gpu_chunks.beta_to_kernel(beta, lay)
-  w, swept = _states(arrays, spec, lay, s0, final=False,
-                     interpret=cfg.interpret)
+  wu, ops, swept = _states(arrays, spec, lay, s0, final=False, reads=True,
+                          interpret=cfg.interpret)
   on_u = {**arrays, "v": swept["u"]}
   du_intra = gl.dv_intra(on_u, spec, lay, interpret=cfg.interpret)["dv"]
   back = gpu_chunks.delta_sweep_grads(
-      arrays, w, du_intra, spec, lay,
+      arrays, wu["w"], du_intra, ops["kw"], ops["qr"], spec, lay,
       state_in=None if d_final is None else gl.pad_state(d_final, lay),
       state_out=s0 is not None, states_dtype=swept["states"].dtype,
       interpret=cfg.interpret)
   grads = gl.grads(on_u, swept["states"], back["states"], spec, lay,
                    interpret=cfg.interpret, du=back["du"])
-  wy = gpu_chunks.wy_grads(arrays, grads["dw"], back["du"], spec, lay,
+  wy = gpu_chunks.wy_grads(arrays, wu, grads["dw"], back["du"], spec, lay,
                            interpret=cfg.interpret)
   t, dk_, dv_ = lay.length, lay.dim_k, lay.dim_v
   dg = None

@@ -27,6 +27,7 @@ from lin_attn_jax import ops
 from lin_attn_jax.ops.common import dispatch
 from lin_attn_jax.ops.delta_rule import chunk as delta_rule_chunk
 from pallas_kernels import gated_linear
+from pallas_kernels.delta_rule import gpu_chunks
 from pallas_kernels.delta_rule import (BlockSizes, ChunkTerms,
                                        chunk_delta_rule_sweep,
                                        chunk_delta_rule_sweep_reference)
@@ -270,6 +271,19 @@ def test_tpu_chunk_kernels_match_naive(case, dtype, interpret, monkeypatch):
                                monkeypatch=monkeypatch)
   assert_close_errors(errors, 1e-2 if dtype == "bfloat16" else 1e-5,
                       label=f"{case} {dtype}")
+
+
+@pytest.mark.parametrize("case", [
+    _case("gated_delta_rule", 40, dim_k=32, strong=True),
+    pytest.param(_case("kda", 40, dim_k=32, dim_v=24, strong=True),
+                 marks=pytest.mark.slow)], ids=str)
+def test_gpu_chunk_sweeps_over_key_blocks(case, monkeypatch):
+  """The delta sweeps walk the state by key blocks (``SWEEP_BLOCK_K``
+  rows): two blocks of 16 at K = 32, in interpret mode."""
+  monkeypatch.setattr(gpu_chunks, "SWEEP_BLOCK_K", 16)
+  errors = gpu_chunk_errors(case, "float32", interpret=True,
+                            monkeypatch=monkeypatch)
+  assert_close_errors(errors, 1e-5, label=str(case))
 
 
 def _sweep_terms(seed=0, b=1, n=3, h=2, c=16, dk=8, dv=12, width=8):
