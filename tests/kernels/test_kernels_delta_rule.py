@@ -281,8 +281,8 @@ def test_gpu_chunk_sweeps_over_key_blocks(case, monkeypatch):
   """The delta sweeps walk the state by key blocks (``SWEEP_BLOCK_K``
   rows): two blocks of 16 at K = 32, in interpret mode."""
   monkeypatch.setattr(gpu_chunks, "SWEEP_BLOCK_K", 16)
-  errors = gpu_chunk_errors(case, "float32", interpret=True,
-                            monkeypatch=monkeypatch)
+  errors = chunk_kernel_errors("gpu", case, "float32", interpret=True,
+                               monkeypatch=monkeypatch)
   assert_close_errors(errors, 1e-5, label=str(case))
 
 
