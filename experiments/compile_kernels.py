@@ -675,9 +675,16 @@ def report(paths, out):
 # Which pass runs each TPU kernel (names without the family prefix): the
 # sweep's (before) and the chunk-parallel kernels' (after); the states
 # sweep runs in both.
-_PASSES = {"forward": {"forward", "tpu_states", "tpu_outputs"},
+# The kernels of each pass by name (less the family's prefix): the sweeps
+# over sub-chunks and the delta rule's sweep kernels, then the chunk-parallel
+# kernels (the states sweep and the delta rule's WY and sweep kernels run
+# in both passes).
+_PASSES = {"forward": {"forward", "tpu_states", "tpu_outputs", "tpu_wy",
+                       "tpu_sweep"},
            "backward": {"dq", "dkv", "states", "backward", "tpu_states",
-                        "tpu_state_grads", "tpu_grads"}}
+                        "tpu_state_grads", "tpu_grads", "tpu_wy",
+                        "tpu_sweep", "tpu_dv", "tpu_sweep_grads",
+                        "tpu_wy_grads"}}
 
 
 def compare(before_path, after_path):
@@ -692,6 +699,11 @@ def compare(before_path, after_path):
 
   def largest(kernels, direction):
     names = _PASSES[direction]
+    unknown = {k["kernel"] for k in kernels
+               if k["kernel"].split("_", 2)[-1] not in
+               _PASSES["forward"] | _PASSES["backward"]}
+    if unknown and not all(n.startswith("forgetting_attn") for n in unknown):
+      raise ValueError(f"kernels of no known pass: {sorted(unknown)}")
     spills = [k["spill_bytes"] / 1024 for k in kernels
               if k["kernel"].split("_", 2)[-1] in names]
     return max(spills, default=0.0)
