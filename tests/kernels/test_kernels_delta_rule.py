@@ -95,6 +95,16 @@ BFLOAT16_CASES = [
     KernelCase(_case("kda", 45, strong=True), "tpu", "bfloat16"),
 ]
 
+# The TPU sweep kernels serve chunk_delta_rule_sweep(backend="tpu") only
+# (the op runs the chunk-parallel kernels on TPU): one gated case by
+# default, the rest slow.
+_SLOW = {str(CASES[0]), str(CASES[3]), str(BFLOAT16_CASES[1])}
+
+
+def _by_default(cases):
+  return [pytest.param(kc, marks=pytest.mark.slow) if str(kc) in _SLOW
+          else kc for kc in cases]
+
 
 def _outputs_and_grads(fn, inputs):
   """Outputs, final state and the gradients of every ``GRAD_ARGS`` input
@@ -162,14 +172,14 @@ class _KernelChecks:
     if not self.interpret and backend != ACCELERATOR:
       pytest.skip(f"the {backend} kernel compiles only on a {backend}")
 
-  @pytest.mark.parametrize("kc", CASES, ids=str)
+  @pytest.mark.parametrize("kc", _by_default(CASES), ids=str)
   def test_matches_naive(self, kc, monkeypatch):
     self.skip_unless_runnable(kc.backend)
     errors = kernel_errors(kc, interpret=self.interpret,
                            monkeypatch=monkeypatch)
     assert_close_errors(errors, 1e-5, label=str(kc))
 
-  @pytest.mark.parametrize("kc", BFLOAT16_CASES, ids=str)
+  @pytest.mark.parametrize("kc", _by_default(BFLOAT16_CASES), ids=str)
   def test_bfloat16(self, kc, monkeypatch):
     self.skip_unless_runnable(kc.backend)
     errors = kernel_errors(kc, interpret=self.interpret,
