@@ -12,7 +12,8 @@ kernel and the backward kernels (``jax.value_and_grad`` of a loss over the
 outputs and the final state, with an initial state and segment ids, so
 every optional input and output is there; forgetting attention has no
 state, and a case may add grouped heads and a window); it is traced once per
-toolchain and dtype, and each distinct ``pallas_call`` in it is compiled on
+toolchain and dtype (per GPU target: settings may differ by compute
+capability), and each distinct ``pallas_call`` in it is compiled on
 its own (the XLA around the kernels is not what is checked), once per
 target: a kernel equal to one already compiled for the target (same body,
 grid, blocks, operands and settings: the delta-rule kernels do not depend
@@ -253,13 +254,31 @@ class Kernel:
   eqn: object  # the jaxpr equation
 
 
-def kernels(case: Case, dtype: str, backend: str, block_sizes=None):
+def _tracing_for(target: str | None):
+  """The context to trace a program in for ``target``: a GPU target's
+  compute capability (the settings that differ by GPU generation,
+  ``pallas_kernels.common.dispatch.cuda_capability``)."""
+  import contextlib
+
+  from pallas_kernels.common import dispatch
+  if target not in compile_targets.GPU_TARGETS:
+    return contextlib.nullcontext()
+  arch = compile_targets.GPU_TARGETS[target][1]                # sm_90a
+  digits = arch[3:5]
+  return dispatch.assume_cuda_capability((int(digits[0]), int(digits[1])))
+
+
+def kernels(case: Case, dtype: str, backend: str, block_sizes=None,
+            target: str | None = None):
   """The distinct Pallas kernels of ``case``'s forward and backward program
-  (``program``), traced once for all targets of ``backend``."""
+  (``program``), traced for ``target`` (a GPU's generation; None: for
+  every target of ``backend``, as a call without a GPU traces them)."""
   import jax
   fn, args = program(case, dtype, backend, block_sizes)
   found = {}
-  for eqn in _pallas_eqns(jax.make_jaxpr(fn)(*args).jaxpr):
+  with _tracing_for(target):
+    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+  for eqn in _pallas_eqns(jaxpr):
     params = eqn.params
     key = repr((params["name"], str(params["jaxpr"]),
                 params["grid_mapping"], params["compiler_params"],
@@ -317,7 +336,7 @@ def check(case: Case, dtype: str, target: str, dump_dir: str,
   kernel equal to one already compiled is not compiled again)."""
   backend = "tpu" if target in compile_targets.TPU_TARGETS else "gpu"
   if traced is None:
-    traced = kernels(case, dtype, backend, block_sizes)
+    traced = kernels(case, dtype, backend, block_sizes, target)
   compiled = {} if compiled is None else compiled
   rows = []
   for kernel in traced:
@@ -346,7 +365,9 @@ def run_checks(toolchain, targets, cases, dtypes, out):
   compiled = {target: {} for target in targets}
   for case in cases:
     for dtype in dtypes:
-      traced = kernels(case, dtype, backend)
+      # TPU: traced once for every generation; GPU: once per target
+      # (settings may differ by compute capability).
+      traced = kernels(case, dtype, backend) if backend == "tpu" else None
       for target in targets:
         result = check(case, dtype, target, dump_dir, traced=traced,
                        compiled=compiled[target])
@@ -471,7 +492,18 @@ def kernel_grids(backend: str, batch=8, heads=16, length=8192, width=128,
   ``pallas_call``, the matmul operand shapes of its body, the matmul flops
   counted from its body times its grid (``body_flops``), its
   ``cost_estimate``'s flops, and whether an identical call came before
-  (the states sweep runs in both passes)."""
+  (the states sweep runs in both passes). GPU programs are traced as for
+  an H100 or H200 (sm_90: the settings that differ by generation)."""
+  import contextlib
+
+  from pallas_kernels.common import dispatch
+  hopper = (dispatch.assume_cuda_capability((9, 0)) if backend == "gpu"
+            else contextlib.nullcontext())
+  with hopper:
+    return _kernel_grids(backend, batch, heads, length, width, ops)
+
+
+def _kernel_grids(backend, batch, heads, length, width, ops):
   import math
 
   import jax

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels.common import dispatch
 from pallas_kernels.common.layout import power_of_two_at_least_16
 from pallas_kernels.delta_rule import gpu_chunks
 from pallas_kernels.delta_rule import tpu_chunks
@@ -60,10 +61,12 @@ class _Config:
 # ``T`` and ``A_k`` that the WY kernel keeps, which is what keeps 64-token
 # chunks within the registers and shared memory of sm_80 and sm_90 at K
 # and V up to 512 and 1024. A decay per key channel (KDA) at K <= 128
-# keeps 32-token chunks (``mma`` only): at 64, ptxas spills on sm_80 in
-# ``gated_linear``'s dq/dk kernel (108 bytes) and in the WY gradient's
-# keys' kernel (4 bytes) at K = V = 128, while K = 256 compiles without
-# a spill. float32: 16 tokens and 32 columns. 8 warps: the settings that
+# takes 64-token chunks on Hopper (sm_90 and later, ``wgmma`` in every
+# kernel) and 32 on earlier GPUs or when the generation is unknown
+# (``mma`` only; ``dispatch.cuda_capability``): at 64, ptxas spills on
+# sm_80 in ``gated_linear``'s dq/dk kernel (108 bytes) and in the WY
+# gradient's keys' kernel (4 bytes) at K = V = 128, while sm_90, and K =
+# 256 on both, compile without a spill. float32: 16 tokens and 32 columns. 8 warps: the settings that
 # compile without a register spill at the checked shapes (``make
 # compile-check``). In float32 the sweeps' ``[K, BV]`` state spills past
 # 128 key rows, so the op runs float32 inputs on the sweep kernels of
@@ -83,7 +86,8 @@ def _setup(cfg: _Config, q, k, v, g, doc):
                       else (FLOAT32_CHUNK, FLOAT32_CHUNK_BLOCK))
   if cfg.blocks.per_channel:
     block = 16
-    if bf16 and power_of_two_at_least_16(q.shape[-1]) <= (
+    hopper = (dispatch.cuda_capability() or (0, 0)) >= (9, 0)
+    if bf16 and not hopper and power_of_two_at_least_16(q.shape[-1]) <= (
         NARROW_CHANNEL_WIDTH):
       max_chunk = NARROW_CHANNEL_CHUNK
   blocks = dataclasses.replace(

@@ -453,3 +453,26 @@ def test_block_sizes_validate(kwargs, message):
 def test_block_size_defaults_are_valid():
   for backend in ("tpu", "gpu"):
     assert BlockSizes.default(backend).backend == backend
+
+
+def test_gpu_chunk_by_generation():
+  """KDA at K = 128 in bfloat16: 64-token chunks on Hopper (``wgmma``), 32
+  on earlier GPUs and when the generation is unknown (a trace on CPU)."""
+  from pallas_kernels.common import dispatch as kernel_dispatch
+  from pallas_kernels.delta_rule import chunked_ops
+  assert kernel_dispatch.cuda_capability() is None
+  q = jnp.zeros((1, 256, 1, 128), jnp.bfloat16)
+  g = jnp.zeros((1, 256, 1, 128), jnp.float32)
+  cfg = chunked_ops._Config(
+      scale=1.0, output_final_state=False, interpret=True,
+      blocks=gated_linear.BlockSizes.default("gpu", per_channel=True))
+
+  def chunk():
+    return chunked_ops._setup(cfg, q, q, q, g, None)[0].chunk
+
+  assert chunk() == 32
+  with kernel_dispatch.assume_cuda_capability((9, 0)):
+    assert chunk() == 64
+  with kernel_dispatch.assume_cuda_capability((8, 0)):
+    assert chunk() == 32
+  assert kernel_dispatch.cuda_capability() is None
