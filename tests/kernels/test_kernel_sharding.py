@@ -115,6 +115,24 @@ def test_gpu_chunk_kernels_run_per_shard(op, monkeypatch):
   test_kernel_runs_per_shard(op)
 
 
+@pytest.mark.slow
+def test_tpu_delta_rule_chunk_kernels_run_per_shard(monkeypatch):
+  """The delta rule's chunk-parallel TPU kernels (interpret mode, as the
+  TPU branch runs them) per shard equal the unsharded call, with no
+  all-gather."""
+  from lin_attn_jax.ops.delta_rule import chunk as delta_rule_chunk
+  from pallas_kernels.delta_rule import chunk_delta_rule_tpu
+  from pallas_kernels.gated_linear import BlockSizes
+  monkeypatch.setattr(delta_rule_chunk, "by_platform",
+                      lambda cuda, tpu, default: tpu())
+  monkeypatch.setattr(delta_rule_chunk, "chunk_delta_rule_tpu",
+                      functools.partial(
+                          chunk_delta_rule_tpu, interpret=True,
+                          block_sizes=BlockSizes("tpu", sub_chunk=16,
+                                                 chunk=32)))
+  test_kernel_runs_per_shard("gated_delta_rule")
+
+
 def test_forgetting_attn_kernels_run_per_shard():
   """Forgetting attention's kernels under the mesh, batch over ``data x
   fsdp`` and the key/value heads (and with them their query heads) over
