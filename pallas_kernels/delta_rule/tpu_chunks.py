@@ -220,6 +220,16 @@ def _read_keys(r, spec: tc.Spec, lay: tc.Layout, cols, *, raw: str | None):
   _by_strips(spec, lay, body)
 
 
+def _weighted_values(r, spec: tc.Spec, lay: tc.Layout, cols):
+  """``Y = b v`` at the value columns ``cols`` to the scratch ``x`` (a
+  matmul operand), by strips."""
+  def body(rows):
+    y = r["v"][rows, cols].astype(_F32) * r["beta"][rows, :]
+    r["x"][rows, :] = tc.operand(y, spec)
+
+  _by_strips(spec, lay, body)
+
+
 def _wy_kernel(r, *, spec: tc.Spec, lay: tc.Layout):
   _key_scores(r, spec, lay)
   _inverse(r, spec)
@@ -236,12 +246,7 @@ def _wy_kernel(r, *, spec: tc.Spec, lay: tc.Layout):
 
   def value_step(j, carry):
     cols = tc.at_block(j, lay.step)
-
-    def body(rows):
-      y = r["v"][rows, cols].astype(_F32) * r["beta"][rows, :]
-      r["x"][rows, :] = tc.operand(y, spec)
-
-    _by_strips(spec, lay, body)
+    _weighted_values(r, spec, lay, cols)
     tc.dot_into(r, "acc", t, lambda: r["x"][...], NN, spec, lay)
     r["u"][:, cols] = r["acc"][...].astype(r["u"].dtype)
     return carry
@@ -617,12 +622,7 @@ def _wy_grads_kernel(r, *, spec: tc.Spec, lay: tc.Layout):
 
   def value_step(j, carry):
     cols = tc.at_block(j, lay.step)
-
-    def y_strip(rows):
-      y = r["v"][rows, cols].astype(_F32) * r["beta"][rows, :]
-      r["x"][rows, :] = tc.operand(y, spec)
-
-    _by_strips(spec, lay, y_strip)
+    _weighted_values(r, spec, lay, cols)
     r["g_op"][...] = tc.operand(r["du"][:, cols], spec)
     tc.dot_into(r, "dt", "g_op", lambda: r["x"][...], NT, spec, lay,
                 add=True)                                       # dU Y^T
@@ -698,39 +698,12 @@ def _channel_pair_grads(r, spec: tc.Spec, lay: tc.Layout):
   r["dk_pairs"][...] = jnp.zeros(r["dk_pairs"].shape, _F32)
 
   def row_block(i, carry):
-    rows = tc.at_block(i, s)
-    da = r["da"][rows, :]                                        # [S, C]
+    da = r["da"][tc.at_block(i, s), :]                          # [S, C]
     da_op = tc.operand(da, spec)
-    lane = tc.iota((s, c), 1)
 
     def key_step(j, carry):
-      cols = tc.at_block(j, lay.step)
-      blk = tc.RowBlock(keys, spec, lay, i, cols)
-      rows_k = blk.f * tc.dot(da_op, r["ke"][...], NN, spec)    # [S, BK]
-      r["acc"][...] = tc.dot(da_op, blk.qf, TN, spec)           # [C, BK]
-
-      def cols_strip(t, carry):
-        keys_rows = tc.at_block(t, lay.strip)
-        r["dk_pairs"][keys_rows, cols] += (r["e"][keys_rows, :]
-                                           * r["acc"][keys_rows, :])
-        return carry
-
-      tc.loop(c // lay.strip, cols_strip, 0)
-      _, row = blk.lanes()
-
-      def inside(jj, acc):
-        rows_k, cols_k = acc
-        k_j, decay = blk.key(jj)
-        da_j = jnp.sum(jnp.where(lane == i * s + jj, da, 0.0), axis=1,
-                       keepdims=True)                           # [S, 1]
-        rows_k = rows_k + da_j * k_j * decay
-        dk_j = jnp.sum(da_j * blk.q * decay, axis=0, keepdims=True)
-        return rows_k, cols_k + jnp.where(row == jj, dk_j, 0.0)
-
-      rows_k, cols_k = tc.loop(s, inside,
-                               (rows_k, jnp.zeros(rows_k.shape, _F32)))
-      r["dq_pairs"][rows, cols] = rows_k
-      r["dk_pairs"][rows, cols] += cols_k
+      tc.RowBlock(keys, spec, lay, i, tc.at_block(j, lay.step)).pair_grads(
+          da, da_op)
       return carry
 
     tc.loop(lay.k_pad // lay.step, key_step, 0)
@@ -790,7 +763,8 @@ def wy_grads(arrays, dw, du, spec: tc.Spec, lay: tc.Layout, *,
     scratch += [("dt_op", (c, c), dtype), ("m_op", (c, c), dtype)]
   if spec.gate == "channel":
     scratch += [("dq_pairs", (c, lay.k_pad), _F32),
-                ("dk_pairs", (c, lay.k_pad), _F32)]
+                ("dk_pairs", (c, lay.k_pad), _F32),
+                ("dk_tmp", (c, step), _F32)]
   else:
     scratch.append(("da_op", (c, c), dtype))
   return tc.call(functools.partial(_wy_grads_kernel, spec=spec, lay=lay),

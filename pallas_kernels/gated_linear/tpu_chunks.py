@@ -680,6 +680,7 @@ class RowBlock:
   def __init__(self, r, spec: Spec, lay: Layout, i, cols):
     s, c = spec.sub_chunk, spec.chunk
     self.spec, self.i, self.cols, self._r = spec, i, cols, r
+    self._lay = lay
     rows = at_block(i, s)
     self.q = r["q"][rows, cols].astype(_F32)                     # [S, BK]
     self.k = r["k"][rows, cols].astype(_F32)
@@ -726,6 +727,43 @@ class RowBlock:
     decay = jnp.exp(jnp.where(row > j, (self.hi - at(self.hi))
                               + (self.lo - at(self.lo)), -jnp.inf))
     return at(self.k), decay
+
+  def pair_grads(self, da, da_op):
+    """What the pairs of the block's queries send back at these key
+    columns, from ``dA``'s rows ``da`` ``[S, C]`` (float32, masked; and
+    as a matmul operand): the queries' part to the scratch ``dq_pairs``
+    at the block's rows, ``f * (dA (k e))`` and the keys inside the block;
+    the keys' part added to ``dk_pairs`` at every row, ``e * (dA^T (q
+    f))`` and the block's own keys. Products go to VMEM as they are made
+    (held as values, the float32 ones' split operands spilled)."""
+    spec, r, i, cols = self.spec, self._r, self.i, self.cols
+    s, c, strip = spec.sub_chunk, spec.chunk, self._lay.strip
+    rows = at_block(i, s)
+    r["dq_pairs"][rows, cols] = self.f * dot(da_op, r["ke"][...], NN,
+                                             spec)              # [S, BK]
+    r["dk_tmp"][...] = dot(da_op, self.qf, TN, spec)            # [C, BK]
+
+    def dk_strip(t, carry):
+      keys = at_block(t, strip)
+      r["dk_pairs"][keys, cols] += r["e"][keys, :] * r["dk_tmp"][keys, :]
+      return carry
+
+    loop(c // strip, dk_strip, 0)
+    lane, row = self.lanes()
+
+    def inside(jj, acc):
+      dq, dk = acc
+      k_j, decay = self.key(jj)
+      da_j = jnp.sum(jnp.where(lane == i * s + jj, da, 0.0), axis=1,
+                     keepdims=True)                             # [S, 1]
+      dq = dq + da_j * k_j * decay
+      dk_j = jnp.sum(da_j * self.q * decay, axis=0, keepdims=True)
+      return dq, dk + jnp.where(row == jj, dk_j, 0.0)
+
+    dq = r["dq_pairs"][rows, cols]
+    dq, dk = loop(s, inside, (dq, jnp.zeros(dq.shape, _F32)))
+    r["dq_pairs"][rows, cols] = dq
+    r["dk_pairs"][rows, cols] += dk
 
   def scores(self):
     """The block's scores over these key columns, ``[S, C]`` float32 (no
@@ -960,36 +998,9 @@ def _channel_grads_kernel(r, *, spec: Spec, lay: Layout):
     r["a_blk"][...] = jnp.zeros(r["a_blk"].shape, _F32)
 
     def key_step(j, carry):
-      # The products go to VMEM as they are made (held as values, the
-      # float32 ones' split operands spilled).
-      cols = at_block(j, lay.step)
-      blk = RowBlock(r, spec, lay, i, cols)
+      blk = RowBlock(r, spec, lay, i, at_block(j, lay.step))
       r["a_blk"][...] += blk.scores()
-      r["dq_pairs"][rows, cols] = blk.f * dot(da_op, r["ke"][...], NN,
-                                              spec)             # [S, BK]
-      r["dk_tmp"][...] = dot(da_op, blk.qf, TN, spec)          # [C, BK]
-
-      def dk_strip(t, carry):
-        keys = at_block(t, lay.strip)
-        r["dk_pairs"][keys, cols] += r["e"][keys, :] * r["dk_tmp"][keys, :]
-        return carry
-
-      loop(c // lay.strip, dk_strip, 0)
-      _, row = blk.lanes()
-
-      def inside(jj, acc):
-        dq, dk = acc
-        k_j, decay = blk.key(jj)
-        da_j = jnp.sum(jnp.where(lane == i * s + jj, da, 0.0), axis=1,
-                       keepdims=True)                           # [S, 1]
-        dq = dq + da_j * k_j * decay
-        dk_j = jnp.sum(da_j * blk.q * decay, axis=0, keepdims=True)
-        return dq, dk + jnp.where(row == jj, dk_j, 0.0)
-
-      dq = r["dq_pairs"][rows, cols]
-      dq, dk = loop(s, inside, (dq, jnp.zeros(dq.shape, _F32)))
-      r["dq_pairs"][rows, cols] = dq
-      r["dk_pairs"][rows, cols] += dk
+      blk.pair_grads(da, da_op)
       return carry
 
     loop(n_k, key_step, 0)
