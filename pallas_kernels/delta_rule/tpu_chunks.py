@@ -376,13 +376,16 @@ def _sweep_specs(lay: tc.Layout, reverse: bool):
   }
 
 
-def _init_state(r, step):
-  @pl.when(step == 0)
-  def _():
-    if "state_in" in r:
-      r["state"][...] = r["state_in"][...]
-    else:
-      r["state"][...] = jnp.zeros(r["state"].shape, _F32)
+def _begin_chunk(r, lay: tc.Layout):
+  """A sweep's chunk: the state set up at the first, the state written to
+  this chunk's ``states`` block and ``acc`` zeroed; ``(step, key
+  blocks)``."""
+  step = pl.program_id(3)
+  tc.init_state(r, step)
+  n_k = lay.k_pad // lay.step
+  _store_states(r, lay, n_k)
+  r["acc"][...] = jnp.zeros(r["acc"].shape, _F32)
+  return step, n_k
 
 
 def _weighted_keys(r, spec: tc.Spec, lay: tc.Layout, cols, out: str, x: str,
@@ -431,11 +434,7 @@ def _delta_sweep_kernel(r, *, spec: tc.Spec, lay: tc.Layout,
                         last_step: int):
   """One chunk of the forward sweep: the state entering it, ``U = U' - W
   h^T``, then ``h <- carry h + U^T (write k)``, by key blocks."""
-  step = pl.program_id(3)
-  _init_state(r, step)
-  n_k = lay.k_pad // lay.step
-  _store_states(r, lay, n_k)
-  r["acc"][...] = jnp.zeros(r["acc"].shape, _F32)
+  step, n_k = _begin_chunk(r, lay)
 
   def read(j, carry):
     cols = tc.at_block(j, lay.step)
@@ -516,11 +515,7 @@ def _delta_sweep_grad_kernel(r, *, spec: tc.Spec, lay: tc.Layout,
   """One chunk of the reverse sweep: ``dh`` (the gradient of the state
   leaving the chunk), ``dU = du_intra + (write k) dh^T``, then ``dh <-
   carry dh + do^T (scale read q) - dU^T W``."""
-  step = pl.program_id(3)
-  _init_state(r, step)
-  n_k = lay.k_pad // lay.step
-  _store_states(r, lay, n_k)
-  r["acc"][...] = jnp.zeros(r["acc"].shape, _F32)
+  step, n_k = _begin_chunk(r, lay)
 
   def write(j, carry):
     cols = tc.at_block(j, lay.step)

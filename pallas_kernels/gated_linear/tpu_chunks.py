@@ -461,13 +461,9 @@ def pair_weights(r, spec: Spec, i=0, rows: int | None = None):
   return jnp.exp(jnp.where(mask, diff, -jnp.inf))
 
 
-def _sweep_kernel(r, *, spec: Spec, lay: Layout, reverse: bool,
-                  last_step: int):
-  """One chunk of the state sweep (the transposed state ``[BV, BK]``):
-  forward ``S <- carry S + v^T (write k)``, reverse ``dS <- carry dS +
-  do^T (scale read q)``; writes the state before the update."""
-  step = pl.program_id(4)
-
+def init_state(r, step):
+  """At a sweep's first step, the state scratch from ``state_in`` (or
+  zeros)."""
   @pl.when(step == 0)
   def _():
     if "state_in" in r:
@@ -475,6 +471,14 @@ def _sweep_kernel(r, *, spec: Spec, lay: Layout, reverse: bool,
     else:
       r["state"][...] = jnp.zeros(r["state"].shape, _F32)
 
+
+def _sweep_kernel(r, *, spec: Spec, lay: Layout, reverse: bool,
+                  last_step: int):
+  """One chunk of the state sweep (the transposed state ``[BV, BK]``):
+  forward ``S <- carry S + v^T (write k)``, reverse ``dS <- carry dS +
+  do^T (scale read q)``; writes the state before the update."""
+  step = pl.program_id(4)
+  init_state(r, step)
   s = r["state"][...]
   r["states"][...] = s.astype(r["states"].dtype)
 
