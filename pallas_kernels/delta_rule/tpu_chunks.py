@@ -40,24 +40,25 @@ block are still zero in the scratch, so the product sums over the rows
 before it only), ``E_i`` the identity's rows and the diagonal block's
 inverse by the doubling formula ``T_2s = T_s - T_s A_s T_s`` on ``[16,
 16]`` values. Its products split float32 operands into bfloat16 parts
-(``common/dots.py``): three parts (float32 accuracy) for float32 inputs,
-two for bfloat16 inputs, whose ``T`` is then rounded to a bfloat16
-operand of ``W`` and ``U'`` (the MXU's own multi-pass float32 mode kept
-its parts in vector registers and spilled). The backward pass needs no
-second inverse: ``dX = T^T dW``, ``dY = T^T dU'``, ``dT = dW X^T + dU'
-Y^T`` and ``dA = -T^T dT T^T``.
+(``common/dots.split_dot``): for bfloat16 inputs ``A`` rounded to
+bfloat16 (one part) and ``T`` in two, ``T`` then rounded to a bfloat16
+operand of ``W`` and ``U'``; for float32 inputs three parts each (float32
+accuracy). The MXU's own multi-pass float32 mode kept its parts in vector
+registers and spilled. The backward pass needs no second inverse: ``dX =
+T^T dW``, ``dY = T^T dU'``, ``dT = dW X^T + dU' Y^T`` and ``dA = -T^T dT
+T^T``.
 
 Matmul flops per head and chunk (``2 m n k`` each; ``C`` tokens, ``S =
-16``, ``p`` the bfloat16 parts' products, 3 or 6):
+16``; ``T`` the inverse, per row block ``2 S C S`` to pick ``A_ii``,
+``log2 S`` levels of two ``[S, S]`` products, ``2 S C^2`` for ``A_i T``
+and ``2 S^2 C`` for ``T_ii (.)``, each product counted once per pair of
+bfloat16 parts it runs on: 5.6 C^3 for bfloat16 inputs at C = 128):
 
-    wy          2 C^2 K  +  p (2 C^2 + 2 S C (2 S + ...)) ~ 2 p C^2 (C + S)
-                + 2 C^2 (K + V)                              A; T; W, U'
-    sweep       4 C K V                                      W h, U^T k
-    sweep_grads 6 C K V                                      k dh, q^T do,
-                                                             dU^T W
+    wy          2 C^2 K + T + 2 C^2 (K + V)            A; T; W, U'
+    sweep       4 C K V                                W h, U^T k
+    sweep_grads 6 C K V                                k dh, q^T do, dU^T W
     wy_grads    2 C^2 K + T + 4 C^2 (K + V) + 4 C^3 + 4 C^2 K
-                                                    A; T; dT, dX, dY; dA;
-                                                    dA k, dA^T k
+                                   A; T; dT, dX, dY; dA; dA k, dA^T k
 
 (``_wy_flops`` has the exact count; the outputs', ``dv``'s and grads'
 kernels are ``gated_linear/tpu_chunks.py``'s.)
