@@ -38,7 +38,9 @@ from pallas_kernels.gated_linear import BlockSizes
 from pallas_kernels.gated_linear import gpu as gl
 from pallas_kernels.gated_linear import layout as tpu_layout
 from pallas_kernels.gated_linear import tpu_chunks as tc
-from pallas_kernels.gated_linear.ops import check_inputs, document_index
+from pallas_kernels.gated_linear.ops import (check_inputs,
+                                             chunk_gate_gradient,
+                                             document_index)
 
 _F32 = jnp.float32
 
@@ -66,9 +68,9 @@ class _Config:
 # (``mma`` only; ``dispatch.cuda_capability``): at 64, ptxas spills on
 # sm_80 in ``gated_linear``'s dq/dk kernel (108 bytes) and in the WY
 # gradient's keys' kernel (4 bytes) at K = V = 128, while sm_90, and K =
-# 256 on both, compile without a spill. float32: 16 tokens and 32 columns. 8 warps: the settings that
-# compile without a register spill at the checked shapes (``make
-# compile-check``). In float32 the sweeps' ``[K, BV]`` state spills past
+# 256 on both, compile without a spill. float32: 16 tokens and 32
+# columns. 8 warps: the settings that compile without a register spill at
+# the checked shapes (``make compile-check``). In float32 the sweeps' ``[K, BV]`` state spills past
 # 128 key rows, so the op runs float32 inputs on the sweep kernels of
 # ``ops.py`` instead (``lin_attn_jax.ops.delta_rule``).
 BF16_CHUNK = 64
@@ -149,9 +151,8 @@ def _backward(cfg: _Config, q, k, v, beta, g, s0, doc, do, d_final):
   t, dk_, dv_ = lay.length, lay.dim_k, lay.dim_v
   dg = None
   if g is not None:
-    dg = gl.gate_gradient(grads["gate_rows"] + wy["gate_rows"],
-                          grads["gate_writes"], lay.chunk)[:, :t]
-    dg = dg[..., None] if spec.gate == "scalar" else dg[..., :dk_]
+    dg = chunk_gate_gradient(grads["gate_rows"] + wy["gate_rows"],
+                             grads["gate_writes"], spec.gate, lay)
   ds0 = back.get("state_out")
   return (grads["dq"][:, :t, :, :dk_].astype(_F32),
           (grads["dk"] + wy["dk"])[:, :t, :, :dk_],
@@ -207,9 +208,8 @@ def _tpu_backward(cfg: _Config, q, k, v, beta, g, s0, doc, do, d_final):
   dg = None
   if g is not None:
     rows, writes = tc.gate_terms(grads, lay)
-    wy_rows, _ = tc.gate_terms({**wy, "gate_writes": wy["gate_rows"]}, lay)
-    dg = gl.gate_gradient(rows + wy_rows, writes, lay.chunk)[:, :lay.length]
-    dg = dg[..., None] if spec.gate == "scalar" else dg[..., :lay.dim_k]
+    dg = chunk_gate_gradient(rows + tc.gate_rows(wy, lay), writes,
+                             spec.gate, lay)
   ds0 = back.get("state_out")
 
   def cut(x, width):

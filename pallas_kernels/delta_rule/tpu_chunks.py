@@ -79,6 +79,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.common import dots
+from pallas_kernels.gated_linear import layout
 from pallas_kernels.gated_linear import tpu_chunks as tc
 
 _F32 = jnp.float32
@@ -103,12 +104,6 @@ def _products(parts: tuple[int, int]) -> int:
              if i + j < n)
 
 
-def _strictly_lower(rows: int, cols: int, i):
-  """``[rows, cols]``: the pairs ``j < i'`` for the queries ``i'`` of row
-  block ``i``."""
-  return tc.iota((rows, cols), 0) + i * rows > tc.iota((rows, cols), 1)
-
-
 def _key_scores(r, spec: tc.Spec, lay: tc.Layout):
   """``A_k`` (the keys' scores with themselves on the strictly lower pairs
   of one document, with their decays) to the float32 scratch ``ak`` and
@@ -119,12 +114,8 @@ def _key_scores(r, spec: tc.Spec, lay: tc.Layout):
     s = spec.sub_chunk
 
     def row_block(i, carry):
-      def key_step(j, a):
-        block = tc.RowBlock(keys, spec, lay, i, tc.at_block(j, lay.step))
-        return a + block.scores()
-
-      a = tc.loop(lay.k_pad // lay.step, key_step, jnp.zeros((s, c), _F32))
-      keep = tc.pair_mask(r, spec, i, s) & _strictly_lower(s, c, i)
+      a = tc.block_scores(keys, spec, lay, i)     # then the mask
+      keep = tc.pair_mask(r, spec, i, s) & tc.strictly_lower(s, c, i)
       rows = tc.at_block(i, s)
       a = jnp.where(keep, a, 0.0)
       r["ak"][rows, :] = a
@@ -138,7 +129,7 @@ def _key_scores(r, spec: tc.Spec, lay: tc.Layout):
   def strip(i, carry):
     rows = tc.at_block(i, lay.strip)
     a = r["s"][rows, :] * tc.pair_weights(r, spec, i, lay.strip)
-    a = jnp.where(_strictly_lower(lay.strip, c, i), a, 0.0)
+    a = jnp.where(tc.strictly_lower(lay.strip, c, i), a, 0.0)
     r["ak"][rows, :] = a
     r["a"][rows, :] = (a * r["beta"][rows, :]).astype(r["a"].dtype)
     return carry
@@ -198,15 +189,6 @@ def _t_operand(r, spec: tc.Spec) -> str:
   return "t"
 
 
-def _by_strips(spec: tc.Spec, lay: tc.Layout, body):
-  """``body(rows)`` for every strip of rows of the chunk."""
-  def strip(t, carry):
-    body(tc.at_block(t, lay.strip))
-    return carry
-
-  tc.loop(spec.chunk // lay.strip, strip, 0)
-
-
 def _read_keys(r, spec: tc.Spec, lay: tc.Layout, cols, *, raw: str | None):
   """``X = b read exp(P) k`` at the key columns ``cols`` to the scratch
   ``x`` (a matmul operand) and, with ``raw``, ``read exp(P) k`` to the
@@ -218,7 +200,7 @@ def _read_keys(r, spec: tc.Spec, lay: tc.Layout, cols, *, raw: str | None):
     if raw:
       r[raw][rows, :] = xk
 
-  _by_strips(spec, lay, body)
+  tc.by_strips(spec, lay, body)
 
 
 def _weighted_values(r, spec: tc.Spec, lay: tc.Layout, cols):
@@ -228,7 +210,7 @@ def _weighted_values(r, spec: tc.Spec, lay: tc.Layout, cols):
     y = r["v"][rows, cols].astype(_F32) * r["beta"][rows, :]
     r["x"][rows, :] = tc.operand(y, spec)
 
-  _by_strips(spec, lay, body)
+  tc.by_strips(spec, lay, body)
 
 
 def _wy_kernel(r, *, spec: tc.Spec, lay: tc.Layout):
@@ -274,9 +256,7 @@ def _wy_scratch(spec: tc.Spec, lay: tc.Layout):
 def beta_to_kernel(beta, lay: tc.Layout):
   """``[B, T, H]`` -> ``[B, H, T_pad, 1]`` float32 (zero on padding: a
   padded token writes nothing)."""
-  x = tc.common.pad_to(beta[..., None], (lay.batch, lay.t_pad, lay.heads, 1),
-                       _F32)
-  return jnp.transpose(x, (0, 2, 1, 3))
+  return layout.to_kernel(beta[..., None], lay, 1, _F32)
 
 
 def _chunk_inputs(arrays, lay: tc.Layout):
@@ -330,10 +310,20 @@ def wy(arrays, spec: tc.Spec, lay: tc.Layout, *, interpret: bool):
   scratch = _wy_scratch(spec, lay) + [
       ("x", (lay.chunk, lay.step), dtype),
       ("acc", (lay.chunk, lay.step), _F32)]
-  return tc.call(functools.partial(_wy_kernel, spec=spec, lay=lay),
-                 (b, h, lay.chunks), inputs, out, parallel=3,
-                 scratch=scratch, name="delta_rule_tpu_wy",
-                 cost=_cost(spec, lay, _wy_flops(spec, lay, backward=False),
+  return _wy_call(_wy_kernel, spec, lay, inputs, out, scratch,
+                  backward=False, interpret=interpret)
+
+
+def _wy_call(kernel, spec, lay, inputs, out, scratch, *, backward: bool,
+             interpret: bool):
+  """The WY kernel (``backward``: its gradient) over ``(B, H, N)``."""
+  return tc.call(functools.partial(kernel, spec=spec, lay=lay),
+                 (lay.batch, lay.heads, lay.chunks), inputs, out,
+                 parallel=3, scratch=scratch,
+                 name="delta_rule_tpu_wy_grads" if backward
+                 else "delta_rule_tpu_wy",
+                 cost=_cost(spec, lay, _wy_flops(spec, lay,
+                                                 backward=backward),
                             inputs, out),
                  interpret=interpret)
 
@@ -389,18 +379,6 @@ def _begin_chunk(r, lay: tc.Layout):
   return step, n_k
 
 
-def _weighted_keys(r, spec: tc.Spec, lay: tc.Layout, cols, out: str, x: str,
-                   weight: str, scale: float = 1.0):
-  """``r[out] = r[x][:, cols] * scale * weight`` (the chunk's ``"read"`` or
-  ``"write"`` weights) as a matmul operand, by strips."""
-  def body(rows):
-    w = getattr(tc.chunk_weights(r, spec, cols, rows), weight)
-    r[out][rows, :] = tc.operand(
-        r[x][rows, cols].astype(_F32) * (w * scale), spec)
-
-  _by_strips(spec, lay, body)
-
-
 def _carry(r, spec: tc.Spec, cols):
   c = spec.chunk
   return tc.chunk_weights(r, spec, cols, pl.ds(c - 1, 1)).carry
@@ -449,11 +427,11 @@ def _delta_sweep_kernel(r, *, spec: tc.Spec, lay: tc.Layout,
     u = r["u_prime"][rows, :].astype(_F32) - r["acc"][rows, :]
     r["u"][rows, :] = u.astype(r["u"].dtype)
 
-  _by_strips(spec, lay, body)
+  tc.by_strips(spec, lay, body)
 
   def update(j, carry):
     cols = tc.at_block(j, lay.step)
-    _weighted_keys(r, spec, lay, cols, "kw", "k", "write")
+    tc.weighted(r, spec, lay, cols, "kw", "k", "write")
     r["state"][:, cols] = r["state"][:, cols] * _carry(r, spec, cols)
     tc.tn_into(r, spec, lay, "state", "u", "kw", out_cols=cols)
     return carry
@@ -520,7 +498,7 @@ def _delta_sweep_grad_kernel(r, *, spec: tc.Spec, lay: tc.Layout,
 
   def write(j, carry):
     cols = tc.at_block(j, lay.step)
-    _weighted_keys(r, spec, lay, cols, "kw", "k", "write")
+    tc.weighted(r, spec, lay, cols, "kw", "k", "write")
     tc.dot_into(r, "acc", "kw", lambda: r["state"][:, cols], NT, spec, lay,
                 add=True)
     return carry
@@ -532,11 +510,11 @@ def _delta_sweep_grad_kernel(r, *, spec: tc.Spec, lay: tc.Layout,
     r["du"][rows, :] = du
     r["du_op"][rows, :] = du.astype(r["du_op"].dtype)
 
-  _by_strips(spec, lay, body)
+  tc.by_strips(spec, lay, body)
 
   def update(j, carry):
     cols = tc.at_block(j, lay.step)
-    _weighted_keys(r, spec, lay, cols, "qr", "q", "read", spec.scale)
+    tc.weighted(r, spec, lay, cols, "qr", "q", "read", spec.scale)
     r["state"][:, cols] = r["state"][:, cols] * _carry(r, spec, cols)
     tc.tn_into(r, spec, lay, "state", "do", "qr", out_cols=cols)
     tc.tn_into(r, spec, lay, "state", "du_op", "w", out_cols=cols,
@@ -611,7 +589,7 @@ def _wy_grads_kernel(r, *, spec: tc.Spec, lay: tc.Layout):
         r["row_acc"][rows, :] += jnp.sum(rows_x, axis=1, keepdims=True)
       r["col_acc"][rows, :] += jnp.sum(dx * xk, axis=1, keepdims=True)
 
-    _by_strips(spec, lay, strip)
+    tc.by_strips(spec, lay, strip)
     return carry
 
   tc.loop(lay.k_pad // lay.step, key_step, 0)
@@ -630,7 +608,7 @@ def _wy_grads_kernel(r, *, spec: tc.Spec, lay: tc.Layout):
       r["col_acc"][rows, :] += jnp.sum(
           dy * r["v"][rows, cols].astype(_F32), axis=1, keepdims=True)
 
-    _by_strips(spec, lay, strip)
+    tc.by_strips(spec, lay, strip)
     return carry
 
   tc.loop(lay.v_pad // lay.step, value_step, 0)
@@ -646,7 +624,7 @@ def _wy_grads_kernel(r, *, spec: tc.Spec, lay: tc.Layout):
 
   def pair_strip(i, col_sums):
     rows = tc.at_block(i, lay.strip)
-    keep = tc.pair_mask(r, spec, i, lay.strip) & _strictly_lower(
+    keep = tc.pair_mask(r, spec, i, lay.strip) & tc.strictly_lower(
         lay.strip, c, i)
     da = jnp.where(keep, -r["da"][rows, :], 0.0)                # dA
     ak = r["ak"][rows, :]
@@ -716,7 +694,7 @@ def _channel_pair_grads(r, spec: tc.Spec, lay: tc.Layout):
       r["dk"][rows, cols] += rows_k + cols_k
       r["gate_rows"][rows, cols] += k * (rows_k - cols_k)
 
-    _by_strips(spec, lay, body)
+    tc.by_strips(spec, lay, body)
     return carry
 
   tc.loop(lay.k_pad // lay.step, key_step, 0)
@@ -763,9 +741,5 @@ def wy_grads(arrays, dw, du, spec: tc.Spec, lay: tc.Layout, *,
                 ("dk_tmp", (c, step), _F32)]
   else:
     scratch.append(("da_op", (c, c), dtype))
-  return tc.call(functools.partial(_wy_grads_kernel, spec=spec, lay=lay),
-                 (b, h, lay.chunks), inputs, out, parallel=3,
-                 scratch=scratch, name="delta_rule_tpu_wy_grads",
-                 cost=_cost(spec, lay, _wy_flops(spec, lay, backward=True),
-                            inputs, out),
-                 interpret=interpret)
+  return _wy_call(_wy_grads_kernel, spec, lay, inputs, out, scratch,
+                  backward=True, interpret=interpret)

@@ -126,8 +126,8 @@ def _gpu_backward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc, do,
                   interpret=interpret)
   dg = None
   if g is not None:
-    dg = _gate_gradient(out["gate_rows"], out["gate_writes"], spec.gate,
-                        lay)
+    dg = chunk_gate_gradient(out["gate_rows"], out["gate_writes"],
+                             spec.gate, lay)
   ds0 = swept.get("state_out")
 
   def cut(x, width):
@@ -140,7 +140,7 @@ def _gpu_backward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc, do,
           None if ds0 is None else ds0[:, :, :lay.dim_k, :lay.dim_v])
 
 
-def _gate_gradient(rows, writes, gate: str, lay):
+def chunk_gate_gradient(rows, writes, gate: str, lay):
   """The log-decays' gradient ``[B, T, H, 1 | K]`` from the chunk-parallel
   kernels' terms ``[B, T_pad, H(, K_pad)]`` (``gpu.gate_gradient``)."""
   dg = gpu.gate_gradient(rows, writes, lay.chunk)[:, :lay.length]
@@ -185,7 +185,7 @@ def _chunks_backward(cfg: _Config, interpret: bool, q, k, v, g, s0, doc, do,
                          interpret=interpret)
   dg = None
   if g is not None:
-    dg = _gate_gradient(*tpu_chunks.gate_terms(out, lay), spec.gate, lay)
+    dg = chunk_gate_gradient(*tpu_chunks.gate_terms(out, lay), spec.gate, lay)
   ds0 = swept.get("state_out")
 
   def cut(x, width):

@@ -376,13 +376,23 @@ def tn_into(r, spec: Spec, lay: Layout, out: str, lhs: str, rhs: str, *,
 
   if spec.bf16:
     part(slice(None))
-    return
+  else:
+    by_strips(spec, lay, part)
 
+
+def by_strips(spec: Spec, lay: Layout, body):
+  """``body(rows)`` for every strip of ``lay.strip`` rows of the chunk."""
   def strip(t, carry):
-    part(at_block(t, lay.strip))
+    body(at_block(t, lay.strip))
     return carry
 
   loop(spec.chunk // lay.strip, strip, 0)
+
+
+def strictly_lower(rows: int, cols: int, i):
+  """``[rows, cols]``: the pairs ``j < i'`` for the queries ``i'`` of row
+  block ``i`` (``rows`` tokens)."""
+  return iota((rows, cols), 0) + i * rows > iota((rows, cols), 1)
 
 
 def operand_dtype(spec: Spec):
@@ -580,17 +590,23 @@ def _weighted(r, spec: Spec, lay: Layout, out: str, x: str, weight: str,
   rows."""
   def key_step(j, carry):
     cols = at_block(j, lay.step)
-
-    def strip(t, carry):
-      rows = at_block(t, lay.strip)
-      w = getattr(chunk_weights(r, spec, cols, rows), weight)
-      r[out][rows, cols] = operand(
-          r[x][rows, cols].astype(_F32) * (w * scale), spec)
-      return carry
-
-    return loop(spec.chunk // lay.strip, strip, carry)
+    weighted(r, spec, lay, cols, out, x, weight, scale, out_cols=cols)
+    return carry
 
   loop(lay.k_pad // lay.step, key_step, 0)
+
+
+def weighted(r, spec: Spec, lay: Layout, cols, out: str, x: str,
+             weight: str, scale: float = 1.0, *, out_cols=slice(None)):
+  """``r[out][:, out_cols] = r[x][:, cols] * scale * weight`` (the chunk's
+  ``"read"`` or ``"write"`` weights at the key columns ``cols``) as a
+  matmul operand, by strips of rows."""
+  def body(rows):
+    w = getattr(chunk_weights(r, spec, cols, rows), weight)
+    r[out][rows, out_cols] = operand(
+        r[x][rows, cols].astype(_F32) * (w * scale), spec)
+
+  by_strips(spec, lay, body)
 
 
 def score_products(r, spec: Spec, lay: Layout, *, grads: bool):
@@ -794,15 +810,24 @@ def _channel_scores_to_scratch(r, spec: Spec, lay: Layout):
   s, c = spec.sub_chunk, spec.chunk
 
   def row_block(i, carry):
-    def key_step(j, a):
-      return a + RowBlock(r, spec, lay, i, at_block(j, lay.step)).scores()
-
-    a = loop(lay.k_pad // lay.step, key_step, jnp.zeros((s, c), _F32))
+    # The mask after the scores: a mask made before them is held in
+    # registers through their loop.
+    a = block_scores(r, spec, lay, i)
     a = jnp.where(pair_mask(r, spec, i, s), a, 0.0)
     r["a"][at_block(i, s), :] = operand(a * spec.scale, spec)
     return carry
 
   loop(c // s, row_block, 0)
+
+
+def block_scores(r, spec: Spec, lay: Layout, i):
+  """Row block ``i``'s scores with a decay per key channel, ``[S, C]``
+  float32 summed over the key steps (no scale, no mask)."""
+  def key_step(j, a):
+    return a + RowBlock(r, spec, lay, i, at_block(j, lay.step)).scores()
+
+  return loop(lay.k_pad // lay.step, key_step,
+              jnp.zeros((spec.sub_chunk, spec.chunk), _F32))
 
 
 def outputs(arrays, h, spec: Spec, lay: Layout, *, out_dtype,
@@ -898,7 +923,7 @@ def _grads_kernel(r, *, spec: Spec, lay: Layout):
     r["da"][rows, :] = operand(d_scores * pair * spec.scale, spec)
     if not gated:
       return col_sums
-    below = (iota(pair.shape, 0) + i * lay.strip > iota(pair.shape, 1))
+    below = strictly_lower(lay.strip, c, i)
     terms = jnp.where(below, scores * d_scores * spec.scale, 0.0)  # [i, j]
     r["gate_rows"][rows, :] = jnp.sum(terms, axis=1, keepdims=True)
     return col_sums + jnp.sum(terms, axis=0, keepdims=True)
@@ -1176,17 +1201,24 @@ def grads(arrays, h, dh, spec: Spec, lay: Layout, *, interpret: bool,
               interpret=interpret)
 
 
-def gate_terms(out, lay: Layout):
-  """``(gate_rows, gate_writes)`` ``[B, T_pad, H(, K_pad)]`` for
-  ``gpu.gate_gradient``, from ``grads``' outputs."""
+def gate_rows(out, lay: Layout):
+  """The log-decays' rows ``[B, T_pad, H(, K_pad)]`` of a kernel's
+  outputs: ``gate_rows`` less a scalar decay's ``gate_cols``."""
   if out["gate_rows"].shape[-1] != 1:                          # per channel
-    return tuple(jnp.transpose(out[name], (0, 2, 1, 3))
-                 for name in ("gate_rows", "gate_writes"))
+    return jnp.transpose(out["gate_rows"], (0, 2, 1, 3))
   b, h = lay.batch, lay.heads
   rows = (out["gate_rows"][..., 0]
           - out["gate_cols"].reshape(b, h, lay.t_pad))          # [B, H, T]
-  return (jnp.transpose(rows, (0, 2, 1)),
-          jnp.transpose(out["gate_writes"][..., 0], (0, 2, 1)))
+  return jnp.transpose(rows, (0, 2, 1))
+
+
+def gate_terms(out, lay: Layout):
+  """``(gate_rows, gate_writes)`` ``[B, T_pad, H(, K_pad)]`` for
+  ``gpu.gate_gradient``, from ``grads``' outputs."""
+  writes = out["gate_writes"]
+  writes = (jnp.transpose(writes, (0, 2, 1, 3)) if writes.shape[-1] != 1
+            else jnp.transpose(writes[..., 0], (0, 2, 1)))
+  return gate_rows(out, lay), writes
 
 
 def flops_per_chunk(spec: Spec, lay: Layout, kind: str) -> int:

@@ -249,38 +249,31 @@ def chunk_kernel_errors(backend, case, dtype, *, interpret, monkeypatch):
                        interpret=True, monkeypatch=monkeypatch)
 
 
-@pytest.mark.parametrize("interpret", [
-    True, pytest.param(False, marks=pytest.mark.skipif(
-        ACCELERATOR != "gpu", reason="needs a GPU"))],
-                         ids=["interpret", "compiled"])
-# The delta rule without a gate and the single token are slow (the gated
-# cases run the same kernels with more terms; T = 1 is one partial chunk).
-@pytest.mark.parametrize("case, dtype", [
-    pytest.param(c, d, id=f"{c}-{d}", marks=pytest.mark.slow
+# GPU: the delta rule without a gate and the single token are slow (the
+# gated cases run the same kernels with more terms; T = 1 is one partial
+# chunk). TPU: the first and third cases run by default (a scalar and a
+# per-channel decay, float32 at 1e-5 and bfloat16, what the op runs on
+# TPU); the rest are slow.
+CHUNK_CASES = [
+    pytest.param("gpu", c, d, id=f"gpu-{c}-{d}", marks=pytest.mark.slow
                  if c.op == "delta_rule" or c.length == 1 else ())
-    for c, d in GPU_CHUNK_CASES])
-def test_gpu_chunk_kernels_match_naive(case, dtype, interpret, monkeypatch):
-  errors = chunk_kernel_errors("gpu", case, dtype, interpret=interpret,
-                               monkeypatch=monkeypatch)
-  assert_close_errors(errors, 1e-2 if dtype == "bfloat16" else 1e-5,
-                      label=f"{case} {dtype}")
+    for c, d in GPU_CHUNK_CASES] + [
+    pytest.param("tpu", c, d, id=f"tpu-{c}-{d}",
+                 marks=() if i in (0, 2) else pytest.mark.slow)
+    for i, (c, d) in enumerate(TPU_CHUNK_CASES)]
 
 
-@pytest.mark.parametrize("interpret", [
-    True, pytest.param(False, marks=pytest.mark.skipif(
-        ACCELERATOR != "tpu", reason="needs a TPU"))],
+@pytest.mark.parametrize("interpret", [True, False],
                          ids=["interpret", "compiled"])
-# The first two cases run by default (a scalar and a per-channel decay,
-# float32 at 1e-5 and bfloat16, what the op runs on TPU); the rest are slow.
-@pytest.mark.parametrize("case, dtype", [
-    pytest.param(c, d, id=f"{c}-{d}", marks=() if i in (0, 2) else
-                 pytest.mark.slow)
-    for i, (c, d) in enumerate(TPU_CHUNK_CASES)])
-def test_tpu_chunk_kernels_match_naive(case, dtype, interpret, monkeypatch):
-  errors = chunk_kernel_errors("tpu", case, dtype, interpret=interpret,
+@pytest.mark.parametrize("backend, case, dtype", CHUNK_CASES)
+def test_chunk_kernels_match_naive(backend, case, dtype, interpret,
+                                   monkeypatch):
+  if not interpret and ACCELERATOR != backend:
+    pytest.skip(f"needs a {backend.upper()}")
+  errors = chunk_kernel_errors(backend, case, dtype, interpret=interpret,
                                monkeypatch=monkeypatch)
   assert_close_errors(errors, 1e-2 if dtype == "bfloat16" else 1e-5,
-                      label=f"{case} {dtype}")
+                      label=f"{backend} {case} {dtype}")
 
 
 @pytest.mark.parametrize("case", [
