@@ -7,8 +7,8 @@ default blocks (it passes) and one with deliberately oversized blocks (it
 fails, shown on one forward kernel): on GPU the per-channel outputs kernel
 in float32 with 64-token chunks, 128 key columns per step and 4 warps
 (its halving levels hold several float32 [64, 128] terms per thread)
-spills registers; on TPU a delta-rule program holding 2048 x 2048 float32
-state (16 MiB of scratch and two 16 MiB windows of entering states)
+spills registers; on TPU the gated-linear outputs kernel with 2048 x 2048
+float32 state blocks (16 MiB windows of entering states, double-buffered)
 overflows VMEM.
 """
 
@@ -46,8 +46,15 @@ def test_default_blocks_pass(dump_dir):
   result = compile_kernels.check(case, "float32", _target(), dump_dir)
   assert result["ok"], result["error"]
   names = {k["kernel"] for k in result["kernels"]}
-  assert names == {"delta_rule_forward", "delta_rule_states",
-                   "delta_rule_backward"}
+  # The kernels the op runs for float32 inputs: the chunk-parallel ones on
+  # TPU, the sweep over the chunk terms on GPU.
+  expected = ({"delta_rule_tpu_wy", "delta_rule_tpu_sweep",
+               "gated_linear_tpu_outputs", "gated_linear_tpu_dv",
+               "delta_rule_tpu_sweep_grads", "gated_linear_tpu_grads",
+               "delta_rule_tpu_wy_grads"} if TOOLCHAIN == "tpu" else
+              {"delta_rule_forward", "delta_rule_states",
+               "delta_rule_backward"})
+  assert names == expected
 
 
 def test_oversized_blocks_fail(dump_dir):
@@ -60,12 +67,13 @@ def test_oversized_blocks_fail(dump_dir):
     expected = "register spills"
     forward_kernel = "_outputs"
   else:
-    from pallas_kernels.delta_rule import BlockSizes
-    case = compile_kernels.Case("oversized", "delta_rule", "none", 2048, 2048,
-                                length=128)
-    blocks = BlockSizes("tpu", block_v=2048)
+    from pallas_kernels.gated_linear import BlockSizes
+    case = compile_kernels.Case("oversized", "gated_linear", "scalar", 2048,
+                                2048, length=256)
+    blocks = BlockSizes("tpu", chunk=128, block_k=2048, block_v=2048,
+                        backward_block_k=2048, backward_block_v=2048)
     expected = "vmem"
-    forward_kernel = "_forward"
+    forward_kernel = "_outputs"
   backend = "gpu" if TOOLCHAIN == "cuda" else "tpu"
   # One forward kernel is enough to fail (and quicker than all of them).
   forward = [k for k in compile_kernels.kernels(case, "float32", backend,
