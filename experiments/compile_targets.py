@@ -139,14 +139,15 @@ def clear(dump_dir: str) -> None:
     os.makedirs(path, exist_ok=True)
 
 
-_KERNEL = re.compile(r"((?:gated_linear|delta_rule|forgetting_attn)_[a-z]+)")
+_KERNEL = re.compile(r"((?:gated_linear|delta_rule|forgetting_attn)(?:_[a-z]+)+)")
 _VMEM_ALLOCATION = re.compile(r"space=vmem, size = 0x([0-9a-f]+), scoped, "
                               r"tag = '([^']*)'")
 
 
 def kernel_name(name: str) -> str:
   """``...-transpose_jvp_gated_linear_dq__.1-00-post-ra.txt`` ->
-  ``gated_linear_dq``."""
+  ``gated_linear_dq``, ``...-delta_rule_tpu_wy.1-00-post-ra.txt`` ->
+  ``delta_rule_tpu_wy``."""
   match = _KERNEL.search(name)
   return match.group(1) if match else name
 
