@@ -63,8 +63,8 @@ def chunk_comba(q, k, v, p, g, beta, *, scale=None, initial_state=None,
       4-5) in XLA or as the delta-rule core's Pallas sweep kernels
       (``pallas_kernels.delta_rule.chunk_delta_rule_sweep``, bfloat16
       matmul operands when q, k and v are bfloat16); steps 1-3 run in XLA
-      either way. The core's chunk-parallel CUDA kernels take ``beta``, not
-      an erase key, and are not used.
+      either way. The core's chunk-parallel kernels (CUDA and TPU) take
+      ``beta``, not an erase key, and are not used.
   Returns:
     ``(o [B, T, HV, V] in v's dtype, final_state [B, HV, K, V] float32 or
     None)``.
