@@ -704,9 +704,6 @@ def report(paths, out):
   return failed + [{"missing": m} for m in missing]
 
 
-# Which pass runs each TPU kernel (names without the family prefix): the
-# sweep's (before) and the chunk-parallel kernels' (after); the states
-# sweep runs in both.
 # The kernels of each pass by name (less the family's prefix): the sweeps
 # over sub-chunks and the delta rule's sweep kernels, then the chunk-parallel
 # kernels (the states sweep and the delta rule's WY and sweep kernels run

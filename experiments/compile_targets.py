@@ -139,7 +139,8 @@ def clear(dump_dir: str) -> None:
     os.makedirs(path, exist_ok=True)
 
 
-_KERNEL = re.compile(r"((?:gated_linear|delta_rule|forgetting_attn)(?:_[a-z]+)+)")
+_KERNEL = re.compile(
+    r"((?:gated_linear|delta_rule|forgetting_attn)(?:_[a-z]+)+)")
 _VMEM_ALLOCATION = re.compile(r"space=vmem, size = 0x([0-9a-f]+), scoped, "
                               r"tag = '([^']*)'")
 

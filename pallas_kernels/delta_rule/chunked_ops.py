@@ -70,9 +70,10 @@ class _Config:
 # gradient's keys' kernel (4 bytes) at K = V = 128, while sm_90, and K =
 # 256 on both, compile without a spill. float32: 16 tokens and 32
 # columns. 8 warps: the settings that compile without a register spill at
-# the checked shapes (``make compile-check``). In float32 the sweeps' ``[K, BV]`` state spills past
-# 128 key rows, so the op runs float32 inputs on the sweep kernels of
-# ``ops.py`` instead (``lin_attn_jax.ops.delta_rule``).
+# the checked shapes (``make compile-check``). In float32 the sweeps'
+# ``[K, BV]`` state spills past 128 key rows, so the op runs float32
+# inputs on the sweep kernels of ``ops.py`` instead
+# (``lin_attn_jax.ops.delta_rule``).
 BF16_CHUNK = 64
 BF16_CHUNK_BLOCK = 16
 NARROW_CHANNEL_CHUNK = 32   # bfloat16, per-channel decay, K <= the width

@@ -111,36 +111,28 @@ def _x_block(r, beta, d: cm.Docs, cols):
   return xk * beta[:, None], xk
 
 
-class _Chunk:
-  """A chunk's WY setting, shared by the WY kernel and its gradient: the
-  documents, ``b``, the keys' scores with themselves ``A_k`` (strictly
-  lower) and ``T = (I + diag(b) A_k)^{-1}``."""
-
-  def __init__(self, r, spec: cm.Spec, lay: gl.Layout):
-    c = spec.chunk
-    self.d = gl.docs_at(r, spec, slice(None))
-    self.beta = r["beta"][...]                                  # [C]
-    self.below = cm.iota((c, c), 0) > cm.iota((c, c), 1)
-    keys = {**r, "q": r["k"]}
-    self.a_k = jnp.where(self.below, gl.scores_of(keys, spec, lay, self.d),
-                         0.0)                                   # [C, C]
-    self.t = inverse(spec, self.a_k * self.beta[:, None], self.d)
-    self._r = r
-
-  def x_block(self, cols):
-    """``(X, read exp(P) k)`` of a key block (``_x_block``)."""
-    return _x_block(self._r, self.beta, self.d, cols)
+def _key_scores(r, spec: cm.Spec, lay: gl.Layout, d: cm.Docs, below):
+  """``A_k [C, C]``: the keys' scores with themselves, strictly lower
+  (``below``)."""
+  return jnp.where(below, gl.scores_of({**r, "q": r["k"]}, spec, lay, d),
+                   0.0)
 
 
 def _wy_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
-  chunk = _Chunk(r, spec, lay)
-  beta = chunk.beta
-  t_op = cm.operand(chunk.t, spec)
+  """``W = T X`` and ``U' = T Y`` of a chunk, with the keys' scores with
+  themselves ``A_k`` (strictly lower) and ``T = (I + diag(b) A_k)^{-1}``;
+  ``T`` also goes out with ``keep`` (``wy``)."""
+  c = spec.chunk
+  d = gl.docs_at(r, spec, slice(None))
+  beta = r["beta"][...]                                         # [C]
+  below = cm.iota((c, c), 0) > cm.iota((c, c), 1)
+  a_k = _key_scores(r, spec, lay, d, below)
+  t_op = cm.operand(inverse(spec, a_k * beta[:, None], d), spec)
   width = lay.inner_k
 
   def w_part(j, carry):
     cols = gl.column_block(j, width)
-    x, _ = chunk.x_block(cols)
+    x, _ = _x_block(r, beta, d, cols)
     r["w"][:, cols] = cm.dot(t_op, cm.operand(x, spec), cm.NN,
                              spec).astype(r["w"].dtype)
     return carry
@@ -249,6 +241,18 @@ def _carry_decay(r, spec: cm.Spec, n, d: cm.Docs, cols):
   return decay[:, None] if decay.ndim else decay
 
 
+def _sweep_blocks(r, blocks, shape, n_chunks: int, body):
+  """Runs ``body`` over the chunks on the state held as key blocks: from
+  ``state_in`` (or zeros), the last into ``state_out`` where asked."""
+  s = tuple(r["state_in"][pl.ds(start, width), :] if "state_in" in r
+            else jnp.zeros((width, shape[1]), _F32)
+            for start, width in blocks)
+  s = lax.fori_loop(0, n_chunks, body, s)
+  if "state_out" in r:
+    for (start, width), s_b in zip(blocks, s):
+      r["state_out"][pl.ds(start, width), :] = s_b
+
+
 def _delta_sweep_kernel(r, *, spec: cm.Spec, n_chunks: int, shape):
   spec = _sweep_spec(spec)
   c = spec.chunk
@@ -272,13 +276,7 @@ def _delta_sweep_kernel(r, *, spec: cm.Spec, n_chunks: int, shape):
                  + cm.dot(r["kw"][rows, cols], u_op, cm.TN, spec))
     return tuple(out)
 
-  s = tuple(r["state_in"][pl.ds(start, width), :] if "state_in" in r
-            else jnp.zeros((width, shape[1]), _F32)
-            for start, width in blocks)
-  s = lax.fori_loop(0, n_chunks, body, s)
-  if "state_out" in r:
-    for (start, width), s_b in zip(blocks, s):
-      r["state_out"][pl.ds(start, width), :] = s_b
+  _sweep_blocks(r, blocks, shape, n_chunks, body)
 
 
 def _sweep_operands_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
@@ -385,13 +383,7 @@ def _delta_sweep_grad_kernel(r, *, spec: cm.Spec, n_chunks: int, shape):
                  - cm.dot(r["w"][rows, cols], du_op, cm.TN, spec))
     return tuple(out)
 
-  ds = tuple(r["state_in"][pl.ds(start, width), :] if "state_in" in r
-             else jnp.zeros((width, shape[1]), _F32)
-             for start, width in blocks)
-  ds = lax.fori_loop(0, n_chunks, body, ds)
-  if "state_out" in r:
-    for (start, width), ds_b in zip(blocks, ds):
-      r["state_out"][pl.ds(start, width), :] = ds_b
+  _sweep_blocks(r, blocks, shape, n_chunks, body)
 
 
 def delta_sweep_grads(arrays, w, du_intra, kw, qr, spec: cm.Spec,
@@ -468,8 +460,7 @@ def _wy_grad_kernel(r, *, spec: cm.Spec, lay: gl.Layout):
   da = jnp.where(below & d.pair, da, 0.0)
   # A_k again (the WY kernel's scores): kept, it spilled that kernel's
   # registers on sm_80.
-  a_k = jnp.where(below, gl.scores_of({**r, "q": r["k"]}, spec, lay, d),
-                  0.0)
+  a_k = _key_scores(r, spec, lay, d, below)
   r["dbeta"][...] = dbeta + jnp.sum(da * a_k, axis=1)
   da_k = da * beta[:, None]                                     # dL/dA_k
   r["da"][...] = da_k
